@@ -1,0 +1,187 @@
+"""Budgets: what each case promises, per device class, and the check of a Result against it.
+
+File format (TOML), one table per device class and case::
+
+    [cpu."resnet18-uint8_transfer"]
+    note = "4x fewer bytes cross to the device"
+    max_h2d_bytes_per_sample_ratio = 0.26   # relative to the session's baseline
+    max_activation_mib = 32                  # absolute
+
+Device classes, most specific first: the GPU's name ("Tesla V100-SXM2-16GB"), its
+capability ("sm_70"), "cuda" for any GPU, and "cpu".
+
+Keys are ``min_<metric>`` / ``max_<metric>`` (absolute) or ``min_<metric>_ratio`` /
+``max_<metric>_ratio`` (this case / the baseline recipe measured in the same session),
+for any metric in ``trainbench.result.METRICS``; ``min_speedup`` is
+``min_samples_per_s_ratio`` and ``max_memory_ratio`` is ``max_peak_memory_mib_ratio``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .result import METRICS, Result
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ALIASES = {"min_speedup": "min_samples_per_s_ratio", "max_memory_ratio": "max_peak_memory_mib_ratio"}
+TEXT_KEYS = {"note"}
+
+
+class BudgetError(ValueError):
+    """A budgets file that cannot be used; the message names the file and entry."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    metric: str
+    bound: str  # "min" | "max"
+    relative: bool
+    limit: float
+    key: str  # as written in the file
+
+    def describe(self) -> str:
+        what = f"{self.metric} ratio vs baseline" if self.relative else self.metric
+        return f"{what} {'>=' if self.bound == 'min' else '<='} {self.limit:g}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    bound: Bound
+    measured: float | None
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class CaseBudget:
+    device_key: str
+    case: str
+    bounds: tuple[Bound, ...]
+    note: str | None = None
+
+    @property
+    def needs_baseline(self) -> bool:
+        return any(b.relative for b in self.bounds)
+
+
+def parse_key(key: str) -> tuple[str, str, bool]:
+    """``max_activation_mib_ratio`` -> ("activation_mib", "max", True); raises KeyError if unknown."""
+    key = ALIASES.get(key, key)
+    bound, _, rest = key.partition("_")
+    if bound not in ("min", "max") or not rest:
+        raise KeyError(key)
+    relative = rest.endswith("_ratio") and rest[: -len("_ratio")] in METRICS
+    metric = rest[: -len("_ratio")] if relative else rest
+    if metric not in METRICS:
+        raise KeyError(key)
+    return metric, bound, relative
+
+
+class Budgets:
+    def __init__(self, sections: dict[str, dict[str, CaseBudget]], path: Path | None = None):
+        self.sections = sections
+        self.path = path
+
+    @classmethod
+    def empty(cls) -> "Budgets":
+        return cls({})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Budgets":
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise BudgetError(f"{path}: budgets file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise BudgetError(f"{path}: not valid TOML: {e}") from None
+        return cls(cls._parse(raw, path), path)
+
+    @staticmethod
+    def _parse(raw: dict, path: Path) -> dict[str, dict[str, CaseBudget]]:
+        sections: dict[str, dict[str, CaseBudget]] = {}
+        for device_key, cases in raw.items():
+            if not isinstance(cases, dict):
+                raise BudgetError(f"{path}: [{device_key}] must be a table of cases, got {type(cases).__name__}")
+            sections[device_key] = {}
+            for case, entries in cases.items():
+                where = f"{path}: [{device_key}.{case}]"
+                if not isinstance(entries, dict):
+                    raise BudgetError(f"{where} must be a table of budget keys, got {type(entries).__name__} {entries!r}")
+                bounds, note = [], None
+                for key, value in entries.items():
+                    if key in TEXT_KEYS:
+                        if not isinstance(value, str):
+                            raise BudgetError(f"{where} {key} = {value!r}: expected a string")
+                        note = value
+                        continue
+                    try:
+                        metric, bound, relative = parse_key(key)
+                    except KeyError:
+                        raise BudgetError(
+                            f"{where} unknown budget key {key!r}: expected min_/max_<metric>[_ratio], "
+                            f"{', '.join(ALIASES)} or note, with <metric> one of {', '.join(METRICS)}"
+                        ) from None
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                        raise BudgetError(f"{where} {key} = {value!r}: expected a finite number")
+                    if relative and value <= 0:
+                        raise BudgetError(f"{where} {key} = {value!r}: expected a ratio > 0")
+                    bounds.append(Bound(metric, bound, relative, float(value), key))
+                _check_consistent(bounds, where)
+                sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note)
+        return sections
+
+    def device_key(self, backend) -> str | None:
+        """The first of the backend's device classes that this file has a section for."""
+        return next((k for k in backend.budget_keys() if k in self.sections), None)
+
+    def for_case(self, backend, case: str) -> CaseBudget | None:
+        key = self.device_key(backend)
+        return self.sections[key].get(case) if key else None
+
+
+def _check_consistent(bounds: list[Bound], where: str) -> None:
+    for lo in bounds:
+        for hi in bounds:
+            if (lo.metric, lo.relative) == (hi.metric, hi.relative) and lo.bound == "min" and hi.bound == "max":
+                if lo.limit > hi.limit:
+                    raise BudgetError(f"{where} {lo.key} = {lo.limit:g} is above {hi.key} = {hi.limit:g}")
+
+
+def evaluate(budget: CaseBudget, result: Result, baseline: Result | None) -> list[Verdict]:
+    """Check every bound; a bound whose metric this run did not produce fails (never passes silently)."""
+    current = result.metrics()
+    base = baseline.metrics() if baseline is not None else {}
+    verdicts = []
+    for b in budget.bounds:
+        value = current.get(b.metric)
+        if b.relative:
+            ref = base.get(b.metric)
+            if baseline is None or ref in (None, 0) or value is None:
+                verdicts.append(Verdict(b, None, False, f"{b.key}: cannot check, {b.metric} missing for this case or its baseline"))
+                continue
+            value = value / ref
+        elif value is None:
+            verdicts.append(Verdict(b, None, False, f"{b.key}: cannot check, {b.metric} was not measured on this device"))
+            continue
+        ok = value >= b.limit if b.bound == "min" else value <= b.limit
+        verdicts.append(Verdict(b, value, ok, _line(b, value, ok)))
+    return verdicts
+
+
+def _line(b: Bound, value: float, ok: bool) -> str:
+    unit = "" if b.relative else METRICS[b.metric].unit
+    unit = f" {unit}" if unit else ""
+    what = f"{b.metric} ratio vs baseline" if b.relative else b.metric
+    op = ">=" if b.bound == "min" else "<="
+    margin = (value - b.limit) / b.limit if b.limit else float("inf")
+    status = "ok" if ok else ("short by" if b.bound == "min" else "over by")
+    detail = f"margin {margin:+.1%}" if ok else f"{status} {abs(margin):.1%}"
+    return f"{what}: measured {value:.4g}{unit} vs budget {op} {b.limit:g}{unit} ({detail})"

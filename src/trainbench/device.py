@@ -1,0 +1,266 @@
+"""Device backends: synchronization, timing, peak memory and identity per device kind.
+
+This is the only module that calls ``torch.cuda``. Everything else asks a
+``Backend`` so the measurement code is identical on every device.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+# Dense peak throughput in TFLOP/s per GPU model and compute dtype, from the vendors'
+# data sheets (no sparsity). Used for MFU; a GPU missing here simply reports no MFU.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "V100": {"fp32": 15.7, "fp16": 125.0},
+    "T4": {"fp32": 8.1, "fp16": 65.0},
+    "A10G": {"fp32": 31.2, "fp16": 125.0, "bf16": 125.0},
+    "L4": {"fp32": 30.3, "fp16": 121.0, "bf16": 121.0},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+}
+
+
+def peak_tflops(device_name: str, dtype: str) -> float | None:
+    """Peak TFLOP/s of a known GPU for ``dtype`` ("fp32", "tf32", "fp16", "bf16")."""
+    for model, peaks in PEAK_TFLOPS.items():
+        if model in device_name:
+            return peaks.get(dtype)
+    return None
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Allocator peaks since the last reset (None where the device has no allocator stats)."""
+
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    alloc_retries: int | None = None
+
+
+class Backend:
+    """What the measurement needs from a device kind."""
+
+    kind: str = "abstract"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def synchronize(self) -> None:
+        raise NotImplementedError
+
+    def timer(self) -> float:
+        """A round-boundary clock: wait for queued device work, then read ``perf_counter``."""
+        self.synchronize()
+        return time.perf_counter()
+
+    def reset_peak_memory(self) -> None:
+        raise NotImplementedError
+
+    def peak_memory(self) -> PeakMemory:
+        raise NotImplementedError
+
+    def empty_cache(self) -> None:
+        """Return cached allocator blocks to the device (no-op without a caching allocator)."""
+
+    def capability(self) -> tuple[int, int] | None:
+        return None
+
+    def device_count(self) -> int:
+        return 0
+
+    def supports_bf16(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def budget_keys(self) -> list[str]:
+        """Budget-file sections to try for this device, most specific first."""
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        """Everything a reader needs to know which machine and software produced a number."""
+        return {
+            "kind": self.kind,
+            "device": str(self.device),
+            "name": self.name,
+            "capability": list(self.capability()) if self.capability() else None,
+            "bf16_supported": self.supports_bf16(),
+            "torch": torch.__version__,
+            "torch_git": getattr(torch.version, "git_version", None),
+            "cpu_model": _cpu_model(),
+            "cpu_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "python": platform.python_version(),
+        }
+
+
+class CpuBackend(Backend):
+    kind = "cpu"
+
+    def synchronize(self) -> None:
+        # CPU ops run to completion when they return: there is no queue to drain.
+        pass
+
+    def reset_peak_memory(self) -> None:
+        pass
+
+    def peak_memory(self) -> PeakMemory:
+        # No caching allocator on CPU: peak tensor memory comes from the memory tracker.
+        return PeakMemory()
+
+    def supports_bf16(self) -> bool:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX") or bool(
+            getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+        )
+
+    @property
+    def name(self) -> str:
+        return _cpu_model()
+
+    def budget_keys(self) -> list[str]:
+        return ["cpu"]
+
+
+class CudaBackend(Backend):
+    kind = "cuda"
+
+    def __init__(self, device: torch.device):
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        super().__init__(device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def reset_peak_memory(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_memory(self) -> PeakMemory:
+        stats = torch.cuda.memory_stats(self.device)
+        return PeakMemory(
+            allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+            reserved_bytes=torch.cuda.max_memory_reserved(self.device),
+            alloc_retries=stats.get("num_alloc_retries", 0),
+        )
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def capability(self) -> tuple[int, int]:
+        return tuple(torch.cuda.get_device_capability(self.device))
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def supports_bf16(self) -> bool:
+        return torch.cuda.is_bf16_supported()
+
+    @property
+    def name(self) -> str:
+        return torch.cuda.get_device_name(self.device)
+
+    def budget_keys(self) -> list[str]:
+        major, minor = self.capability()
+        return [self.name, f"sm_{major}{minor}", "cuda"]
+
+    def identity(self) -> dict:
+        ident = super().identity()
+        props = torch.cuda.get_device_properties(self.device)
+        ident.update(
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            driver=_nvidia_driver_version(),
+            total_memory_bytes=props.total_memory,
+            multiprocessors=props.multi_processor_count,
+            tensor_cores=self.capability() >= (7, 0),
+            gpu_count=self.device_count(),
+        )
+        return ident
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def cuda_device_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cuda_capability(index: int = 0) -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability(index)) if torch.cuda.is_available() else None
+
+
+def cuda_seed_all(seed: int) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def set_cudnn_benchmark(enabled: bool) -> bool:
+    """Set cuDNN autotuning; returns the previous value so callers can restore it."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    return previous
+
+
+def get_backend(spec: str | None = None) -> Backend:
+    """A backend for ``spec`` ("auto"/None, "cpu", "cuda", "cuda:1").
+
+    "auto" picks CUDA when available, else the CPU. Asking for CUDA where there is
+    none is an error, not a silent fall-back to the CPU.
+    """
+    if spec in (None, "", "auto"):
+        spec = "cuda" if cuda_available() else "cpu"
+    device = torch.device(spec)
+    if device.type == "cpu":
+        return CpuBackend(device)
+    if device.type == "cuda":
+        if not cuda_available():
+            raise RuntimeError(f"device {spec!r} requested but torch.cuda.is_available() is False")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+        return CudaBackend(device)
+    raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver_version() -> str | None:
+    try:
+        import pynvml  # optional
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, env={**os.environ, "LC_ALL": "C"},
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None

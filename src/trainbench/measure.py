@@ -1,0 +1,269 @@
+"""The measurement method: warm-up until steady, synchronized rounds, memory, work signals.
+
+1. Warm-up: at least ``min_warmup_steps`` (plus the recipe's extra for compile or
+   autotuning), then windows of steps until two consecutive windows agree within
+   ``steady_tolerance`` (or ``max_warmup_steps``). Loader workers are running and
+   prefetching on the live endless iterator before timing starts.
+2. Timing: a round is ``steps_per_round`` steps on the live iterator between two
+   ``backend.timer()`` reads; the timer synchronizes the device, so a round is
+   end-to-end (data stalls count) with no sync inside it.
+3. Memory: a separate warm pass with reset allocator peaks, then one tracked pass
+   that splits the tensor peak into parameters, gradients, optimizer state and
+   activations with PyTorch's ``MemTracker``.
+4. Work: one step under ``FlopCounterMode`` and an op counter (FLOPs, ops, syncs),
+   plus the bytes each step copies to the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Callable, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from .device import Backend, peak_tflops
+from .recipes import Recipe, TrainConfig
+from .result import Result
+from .step import Training, batch_nbytes
+from .workloads import Profile
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    min_warmup_steps: int = 3
+    max_warmup_steps: int = 30
+    steady_window: int = 3
+    steady_tolerance: float = 0.10
+    rounds: int = 5
+    steps_per_round: int = 3
+    memory_steps: int = 2
+    breakdown: bool = True  # MemTracker pass
+    work: bool = True  # FLOP / op / sync pass
+
+
+DEFAULT_SETTINGS = {
+    "cpu": MeasureSettings(),
+    "gpu": MeasureSettings(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05,
+                           rounds=10, steps_per_round=10, memory_steps=3),
+}
+
+
+class RoundRunner(Protocol):
+    """Runs ``rounds`` timed rounds of ``steps_per_round`` calls; returns each round's mean step seconds."""
+
+    def __call__(self, step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]: ...
+
+
+def run_rounds(step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]:
+    """The plain round loop; identical in shape to pytest-benchmark's pedantic runner."""
+    times = []
+    for _ in range(rounds):
+        start = timer()
+        for _ in range(steps_per_round):
+            step()
+        times.append((timer() - start) / steps_per_round)
+    return times
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched; ``_local_scalar_dense`` is a host-device sync."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def syncs(self) -> int:
+        return self.ops["aten._local_scalar_dense"]
+
+
+_MEMTRACKER_CATEGORIES = {
+    "PARAM": "params",
+    "BUFFER": "buffers",
+    "GRAD": "grads",
+    "OPT": "optimizer_state",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "OTH": "other",
+}
+
+
+class Measurement:
+    """Measures one training setup; ``run()`` returns a ``Result``.
+
+    The pieces (``warm_up``, ``time_rounds``, ``measure_memory``, ``count_work``) are
+    public so the pytest plugin and asv can drive them with their own runners.
+    """
+
+    def __init__(self, training: Training, case: str, recipe_name: str, settings: MeasureSettings,
+                 extra_warmup_steps: int = 0):
+        self.training = training
+        self.backend: Backend = training.backend
+        self.settings = settings
+        self.extra_warmup_steps = extra_warmup_steps
+        self._batches = training.batches()
+        self._wait_s = 0.0
+        self._last_loss: torch.Tensor | None = None
+        self.result = Result(
+            case=case,
+            workload=training.config.workload,
+            recipe=recipe_name,
+            profile=training.profile.name,
+            batch_size=training.batch_size,
+            config=_config_dict(training.config),
+            device=self.backend.identity(),
+            steps_per_round=settings.steps_per_round,
+        )
+
+    # -- 1. warm-up ---------------------------------------------------------------
+    def timed_step(self) -> None:
+        """One step on the live iterator, recording the time blocked on the loader."""
+        t0 = time.perf_counter()
+        batch = next(self._batches)
+        self._wait_s += time.perf_counter() - t0
+        self._last_loss = self.training.step(batch)
+
+    def warm_up(self) -> None:
+        s, timer = self.settings, self.backend.timer
+        start = timer()
+        self.timed_step()
+        self.result.first_step_s = timer() - start
+        done = 1
+        while done < s.min_warmup_steps + self.extra_warmup_steps:
+            self.timed_step()
+            done += 1
+        previous, steady = None, False
+        while done + s.steady_window <= max(s.max_warmup_steps, done):
+            t0 = timer()
+            for _ in range(s.steady_window):
+                self.timed_step()
+            window = timer() - t0
+            done += s.steady_window
+            if previous is not None and abs(window / previous - 1.0) <= s.steady_tolerance:
+                steady = True
+                break
+            previous = window
+        self.result.warmup_steps = done
+        self.result.warmup_steady = steady
+        self.result.warmup_s = timer() - start
+        if not steady:
+            self.result.notes.append(
+                f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})"
+            )
+
+    # -- 2. timing ----------------------------------------------------------------
+    def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
+        s = self.settings
+        self._wait_s = 0.0
+        counted = 0
+        wait_in_rounds = 0.0
+
+        def step():
+            nonlocal counted, wait_in_rounds
+            before = self._wait_s
+            self.timed_step()
+            if counted < s.rounds * s.steps_per_round:  # runners may add steps after the rounds
+                wait_in_rounds += self._wait_s - before
+                counted += 1
+
+        times = runner(step, s.rounds, s.steps_per_round, self.backend.timer)
+        self.result.rounds = len(times)
+        self.result.round_step_times_s = list(times)
+        self.result.data_wait_s = wait_in_rounds
+
+    # -- 3. memory ----------------------------------------------------------------
+    def measure_memory(self) -> None:
+        backend = self.backend
+        backend.synchronize()
+        backend.reset_peak_memory()
+        for _ in range(self.settings.memory_steps):
+            self.timed_step()
+        backend.synchronize()
+        peak = backend.peak_memory()
+        self.result.peak_allocated_bytes = peak.allocated_bytes
+        self.result.peak_reserved_bytes = peak.reserved_bytes
+        self.result.alloc_retries = peak.alloc_retries
+        if self.settings.breakdown:
+            self.result.memory_breakdown_bytes = self._tracked_breakdown()
+
+    def _tracked_breakdown(self) -> dict[str, int]:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        training = self.training
+        tracker = MemTracker()
+        tracker.track_external(training.model, training.optimizer)
+        # Batches are fetched outside the tracker: loader internals are not the step's memory.
+        batches = [next(self._batches) for _ in range(2)]
+        with tracker:
+            for i, batch in enumerate(batches):
+                self._last_loss = training.step(batch)
+                if i == 0:
+                    tracker.reset_mod_stats()
+        self.backend.synchronize()
+        snapshot = tracker.get_tracker_snapshot("peak")
+        per_device = next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
+        breakdown = {"total": int(per_device.get("Total", 0))}
+        for ref_type, nbytes in per_device.items():
+            key = _MEMTRACKER_CATEGORIES.get(getattr(ref_type, "name", str(ref_type)).split(".")[-1])
+            if key:
+                breakdown[key] = int(nbytes)
+        return breakdown
+
+    # -- 4. work ------------------------------------------------------------------
+    def count_work(self) -> None:
+        batch = next(self._batches)
+        self.result.h2d_bytes_per_sample = batch_nbytes(batch) / self.training.batch_size
+        if not self.settings.work:
+            return
+        counter = _OpCounter()
+        flops = FlopCounterMode(display=False)
+        with flops, counter:
+            self._last_loss = self.training.step(batch)
+        self.backend.synchronize()
+        self.result.flops_per_step = int(flops.get_total_flops())
+        self.result.ops_per_step = sum(counter.ops.values())
+        self.result.syncs_per_step = counter.syncs
+        self.result.top_ops = dict(counter.ops.most_common(15))
+        amp = self.training.config.amp
+        self.result.peak_tflops = peak_tflops(self.backend.name, amp or "fp32") if self.backend.kind == "cuda" else None
+
+    def finish(self) -> Result:
+        if self._last_loss is not None:
+            self.result.final_loss = float(self._last_loss)  # one sync, after all timing
+        return self.result
+
+    def run(self, runner: RoundRunner = run_rounds) -> Result:
+        self.warm_up()
+        self.time_rounds(runner)
+        self.measure_memory()
+        self.count_work()
+        return self.finish()
+
+
+def _config_dict(config: TrainConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(config)
+
+
+def measure(recipe: Recipe, backend: Backend, profile: Profile, workload: str = "resnet18",
+            settings: MeasureSettings | None = None, runner: RoundRunner = run_rounds,
+            case: str | None = None, **overrides) -> Result:
+    """Build the recipe's training setup on ``backend``, measure it and tear it down."""
+    settings = settings or DEFAULT_SETTINGS[profile.name]
+    config = recipe.config(profile, workload=workload, **overrides)
+    with Training(config, backend, profile) as training:
+        m = Measurement(training, case or f"{workload}-{recipe.name}", recipe.name, settings, recipe.extra_warmup_steps)
+        return m.run(runner)
+
+
+def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:
+    return replace(settings, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,309 @@
+"""pytest plugin: options, markers, the ``train_bench`` fixture, budget checks, summary.
+
+Thin by design: measuring is ``trainbench.measure``, budgets are ``trainbench.budgets``,
+this module wires them into pytest and pytest-benchmark.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .budgets import Budgets, BudgetError, evaluate
+from .result import Result
+
+MARKERS = {
+    "gpu": "gpu: needs a CUDA device; skipped with the reason elsewhere",
+    "cuda": "cuda: alias of gpu",
+    "min_gpus": "min_gpus(n): needs at least n CUDA devices",
+    "min_capability": "min_capability(major, minor): needs a CUDA device of at least this compute capability",
+    "slow": "slow: long case (e.g. torch.compile on CPU); runs only with --trainbench-slow",
+}
+
+
+class NoBudgetWarning(UserWarning):
+    """A case ran with no budget for this device: nothing was checked."""
+
+
+@dataclass
+class SessionState:
+    device_spec: str
+    profile_name: str
+    budgets: Budgets
+    run_slow: bool
+    require_budgets: bool
+    settings_overrides: dict
+    results: dict[str, Result] = field(default_factory=dict)
+    baselines: dict[tuple, Result] = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+    _backend: object = None
+
+    @property
+    def backend(self):
+        if self._backend is None:  # lazy: importing torch costs seconds in unrelated pytest runs
+            from .device import get_backend
+
+            self._backend = get_backend(self.device_spec)
+        return self._backend
+
+    @property
+    def profile(self):
+        from .workloads import PROFILES, profile_for
+
+        return PROFILES[self.profile_name] if self.profile_name != "auto" else profile_for(self.backend.kind)
+
+    def settings(self):
+        from .measure import DEFAULT_SETTINGS, with_overrides
+
+        return with_overrides(DEFAULT_SETTINGS[self.profile.name], **self.settings_overrides)
+
+
+_STATE = pytest.StashKey[SessionState]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("trainbench", "trainbench: measured PyTorch training steps")
+    group.addoption("--trainbench-device", default="auto",
+                    help="device to train on: auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+    group.addoption("--trainbench-profile", default="auto", choices=["auto", "cpu", "gpu"],
+                    help="size profile of the workloads (default: from the device)")
+    group.addoption("--trainbench-budgets", default=None,
+                    help="budgets TOML file (default: the trainbench_budgets ini value, if set)")
+    group.addoption("--trainbench-require-budgets", action="store_true",
+                    help="fail a case that has no budget for this device instead of warning")
+    group.addoption("--trainbench-slow", action="store_true", help="also run cases marked slow")
+    group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
+    group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
+    group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
+    parser.addini("trainbench_budgets", "budgets TOML file, relative to the rootdir", default="")
+
+
+def pytest_configure(config):
+    for line in MARKERS.values():
+        config.addinivalue_line("markers", line)
+    budgets_path = config.getoption("--trainbench-budgets") or config.getini("trainbench_budgets")
+    budgets = Budgets.empty()
+    if budgets_path:
+        path = Path(budgets_path)
+        if not path.is_absolute() and not config.getoption("--trainbench-budgets"):
+            path = Path(config.rootpath) / path
+        try:
+            budgets = Budgets.load(path)
+        except BudgetError as e:
+            raise pytest.UsageError(f"trainbench: {e}") from None
+    overrides = {
+        "rounds": config.getoption("--trainbench-rounds"),
+        "steps_per_round": config.getoption("--trainbench-steps-per-round"),
+        "min_warmup_steps": config.getoption("--trainbench-min-warmup"),
+    }
+    for name, value in overrides.items():
+        if value is not None and value < 1:
+            raise pytest.UsageError(f"trainbench: --trainbench-{name.replace('_', '-')} must be >= 1, got {value}")
+    config.stash[_STATE] = SessionState(
+        device_spec=config.getoption("--trainbench-device"),
+        profile_name=config.getoption("--trainbench-profile"),
+        budgets=budgets,
+        run_slow=config.getoption("--trainbench-slow"),
+        require_budgets=config.getoption("--trainbench-require-budgets"),
+        settings_overrides=overrides,
+    )
+
+
+def _skip_reason(item, state: SessionState) -> str | None:
+    """Why ``item``'s markers rule it out on this session's device, or None."""
+    if item.get_closest_marker("slow") and not state.run_slow:
+        return "slow case: run with --trainbench-slow"
+    names = {m.name for m in item.iter_markers()}
+    if not names & {"gpu", "cuda", "min_gpus", "min_capability"}:
+        return None
+    try:
+        backend = state.backend
+    except RuntimeError as e:
+        return str(e)
+    if backend.kind != "cuda":
+        return f"needs a CUDA device; this run uses {backend.kind} ({backend.name})"
+    mark = item.get_closest_marker("min_gpus")
+    if mark and backend.device_count() < mark.args[0]:
+        return f"needs {mark.args[0]} GPUs; {backend.device_count()} present"
+    mark = item.get_closest_marker("min_capability")
+    if mark and backend.capability() < tuple(mark.args):
+        return f"needs compute capability >= {'.'.join(map(str, mark.args))}; {backend.name} has {'.'.join(map(str, backend.capability()))}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    state = config.stash[_STATE]
+    for item in items:
+        reason = _skip_reason(item, state)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    state = config.stash.get(_STATE, None)
+    if state is not None:
+        try:
+            machine_info["trainbench"] = state.backend.identity()
+        except RuntimeError as e:
+            machine_info["trainbench"] = {"error": str(e)}
+
+
+def recipe_params(*names: str):
+    """``pytest.param`` per recipe, with markers derived from its requirements.
+
+    Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
+    recipes are collected everywhere and skipped with a reason on CPU runners.
+    """
+    from .recipes import RECIPES, get_recipe
+
+    params = []
+    for name in names or tuple(RECIPES):
+        recipe = get_recipe(name)
+        req, marks = recipe.requires, []
+        if req.cuda or req.min_capability or req.min_gpus:
+            marks.append(pytest.mark.gpu)
+        if req.min_capability:
+            marks.append(pytest.mark.min_capability(*req.min_capability))
+        if req.min_gpus:
+            marks.append(pytest.mark.min_gpus(req.min_gpus))
+        if recipe.slow:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
+
+
+class TrainBench:
+    """Callable behind the ``train_bench`` fixture: measure one recipe, check its budget."""
+
+    def __init__(self, request, benchmark, state: SessionState):
+        self.request = request
+        self.benchmark = benchmark
+        self.state = state
+
+    def __call__(self, recipe, workload: str = "resnet18", baseline="baseline", **overrides) -> Result:
+        from .recipes import Recipe, get_recipe
+
+        state = self.state
+        recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+        backend = state.backend
+        unmet = recipe.requires.unmet(backend)
+        if unmet:
+            pytest.skip(f"{recipe.name}: {unmet}")
+        case = f"{workload}-{recipe.name}"
+        budget = state.budgets.for_case(backend, case)
+
+        result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
+        state.results[case] = result
+
+        baseline_result = None
+        if baseline is not None:
+            base_recipe = baseline if isinstance(baseline, Recipe) else get_recipe(baseline)
+            if base_recipe.name == recipe.name:
+                baseline_result = result
+            else:
+                key = (workload, base_recipe.name, tuple(sorted(overrides.items())))
+                baseline_result = state.baselines.get(key) or state.results.get(f"{workload}-{base_recipe.name}")
+                if baseline_result is None and budget is not None and budget.needs_baseline:
+                    # Relative budgets compare within this session: measure the baseline now.
+                    baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
+                                                    timed_by_benchmark=False)
+                if baseline_result is not None:
+                    state.baselines[key] = baseline_result
+        self._report(case, result, baseline_result, budget)
+        return result
+
+    def _measure(self, recipe, workload, overrides, case, timed_by_benchmark: bool) -> Result:
+        from .measure import Measurement, run_rounds
+        from .step import Training
+
+        state = self.state
+        config = recipe.config(state.profile, workload=workload, **overrides)
+        runner = self._benchmark_runner if timed_by_benchmark and self.benchmark.enabled else run_rounds
+        with Training(config, state.backend, state.profile) as training:
+            m = Measurement(training, case, recipe.name, state.settings(), recipe.extra_warmup_steps)
+            return m.run(runner)
+
+    def _benchmark_runner(self, step, rounds, steps_per_round, timer):
+        """Time rounds through pytest-benchmark so its table, --benchmark-save/compare/json work.
+
+        Its runner reads the timer once before and once after each round; handing it the
+        backend's synchronizing timer puts the device sync exactly at round boundaries.
+        """
+        bench = self.benchmark
+        if not hasattr(bench, "_timer"):
+            raise RuntimeError("unsupported pytest-benchmark version: BenchmarkFixture has no _timer")
+        bench._timer = timer
+        bench.pedantic(step, rounds=rounds, iterations=steps_per_round, warmup_rounds=0)
+        return list(bench.stats.stats.data)
+
+    def _report(self, case, result: Result, baseline: Result | None, budget) -> None:
+        state, backend = self.state, self.state.backend
+        metrics = result.metrics()
+        info = self.benchmark.extra_info
+        info.update({k: v for k, v in metrics.items()})
+        info.update(
+            case=case,
+            workload=result.workload,
+            recipe=result.recipe,
+            profile=result.profile,
+            batch_size=result.batch_size,
+            config=result.config,
+            memory_breakdown_bytes=result.memory_breakdown_bytes,
+            flops_per_step=result.flops_per_step,
+            warmup={"steps": result.warmup_steps, "steady": result.warmup_steady, "seconds": result.warmup_s,
+                    "first_step_s": result.first_step_s},
+            round_step_times_s=result.round_step_times_s,
+            device=result.device,
+            notes=result.notes,
+        )
+        speedup = None
+        if baseline is not None and baseline.samples_per_s and result.samples_per_s:
+            speedup = result.samples_per_s / baseline.samples_per_s
+            info["speedup_vs_baseline"] = speedup
+
+        row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none"}
+        state.rows.append(row)
+        if budget is None:
+            device_key = state.budgets.device_key(backend)
+            what = f"no budget for {backend.name}" if device_key is None else f"no budget for {case} on [{device_key}]"
+            info["budget"] = {"status": "none", "reason": what}
+            if state.require_budgets:
+                row["budget"] = "FAIL"
+                pytest.fail(f"{case}: {what} (--trainbench-require-budgets)", pytrace=False)
+            warnings.warn(NoBudgetWarning(f"{case}: {what}; nothing was checked"))
+            row["budget"] = "none"
+            return
+        verdicts = evaluate(budget, result, baseline)
+        failed = [v for v in verdicts if not v.ok]
+        info["budget"] = {
+            "status": "fail" if failed else "pass",
+            "device_key": budget.device_key,
+            "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
+                        "message": v.message} for v in verdicts],
+        }
+        row["budget"] = f"FAIL {len(failed)}/{len(verdicts)}" if failed else f"ok {len(verdicts)}"
+        if failed:
+            lines = [f"{case} [{budget.device_key}]: {v.message}" for v in failed]
+            pytest.fail("budget exceeded:\n" + "\n".join(lines), pytrace=False)
+
+
+@pytest.fixture
+def train_bench(request, benchmark) -> TrainBench:
+    """Measure a recipe: ``result = train_bench("amp_bf16", workload="resnet18")``."""
+    return TrainBench(request, benchmark, request.config.stash[_STATE])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.rows:
+        return
+    from .report import summary_table
+
+    terminalreporter.write_sep("=", "trainbench summary")
+    backend = state.backend
+    terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.profile.name}")
+    for line in summary_table(state.rows):
+        terminalreporter.write_line(line)
