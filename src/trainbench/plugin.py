@@ -102,8 +102,16 @@ def pytest_configure(config):
     for name, value in overrides.items():
         if value is not None and value < 1:
             raise pytest.UsageError(f"trainbench: --trainbench-{name.replace('_', '-')} must be >= 1, got {value}")
+    device_spec = config.getoption("--trainbench-device")
+    if device_spec not in ("", "auto"):
+        from .device import get_backend
+
+        try:  # an explicit device that is not there is a set-up error, not a skip
+            get_backend(device_spec)
+        except (RuntimeError, ValueError) as e:
+            raise pytest.UsageError(f"trainbench: {e}") from None
     config.stash[_STATE] = SessionState(
-        device_spec=config.getoption("--trainbench-device"),
+        device_spec=device_spec,
         profile_name=config.getoption("--trainbench-profile"),
         budgets=budgets,
         run_slow=config.getoption("--trainbench-slow"),
@@ -123,14 +131,18 @@ def _skip_reason(item, state: SessionState) -> str | None:
         backend = state.backend
     except RuntimeError as e:
         return str(e)
+    # A marker may say what the case is, e.g. gpu(what="pinned_memory"), so -rs tells cases apart.
+    what = next((m.kwargs["what"] for m in item.iter_markers() if "what" in m.kwargs), None)
+    prefix = f"{what}: " if what else ""
     if backend.kind != "cuda":
-        return f"needs a CUDA device; this run uses {backend.kind} ({backend.name})"
+        return f"{prefix}needs a CUDA device; this run uses {backend.kind} ({backend.name})"
     mark = item.get_closest_marker("min_gpus")
     if mark and backend.device_count() < mark.args[0]:
-        return f"needs {mark.args[0]} GPUs; {backend.device_count()} present"
+        return f"{prefix}needs {mark.args[0]} GPUs; {backend.device_count()} present"
     mark = item.get_closest_marker("min_capability")
     if mark and backend.capability() < tuple(mark.args):
-        return f"needs compute capability >= {'.'.join(map(str, mark.args))}; {backend.name} has {'.'.join(map(str, backend.capability()))}"
+        have = ".".join(map(str, backend.capability()))
+        return f"{prefix}needs compute capability >= {'.'.join(map(str, mark.args))}; {backend.name} has {have}"
     return None
 
 
@@ -164,7 +176,7 @@ def recipe_params(*names: str):
         recipe = get_recipe(name)
         req, marks = recipe.requires, []
         if req.cuda or req.min_capability or req.min_gpus:
-            marks.append(pytest.mark.gpu)
+            marks.append(pytest.mark.gpu(what=f"{name} ({recipe.description})"))
         if req.min_capability:
             marks.append(pytest.mark.min_capability(*req.min_capability))
         if req.min_gpus:
@@ -221,7 +233,7 @@ class TrainBench:
 
         state = self.state
         config = recipe.config(state.profile, workload=workload, **overrides)
-        runner = self._benchmark_runner if timed_by_benchmark and self.benchmark.enabled else run_rounds
+        runner = self._benchmark_runner if timed_by_benchmark else run_rounds
         with Training(config, state.backend, state.profile) as training:
             m = Measurement(training, case, recipe.name, state.settings(), recipe.extra_warmup_steps)
             return m.run(runner)
@@ -232,7 +244,13 @@ class TrainBench:
         Its runner reads the timer once before and once after each round; handing it the
         backend's synchronizing timer puts the device sync exactly at round boundaries.
         """
+        from .measure import run_rounds
+
         bench = self.benchmark
+        if bench.disabled:  # --benchmark-disable: pedantic calls its target once; time the rounds ourselves
+            times: list[float] = []
+            bench.pedantic(lambda: times.extend(run_rounds(step, rounds, steps_per_round, timer)))
+            return times
         if not hasattr(bench, "_timer"):
             raise RuntimeError("unsupported pytest-benchmark version: BenchmarkFixture has no _timer")
         bench._timer = timer

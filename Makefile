@@ -1,0 +1,30 @@
+# make bench: run the benchmark suite on this machine (CUDA if present, else the CPU profile)
+# make test:  run the library and plugin tests
+# Both create .venv and install the project on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+# The PyTorch build to install; override e.g. TORCH_PKGS="torch==2.9.1 torchvision==0.24.1".
+TORCH_PKGS ?= torch==2.14.1 torchvision==0.29.1
+BENCH_ARGS ?=
+TEST_ARGS ?=
+BIN := $(VENV)/bin
+
+.PHONY: install bench test clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_PKGS)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+bench: install
+	$(BIN)/python -m pytest benchmarks -rs $(BENCH_ARGS)
+
+test: install
+	$(BIN)/python -m pytest tests -rs $(TEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,108 @@
+"""Budgets file parsing, device fall-back and the one-line verdicts."""
+
+import pytest
+import torch
+
+from trainbench.budgets import Budgets, BudgetError, evaluate
+from trainbench.device import CpuBackend
+from trainbench.result import Result
+
+
+def write(tmp_path, text):
+    path = tmp_path / "budgets.toml"
+    path.write_text(text)
+    return path
+
+
+def result(samples_per_round_time=0.1, activations=10 * 2**20, ops=500, batch=16):
+    return Result("mlp-x", "mlp", "x", "cpu", batch_size=batch, config={}, device={}, steps_per_round=1,
+                  round_step_times_s=[samples_per_round_time] * 3,
+                  memory_breakdown_bytes={"activations": activations, "total": 4 * activations},
+                  ops_per_step=ops, flops_per_step=10**9, syncs_per_step=0, h2d_bytes_per_sample=100.0)
+
+
+class FakeGpu:
+    kind = "cuda"
+    name = "NVIDIA H100 80GB HBM3"
+
+    def budget_keys(self):
+        return [self.name, "sm_90", "cuda"]
+
+
+def test_absolute_and_relative_budgets_pass_and_fail_with_one_line(tmp_path):
+    path = write(tmp_path, """
+[cpu."mlp-x"]
+max_activation_mib = 8
+min_speedup = 1.5
+max_ops_per_step_ratio = 1.0
+""")
+    budget = Budgets.load(path).for_case(CpuBackend(torch.device("cpu")), "mlp-x")
+    current = result(samples_per_round_time=0.1, activations=10 * 2**20, ops=450)
+    baseline = result(samples_per_round_time=0.125, activations=10 * 2**20, ops=500)
+    verdicts = {v.bound.key: v for v in evaluate(budget, current, baseline)}
+
+    act = verdicts["max_activation_mib"]
+    assert not act.ok and act.measured == pytest.approx(10.0)
+    assert act.message == "activation_mib: measured 10 MiB vs budget <= 8 MiB (over by 25.0%)"
+    speed = verdicts["min_speedup"]
+    assert not speed.ok and speed.measured == pytest.approx(1.25)
+    assert "samples_per_s ratio vs baseline: measured 1.25 vs budget >= 1.5 (short by 16.7%)" == speed.message
+    ops = verdicts["max_ops_per_step_ratio"]
+    assert ops.ok and ops.measured == pytest.approx(0.9)
+    assert all("\n" not in v.message for v in verdicts.values())
+
+
+def test_relative_budget_without_a_baseline_fails_instead_of_passing(tmp_path):
+    budget = Budgets.load(write(tmp_path, '[cpu."mlp-x"]\nmin_speedup = 1.1\n')).sections["cpu"]["mlp-x"]
+    (verdict,) = evaluate(budget, result(), None)
+    assert not verdict.ok and "cannot check" in verdict.message
+
+
+def test_metric_not_measured_on_this_device_fails(tmp_path):
+    budget = Budgets.load(write(tmp_path, '[cpu."mlp-x"]\nmax_peak_reserved_mib = 100\n')).sections["cpu"]["mlp-x"]
+    (verdict,) = evaluate(budget, result(), None)
+    assert not verdict.ok and "not measured on this device" in verdict.message
+
+
+def test_device_sections_fall_back_from_name_to_capability_to_cuda(tmp_path):
+    path = write(tmp_path, '[sm_90."a"]\nmax_ops_per_step = 1\n[cuda."b"]\nmax_ops_per_step = 2\n[cpu."a"]\nmax_ops_per_step = 3\n')
+    budgets = Budgets.load(path)
+    assert budgets.device_key(FakeGpu()) == "sm_90"
+    assert budgets.for_case(FakeGpu(), "a").bounds[0].limit == 1
+    assert budgets.for_case(FakeGpu(), "b") is None  # the most specific section present wins
+    assert budgets.device_key(CpuBackend(torch.device("cpu"))) == "cpu"
+    assert Budgets.load(write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')).device_key(FakeGpu()) is None
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('[cpu."mlp-x"]\nmax_bogus = 1\n', r"\[cpu\.mlp-x\] unknown budget key 'max_bogus'"),
+        ('[cpu."mlp-x"]\nmin_speedup = "fast"\n', r"\[cpu\.mlp-x\] min_speedup = 'fast': expected a finite number"),
+        ('[cpu."mlp-x"]\nmin_speedup = true\n', r"min_speedup = True: expected a finite number"),
+        ('[cpu."mlp-x"]\nmin_speedup = -1\n', r"expected a ratio > 0"),
+        ('[cpu."mlp-x"]\nmin_ops_per_step = 9\nmax_ops_per_step = 3\n', r"min_ops_per_step = 9 is above max_ops_per_step = 3"),
+        ('[cpu]\n"mlp-x" = 3\n', r"\[cpu\.mlp-x\] must be a table of budget keys"),
+        ('cpu = 1\n', r"\[cpu\] must be a table of cases"),
+        ('[cpu\n', r"not valid TOML"),
+        ('[cpu."mlp-x"]\nnote = 3\n', r"note = 3: expected a string"),
+    ],
+)
+def test_malformed_files_name_the_file_and_entry(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(BudgetError, match=expected) as info:
+        Budgets.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(BudgetError, match="budgets file not found"):
+        Budgets.load(tmp_path / "nope.toml")
+
+
+def test_the_shipped_budgets_file_parses():
+    from pathlib import Path
+
+    budgets = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
+    assert "resnet18-baseline" in budgets.sections["cpu"]
+    assert budgets.sections["sm_70"]["resnet18-amp_fp16"].needs_baseline

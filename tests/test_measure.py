@@ -1,0 +1,143 @@
+"""The measurement method: round boundaries, arithmetic, memory breakdown, work signals."""
+
+import statistics
+
+import pytest
+import torch
+
+from trainbench.device import CpuBackend
+from trainbench.measure import Measurement, MeasureSettings, measure, run_rounds
+from trainbench.recipes import TrainConfig, get_recipe
+from trainbench.result import MIB, Result
+from trainbench.step import Training
+
+MLP_PARAMS = 3072 * 256 + 256 + 256 * 10 + 10  # Flatten -> Linear(3072, 256) -> ReLU -> Linear(256, 10)
+
+
+class RecordingBackend(CpuBackend):
+    """A CPU backend that logs every synchronize, to check where the harness syncs."""
+
+    def __init__(self, log):
+        super().__init__(torch.device("cpu"))
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+def test_rounds_sync_only_at_round_boundaries(profile, quick):
+    log = []
+    backend = RecordingBackend(log)
+    with Training(TrainConfig(workload="mlp"), backend, profile) as training:
+        real_step = training.step
+
+        def step(batch):
+            log.append("step")
+            return real_step(batch)
+
+        training.step = step
+        m = Measurement(training, "mlp-baseline", "baseline", quick)
+        m.warm_up()
+        log.clear()
+        m.time_rounds()
+
+    rounds, k = quick.rounds, quick.steps_per_round
+    assert log == (["sync"] + ["step"] * k + ["sync"]) * rounds
+    assert m.result.rounds == rounds and len(m.result.round_step_times_s) == rounds
+
+
+def test_run_rounds_divides_each_round_by_its_steps():
+    ticks = iter([0.0, 1.0, 1.0, 4.0])  # two rounds lasting 1 s and 3 s
+    calls = []
+    times = run_rounds(lambda: calls.append(1), rounds=2, steps_per_round=4, timer=lambda: next(ticks))
+    assert times == [0.25, 0.75]
+    assert len(calls) == 8
+
+
+def test_samples_per_s_is_samples_over_total_timed_seconds():
+    r = Result("c", "mlp", "baseline", "cpu", batch_size=16, config={}, device={}, steps_per_round=5,
+               round_step_times_s=[0.010, 0.020, 0.030, 0.040])
+    # 4 rounds x 5 steps x 16 samples over (0.01+0.02+0.03+0.04) x 5 seconds
+    assert r.samples_per_s == pytest.approx(320 / 0.5)
+    assert r.step_time_s == pytest.approx(0.025)
+    q1, _, q3 = statistics.quantiles([0.010, 0.020, 0.030, 0.040], n=4, method="inclusive")
+    assert r.step_time_iqr_s == pytest.approx(q3 - q1)
+    m = r.metrics()
+    assert m["samples_per_s"] == pytest.approx(640.0)
+    assert m["step_time_ms"] == pytest.approx(25.0)
+
+
+def test_memory_breakdown_of_a_known_model(cpu, profile, quick):
+    small = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    large = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=32)
+    bd = small.memory_breakdown_bytes
+    # float32 parameters, one gradient each and one SGD momentum buffer each: exact.
+    assert bd["params"] == MLP_PARAMS * 4
+    assert bd["grads"] == MLP_PARAMS * 4
+    assert bd["optimizer_state"] == MLP_PARAMS * 4
+    assert large.memory_breakdown_bytes["params"] == bd["params"]
+    # Activations grow exactly linearly with the batch (a few bytes of scalars aside).
+    per_sample, rem = divmod(large.memory_breakdown_bytes["activations"] - bd["activations"], 16)
+    assert rem == 0 and per_sample >= 256 * 4  # at least the hidden layer is kept per sample
+    assert 0 <= bd["activations"] - 16 * per_sample < 64
+    # Deterministic: a second run gives the same bytes.
+    again = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    assert again.memory_breakdown_bytes == bd
+    assert small.metrics()["tracked_peak_mib"] == pytest.approx(bd["total"] / MIB)
+
+
+def test_flops_ops_and_bytes_of_a_known_model(cpu, profile, quick):
+    r = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    b = 16
+    forward = 2 * b * (3072 * 256 + 256 * 10)
+    # backward: both weight gradients, and the input gradient of the second layer only
+    # (the first layer's input is data and needs none).
+    backward = 2 * b * (3072 * 256 + 256 * 10) + 2 * b * 256 * 10
+    assert r.flops_per_step == forward + backward
+    assert r.h2d_bytes_per_sample == 3 * 32 * 32 * 4 + 8  # float32 image + int64 label
+    assert r.syncs_per_step == 0
+    assert r.ops_per_step > 0
+
+    u8 = measure(get_recipe("uint8_transfer"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    assert u8.h2d_bytes_per_sample == 3 * 32 * 32 + 8
+
+
+def test_set_to_none_drops_one_zero_op_per_parameter(cpu, profile, quick):
+    zeros = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick)
+    none = measure(get_recipe("set_to_none"), cpu, profile, workload="mlp", settings=quick)
+    assert zeros.top_ops.get("aten.zero_") == 4  # two weights, two biases
+    assert "aten.zero_" not in none.top_ops
+    assert none.ops_per_step < zeros.ops_per_step
+
+
+def test_grad_scaler_costs_a_host_sync_per_step(cpu, profile, quick):
+    r = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, amp="bf16",
+                grad_scaler=True)
+    assert r.syncs_per_step >= 1  # GradScaler.step reads found_inf on the host
+
+
+def test_warmup_runs_recipe_extra_steps_and_reports_first_step(cpu, profile):
+    settings = MeasureSettings(min_warmup_steps=2, max_warmup_steps=2, steady_window=1, rounds=1,
+                               steps_per_round=1, breakdown=False, work=False)
+    with Training(TrainConfig(workload="mlp"), cpu, profile) as training:
+        m = Measurement(training, "c", "r", settings, extra_warmup_steps=3)
+        m.warm_up()
+    assert m.result.warmup_steps == 5
+    assert m.result.first_step_s > 0
+    assert not m.result.warmup_steady and m.result.notes  # never reached a steady window
+
+
+def test_endless_loader_survives_epoch_boundaries(cpu, profile):
+    with Training(TrainConfig(workload="mlp", batch_size=512), cpu, profile) as training:
+        it = training.batches()
+        steps = profile.dataset_size // 512 * 3  # three epochs on one iterator
+        for _ in range(steps):
+            inputs, _ = next(it)
+            assert inputs.shape[0] == 512
+
+
+def test_multiprocess_loading_starts_persistent_workers(cpu, profile, quick):
+    r = measure(get_recipe("multiprocess_loading"), cpu, profile, workload="mlp", settings=quick)
+    assert r.config["num_workers"] == 2
+    assert r.samples_per_s > 0
+    assert r.warmup_steps >= quick.min_warmup_steps
