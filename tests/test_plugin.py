@@ -123,3 +123,31 @@ def test_cuda_requested_without_cuda_is_a_usage_error(pytester):
     result = pytester.runpytest("--trainbench-device=cuda")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*device 'cuda' requested but torch.cuda.is_available() is False*"])
+
+
+def test_own_workload_and_recipe_as_in_the_readme(pytester):
+    pytester.makepyfile(test_own="""
+import torch
+from torch import nn
+from trainbench.recipes import Recipe
+from trainbench.workloads import FakeTokens, Workload, register_workload
+
+register_workload(Workload(
+    name="my_bag_of_words",
+    description="EmbeddingBag classifier on random tokens",
+    input_kind="tokens",
+    build_model=lambda profile: nn.Sequential(nn.EmbeddingBag(1000, 64), nn.Linear(64, 10)),
+    build_dataset=lambda profile, uint8, seed: FakeTokens(512, 32, 1000, seed=seed),
+))
+
+BIG_BATCH = Recipe("big_batch", "4x batch", {"batch_size": 64})
+
+def test_mine(train_bench):
+    result = train_bench(BIG_BATCH, workload="my_bag_of_words")
+    assert result.batch_size == 64
+    assert result.memory_breakdown_bytes["params"] == (1000 * 64 + 64 * 10 + 10) * 4
+""")
+    path = budgets(pytester, '[cpu."my_bag_of_words-big_batch"]\nmin_gflops_per_sample_ratio = 0.99\nmax_gflops_per_sample_ratio = 1.01\n')
+    result = pytester.runpytest(f"--trainbench-budgets={path}", *QUICK)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*my_bag_of_words-big_batch*ok 2*"])

@@ -191,6 +191,14 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
+def register_workload(workload: Workload) -> Workload:
+    """Make a workload of your own available to recipes, the fixture and asv by name."""
+    if workload.name in WORKLOADS and WORKLOADS[workload.name] is not workload:
+        raise ValueError(f"workload {workload.name!r} is already registered")
+    WORKLOADS[workload.name] = workload
+    return workload
+
+
 def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
