@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -191,19 +190,6 @@ class CudaBackend(Backend):
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
-
-
-def cuda_device_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def cuda_capability(index: int = 0) -> tuple[int, int] | None:
-    return tuple(torch.cuda.get_device_capability(index)) if torch.cuda.is_available() else None
-
-
-def cuda_seed_all(seed: int) -> None:
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
 
 
 def set_cudnn_benchmark(enabled: bool) -> bool:

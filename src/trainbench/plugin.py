@@ -36,8 +36,8 @@ class SessionState:
     run_slow: bool
     require_budgets: bool
     settings_overrides: dict
-    results: dict[str, Result] = field(default_factory=dict)
-    baselines: dict[tuple, Result] = field(default_factory=dict)
+    # (workload, recipe, overrides) -> Result, for same-session baselines
+    results: dict[tuple, Result] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)
     _backend: object = None
 
@@ -207,23 +207,20 @@ class TrainBench:
         case = f"{workload}-{recipe.name}"
         budget = state.budgets.for_case(backend, case)
 
+        same_setup = tuple(sorted(overrides.items()))
         result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
-        state.results[case] = result
+        state.results[(workload, recipe.name, same_setup)] = result
 
         baseline_result = None
         if baseline is not None:
             base_recipe = baseline if isinstance(baseline, Recipe) else get_recipe(baseline)
-            if base_recipe.name == recipe.name:
-                baseline_result = result
-            else:
-                key = (workload, base_recipe.name, tuple(sorted(overrides.items())))
-                baseline_result = state.baselines.get(key) or state.results.get(f"{workload}-{base_recipe.name}")
-                if baseline_result is None and budget is not None and budget.needs_baseline:
-                    # Relative budgets compare within this session: measure the baseline now.
-                    baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
-                                                    timed_by_benchmark=False)
-                if baseline_result is not None:
-                    state.baselines[key] = baseline_result
+            key = (workload, base_recipe.name, same_setup)
+            baseline_result = state.results.get(key)
+            if baseline_result is None and budget is not None and budget.needs_baseline:
+                # Relative budgets compare within this session: measure the baseline now.
+                baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
+                                                timed_by_benchmark=False)
+                state.results[key] = baseline_result
         self._report(case, result, baseline_result, budget)
         return result
 
