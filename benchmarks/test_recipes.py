@@ -25,3 +25,13 @@ CASES = recipe_params(
 def test_resnet18(train_bench, benchmark, recipe):
     benchmark.group = "resnet18"
     train_bench(recipe, workload="resnet18")
+
+
+TRANSFORMER_CASES = recipe_params("baseline", "amp_bf16", "larger_batch", "set_to_none", "amp_fp16")
+
+
+@pytest.mark.parametrize("recipe", TRANSFORMER_CASES)
+def test_transformer(train_bench, benchmark, recipe):
+    """The same recipes on a second model family: a small transformer encoder on tokens."""
+    benchmark.group = "transformer"
+    train_bench(recipe, workload="transformer")
