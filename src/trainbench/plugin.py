@@ -190,8 +190,7 @@ def recipe_params(*names: str):
 class TrainBench:
     """Callable behind the ``train_bench`` fixture: measure one recipe, check its budget."""
 
-    def __init__(self, request, benchmark, state: SessionState):
-        self.request = request
+    def __init__(self, benchmark, state: SessionState):
         self.benchmark = benchmark
         self.state = state
 
@@ -308,7 +307,7 @@ class TrainBench:
 @pytest.fixture
 def train_bench(request, benchmark) -> TrainBench:
     """Measure a recipe: ``result = train_bench("amp_bf16", workload="resnet18")``."""
-    return TrainBench(request, benchmark, request.config.stash[_STATE])
+    return TrainBench(benchmark, request.config.stash[_STATE])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
