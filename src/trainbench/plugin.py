@@ -38,6 +38,7 @@ class SessionState:
     settings_overrides: dict
     # (workload, recipe, overrides) -> Result, for same-session baselines
     results: dict[tuple, Result] = field(default_factory=dict)
+    trajectories: dict[tuple, list[float]] = field(default_factory=dict)  # baseline losses for the guard
     rows: list[dict] = field(default_factory=list)
     _backend: object = None
 
@@ -205,14 +206,14 @@ class TrainBench:
             pytest.skip(f"{recipe.name}: {unmet}")
         case = f"{workload}-{recipe.name}"
         budget = state.budgets.for_case(backend, case)
+        base_recipe = baseline if isinstance(baseline, Recipe) or baseline is None else get_recipe(baseline)
 
         same_setup = tuple(sorted(overrides.items()))
         result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
         state.results[(workload, recipe.name, same_setup)] = result
 
         baseline_result = None
-        if baseline is not None:
-            base_recipe = baseline if isinstance(baseline, Recipe) else get_recipe(baseline)
+        if base_recipe is not None:
             key = (workload, base_recipe.name, same_setup)
             baseline_result = state.results.get(key)
             if baseline_result is None and budget is not None and budget.needs_baseline:
@@ -220,8 +221,27 @@ class TrainBench:
                 baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
                                                 timed_by_benchmark=False)
                 state.results[key] = baseline_result
-        self._report(case, result, baseline_result, budget)
+        guard_failure = None
+        if base_recipe is not None and recipe.loss_rtol is not None and base_recipe.name != recipe.name:
+            guard_failure = self._guard(case, recipe, base_recipe, workload, overrides)
+        self._report(case, result, baseline_result, budget, guard_failure)
         return result
+
+    def _guard(self, case, recipe, base_recipe, workload, overrides) -> str | None:
+        """Fail the case if the recipe trains something else than its baseline (trainbench.guards)."""
+        from .guards import compare_trajectories, loss_trajectory
+
+        state = self.state
+        key = (workload, base_recipe.name, tuple(sorted(overrides.items())))
+        if key not in state.trajectories:
+            state.trajectories[key] = loss_trajectory(
+                base_recipe.config(state.profile, workload=workload, **overrides), state.backend, state.profile)
+        losses = loss_trajectory(recipe.config(state.profile, workload=workload, **overrides), state.backend, state.profile)
+        verdict = compare_trajectories(losses, state.trajectories[key], recipe.loss_rtol)
+        self.benchmark.extra_info["guard"] = {"ok": verdict.ok, "max_rel_diff": verdict.max_rel_diff,
+                                              "rtol": recipe.loss_rtol, "losses": verdict.losses,
+                                              "baseline_losses": verdict.baseline_losses}
+        return None if verdict.ok else f"{case}: correctness guard: {verdict.message}"
 
     def _measure(self, recipe, workload, overrides, case, timed_by_benchmark: bool) -> Result:
         from .measure import Measurement, run_rounds
@@ -253,7 +273,7 @@ class TrainBench:
         bench.pedantic(step, rounds=rounds, iterations=steps_per_round, warmup_rounds=0)
         return list(bench.stats.stats.data)
 
-    def _report(self, case, result: Result, baseline: Result | None, budget) -> None:
+    def _report(self, case, result: Result, baseline: Result | None, budget, guard_failure: str | None) -> None:
         state, backend = self.state, self.state.backend
         metrics = result.metrics()
         info = self.benchmark.extra_info
@@ -280,28 +300,30 @@ class TrainBench:
 
         row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none"}
         state.rows.append(row)
+        failures = [guard_failure] if guard_failure else []
         if budget is None:
             device_key = state.budgets.device_key(backend)
             what = f"no budget for {backend.name}" if device_key is None else f"no budget for {case} on [{device_key}]"
             info["budget"] = {"status": "none", "reason": what}
             if state.require_budgets:
-                row["budget"] = "FAIL"
-                pytest.fail(f"{case}: {what} (--trainbench-require-budgets)", pytrace=False)
-            warnings.warn(NoBudgetWarning(f"{case}: {what}; nothing was checked"))
-            row["budget"] = "none"
-            return
-        verdicts = evaluate(budget, result, baseline)
-        failed = [v for v in verdicts if not v.ok]
-        info["budget"] = {
-            "status": "fail" if failed else "pass",
-            "device_key": budget.device_key,
-            "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
-                        "message": v.message} for v in verdicts],
-        }
-        row["budget"] = f"FAIL {len(failed)}/{len(verdicts)}" if failed else f"ok {len(verdicts)}"
-        if failed:
-            lines = [f"{case} [{budget.device_key}]: {v.message}" for v in failed]
-            pytest.fail("budget exceeded:\n" + "\n".join(lines), pytrace=False)
+                failures.append(f"{case}: {what} (--trainbench-require-budgets)")
+            else:
+                warnings.warn(NoBudgetWarning(f"{case}: {what}; nothing was checked"), stacklevel=2)
+        else:
+            verdicts = evaluate(budget, result, baseline)
+            failed = [v for v in verdicts if not v.ok]
+            info["budget"] = {
+                "status": "fail" if failed else "pass",
+                "device_key": budget.device_key,
+                "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
+                            "message": v.message} for v in verdicts],
+            }
+            row["budget"] = f"FAIL {len(failed)}/{len(verdicts)}" if failed else f"ok {len(verdicts)}"
+            failures += [f"{case} [{budget.device_key}]: {v.message}" for v in failed]
+        if guard_failure:
+            row["budget"] += " +guard FAIL"
+        if failures:
+            pytest.fail("trainbench checks failed:\n" + "\n".join(failures), pytrace=False)
 
 
 @pytest.fixture

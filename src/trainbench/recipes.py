@@ -112,6 +112,9 @@ class Recipe:
     requires: Requirements = Requirements()
     extra_warmup_steps: int = 0  # compile and autotuning need longer to reach steady state
     slow: bool = False
+    # Correctness guard: largest relative loss difference vs the baseline over a few seeded
+    # steps (trainbench.guards). None: not guarded, the recipe changes what is trained by design.
+    loss_rtol: float | None = None
 
     def __post_init__(self):
         unknown = set(self.changes) - _CONFIG_FIELDS
@@ -139,6 +142,7 @@ def compose(name: str, *recipes: Recipe, description: str | None = None) -> Reci
         requires=requires,
         extra_warmup_steps=max((r.extra_warmup_steps for r in recipes), default=0),
         slow=any(r.slow for r in recipes),
+        loss_rtol=None if any(r.loss_rtol is None for r in recipes) else max(r.loss_rtol for r in recipes),
     )
 
 
@@ -153,6 +157,7 @@ RECIPES: dict[str, Recipe] = {
             "autocast to bfloat16 (no GradScaler needed: bf16 keeps fp32's exponent range)",
             {"amp": "bf16"},
             Requirements(bf16=True),
+            loss_rtol=0.03,  # bf16 keeps 8 mantissa bits; measured 0.0063 on ResNet-18 over 4 steps
         ),
         Recipe(
             "amp_fp16",
@@ -160,24 +165,29 @@ RECIPES: dict[str, Recipe] = {
             {"amp": "fp16", "grad_scaler": True},
             # fp16 pays off on tensor cores; CPUs have no fast fp16 kernels (a step is ~30x slower here).
             Requirements(cuda=True, min_capability=(7, 0)),
+            loss_rtol=0.01,
         ),
         Recipe("larger_batch", "4x the batch on CPU, the seeds' 512 on GPU", {"batch_size": ByProfile(cpu=64, gpu=512)}),
         Recipe(
             "uint8_transfer",
             "copy uint8 pixels and normalize on the device: 4x fewer bytes to the device",
             {"uint8_transfer": True},
+            loss_rtol=1e-6,  # the same normalization, on the device: bit-identical on CPU
         ),
-        Recipe("set_to_none", "zero_grad(set_to_none=True): free gradients instead of writing zeros", {"set_to_none": True}),
+        Recipe("set_to_none", "zero_grad(set_to_none=True): free gradients instead of writing zeros", {"set_to_none": True},
+               loss_rtol=1e-6),
         Recipe(
             "multiprocess_loading",
             "DataLoader worker processes (2 on the CPU profile, the seeds' 8 on GPU)",
             {"num_workers": ByProfile(cpu=2, gpu=8)},
+            loss_rtol=1e-6,  # the sampler runs in the main process: same batches, same order
         ),
         Recipe(
             "pinned_memory",
             "page-locked host batches and non_blocking copies that overlap compute",
             {"pin_memory": True, "non_blocking": True},
             Requirements(cuda=True),
+            loss_rtol=1e-6,
         ),
         Recipe(
             "cudnn_benchmark",
@@ -185,11 +195,13 @@ RECIPES: dict[str, Recipe] = {
             {"cudnn_benchmark": True},
             Requirements(cuda=True),
             extra_warmup_steps=5,
+            loss_rtol=1e-3,  # other convolution algorithms round differently
         ),
         Recipe(
             "channels_last",
             "NHWC memory format for the model and its inputs",
             {"channels_last": True},
+            loss_rtol=1e-3,  # NHWC kernels sum in another order: measured 2.7e-5
         ),
         Recipe(
             "compile",
@@ -197,6 +209,7 @@ RECIPES: dict[str, Recipe] = {
             {"compile": True},
             extra_warmup_steps=10,
             slow=True,
+            loss_rtol=1e-3,  # fused kernels round differently
         ),
     ]
 }
