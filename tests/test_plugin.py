@@ -93,6 +93,8 @@ def test_case_without_budget_runs_and_says_so(pytester):
     result.stdout.fnmatch_lines(["*mlp-baseline: no budget for *; nothing was checked*"])
     strict = pytester.runpytest("-k", "baseline", "--trainbench-require-budgets", *QUICK)
     strict.assert_outcomes(failed=1, deselected=3)
+    strict.stdout.fnmatch_lines(["*mlp-baseline: no budget for * (--trainbench-require-budgets)*", "*trainbench summary*",
+                                 "mlp-baseline * FAIL"])
 
 
 def test_benchmark_json_carries_every_metric(pytester):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Protocol
 
 import torch
@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Backend, peak_tflops
-from .recipes import Recipe, TrainConfig
+from .recipes import Recipe
 from .result import Result
 from .step import Training, batch_nbytes
 from .workloads import Profile
@@ -118,7 +118,7 @@ class Measurement:
             recipe=recipe_name,
             profile=training.profile.name,
             batch_size=training.batch_size,
-            config=_config_dict(training.config),
+            config=asdict(training.config),
             device=self.backend.identity(),
             steps_per_round=settings.steps_per_round,
         )
@@ -246,12 +246,6 @@ class Measurement:
         self.measure_memory()
         self.count_work()
         return self.finish()
-
-
-def _config_dict(config: TrainConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(config)
 
 
 def measure(recipe: Recipe, backend: Backend, profile: Profile, workload: str = "resnet18",

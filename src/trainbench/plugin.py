@@ -188,6 +188,11 @@ def recipe_params(*names: str):
     return params
 
 
+def _setup_key(workload: str, recipe, overrides: dict) -> tuple:
+    """Identifies a measured setup within the session (same-session baselines, guard trajectories)."""
+    return (workload, recipe.name, tuple(sorted(overrides.items())))
+
+
 class TrainBench:
     """Callable behind the ``train_bench`` fixture: measure one recipe, check its budget."""
 
@@ -208,13 +213,12 @@ class TrainBench:
         budget = state.budgets.for_case(backend, case)
         base_recipe = baseline if isinstance(baseline, Recipe) or baseline is None else get_recipe(baseline)
 
-        same_setup = tuple(sorted(overrides.items()))
         result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
-        state.results[(workload, recipe.name, same_setup)] = result
+        state.results[_setup_key(workload, recipe, overrides)] = result
 
         baseline_result = None
         if base_recipe is not None:
-            key = (workload, base_recipe.name, same_setup)
+            key = _setup_key(workload, base_recipe, overrides)
             baseline_result = state.results.get(key)
             if baseline_result is None and budget is not None and budget.needs_baseline:
                 # Relative budgets compare within this session: measure the baseline now.
@@ -232,11 +236,10 @@ class TrainBench:
         from .guards import compare_trajectories, loss_trajectory
 
         state = self.state
-        key = (workload, base_recipe.name, tuple(sorted(overrides.items())))
+        key = _setup_key(workload, base_recipe, overrides)
         if key not in state.trajectories:
-            state.trajectories[key] = loss_trajectory(
-                base_recipe.config(state.profile, workload=workload, **overrides), state.backend, state.profile)
-        losses = loss_trajectory(recipe.config(state.profile, workload=workload, **overrides), state.backend, state.profile)
+            state.trajectories[key] = loss_trajectory(self._config(base_recipe, workload, overrides), state.backend, state.profile)
+        losses = loss_trajectory(self._config(recipe, workload, overrides), state.backend, state.profile)
         verdict = compare_trajectories(losses, state.trajectories[key], recipe.loss_rtol)
         self.benchmark.extra_info["guard"] = {"ok": verdict.ok, "max_rel_diff": verdict.max_rel_diff,
                                               "rtol": recipe.loss_rtol, "losses": verdict.losses,
@@ -248,11 +251,13 @@ class TrainBench:
         from .step import Training
 
         state = self.state
-        config = recipe.config(state.profile, workload=workload, **overrides)
         runner = self._benchmark_runner if timed_by_benchmark else run_rounds
-        with Training(config, state.backend, state.profile) as training:
+        with Training(self._config(recipe, workload, overrides), state.backend, state.profile) as training:
             m = Measurement(training, case, recipe.name, state.settings(), recipe.extra_warmup_steps)
             return m.run(runner)
+
+    def _config(self, recipe, workload, overrides):
+        return recipe.config(self.state.profile, workload=workload, **overrides)
 
     def _benchmark_runner(self, step, rounds, steps_per_round, timer):
         """Time rounds through pytest-benchmark so its table, --benchmark-save/compare/json work.
@@ -306,6 +311,7 @@ class TrainBench:
             what = f"no budget for {backend.name}" if device_key is None else f"no budget for {case} on [{device_key}]"
             info["budget"] = {"status": "none", "reason": what}
             if state.require_budgets:
+                row["budget"] = "FAIL"
                 failures.append(f"{case}: {what} (--trainbench-require-budgets)")
             else:
                 warnings.warn(NoBudgetWarning(f"{case}: {what}; nothing was checked"), stacklevel=2)
