@@ -20,7 +20,7 @@ ROUNDS, STEPS_PER_ROUND = 1, 20
 def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, profile):
     settings = MeasureSettings(min_warmup_steps=20, max_warmup_steps=20, rounds=ROUNDS,
                                steps_per_round=STEPS_PER_ROUND, breakdown=False, work=False)
-    with Training(TrainConfig(workload="mlp", set_to_none=True), cpu, profile) as training:
+    with Training(TrainConfig(workload="mlp", zero_grad="set_to_none"), cpu, profile) as training:
         batches = training.batches()
         harness = Measurement(training, "mlp-baseline", "baseline", settings)
         harness.warm_up()
@@ -33,7 +33,7 @@ def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, profile):
             n = ROUNDS * STEPS_PER_ROUND
             start = time.perf_counter()
             for _ in range(n):
-                training.step(next(batches))
+                training.step(training.fetch(batches))
             return n * training.batch_size / (time.perf_counter() - start)
 
         ratios = []

@@ -1,15 +1,22 @@
-"""Correctness guard: an optimization must not change what is trained beyond its tolerance.
+"""Correctness guards: an optimization must not change what is trained beyond its tolerance.
 
-The guard trains the recipe and its baseline from the same seeded weights on the same
-seeded batches for a few steps and compares the loss at every step. A recipe declares
-its tolerance (``Recipe.loss_rtol``): ~0 for pure data-path or bookkeeping changes,
-a few percent for reduced precision, and None where the recipe changes what is
-trained by design (a larger batch).
+Two checks, both from the same seeded weights on the same seeded samples:
+
+- the **loss guard** trains the recipe and its baseline for a few steps and compares
+  the loss at every step (``Recipe.loss_rtol``): ~0 for pure data-path or bookkeeping
+  changes, a few percent for reduced precision, None where the recipe changes what is
+  trained by design (a larger batch);
+- the **gradient guard** compares the gradients of the first step parameter by
+  parameter (``Recipe.grad_rtol``), where an optimization promises the same gradients
+  by construction: accumulation over micro-batches vs the whole batch, checkpointing
+  vs keeping activations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from .device import Backend
 from .recipes import TrainConfig
@@ -22,17 +29,18 @@ GUARD_STEPS = 4
 @dataclass(frozen=True)
 class GuardVerdict:
     ok: bool
+    kind: str  # "loss" | "gradients"
     max_rel_diff: float
-    losses: list[float]
-    baseline_losses: list[float]
     message: str
+    losses: list[float] | None = None
+    baseline_losses: list[float] | None = None
 
 
 def loss_trajectory(config: TrainConfig, backend: Backend, profile: Profile, steps: int = GUARD_STEPS) -> list[float]:
     """Losses of the first ``steps`` steps from seeded weights on seeded batches."""
     with Training(config, backend, profile) as training:
         batches = training.batches()
-        losses = [training.step(next(batches)) for _ in range(steps)]
+        losses = [training.step(training.fetch(batches)) for _ in range(steps)]
         return [float(loss) for loss in losses]  # syncs once per step, after the steps ran
 
 
@@ -40,9 +48,35 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, baseline, strict=True)]
     worst = max(diffs)
     step = diffs.index(worst)
-    ok = worst <= rtol
     message = (
         f"loss vs baseline over {len(diffs)} seeded steps: worst relative difference {worst:.3g} at step {step} "
         f"({losses[step]:.6g} vs {baseline[step]:.6g}), tolerance {rtol:g}"
     )
-    return GuardVerdict(ok, worst, losses, baseline, message)
+    return GuardVerdict(worst <= rtol, "loss", worst, message, losses, baseline)
+
+
+def first_step_gradients(config: TrainConfig, backend: Backend, profile: Profile) -> dict[str, torch.Tensor]:
+    """Gradients of the first step (before any update), by parameter name, in fp32 on the host."""
+    with Training(config, backend, profile) as training:
+        training.forward_backward(training.fetch(training.batches()))
+        scale = training.scaler.get_scale() if training.scaler is not None else 1.0
+        return {name: (p.grad.detach().float() / scale).cpu()
+                for name, p in training.model.named_parameters() if p.grad is not None}
+
+
+def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:
+    """Worst relative error ||g - g_base|| / ||g_base|| over parameters; a missing gradient fails."""
+    missing = sorted(set(baseline) - set(grads))
+    extra = sorted(set(grads) - set(baseline))
+    if missing or extra:
+        what = "; ".join(x for x in (f"no gradient for {', '.join(missing[:3])}" if missing else "",
+                                     f"unexpected gradient for {', '.join(extra[:3])}" if extra else "") if x)
+        return GuardVerdict(False, "gradients", float("inf"), f"gradients vs baseline: {what}")
+    worst, worst_name = 0.0, ""
+    for name, base in baseline.items():
+        err = float(torch.linalg.vector_norm(grads[name] - base) / torch.linalg.vector_norm(base).clamp_min(1e-30))
+        if err > worst:
+            worst, worst_name = err, name
+    message = (f"first-step gradients vs baseline over {len(baseline)} parameters: worst relative error {worst:.3g} "
+               f"({worst_name or 'all equal'}), tolerance {rtol:g}")
+    return GuardVerdict(worst <= rtol, "gradients", worst, message)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
@@ -26,9 +27,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Backend, peak_tflops
+
+# Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 from .recipes import Recipe
 from .result import Result
-from .step import Training, batch_nbytes
+from .step import Training
 from .workloads import Profile
 
 
@@ -50,6 +54,9 @@ DEFAULT_SETTINGS = {
     "gpu": MeasureSettings(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05,
                            rounds=10, steps_per_round=10, memory_steps=3),
 }
+
+
+GROWTH_STEPS = 3  # tracked steps after the first over which live memory growth is measured
 
 
 class RoundRunner(Protocol):
@@ -117,7 +124,7 @@ class Measurement:
             workload=training.config.workload,
             recipe=recipe_name,
             profile=training.profile.name,
-            batch_size=training.batch_size,
+            batch_size=training.samples_per_step,
             config=asdict(training.config),
             device=self.backend.identity(),
             steps_per_round=settings.steps_per_round,
@@ -127,9 +134,9 @@ class Measurement:
     def timed_step(self) -> None:
         """One step on the live iterator, recording the time blocked on the loader."""
         t0 = time.perf_counter()
-        batch = next(self._batches)
+        micro_batches = self.training.fetch(self._batches)
         self._wait_s += time.perf_counter() - t0
-        self._last_loss = self.training.step(batch)
+        self._last_loss = self.training.step(micro_batches)
 
     def warm_up(self) -> None:
         s, timer = self.settings, self.backend.timer
@@ -201,15 +208,17 @@ class Measurement:
         tracker = MemTracker()
         tracker.track_external(training.model, training.optimizer)
         # Batches are fetched outside the tracker: loader internals are not the step's memory.
-        batches = [next(self._batches) for _ in range(2)]
+        steps = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
+        live_after_step = []
         with tracker:
-            for i, batch in enumerate(batches):
-                self._last_loss = training.step(batch)
-                if i == 0:
-                    tracker.reset_mod_stats()
-        self.backend.synchronize()
-        snapshot = tracker.get_tracker_snapshot("peak")
-        per_device = next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
+            for i, micro_batches in enumerate(steps):
+                self._last_loss = training.step(micro_batches)
+                self.backend.synchronize()
+                live_after_step.append(self._device_total(tracker.get_tracker_snapshot("current")))
+                tracker.reset_mod_stats()  # MemTracker tracks one iteration of module stats at a time
+        # Live tensor memory after a step should not grow step over step; a kept graph (loss history) does.
+        self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[1]) / (GROWTH_STEPS - 1)
+        per_device = self._device_stats(tracker.get_tracker_snapshot("peak"))
         breakdown = {"total": int(per_device.get("Total", 0))}
         for ref_type, nbytes in per_device.items():
             key = _MEMTRACKER_CATEGORIES.get(getattr(ref_type, "name", str(ref_type)).split(".")[-1])
@@ -217,23 +226,57 @@ class Measurement:
                 breakdown[key] = int(nbytes)
         return breakdown
 
+    def _device_stats(self, snapshot) -> dict:
+        return next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
+
+    def _device_total(self, snapshot) -> int:
+        return int(self._device_stats(snapshot).get("Total", 0))
+
     # -- 4. work ------------------------------------------------------------------
     def count_work(self) -> None:
-        batch = next(self._batches)
-        self.result.h2d_bytes_per_sample = batch_nbytes(batch) / self.training.batch_size
+        training = self.training
+        # Steps that sync every N (loss_history="item", log_every=N) are counted over N steps.
+        n = training.config.log_every
+        steps = [training.fetch(self._batches) for _ in range(n)]
+        self.result.h2d_bytes_per_sample = training.h2d_bytes(steps[0]) / training.samples_per_step
         if not self.settings.work:
             return
         counter = _OpCounter()
         flops = FlopCounterMode(display=False)
         with flops, counter:
-            self._last_loss = self.training.step(batch)
+            for micro_batches in steps:
+                self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
-        self.result.flops_per_step = int(flops.get_total_flops())
-        self.result.ops_per_step = sum(counter.ops.values())
-        self.result.syncs_per_step = counter.syncs
-        self.result.top_ops = dict(counter.ops.most_common(15))
+        self.result.flops_per_step = int(flops.get_total_flops()) // n
+        self.result.ops_per_step = sum(counter.ops.values()) / n
+        self.result.syncs_per_step = counter.syncs / n
+        self.result.top_ops = {op: count / n for op, count in counter.ops.most_common(15)}
+        self._count_calls()
         amp = self.training.config.amp
         self.result.peak_tflops = peak_tflops(self.backend.name, amp or "fp32") if self.backend.kind == "cuda" else None
+
+    def _count_calls(self) -> None:
+        """aten calls and device kernels of one step, from PyTorch's profiler.
+
+        Unlike the dispatch-mode op count, the profiler sees what compiled code really
+        runs (a compiled region appears as its few extern calls and kernels), so this is
+        the count that fusion and ``torch.compile`` cut.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.backend.kind == "cuda" else [])
+        micro_batches = self.training.fetch(self._batches)
+        try:
+            with profile(activities=activities) as prof:
+                self._last_loss = self.training.step(micro_batches)
+                self.backend.synchronize()
+        except RuntimeError as e:  # a profiler is already running (the debug=profiler case)
+            self.result.notes.append(f"aten call count skipped: {e}")
+            return
+        events = prof.events()
+        self.result.aten_calls_per_step = sum(1 for e in events if e.name.startswith("aten::"))
+        if self.backend.kind == "cuda":
+            self.result.kernels_per_step = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
 
     def finish(self) -> Result:
         if self._last_loss is not None:

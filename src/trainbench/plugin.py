@@ -200,18 +200,22 @@ class TrainBench:
         self.benchmark = benchmark
         self.state = state
 
-    def __call__(self, recipe, workload: str = "resnet18", baseline="baseline", **overrides) -> Result:
+    def __call__(self, recipe, workload: str = "resnet18", baseline=None, **overrides) -> Result:
+        """Measure ``recipe`` on ``workload`` against ``baseline`` (default: the recipe's own)."""
         from .recipes import Recipe, get_recipe
 
         state = self.state
         recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         backend = state.backend
-        unmet = recipe.requires.unmet(backend)
+        unmet = recipe.unmet(backend, state.profile)
         if unmet:
             pytest.skip(f"{recipe.name}: {unmet}")
         case = f"{workload}-{recipe.name}"
         budget = state.budgets.for_case(backend, case)
-        base_recipe = baseline if isinstance(baseline, Recipe) or baseline is None else get_recipe(baseline)
+        baseline = recipe.baseline if baseline is None else baseline
+        base_recipe = baseline if isinstance(baseline, Recipe) else get_recipe(baseline)
+        if base_recipe.name == recipe.name:
+            base_recipe = None
 
         result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
         state.results[_setup_key(workload, recipe, overrides)] = result
@@ -225,26 +229,35 @@ class TrainBench:
                 baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
                                                 timed_by_benchmark=False)
                 state.results[key] = baseline_result
-        guard_failure = None
-        if base_recipe is not None and recipe.loss_rtol is not None and base_recipe.name != recipe.name:
-            guard_failure = self._guard(case, recipe, base_recipe, workload, overrides)
-        self._report(case, result, baseline_result, budget, guard_failure)
+        guard_failures = self._guard(case, recipe, base_recipe, workload, overrides) if base_recipe else []
+        self._report(case, result, baseline_result, base_recipe, budget, guard_failures)
         return result
 
-    def _guard(self, case, recipe, base_recipe, workload, overrides) -> str | None:
+    def _guard(self, case, recipe, base_recipe, workload, overrides) -> list[str]:
         """Fail the case if the recipe trains something else than its baseline (trainbench.guards)."""
-        from .guards import compare_trajectories, loss_trajectory
+        from .guards import compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
 
         state = self.state
         key = _setup_key(workload, base_recipe, overrides)
-        if key not in state.trajectories:
-            state.trajectories[key] = loss_trajectory(self._config(base_recipe, workload, overrides), state.backend, state.profile)
-        losses = loss_trajectory(self._config(recipe, workload, overrides), state.backend, state.profile)
-        verdict = compare_trajectories(losses, state.trajectories[key], recipe.loss_rtol)
-        self.benchmark.extra_info["guard"] = {"ok": verdict.ok, "max_rel_diff": verdict.max_rel_diff,
-                                              "rtol": recipe.loss_rtol, "losses": verdict.losses,
-                                              "baseline_losses": verdict.baseline_losses}
-        return None if verdict.ok else f"{case}: correctness guard: {verdict.message}"
+        base_config, config = self._config(base_recipe, workload, overrides), self._config(recipe, workload, overrides)
+        verdicts = []
+        if recipe.loss_rtol is not None:
+            if key not in state.trajectories:
+                state.trajectories[key] = loss_trajectory(base_config, state.backend, state.profile)
+            losses = loss_trajectory(config, state.backend, state.profile)
+            verdicts.append(compare_trajectories(losses, state.trajectories[key], recipe.loss_rtol))
+        if recipe.grad_rtol is not None:
+            base_grads = first_step_gradients(base_config, state.backend, state.profile)
+            grads = first_step_gradients(config, state.backend, state.profile)
+            verdicts.append(compare_gradients(grads, base_grads, recipe.grad_rtol))
+        if verdicts:
+            self.benchmark.extra_info["guard"] = {
+                "baseline": base_recipe.name,
+                "checks": [{"kind": v.kind, "ok": v.ok, "max_rel_diff": v.max_rel_diff, "message": v.message,
+                            "rtol": recipe.loss_rtol if v.kind == "loss" else recipe.grad_rtol,
+                            "losses": v.losses, "baseline_losses": v.baseline_losses} for v in verdicts],
+            }
+        return [f"{case}: correctness guard ({v.kind}): {v.message}" for v in verdicts if not v.ok]
 
     def _measure(self, recipe, workload, overrides, case, timed_by_benchmark: bool) -> Result:
         from .measure import Measurement, run_rounds
@@ -278,11 +291,11 @@ class TrainBench:
         bench.pedantic(step, rounds=rounds, iterations=steps_per_round, warmup_rounds=0)
         return list(bench.stats.stats.data)
 
-    def _report(self, case, result: Result, baseline: Result | None, budget, guard_failure: str | None) -> None:
+    def _report(self, case, result: Result, baseline: Result | None, base_recipe, budget, guard_failures: list[str]) -> None:
         state, backend = self.state, self.state.backend
         metrics = result.metrics()
         info = self.benchmark.extra_info
-        info.update({k: v for k, v in metrics.items()})
+        info.update(metrics)
         info.update(
             case=case,
             workload=result.workload,
@@ -291,6 +304,8 @@ class TrainBench:
             batch_size=result.batch_size,
             config=result.config,
             memory_breakdown_bytes=result.memory_breakdown_bytes,
+            memory_growth_bytes_per_step=result.memory_growth_bytes_per_step,
+            top_ops=result.top_ops,
             flops_per_step=result.flops_per_step,
             warmup={"steps": result.warmup_steps, "steady": result.warmup_steady, "seconds": result.warmup_s,
                     "first_step_s": result.first_step_s},
@@ -299,13 +314,15 @@ class TrainBench:
             notes=result.notes,
         )
         speedup = None
+        if base_recipe is not None:
+            info["baseline"] = base_recipe.name
         if baseline is not None and baseline.samples_per_s and result.samples_per_s:
             speedup = result.samples_per_s / baseline.samples_per_s
             info["speedup_vs_baseline"] = speedup
 
         row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none"}
         state.rows.append(row)
-        failures = [guard_failure] if guard_failure else []
+        failures = list(guard_failures)
         if budget is None:
             device_key = state.budgets.device_key(backend)
             what = f"no budget for {backend.name}" if device_key is None else f"no budget for {case} on [{device_key}]"
@@ -326,7 +343,7 @@ class TrainBench:
             }
             row["budget"] = f"FAIL {len(failed)}/{len(verdicts)}" if failed else f"ok {len(verdicts)}"
             failures += [f"{case} [{budget.device_key}]: {v.message}" for v in failed]
-        if guard_failure:
+        if guard_failures:
             row["budget"] += " +guard FAIL"
         if failures:
             pytest.fail("trainbench checks failed:\n" + "\n".join(failures), pytrace=False)

@@ -15,6 +15,13 @@ from typing import Any, Mapping
 from .workloads import Profile, get_workload
 
 AMP_DTYPES = ("fp16", "bf16")
+ZERO_GRAD_MODES = ("zeros", "set_to_none", "param_none")
+OPTIMIZER_IMPLS = (None, "loop", "foreach", "fused")
+DEBUG_MODES = (None, "anomaly", "profiler", "emit_nvtx")
+LOSS_HISTORY_MODES = (None, "tensor", "detach", "item")
+EVAL_MODES = (None, "autograd", "no_grad", "inference_mode")
+SYNTHETIC_MODES = (None, "host", "device")
+FUSE_MODES = (None, "script", "compile")
 
 
 @dataclass(frozen=True)
@@ -22,39 +29,83 @@ class TrainConfig:
     """Everything that decides how one training step runs. Defaults are the seeds' baseline."""
 
     workload: str = "resnet18"
-    batch_size: int | None = None  # None: the profile's default
+    # -- data path
+    batch_size: int | None = None  # None: the profile's default (the micro-batch under accumulation)
     num_workers: int = 0
     pin_memory: bool = False
     non_blocking: bool = False
     uint8_transfer: bool = False  # copy uint8 pixels, normalize on the device
-    # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
-    # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
-    set_to_none: bool = False
+    channels_last_input: bool = False  # loader yields NHWC uint8; the device sees a channels-last view
+    synthetic: str | None = None  # no loader: random batches made on the host and copied, or made on the device
+    # -- precision
     amp: str | None = None  # autocast dtype: "fp16" | "bf16"
     grad_scaler: bool = False
+    # -- batch and memory
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    checkpointing: bool = False  # recompute the workload's blocks in backward instead of saving activations
+    # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
+    # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
+    zero_grad: str = "zeros"  # "zeros" | "set_to_none" | "param_none" (param.grad = None per parameter)
+    loss_history: str | None = None  # running loss kept as: "tensor" (the leak), "detach", "item"
+    log_every: int = 1  # with loss_history="item": one .item() (a host sync) every N steps
+    eval_mode: str | None = None  # evaluation step instead of training: "autograd" | "no_grad" | "inference_mode"
+    empty_cache: bool = False  # release cached allocator blocks after every step
+    # -- compute
     compile: bool = False
     cudnn_benchmark: bool = False
     channels_last: bool = False
+    conv_bias: bool = False  # give every convolution a bias, also those right before a BatchNorm
+    fuse_pointwise: str | None = None  # the workload's pointwise block: "script" | "compile"
+    optimizer_impl: str | None = None  # None: PyTorch's default; "loop" | "foreach" | "fused"
+    debug: str | None = None  # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True)
     seed: int = 0
 
     def validate(self) -> "TrainConfig":
         workload = get_workload(self.workload)
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {self.num_workers!r}")
-        if self.amp is not None and self.amp not in AMP_DTYPES:
-            raise ValueError(f"amp must be one of {AMP_DTYPES} or None, got {self.amp!r}")
+        for name in ("num_workers",):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        for name in ("accumulation_steps", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name, allowed in [("amp", (None,) + AMP_DTYPES), ("zero_grad", ZERO_GRAD_MODES),
+                              ("optimizer_impl", OPTIMIZER_IMPLS), ("debug", DEBUG_MODES),
+                              ("loss_history", LOSS_HISTORY_MODES), ("eval_mode", EVAL_MODES),
+                              ("synthetic", SYNTHETIC_MODES), ("fuse_pointwise", FUSE_MODES)]:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.grad_scaler and self.amp is None:
             raise ValueError("grad_scaler=True needs amp set: gradient scaling only exists for mixed precision")
         if self.uint8_transfer and not workload.supports_uint8:
             raise ValueError(f"uint8_transfer needs image inputs; workload {self.workload!r} feeds {workload.input_kind}")
-        if self.channels_last and workload.input_kind != "image":
+        if self.channels_last_input and not self.uint8_transfer:
+            raise ValueError("channels_last_input needs uint8_transfer: the NHWC batch is normalized on the device")
+        if (self.channels_last or self.channels_last_input) and workload.input_kind != "image":
             raise ValueError(f"channels_last needs image inputs; workload {self.workload!r} feeds {workload.input_kind}")
+        if self.checkpointing and workload.checkpoint_blocks is None:
+            raise ValueError(f"checkpointing needs a workload with checkpoint blocks; {self.workload!r} declares none")
+        if self.conv_bias and not workload.conv_bn:
+            raise ValueError(f"conv_bias needs convolutions followed by BatchNorm; {self.workload!r} has none")
+        if self.fuse_pointwise and not workload.pointwise_block:
+            raise ValueError(f"fuse_pointwise needs a workload with a pointwise block; {self.workload!r} has none")
+        if self.eval_mode and (self.accumulation_steps > 1 or self.loss_history == "tensor" or self.grad_scaler):
+            raise ValueError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
+        if self.synthetic and (self.num_workers or self.pin_memory or self.uint8_transfer or self.channels_last_input):
+            raise ValueError("synthetic batches bypass the DataLoader: loader knobs (workers, pinning, uint8) do not apply")
         return self
 
     def resolved_batch_size(self, profile: Profile) -> int:
+        """Samples per loader batch (per micro-batch under accumulation)."""
         return self.batch_size if self.batch_size is not None else profile.batch_size
+
+    def samples_per_step(self, profile: Profile) -> int:
+        """Samples per optimizer step: micro-batch x accumulation steps."""
+        return self.resolved_batch_size(profile) * self.accumulation_steps
 
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -110,11 +161,17 @@ class Recipe:
     description: str
     changes: Mapping[str, Any] = field(default_factory=dict)
     requires: Requirements = Requirements()
+    # What the recipe is measured against: its ratio budgets and its guards compare to this
+    # recipe on the same workload in the same session ("baseline", or e.g. "optimizer_loop").
+    baseline: str = "baseline"
     extra_warmup_steps: int = 0  # compile and autotuning need longer to reach steady state
     slow: bool = False
-    # Correctness guard: largest relative loss difference vs the baseline over a few seeded
-    # steps (trainbench.guards). None: not guarded, the recipe changes what is trained by design.
+    # Correctness guards (trainbench.guards) against ``baseline``: largest relative loss
+    # difference over a few seeded steps, and largest relative first-step gradient error.
+    # None: not guarded, the recipe changes what is trained by design (say why in the description).
     loss_rtol: float | None = None
+    grad_rtol: float | None = None
+    reference: bool = False  # a starting point other recipes are measured against, not an optimization
 
     def __post_init__(self):
         unknown = set(self.changes) - _CONFIG_FIELDS
@@ -127,90 +184,185 @@ class Recipe:
         values.update(overrides)
         return dataclasses.replace(base or TrainConfig(), **values).validate()
 
+    def unmet(self, backend, profile: Profile) -> str | None:
+        """Why this recipe cannot run on ``backend``, or None when it can."""
+        reason = self.requires.unmet(backend)
+        if reason is None and self.config(profile).amp == "bf16" and not backend.supports_bf16():
+            reason = f"needs bfloat16 support; {backend.name} has none"
+        return reason
 
-def compose(name: str, *recipes: Recipe, description: str | None = None) -> Recipe:
+
+def compose(name: str, *recipes: Recipe, description: str | None = None, baseline: str = "baseline") -> Recipe:
     """One recipe applying ``recipes`` in order (later ones win on the same knob)."""
     changes: dict[str, Any] = {}
     requires = Requirements()
     for r in recipes:
         changes.update(r.changes)
         requires = requires.merge(r.requires)
+
+    def loosest(values):
+        return None if any(v is None for v in values) else max(values)
+
     return Recipe(
         name=name,
         description=description or " + ".join(r.name for r in recipes),
         changes=changes,
         requires=requires,
+        baseline=baseline,
         extra_warmup_steps=max((r.extra_warmup_steps for r in recipes), default=0),
         slow=any(r.slow for r in recipes),
-        loss_rtol=None if any(r.loss_rtol is None for r in recipes) else max(r.loss_rtol for r in recipes),
+        loss_rtol=loosest([r.loss_rtol for r in recipes]) if recipes else 0.0,
+        grad_rtol=None,
     )
 
 
-BASELINE = Recipe("baseline", "the seeds' starting point: fp32, one process, pageable float32 copies, zero_grad() writing zeros")
+BASELINE = Recipe("baseline", "the seeds' starting point: fp32, one process, pageable float32 copies, zero_grad() writing zeros",
+                  reference=True)
+_GPU = Requirements(cuda=True)
+_TENSOR_CORES = Requirements(cuda=True, min_capability=(7, 0))
+_TWO_GPUS = Requirements(cuda=True, min_gpus=2)
+# Mixed precision where the device has it: bf16 on CPUs (no fast fp16 kernels), fp16 on tensor cores.
+_AMP = {"amp": ByProfile(cpu="bf16", gpu="fp16")}
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
         BASELINE,
-        Recipe(
-            "amp_bf16",
-            "autocast to bfloat16 (no GradScaler needed: bf16 keeps fp32's exponent range)",
-            {"amp": "bf16"},
-            Requirements(bf16=True),
-            loss_rtol=0.03,  # bf16 keeps 8 mantissa bits; measured 0.0063 on ResNet-18 over 4 steps
-        ),
-        Recipe(
-            "amp_fp16",
-            "autocast to float16 with a GradScaler (tensor cores on GPU)",
-            {"amp": "fp16", "grad_scaler": True},
-            # fp16 pays off on tensor cores; CPUs have no fast fp16 kernels (a step is ~30x slower here).
-            Requirements(cuda=True, min_capability=(7, 0)),
-            loss_rtol=0.01,
-        ),
-        Recipe("larger_batch", "4x the batch on CPU, the seeds' 512 on GPU", {"batch_size": ByProfile(cpu=64, gpu=512)}),
-        Recipe(
-            "uint8_transfer",
-            "copy uint8 pixels and normalize on the device: 4x fewer bytes to the device",
-            {"uint8_transfer": True},
-            loss_rtol=1e-6,  # the same normalization, on the device: bit-identical on CPU
-        ),
-        Recipe("set_to_none", "zero_grad(set_to_none=True): free gradients instead of writing zeros", {"set_to_none": True},
-               loss_rtol=1e-6),
+        # -- data path ---------------------------------------------------------------
         Recipe(
             "multiprocess_loading",
             "DataLoader worker processes (2 on the CPU profile, the seeds' 8 on GPU)",
             {"num_workers": ByProfile(cpu=2, gpu=8)},
             loss_rtol=1e-6,  # the sampler runs in the main process: same batches, same order
         ),
+        Recipe("pinned_memory", "page-locked host batches and non_blocking copies that overlap compute",
+               {"pin_memory": True, "non_blocking": True}, _GPU, loss_rtol=1e-6),
         Recipe(
-            "pinned_memory",
-            "page-locked host batches and non_blocking copies that overlap compute",
-            {"pin_memory": True, "non_blocking": True},
-            Requirements(cuda=True),
+            "uint8_transfer",
+            "copy uint8 pixels and normalize on the device: 4x fewer bytes to the device",
+            {"uint8_transfer": True},
+            loss_rtol=1e-6,  # the same normalization, on the device: bit-identical on CPU
+        ),
+        Recipe(
+            "channels_last_input",
+            "loader keeps the images' HWC layout (no transpose per image); the device sees NHWC as channels-last NCHW",
+            {"uint8_transfer": True, "channels_last_input": True},
+            baseline="uint8_transfer",
+            loss_rtol=1e-3,  # convolutions on channels-last inputs sum in another order
+        ),
+        Recipe("host_tensors", "synthetic batches made on the host, then copied: torch.rand(...).to(device)",
+               {"synthetic": "host"}, reference=True),
+        Recipe(
+            "device_tensors",
+            "synthetic batches constructed directly on the device: torch.rand(..., device=device). "
+            "Unguarded: a device generator draws other random numbers than the host's",
+            {"synthetic": "device"},
+            baseline="host_tensors",
+        ),
+        # -- precision ---------------------------------------------------------------
+        Recipe(
+            "amp_bf16",
+            "autocast to bfloat16 (no GradScaler needed: bf16 keeps fp32's exponent range)",
+            {"amp": "bf16"},
+            Requirements(bf16=True),
+            loss_rtol=0.03,  # bf16 keeps 8 mantissa bits; measured 0.0063 on ResNet-18 over 4 steps
+            grad_rtol=0.1,
+        ),
+        Recipe(
+            "amp_fp16",
+            "autocast to float16 with a GradScaler (tensor cores on GPU)",
+            {"amp": "fp16", "grad_scaler": True},
+            # fp16 pays off on tensor cores; CPUs have no fast fp16 kernels (a step is ~30x slower here).
+            _TENSOR_CORES,
+            loss_rtol=0.01,
+            grad_rtol=0.05,
+        ),
+        Recipe(
+            "amp_fp16_no_scaler",
+            "autocast to float16 without a GradScaler, as the articles run it: small gradients can underflow to zero; "
+            "the gradient guard measures how far the unscaled fp16 gradients drift",
+            {"amp": "fp16"},
+            _TENSOR_CORES,
+            loss_rtol=0.01,
+            grad_rtol=0.05,
+        ),
+        # -- batch -------------------------------------------------------------------
+        Recipe("larger_batch", "4x the batch on CPU, the seeds' 512 on GPU. Unguarded: another batch trains differently",
+               {"batch_size": ByProfile(cpu=64, gpu=512)}),
+        Recipe(
+            "grad_accumulation",
+            "the larger batch as 4 accumulated micro-batches (loss / 4 each): the micro-batch's memory, "
+            "the large batch's gradients (not with BatchNorm, whose statistics are per micro-batch)",
+            {"batch_size": ByProfile(cpu=16, gpu=128), "accumulation_steps": 4},
+            baseline="larger_batch",
+            loss_rtol=1e-5,
+            grad_rtol=1e-4,  # fp32 sums in another order
+        ),
+        # -- memory ------------------------------------------------------------------
+        Recipe(
+            "checkpointing",
+            "gradient checkpointing of the model's blocks: activations recomputed in backward",
+            {"checkpointing": True},
             loss_rtol=1e-6,
+            grad_rtol=1e-5,  # the recomputation repeats the same kernels
         ),
-        Recipe(
-            "cudnn_benchmark",
-            "cuDNN autotuner picks the fastest convolution algorithms",
-            {"cudnn_benchmark": True},
-            Requirements(cuda=True),
-            extra_warmup_steps=5,
-            loss_rtol=1e-3,  # other convolution algorithms round differently
-        ),
-        Recipe(
-            "channels_last",
-            "NHWC memory format for the model and its inputs",
-            {"channels_last": True},
-            loss_rtol=1e-3,  # NHWC kernels sum in another order: measured 2.7e-5
-        ),
+        Recipe("set_to_none", "zero_grad(set_to_none=True): free gradients instead of writing zeros",
+               {"zero_grad": "set_to_none"}, loss_rtol=1e-6),
+        Recipe("param_grad_none", "`for p in model.parameters(): p.grad = None` instead of zero_grad()",
+               {"zero_grad": "param_none"}, loss_rtol=1e-6),
+        Recipe("loss_leak", "`total_loss += loss` each step: every step's autograd graph stays alive (the anti-pattern)",
+               {"loss_history": "tensor"}, reference=True),
+        Recipe("loss_detach", "`total_loss += loss.detach()`: the running loss without the graph, and without a sync",
+               {"loss_history": "detach"}, baseline="loss_leak", loss_rtol=1e-6),
+        Recipe("eval_autograd", "evaluation forward with autograd on: activations kept for a backward that never comes",
+               {"eval_mode": "autograd"}, reference=True),
+        Recipe("eval_no_grad", "evaluation under torch.no_grad()", {"eval_mode": "no_grad"},
+               baseline="eval_autograd", loss_rtol=1e-6),
+        Recipe("eval_inference_mode", "evaluation under torch.inference_mode(): no autograd, no version counters",
+               {"eval_mode": "inference_mode"}, baseline="eval_no_grad", loss_rtol=1e-6),
+        Recipe("empty_cache", "torch.cuda.empty_cache() after every step: lower reserved memory, paid in cudaMalloc",
+               {"empty_cache": True}, _GPU, loss_rtol=1e-6),
+        # -- compute -----------------------------------------------------------------
         Recipe(
             "compile",
-            "torch.compile of the model (compile time is warm-up, not steady state)",
+            "torch.compile of the model (compile time is reported as first_step_s, apart from steady state)",
             {"compile": True},
             extra_warmup_steps=10,
             slow=True,
             loss_rtol=1e-3,  # fused kernels round differently
         ),
+        Recipe("cudnn_benchmark", "cuDNN autotuner picks the fastest convolution algorithms", {"cudnn_benchmark": True},
+               _GPU, extra_warmup_steps=5, loss_rtol=1e-3),
+        Recipe("channels_last", "NHWC memory format for the model and its inputs", {"channels_last": True},
+               loss_rtol=1e-3),  # NHWC kernels sum in another order: measured 2.7e-5
+        Recipe("channels_last_amp", "channels-last model and inputs with mixed precision (bf16 on CPU, fp16 on GPU)",
+               {"channels_last": True, **_AMP, "grad_scaler": ByProfile(cpu=False, gpu=True)}, loss_rtol=0.03),
+        Recipe("fuse_pointwise_script", "the GELU block under torch.jit.script: the fuser makes one CUDA kernel of it",
+               {"fuse_pointwise": "script"}, _GPU, loss_rtol=1e-5),
+        Recipe("fuse_pointwise_compile", "the GELU block under torch.compile: one generated kernel per direction",
+               {"fuse_pointwise": "compile"}, extra_warmup_steps=2, loss_rtol=1e-5),
+        Recipe("conv_bias", "a bias in every convolution, also those right before a BatchNorm (which cancels it)",
+               {"conv_bias": True}, reference=True),
+        Recipe("no_conv_bias", "no bias in convolutions followed by BatchNorm: fewer parameters and ops, same model",
+               {"conv_bias": False}, baseline="conv_bias", loss_rtol=1e-4),
+        Recipe("optimizer_loop", "SGD updating one parameter at a time (foreach=False)", {"optimizer_impl": "loop"},
+               reference=True),
+        Recipe("optimizer_foreach", "SGD with foreach=True: one multi-tensor kernel per update op",
+               {"optimizer_impl": "foreach"}, baseline="optimizer_loop", loss_rtol=1e-5),
+        Recipe("optimizer_fused", "SGD with fused=True: the whole update in one kernel",
+               {"optimizer_impl": "fused"}, baseline="optimizer_loop", loss_rtol=1e-5),
+        Recipe("anomaly_detection", "torch.autograd.detect_anomaly left on: the cost of a debug API in training",
+               {"debug": "anomaly"}, loss_rtol=1e-6),
+        Recipe("profiler_left_on", "torch.profiler (shapes, memory, stacks) left on across steps: its cost",
+               {"debug": "profiler"}, loss_rtol=1e-6),
+        Recipe("emit_nvtx", "torch.autograd.profiler.emit_nvtx left on: NVTX ranges around every op",
+               {"debug": "emit_nvtx"}, _GPU, loss_rtol=1e-6),
+        Recipe("deterministic", "torch.use_deterministic_algorithms(True): the cost of reproducible kernels",
+               {"deterministic": True}, loss_rtol=1e-3),
+        Recipe("loss_item", "`loss.item()` every step for logging: a host-device sync per step",
+               {"loss_history": "item"}, reference=True),
+        Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",
+               {"loss_history": "item", "log_every": ByProfile(cpu=10, gpu=50)}, baseline="loss_item", loss_rtol=1e-6),
     ]
 }
 

@@ -23,6 +23,8 @@ METRICS: dict[str, Metric] = {
     "step_time_ms": Metric("ms", False, False, "median time of a step (per-round means)"),
     "step_time_iqr_ms": Metric("ms", False, False, "inter-quartile range of the per-round step times"),
     "data_wait_fraction": Metric("", False, False, "share of timed wall time blocked in next(loader)"),
+    "first_step_s": Metric("s", False, False, "the first step: compilation, autotuning, worker start-up"),
+    "warmup_s": Metric("s", False, False, "all warm-up steps until step times settled"),
     "achieved_tflops": Metric("TFLOP/s", True, False, "FLOPs per step / median step time"),
     "mfu": Metric("", True, False, "achieved / peak FLOP/s of a known GPU"),
     "peak_memory_mib": Metric("MiB", False, False, "device allocator peak (CUDA), tracked tensor peak (CPU)"),
@@ -34,10 +36,13 @@ METRICS: dict[str, Metric] = {
     "optimizer_state_mib": Metric("MiB", False, True, "optimizer state at the tracked peak"),
     "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak"),
     "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak"),
+    "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)"),
     "gflops_per_sample": Metric("GFLOP", False, True, "FlopCounterMode FLOPs of one step / batch size"),
     "h2d_bytes_per_sample": Metric("B", False, True, "bytes a step copies to the device per sample"),
     "syncs_per_step": Metric("", False, True, "host-device syncs (aten._local_scalar_dense) per step"),
-    "ops_per_step": Metric("", False, True, "aten ops dispatched per step"),
+    "ops_per_step": Metric("", False, True, "aten ops dispatched per step (eager view, below autograd)"),
+    "aten_calls_per_step": Metric("", False, True, "aten calls the profiler records per step (compiled code included)"),
+    "kernels_per_step": Metric("", False, True, "device kernels launched per step (CUDA profiler)"),
 }
 
 
@@ -47,7 +52,7 @@ class Result:
     workload: str
     recipe: str
     profile: str
-    batch_size: int
+    batch_size: int  # samples per optimizer step (micro-batch x accumulation steps)
     config: dict
     device: dict
     # timing
@@ -64,12 +69,15 @@ class Result:
     peak_reserved_bytes: int | None = None
     alloc_retries: int | None = None
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
+    memory_growth_bytes_per_step: float | None = None
     # work
     flops_per_step: int | None = None
     ops_per_step: int | None = None
     syncs_per_step: int | None = None
     h2d_bytes_per_sample: float | None = None
-    top_ops: dict[str, int] = field(default_factory=dict)
+    aten_calls_per_step: int | None = None
+    kernels_per_step: int | None = None
+    top_ops: dict[str, float] = field(default_factory=dict)
     peak_tflops: float | None = None
     final_loss: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -115,6 +123,8 @@ class Result:
             "step_time_ms": step * 1e3 if step is not None else None,
             "step_time_iqr_ms": self.step_time_iqr_s * 1e3 if self.step_time_iqr_s is not None else None,
             "data_wait_fraction": self.data_wait_s / self.timed_seconds if self.timed_seconds > 0 else None,
+            "first_step_s": self.first_step_s if self.warmup_steps else None,
+            "warmup_s": self.warmup_s if self.warmup_steps else None,
             "achieved_tflops": achieved,
             "mfu": achieved / self.peak_tflops if achieved and self.peak_tflops else None,
             "peak_memory_mib": mib(peak),
@@ -126,10 +136,13 @@ class Result:
             "optimizer_state_mib": mib(bd.get("optimizer_state")),
             "activation_mib": mib(bd.get("activations")),
             "temporary_mib": mib(bd.get("temporaries")),
+            "memory_growth_mib_per_step": mib(self.memory_growth_bytes_per_step),
             "gflops_per_sample": self.flops_per_step / self.batch_size / 1e9 if self.flops_per_step is not None else None,
             "h2d_bytes_per_sample": self.h2d_bytes_per_sample,
             "syncs_per_step": self.syncs_per_step,
             "ops_per_step": self.ops_per_step,
+            "aten_calls_per_step": self.aten_calls_per_step,
+            "kernels_per_step": self.kernels_per_step,
         }
 
     def to_dict(self) -> dict:

@@ -2,13 +2,20 @@
 
 The one place where each knob of ``TrainConfig`` takes effect, so a recipe means the
 same thing in every benchmark, test and asv run.
+
+A *step* is one optimizer update: ``step(fetch(batches))``. ``fetch`` takes as many
+loader batches as the step consumes (the micro-batches of gradient accumulation), so
+the time blocked on the loader can be measured apart from the step itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Iterator
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
 from .device import Backend, set_cudnn_benchmark
@@ -35,8 +42,44 @@ class EndlessSampler(Sampler[int]):
             yield from torch.randperm(self.length, generator=gen).tolist()
 
 
+class SyntheticBatches:
+    """Random batches with the dataset's shapes, made on the host (then copied) or on the device.
+
+    The seeds' "construct tensors directly on the device": ``torch.rand(...).to(dev)``
+    allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
+    """
+
+    def __init__(self, sample, batch_size: int, device: torch.device, on_device: bool, seed: int,
+                 vocab: int | None = None, num_classes: int = 10):
+        inputs = torch.as_tensor(sample[0])
+        self.shape = (batch_size, *inputs.shape)
+        self.tokens = not inputs.is_floating_point()
+        if self.tokens and vocab is None:
+            raise ValueError("synthetic token batches need the dataset's vocabulary size (a `vocab` attribute)")
+        self.vocab = vocab
+        self.num_classes = num_classes
+        self.batch_size = batch_size
+        self.device = device
+        self.make_on = device if on_device else torch.device("cpu")
+        self.generator = torch.Generator(self.make_on).manual_seed(seed)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        g, on = self.generator, self.make_on
+        if self.tokens:
+            inputs = torch.randint(0, self.vocab, self.shape, generator=g, device=on)
+        else:
+            inputs = torch.rand(self.shape, generator=g, device=on).mul_(2.0).sub_(1.0)  # in [-1, 1) like the loader's
+        targets = torch.randint(0, self.num_classes, (self.batch_size,), generator=g, device=on)
+        return inputs, targets
+
+
 def batch_nbytes(batch) -> int:
-    """Bytes of the tensors a step copies to the device for one batch."""
+    """Bytes of the host tensors a step copies to the device for one batch (or list of micro-batches)."""
+    if isinstance(batch, list):
+        return sum(batch_nbytes(b) for b in batch)
     return sum(t.nbytes for t in batch if isinstance(t, torch.Tensor))
 
 
@@ -45,19 +88,52 @@ def normalize_uint8(images: torch.Tensor) -> torch.Tensor:
     return (images.to(torch.float32) / 255.0 - 0.5) / 0.5
 
 
+def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None:
+    """Recompute each named block in backward instead of keeping its activations.
+
+    Patches the blocks' ``forward`` in place, so parameter names (and the guard's
+    gradient comparison by name) stay the same as without checkpointing.
+    """
+    for name in block_names:
+        block = model.get_submodule(name)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def add_conv_bias(model: torch.nn.Module) -> None:
+    """Give every bias-free convolution a zero-initialized bias: the redundant bias before BatchNorm."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d) and module.bias is None:
+            module.bias = torch.nn.Parameter(torch.zeros(module.out_channels))
+
+
+def fuse_pointwise(model: torch.nn.Module, how: str) -> None:
+    """Replace each module's ``pointwise`` function by its scripted or compiled version."""
+    for module in model.modules():
+        fn = getattr(module, "pointwise", None)
+        if fn is None:
+            continue
+        if how == "script":
+            module.pointwise = torch.jit.script(fn)
+        else:
+            module.pointwise = torch.compile(fn)
+
+
 class Training:
-    """A ready-to-run training setup: ``step(next(batches))`` trains on one batch."""
+    """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
     def __init__(self, config: TrainConfig, backend: Backend, profile: Profile):
-        self.config = config.validate()
+        self.config = config = config.validate()
         self.backend = backend
         self.profile = profile
         self.device = backend.device
         self.workload = get_workload(config.workload)
-        self.batch_size = config.resolved_batch_size(profile)
+        self.batch_size = config.resolved_batch_size(profile)  # per loader batch (micro-batch)
+        self.samples_per_step = config.samples_per_step(profile)
+        self._closers = contextlib.ExitStack()
         torch.manual_seed(config.seed)
 
-        self.dataset = self.workload.build_dataset(profile, config.uint8_transfer, config.seed)
+        hwc = {"hwc": True} if config.channels_last_input else {}  # users' own datasets need not know the knob
+        self.dataset = self.workload.build_dataset(profile, config.uint8_transfer, config.seed, **hwc)
         self.loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -68,61 +144,201 @@ class Training:
             persistent_workers=config.num_workers > 0,
         )
 
-        model = self.workload.build_model(profile).to(self.device)
+        model = self.workload.build_model(profile)
+        if config.conv_bias:
+            add_conv_bias(model)
+        model = model.to(self.device)
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        model.train()
+        if config.checkpointing:
+            enable_checkpointing(model, self.workload.checkpoint_blocks(model))
+        if config.fuse_pointwise:
+            fuse_pointwise(model, config.fuse_pointwise)
+        model.train(config.eval_mode is None)
         self.model = model
         self.forward = torch.compile(model) if config.compile else model
         self.criterion = self.workload.criterion().to(self.device)
-        self.optimizer = self.workload.optimizer(model.parameters())
+        self.optimizer = self.workload.optimizer(model.parameters(), config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
         self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
-        self._previous_cudnn_benchmark = set_cudnn_benchmark(config.cudnn_benchmark)
+
+        previous = set_cudnn_benchmark(config.cudnn_benchmark)
+        self._closers.callback(set_cudnn_benchmark, previous)
+        if config.deterministic:
+            self._closers.enter_context(_deterministic_algorithms())
+        self._debug = self._closers.enter_context(_debug_api(config.debug))
+
+        self.steps_done = 0
+        self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
+        self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
         self._iterator = None
 
+    # -- data ---------------------------------------------------------------------
     def batches(self) -> Iterator:
         """The live, endless batch iterator (created once; workers persist)."""
         if self._iterator is None:
-            self._iterator = iter(self.loader)
+            if self.config.synthetic:
+                self._iterator = SyntheticBatches(self.dataset[0], self.batch_size, self.device,
+                                                  self.config.synthetic == "device", self.config.seed,
+                                                  vocab=getattr(self.dataset, "vocab", None))
+            else:
+                self._iterator = iter(self.loader)
         return self._iterator
+
+    def fetch(self, batches: Iterator) -> list:
+        """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""
+        return [next(batches) for _ in range(self.config.accumulation_steps)]
+
+    def h2d_bytes(self, micro_batches: list) -> int:
+        """Bytes one step's data crosses from the host to the device (none when made on the device)."""
+        return 0 if self.config.synthetic == "device" else batch_nbytes(micro_batches)
 
     def to_device(self, batch):
         inputs, targets = batch
         nb = self.config.non_blocking
         inputs = inputs.to(self.device, non_blocking=nb)
         targets = targets.to(self.device, non_blocking=nb)
+        if self.config.channels_last_input:
+            inputs = inputs.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels-last strides, no copy
         if self.config.uint8_transfer:
             inputs = normalize_uint8(inputs)
         if self.config.channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return inputs, targets
 
-    def step(self, batch) -> torch.Tensor:
-        """One optimizer step, in the seeds' order. Returns the detached loss (no host sync)."""
+    # -- the step -------------------------------------------------------------------
+    def _loss(self, batch) -> torch.Tensor:
         inputs, targets = self.to_device(batch)
         with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None):
             outputs = self.forward(inputs)
-            loss = self.criterion(outputs, targets)
-        self.optimizer.zero_grad(set_to_none=self.config.set_to_none)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            return self.criterion(outputs, targets)
+
+    def zero_grad(self) -> None:
+        mode = self.config.zero_grad
+        if mode == "param_none":
+            for p in self.model.parameters():
+                p.grad = None
         else:
-            loss.backward()
-            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=mode == "set_to_none")
+
+    def forward_backward(self, micro_batches: list) -> torch.Tensor:
+        """Gradients of one optimizer step's data, in the seeds' order (forward, zero_grad, backward).
+
+        Under accumulation each micro-batch's loss is divided by the number of
+        micro-batches, so the summed gradients equal those of the whole batch.
+        Returns the step's (mean) loss with its graph, as a training loop sees it.
+        """
+        k = len(micro_batches)
+        total = None
+        for i, batch in enumerate(micro_batches):
+            loss = self._loss(batch)
+            if k > 1:
+                loss = loss / k
+            if i == 0:
+                self.zero_grad()
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total = loss if total is None else total + loss
+        return total
+
+    def evaluate(self, micro_batches: list) -> torch.Tensor:
+        """An evaluation step: forward and loss only, under the config's grad mode."""
+        mode = self.config.eval_mode
+        context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+        with context():
+            return self._loss(micro_batches[0])
+
+    def step(self, micro_batches: list) -> torch.Tensor:
+        """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
+        if self.config.eval_mode:
+            loss = self.evaluate(micro_batches)
+        else:
+            loss = self.forward_backward(micro_batches)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        self._track_loss(loss)
+        if self.config.empty_cache:
+            self.backend.empty_cache()
+        if self._debug is not None:
+            self._debug.step()
+        self.steps_done += 1
         return loss.detach()
+
+    def _track_loss(self, loss: torch.Tensor) -> None:
+        """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
+        mode = self.config.loss_history
+        if mode == "tensor":
+            self.loss_total = self.loss_total + loss  # keeps every step's autograd graph alive: the leak
+        elif mode == "detach":
+            self.loss_total = self.loss_total + loss.detach()
+        elif mode == "item":
+            pending = loss.detach() if self._pending is None else self._pending + loss.detach()
+            if (self.steps_done + 1) % self.config.log_every == 0:
+                self.loss_total += pending.item()  # a host-device sync
+                pending = None
+            self._pending = pending
 
     def close(self) -> None:
         """Stop loader workers and restore global flags this setup changed."""
         iterator, self._iterator = self._iterator, None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
-        set_cudnn_benchmark(self._previous_cudnn_benchmark)
+        self._closers.close()
 
     def __enter__(self) -> "Training":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where an op has no deterministic kernel
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic = previous[2]
+
+
+class _ProfilerLeftOn:
+    """The seeds' profiler setup left running: records shapes, memory and stacks, step after step."""
+
+    def __init__(self):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.profiler = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
+                                on_trace_ready=lambda prof: None, record_shapes=True, profile_memory=True,
+                                with_stack=True)
+
+    def step(self) -> None:
+        self.profiler.step()
+
+
+class _NoStep:
+    def step(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _debug_api(mode: str | None):
+    """A debug API switched on for the life of the setup, as when left on by mistake."""
+    if mode is None:
+        yield None
+    elif mode == "anomaly":
+        with torch.autograd.detect_anomaly(check_nan=True):
+            yield _NoStep()
+    elif mode == "emit_nvtx":
+        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            yield _NoStep()
+    elif mode == "profiler":
+        left_on = _ProfilerLeftOn()
+        with left_on.profiler:
+            yield left_on

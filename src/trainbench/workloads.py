@@ -71,6 +71,7 @@ class FakeTokens(Dataset):
     """Random token sequences with a class label, for the transformer workload."""
 
     def __init__(self, size: int, seq_len: int, vocab: int, seed: int = 0, num_classes: int = 10):
+        self.vocab = vocab
         gen = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(0, vocab, (size, seq_len), generator=gen)
         self.targets = torch.randint(0, num_classes, (size,), generator=gen)
@@ -82,11 +83,26 @@ class FakeTokens(Dataset):
         return len(self.tokens)
 
 
-def image_transform(image_size: int, uint8: bool):
+class PILToHWCTensor:
+    """PIL image -> uint8 tensor in the image's own HWC layout (no transpose on the host).
+
+    Batches stack to NHWC; on the device ``permute(0, 3, 1, 2)`` gives the NCHW shape
+    the model expects with channels-last strides, without a copy.
+    """
+
+    def __call__(self, img) -> torch.Tensor:
+        return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True))
+
+
+def image_transform(image_size: int, uint8: bool, hwc: bool = False):
     """The seeds' transforms: float32 normalized on the host, or uint8 left for the device."""
     import torchvision.transforms as T
 
     steps = [T.Resize(image_size)] if image_size != 32 else []
+    if hwc:
+        if not uint8:
+            raise ValueError("HWC batches are uint8: normalization happens on the device")
+        return T.Compose(steps + [PILToHWCTensor()])
     if uint8:
         # Keep 8-bit pixels: the copy to the device is 4x smaller; step.py normalizes there.
         return T.Compose(steps + [T.PILToTensor()])
@@ -119,9 +135,13 @@ class Workload:
     description: str
     input_kind: str  # "image" (uint8 pixels available) or "tokens"
     build_model: Callable[[Profile], nn.Module]
-    build_dataset: Callable[[Profile, bool, int], Dataset]  # (profile, uint8, seed)
+    build_dataset: Callable[..., Dataset]  # (profile, uint8, seed, hwc=False)
     lr: float = 0.001
     momentum: float = 0.9
+    # Dotted names of the blocks gradient checkpointing recomputes (None: not supported).
+    checkpoint_blocks: Callable[[nn.Module], list[str]] | None = None
+    conv_bn: bool = False  # has convolutions followed by BatchNorm (the conv-bias case)
+    pointwise_block: bool = False  # has modules with a ``pointwise`` function to fuse (GeluMLP)
 
     @property
     def supports_uint8(self) -> bool:
@@ -130,7 +150,9 @@ class Workload:
     def criterion(self) -> nn.Module:
         return nn.CrossEntropyLoss()
 
-    def optimizer(self, params, **kwargs) -> torch.optim.Optimizer:
+    def optimizer(self, params, impl: str | None = None) -> torch.optim.Optimizer:
+        """SGD as in the seeds; ``impl`` picks the update kernels (None: PyTorch's default for the device)."""
+        kwargs = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}.get(impl, {})
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, **kwargs)
 
 
@@ -141,14 +163,53 @@ def _resnet18(profile: Profile) -> nn.Module:
 
 
 def _fake_cifar(image_size_of: Callable[[Profile], int]):
-    def build(profile: Profile, uint8: bool, seed: int) -> Dataset:
-        return FakeCIFAR(profile.dataset_size, transform=image_transform(image_size_of(profile), uint8), seed=seed)
+    def build(profile: Profile, uint8: bool, seed: int, hwc: bool = False) -> Dataset:
+        transform = image_transform(image_size_of(profile), uint8, hwc)
+        return FakeCIFAR(profile.dataset_size, transform=transform, seed=seed)
 
     return build
 
 
 def _mlp(profile: Profile) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """The seeds' hand-written GELU: five pointwise ops, each a kernel (and a memory round trip) in eager mode."""
+    return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
+
+
+class GeluMLP(nn.Module):
+    """Linear -> pointwise GELU -> Linear, twice: the seeds' fusion example inside a model.
+
+    ``pointwise`` is a plain function attribute so a config can swap in a scripted or
+    compiled version of the same function (TrainConfig.fuse_pointwise).
+    """
+
+    def __init__(self, in_features: int = 3 * 32 * 32, hidden: int = 1024, num_classes: int = 10):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+        self.pointwise = gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pointwise(self.fc1(self.flatten(x)))
+        x = self.pointwise(self.fc2(x))
+        return self.head(x)
+
+
+def _gelu_mlp(profile: Profile) -> nn.Module:
+    return GeluMLP()
+
+
+def _resnet_blocks(model: nn.Module) -> list[str]:
+    return ["layer1", "layer2", "layer3", "layer4"]
+
+
+def _encoder_blocks(model: nn.Module) -> list[str]:
+    return [f"encoder.layers.{i}" for i in range(len(model.encoder.layers))]
 
 
 _VOCAB = 1000
@@ -159,7 +220,7 @@ def _transformer(profile: Profile) -> nn.Module:
     return TokenClassifier(_VOCAB, profile.d_model, profile.layers, heads, profile.seq_len)
 
 
-def _tokens(profile: Profile, uint8: bool, seed: int) -> Dataset:
+def _tokens(profile: Profile, uint8: bool, seed: int, hwc: bool = False) -> Dataset:
     return FakeTokens(profile.dataset_size, profile.seq_len, _VOCAB, seed=seed)
 
 
@@ -172,6 +233,8 @@ WORKLOADS: dict[str, Workload] = {
             "image",
             _resnet18,
             _fake_cifar(lambda p: p.image_size),
+            checkpoint_blocks=_resnet_blocks,
+            conv_bn=True,
         ),
         Workload(
             "mlp",
@@ -186,6 +249,15 @@ WORKLOADS: dict[str, Workload] = {
             "tokens",
             _transformer,
             _tokens,
+            checkpoint_blocks=_encoder_blocks,
+        ),
+        Workload(
+            "gelu_mlp",
+            "MLP with the seeds' hand-written pointwise GELU on 32x32 FakeCIFAR: what fusion removes",
+            "image",
+            _gelu_mlp,
+            _fake_cifar(lambda p: 32),
+            pointwise_block=True,
         ),
     ]
 }
