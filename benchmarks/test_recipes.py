@@ -1,37 +1,24 @@
-"""Each optimization of the seed articles as one parametrized case of ResNet-18 training.
+"""Every optimization of the seed articles as one parametrized case, and the articles' ladders.
 
-Budgets per device class live in budgets.toml; GPU-only recipes are collected
-everywhere and skipped with their reason on CPU runners.
+The case list is ``trainbench.cases`` (shared with other runners); budgets per device
+class live in budgets.toml. GPU-only cases are collected everywhere and skipped with
+their reason on CPU runners.
 """
 
 import pytest
 
-from trainbench.plugin import recipe_params
-
-CASES = recipe_params(
-    "baseline",
-    "amp_bf16",
-    "amp_fp16",
-    "larger_batch",
-    "uint8_transfer",
-    "set_to_none",
-    "multiprocess_loading",
-    "pinned_memory",
-    "cudnn_benchmark",
-)
+from trainbench.cases import ladder_cases, recipe_cases
+from trainbench.plugin import case_params
 
 
-@pytest.mark.parametrize("recipe", CASES)
-def test_resnet18(train_bench, benchmark, recipe):
-    benchmark.group = "resnet18"
-    train_bench(recipe, workload="resnet18")
+@pytest.mark.parametrize("case", case_params(recipe_cases()))
+def test_recipe(train_bench, benchmark, case):
+    benchmark.group = case.workload
+    train_bench.case(case)
 
 
-TRANSFORMER_CASES = recipe_params("baseline", "amp_bf16", "larger_batch", "set_to_none", "amp_fp16")
-
-
-@pytest.mark.parametrize("recipe", TRANSFORMER_CASES)
-def test_transformer(train_bench, benchmark, recipe):
-    """The same recipes on a second model family: a small transformer encoder on tokens."""
-    benchmark.group = "transformer"
-    train_bench(recipe, workload="transformer")
+@pytest.mark.parametrize("case", case_params(ladder_cases()))
+def test_ladder(train_bench, benchmark, case):
+    """Cumulative rungs: rung i applies the ladder's steps 0..i, measured against rung 0."""
+    benchmark.group = case.ladder
+    train_bench.case(case)

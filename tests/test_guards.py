@@ -58,3 +58,100 @@ def test_broken_uint8(train_bench, monkeypatch):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*mlp-uint8_transfer: correctness guard (loss): loss vs baseline over 4 seeded steps: "
                                  "worst relative difference * tolerance 1e-06*"])
+
+
+# -- the gradient guard: optimizations that promise the same gradients ------------------
+
+def _grads(recipe_name, workload, cpu, profile, **overrides):
+    from trainbench.guards import first_step_gradients
+
+    return first_step_gradients(get_recipe(recipe_name).config(profile, workload=workload, **overrides), cpu, profile)
+
+
+def _grad_verdict(recipe_name, workload, cpu, profile):
+    from trainbench.guards import compare_gradients
+
+    r = get_recipe(recipe_name)
+    return compare_gradients(_grads(recipe_name, workload, cpu, profile), _grads(r.baseline, workload, cpu, profile),
+                             r.grad_rtol)
+
+
+def test_accumulated_micro_batches_give_the_large_batch_gradients(cpu, profile):
+    verdict = _grad_verdict("grad_accumulation", "mlp", cpu, profile)
+    assert verdict.ok, verdict.message
+    assert verdict.max_rel_diff < 1e-5
+
+
+def test_accumulation_that_forgets_to_divide_the_loss_fails_the_guard(cpu, profile, monkeypatch):
+    monkeypatch.setattr(step_module.Training, "scale_for_accumulation", staticmethod(lambda loss, k: loss))
+    verdict = _grad_verdict("grad_accumulation", "mlp", cpu, profile)
+    assert not verdict.ok
+    assert verdict.max_rel_diff == pytest.approx(3.0, rel=1e-3)  # 4 micro-batches summed, not averaged: 4x - 1
+    assert "worst relative error" in verdict.message
+
+
+def test_checkpointing_gives_identical_gradients(cpu, profile):
+    verdict = _grad_verdict("checkpointing", "transformer", cpu, profile)
+    assert verdict.ok, verdict.message
+
+
+def test_checkpointing_that_drops_a_block_fails_the_guard(cpu, profile, monkeypatch):
+    real = step_module.enable_checkpointing
+
+    def drops_first_block(model, names):
+        real(model, names)
+        model.get_submodule(names[0]).forward = lambda src, *args, **kwargs: src  # the block's output never computed
+
+    monkeypatch.setattr(step_module, "enable_checkpointing", drops_first_block)
+    verdict = _grad_verdict("checkpointing", "transformer", cpu, profile)
+    assert not verdict.ok
+    assert "no gradient for encoder.layers.0" in verdict.message
+
+
+def test_a_missing_all_reduce_fails_the_ddp_gradient_guard(cpu, profile):
+    """One rank's gradients without the all-reduce (half the global batch) are not the global batch's."""
+    from trainbench.guards import compare_gradients
+
+    one_process = _grads("one_process", "mlp", cpu, profile)  # the global batch of 32
+    first_half = _grads("baseline", "mlp", cpu, profile)  # rank 0's 16 samples, never averaged with rank 1
+    assert not compare_gradients(first_half, one_process, get_recipe("ddp_gloo").grad_rtol).ok
+
+
+class _TinyLossWorkloads:
+    """A workload whose loss is scaled down so fp16 gradients underflow without a GradScaler."""
+
+    @staticmethod
+    def register():
+        from torch import nn
+
+        from trainbench.workloads import WORKLOADS, Workload, get_workload
+
+        class TinyLoss(nn.CrossEntropyLoss):
+            def forward(self, input, target):
+                return super().forward(input, target) * 1e-4
+
+        mlp = get_workload("mlp")
+
+        class TinyLossWorkload(Workload):
+            def criterion(self):
+                return TinyLoss()
+
+        workload = TinyLossWorkload("tiny_loss_mlp", "mlp with the loss scaled by 1e-4", "image", mlp.build_model,
+                                    mlp.build_dataset)
+        WORKLOADS.setdefault(workload.name, workload)
+        return workload.name
+
+
+def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu, profile):
+    """The articles' AMP without GradScaler: fine on their loss scale, underflowing gradients on a small one."""
+    from trainbench.guards import compare_gradients, first_step_gradients
+    from trainbench.recipes import TrainConfig
+
+    name = _TinyLossWorkloads.register()
+    fp32 = first_step_gradients(TrainConfig(workload=name), cpu, profile)
+    scaled = first_step_gradients(TrainConfig(workload=name, amp="fp16", grad_scaler=True), cpu, profile)
+    unscaled = first_step_gradients(TrainConfig(workload=name, amp="fp16"), cpu, profile)
+    rtol = get_recipe("amp_fp16_no_scaler").grad_rtol
+    assert compare_gradients(scaled, fp32, rtol).ok
+    verdict = compare_gradients(unscaled, fp32, rtol)
+    assert not verdict.ok, verdict.message

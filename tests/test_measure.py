@@ -141,3 +141,76 @@ def test_multiprocess_loading_starts_persistent_workers(cpu, profile, quick):
     assert r.config["num_workers"] == 2
     assert r.samples_per_s > 0
     assert r.warmup_steps >= quick.min_warmup_steps
+
+
+# -- signals the seed optimizations are judged by ----------------------------------------
+
+def _metrics(recipe, cpu, profile, quick, workload="mlp", **overrides):
+    return measure(get_recipe(recipe), cpu, profile, workload=workload, settings=quick, **overrides).metrics()
+
+
+def test_running_loss_kept_as_a_tensor_keeps_a_graph_per_step(cpu, profile, quick):
+    leak = _metrics("loss_leak", cpu, profile, quick)
+    fixed = _metrics("loss_detach", cpu, profile, quick)
+    assert leak["graph_nodes_growth_per_step"] >= 4  # the MLP's backward graph: linear, relu, linear, loss, ...
+    assert fixed["graph_nodes_growth_per_step"] == 0
+    assert fixed["memory_growth_mib_per_step"] == 0 and fixed["syncs_per_step"] == 0
+
+
+def test_item_every_step_syncs_every_step_and_every_n_once_per_n(cpu, profile, quick):
+    assert _metrics("loss_item", cpu, profile, quick)["syncs_per_step"] == 1
+    assert _metrics("loss_item_every_n", cpu, profile, quick)["syncs_per_step"] == pytest.approx(0.1)
+
+
+def test_tensors_made_on_the_device_cross_no_bytes(cpu, profile, quick):
+    assert _metrics("host_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 3 * 32 * 32 * 4 + 8
+    assert _metrics("device_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 0
+
+
+def test_evaluation_without_autograd_keeps_no_graph(cpu, profile, quick):
+    autograd = _metrics("eval_autograd", cpu, profile, quick)
+    no_grad = _metrics("eval_no_grad", cpu, profile, quick)
+    inference = _metrics("eval_inference_mode", cpu, profile, quick)
+    assert no_grad["activation_mib"] < autograd["activation_mib"]
+    assert inference["ops_per_step"] <= no_grad["ops_per_step"] < autograd["ops_per_step"]
+    assert no_grad["grad_mib"] in (0, None)
+
+
+def test_foreach_and_fused_optimizers_dispatch_fewer_ops(cpu, profile, quick):
+    loop = _metrics("optimizer_loop", cpu, profile, quick)["ops_per_step"]
+    assert _metrics("optimizer_foreach", cpu, profile, quick)["ops_per_step"] < loop
+    assert _metrics("optimizer_fused", cpu, profile, quick)["ops_per_step"] < loop
+
+
+def test_anomaly_detection_adds_host_syncs(cpu, profile, quick):
+    assert _metrics("anomaly_detection", cpu, profile, quick)["syncs_per_step"] > 0
+
+
+def test_accumulation_counts_every_micro_batch_as_samples(cpu, profile, quick):
+    r = measure(get_recipe("grad_accumulation"), cpu, profile, workload="mlp", settings=quick)
+    assert r.batch_size == 64 and r.config["batch_size"] == 16 and r.config["accumulation_steps"] == 4
+    assert r.h2d_bytes_per_sample == 3 * 32 * 32 * 4 + 8
+
+
+def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(cpu, profile):
+    from trainbench.step import add_conv_bias
+    from trainbench.workloads import get_workload
+
+    model = get_workload("resnet18").build_model(profile)
+    before = sum(p.numel() for p in model.parameters())
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    add_conv_bias(model)
+    assert sum(p.numel() for p in model.parameters()) - before == sum(c.out_channels for c in convs)
+
+
+def test_config_rejects_knobs_that_do_not_fit_the_workload():
+    from trainbench.recipes import TrainConfig
+
+    with pytest.raises(ValueError, match="checkpointing needs a workload with checkpoint blocks; 'mlp'"):
+        TrainConfig(workload="mlp", checkpointing=True).validate()
+    with pytest.raises(ValueError, match="world_size > 1 goes with parallel='ddp'"):
+        TrainConfig(world_size=2).validate()
+    with pytest.raises(ValueError, match="channels_last_input needs uint8_transfer"):
+        TrainConfig(channels_last_input=True).validate()
+    with pytest.raises(ValueError, match="zero_grad must be one of"):
+        TrainConfig(zero_grad="nothing").validate()

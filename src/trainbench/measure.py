@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import Counter
@@ -47,6 +48,9 @@ class MeasureSettings:
     memory_steps: int = 2
     breakdown: bool = True  # MemTracker pass
     work: bool = True  # FLOP / op / sync pass
+    # Exactly min_warmup_steps (+ the recipe's extra), no settling windows: ranks of a
+    # process group must run the same number of steps, or their collectives deadlock.
+    fixed_warmup: bool = False
 
 
 DEFAULT_SETTINGS = {
@@ -128,6 +132,7 @@ class Measurement:
             config=asdict(training.config),
             device=self.backend.identity(),
             steps_per_round=settings.steps_per_round,
+            world_size=training.config.world_size,
         )
 
     # -- 1. warm-up ---------------------------------------------------------------
@@ -148,7 +153,7 @@ class Measurement:
             self.timed_step()
             done += 1
         previous, steady = None, False
-        while done + s.steady_window <= max(s.max_warmup_steps, done):
+        while not s.fixed_warmup and done + s.steady_window <= max(s.max_warmup_steps, done):
             t0 = timer()
             for _ in range(s.steady_window):
                 self.timed_step()
@@ -161,7 +166,9 @@ class Measurement:
         self.result.warmup_steps = done
         self.result.warmup_steady = steady
         self.result.warmup_s = timer() - start
-        if not steady:
+        if s.fixed_warmup:
+            self.result.notes.append(f"fixed warm-up of {done} steps (ranks step in lockstep)")
+        elif not steady:
             self.result.notes.append(
                 f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})"
             )
@@ -208,16 +215,24 @@ class Measurement:
         tracker = MemTracker()
         tracker.track_external(training.model, training.optimizer)
         # Batches are fetched outside the tracker: loader internals are not the step's memory.
-        steps = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
-        live_after_step = []
+        # Each is dropped after its step, so only what the step itself keeps can grow.
+        pending = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
+        live_after_step, nodes_after_step = [], []
+        # MemTracker follows one forward per module per iteration; accumulation runs several.
+        training.after_micro_batch = tracker.reset_mod_stats
         with tracker:
-            for i, micro_batches in enumerate(steps):
-                self._last_loss = training.step(micro_batches)
+            while pending:
+                self._last_loss = training.step(pending.pop(0))
                 self.backend.synchronize()
+                gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
                 live_after_step.append(self._device_total(tracker.get_tracker_snapshot("current")))
+                nodes_after_step.append(training.retained_graph_nodes())
                 tracker.reset_mod_stats()  # MemTracker tracks one iteration of module stats at a time
-        # Live tensor memory after a step should not grow step over step; a kept graph (loss history) does.
+        training.after_micro_batch = None
+        # Live tensor memory and kept autograd nodes should not grow step over step; a kept
+        # graph (``total_loss += loss``) grows by one step's backward graph each step.
         self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[1]) / (GROWTH_STEPS - 1)
+        self.result.graph_nodes_growth_per_step = (nodes_after_step[-1] - nodes_after_step[1]) / (GROWTH_STEPS - 1)
         per_device = self._device_stats(tracker.get_tracker_snapshot("peak"))
         breakdown = {"total": int(per_device.get("Total", 0))}
         for ref_type, nbytes in per_device.items():

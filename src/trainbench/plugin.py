@@ -6,6 +6,7 @@ this module wires them into pytest and pytest-benchmark.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,20 @@ def pytest_benchmark_update_machine_info(config, machine_info):
             machine_info["trainbench"] = {"error": str(e)}
 
 
+def _marks_for(recipe) -> list:
+    """pytest marks from a recipe's requirements, so GPU-only cases are collected and skipped with a reason."""
+    req, marks = recipe.requires, []
+    if req.cuda or req.min_capability or req.min_gpus:
+        marks.append(pytest.mark.gpu(what=f"{recipe.name} ({recipe.description})"))
+    if req.min_capability:
+        marks.append(pytest.mark.min_capability(*req.min_capability))
+    if req.min_gpus:
+        marks.append(pytest.mark.min_gpus(req.min_gpus))
+    if recipe.slow:
+        marks.append(pytest.mark.slow)
+    return marks
+
+
 def recipe_params(*names: str):
     """``pytest.param`` per recipe, with markers derived from its requirements.
 
@@ -172,20 +187,12 @@ def recipe_params(*names: str):
     """
     from .recipes import RECIPES, get_recipe
 
-    params = []
-    for name in names or tuple(RECIPES):
-        recipe = get_recipe(name)
-        req, marks = recipe.requires, []
-        if req.cuda or req.min_capability or req.min_gpus:
-            marks.append(pytest.mark.gpu(what=f"{name} ({recipe.description})"))
-        if req.min_capability:
-            marks.append(pytest.mark.min_capability(*req.min_capability))
-        if req.min_gpus:
-            marks.append(pytest.mark.min_gpus(req.min_gpus))
-        if recipe.slow:
-            marks.append(pytest.mark.slow)
-        params.append(pytest.param(name, id=name, marks=marks))
-    return params
+    return [pytest.param(name, id=name, marks=_marks_for(get_recipe(name))) for name in names or tuple(RECIPES)]
+
+
+def case_params(cases):
+    """``pytest.param`` per ``trainbench.cases.Case``, id = the case id (the budgets key)."""
+    return [pytest.param(case, id=case.id, marks=_marks_for(case.own_recipe())) for case in cases]
 
 
 def _setup_key(workload: str, recipe, overrides: dict) -> tuple:
@@ -199,6 +206,7 @@ class TrainBench:
     def __init__(self, benchmark, state: SessionState):
         self.benchmark = benchmark
         self.state = state
+        self._ddp_grads: dict[str, dict] = {}  # case -> first-step gradients recorded by rank 0
 
     def __call__(self, recipe, workload: str = "resnet18", baseline=None, **overrides) -> Result:
         """Measure ``recipe`` on ``workload`` against ``baseline`` (default: the recipe's own)."""
@@ -233,6 +241,27 @@ class TrainBench:
         self._report(case, result, baseline_result, base_recipe, budget, guard_failures)
         return result
 
+    def case(self, case, **overrides) -> Result:
+        """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
+        if case.ladder is None:
+            return self(case.recipe_name, workload=case.workload, **overrides)
+        from .ladders import LADDERS
+
+        state, ladder = self.state, LADDERS[case.ladder]
+        own = case.own_recipe()
+        unmet = own.unmet(state.backend, state.profile)
+        if unmet:
+            pytest.skip(f"{own.name}: {unmet}")
+        recipe = ladder.rung_recipe(case.rung, state.backend, state.profile)
+        base = ladder.rung_recipe(0, state.backend, state.profile)
+        step = ladder.steps[case.rung]
+        self.benchmark.extra_info["ladder"] = {
+            "name": ladder.name, "title": ladder.title, "source": ladder.source, "rung": case.rung,
+            "label": step.label, "applied": recipe.description, "article": dataclasses.asdict(step.article),
+            "article_summary": ladder.article_summary, "rungs": [s.label for s in ladder.steps],
+        }
+        return self(recipe, workload=case.workload, baseline=base, **overrides)
+
     def _guard(self, case, recipe, base_recipe, workload, overrides) -> list[str]:
         """Fail the case if the recipe trains something else than its baseline (trainbench.guards)."""
         from .guards import compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
@@ -248,7 +277,10 @@ class TrainBench:
             verdicts.append(compare_trajectories(losses, state.trajectories[key], recipe.loss_rtol))
         if recipe.grad_rtol is not None:
             base_grads = first_step_gradients(base_config, state.backend, state.profile)
-            grads = first_step_gradients(config, state.backend, state.profile)
+            if config.parallel == "ddp":  # recorded by rank 0 while the case was measured
+                grads = self._ddp_grads[case]
+            else:
+                grads = first_step_gradients(config, state.backend, state.profile)
             verdicts.append(compare_gradients(grads, base_grads, recipe.grad_rtol))
         if verdicts:
             self.benchmark.extra_info["guard"] = {
@@ -264,10 +296,40 @@ class TrainBench:
         from .step import Training
 
         state = self.state
+        config = self._config(recipe, workload, overrides)
+        if config.parallel == "ddp":
+            return self._measure_ddp(recipe, config, case, timed_by_benchmark)
         runner = self._benchmark_runner if timed_by_benchmark else run_rounds
-        with Training(self._config(recipe, workload, overrides), state.backend, state.profile) as training:
+        with Training(config, state.backend, state.profile) as training:
             m = Measurement(training, case, recipe.name, state.settings(), recipe.extra_warmup_steps)
             return m.run(runner)
+
+    def _measure_ddp(self, recipe, config, case, timed_by_benchmark: bool) -> Result:
+        """Rank processes measure; their rank-0 rounds are handed to pytest-benchmark as recorded."""
+        from .distributed import measure_ddp
+
+        state = self.state
+        result, grads = measure_ddp(config, state.backend.kind, state.profile.name, state.settings(), case, recipe.name,
+                                    recipe.extra_warmup_steps, want_grads=recipe.grad_rtol is not None)
+        if grads is not None:
+            self._ddp_grads[case] = grads
+        if timed_by_benchmark:
+            self._replay_rounds(result.round_step_times_s, result.steps_per_round)
+        return result
+
+    def _replay_rounds(self, round_step_times: list[float], steps_per_round: int) -> None:
+        """Give pytest-benchmark rounds timed elsewhere: its timer reads back their start and end stamps."""
+        bench = self.benchmark
+        if bench.disabled:
+            bench.pedantic(lambda: None)
+            return
+        stamps, t = [], 0.0
+        for per_step in round_step_times:
+            stamps += [t, t + per_step * steps_per_round]
+            t += per_step * steps_per_round
+        clock = iter(stamps)
+        bench._timer = lambda: next(clock)
+        bench.pedantic(lambda: None, rounds=len(round_step_times), iterations=steps_per_round, warmup_rounds=0)
 
     def _config(self, recipe, workload, overrides):
         return recipe.config(self.state.profile, workload=workload, **overrides)

@@ -1,6 +1,23 @@
-"""Human-readable tables of measured cases."""
+"""Human-readable tables and plots of measured cases.
+
+``summary_table`` is the plugin's end-of-session table; the rest renders a saved
+pytest-benchmark run's ladder rungs next to the seed articles' figures
+(``python -m trainbench report``).
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
+    from .ladders import Ladder, LadderStep
 
 
 def _fmt(value, spec: str) -> str:
@@ -29,3 +46,381 @@ def summary_table(rows: list[dict]) -> list[str]:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]
+
+
+# -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------
+
+DASH = "—"
+DEFAULT_RUNS_DIR = Path("results/benchmarks")
+DEFAULT_REPORT_DIR = Path("results/report")
+
+
+class ReportError(Exception):
+    """A run file that cannot be reported on; ``str()`` names the file and what was expected."""
+
+    def __init__(self, path: Path | str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RungResult:
+    """One rung of a ladder: what the article printed and what this run measured (None: not run)."""
+
+    index: int
+    step: LadderStep
+    measured: dict | None  # the benchmark's extra_info
+    not_run_reason: str = ""
+
+    def value(self, metric: str) -> float | None:
+        return None if self.measured is None else self.measured.get(metric)
+
+
+@dataclass(frozen=True)
+class LadderRun:
+    """A ladder's rungs (all of them, from ``trainbench.ladders``) with this run's measurements."""
+
+    ladder: Ladder
+    rungs: list[RungResult]
+
+    def relative(self, index: int) -> float | None:
+        """This machine's samples/s at rung ``index`` relative to its rung 0."""
+        return _ratio(self.rungs[index].value("samples_per_s"), self.rungs[0].value("samples_per_s"))
+
+    def article_relative(self, index: int) -> float | None:
+        return _ratio(self.rungs[index].step.article.samples_per_s, self.rungs[0].step.article.samples_per_s)
+
+    def left_out_steps(self) -> list[str]:
+        """Steps the run's rungs climbed without (the plugin writes them into ``applied``)."""
+        marker = "(left out on this device: "
+        for rung in reversed(self.rungs):
+            applied = (rung.measured or {}).get("ladder", {}).get("applied") or ""
+            if marker in applied:
+                return applied.split(marker, 1)[1].rstrip(")").split(", ")
+        return []
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def _num(value, spec: str = ".1f") -> str:
+    return DASH if value is None else format(value, spec)
+
+
+def _times(ratio: float | None) -> str:
+    return DASH if ratio is None else f"{ratio:.2f}x"
+
+
+# -- reading a run ---------------------------------------------------------------------------------
+
+def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
+    """The most recently modified ``*.json`` under ``runs_dir`` (pytest-benchmark's storage)."""
+    runs_dir = Path(runs_dir)
+    candidates = [p for p in runs_dir.rglob("*.json") if p.is_file()] if runs_dir.is_dir() else []
+    if not candidates:
+        raise ReportError(runs_dir, "no *.json run found; save one with pytest --benchmark-save=NAME "
+                                    "or --benchmark-json=FILE, or pass RUN_JSON")
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def load_run(path: Path | str) -> dict:
+    """A pytest-benchmark JSON run, checked for the shape the report reads."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(path, "no such file; expected a pytest-benchmark JSON run") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(path, f"cannot read it ({e})") from None
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(path, f"invalid JSON ({e}); expected a pytest-benchmark JSON run") from None
+    if not isinstance(run, dict) or not isinstance(run.get("benchmarks"), list):
+        raise ReportError(path, "no 'benchmarks' list; expected a pytest-benchmark JSON run "
+                                "(--benchmark-json or --benchmark-save)")
+    return run
+
+
+def run_device(run: dict) -> dict:
+    """The device identity the plugin recorded: machine_info["trainbench"], else a case's ``device``."""
+    identity = (run.get("machine_info") or {}).get("trainbench")
+    if isinstance(identity, dict) and "error" not in identity:
+        return identity
+    for bench in run["benchmarks"]:
+        device = (bench.get("extra_info") or {}).get("device") if isinstance(bench, dict) else None
+        if isinstance(device, dict):
+            return device
+    return identity if isinstance(identity, dict) else {}
+
+
+def run_profile(run: dict) -> str | None:
+    profiles = sorted({str(b["extra_info"]["profile"]) for b in run["benchmarks"]
+                       if isinstance(b, dict) and (b.get("extra_info") or {}).get("profile")})
+    return ", ".join(profiles) or None
+
+
+def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
+    """Why a rung is absent from the run, as far as the step's requirements and the device tell."""
+    from .workloads import PROFILES
+
+    recipe, requires = step.recipe, step.recipe.requires
+    on_cuda = device.get("kind") == "cuda"
+    if (requires.cuda or requires.min_capability or requires.min_gpus) and not on_cuda:
+        return "needs a CUDA GPU"
+    capability = tuple(device.get("capability") or ())
+    if requires.min_capability and capability and capability < tuple(requires.min_capability):
+        return f"needs compute capability >= {'.'.join(map(str, requires.min_capability))}"
+    if requires.min_gpus and device.get("gpu_count") is not None and device["gpu_count"] < requires.min_gpus:
+        return f"needs {requires.min_gpus} GPUs"
+    profile = PROFILES.get(profile_name or ("gpu" if on_cuda else "cpu"))
+    wants_bf16 = requires.bf16 or (profile is not None and recipe.config(profile).amp == "bf16")
+    if wants_bf16 and device.get("bf16_supported") is False:
+        return "needs bfloat16 support"
+    if recipe.slow:
+        return "slow case: run with --trainbench-slow"
+    return ""
+
+
+def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:
+    """Every ladder with at least one rung in ``run``, in ``LADDERS`` order, each with all its rungs."""
+    from .ladders import LADDERS
+
+    measured: dict[str, dict[int, dict]] = {}
+    for bench in run["benchmarks"]:
+        info = bench.get("extra_info") if isinstance(bench, dict) else None
+        rung = (info or {}).get("ladder")
+        if not isinstance(rung, dict) or rung.get("name") not in LADDERS:
+            continue
+        index = rung.get("rung")
+        if isinstance(index, int) and 0 <= index < len(LADDERS[rung["name"]].steps):
+            measured.setdefault(rung["name"], {})[index] = info
+    if not measured:
+        raise ReportError(path, f"no ladder cases in the run; expected benchmarks with extra_info['ladder'] "
+                                f"for one of {sorted(LADDERS)} (run benchmarks/test_recipes.py::test_ladder)")
+    device, profile = run_device(run), run_profile(run)
+    return [
+        LadderRun(ladder, [RungResult(i, step, measured[name].get(i),
+                                      "" if i in measured[name] else _not_run_reason(step, device, profile))
+                           for i, step in enumerate(ladder.steps)])
+        for name, ladder in LADDERS.items() if name in measured
+    ]
+
+
+# -- describing the device -------------------------------------------------------------------------
+
+def device_slug(device: dict, max_len: int = 48) -> str:
+    """A short, filesystem-safe folder name from the device kind and name, e.g. ``cpu-amd-epyc-7763-64-core``."""
+    name = str(device.get("name") or "unknown")
+    # Trademark marks and filler words make long names without telling devices apart.
+    name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|@.*$", " ", name, flags=re.IGNORECASE)
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{device.get('kind') or 'device'} {name}".lower()).strip("-")
+    return slug[:max_len].rstrip("-") or "device"
+
+
+def device_caption(device: dict) -> str:
+    """Device name, kind, threads or GPU details and the software versions, on one line."""
+    kind = device.get("kind") or "unknown"
+    details = [kind]
+    if kind == "cuda":
+        if device.get("capability"):
+            details.append("sm " + ".".join(map(str, device["capability"])))
+        if device.get("gpu_count"):
+            details.append(f"{device['gpu_count']} GPU{'s' if device['gpu_count'] != 1 else ''}")
+        if device.get("driver"):
+            details.append(f"driver {device['driver']}")
+    if kind == "cuda" and device.get("cpu_model"):
+        details.append(f"host {device['cpu_model']}")
+    if device.get("cpu_threads"):
+        details.append(f"{device['cpu_threads']} CPU threads")
+    if device.get("cpu_capability"):
+        details.append(device["cpu_capability"])
+    software = f"torch {device.get('torch') or '?'}"
+    if device.get("cuda"):
+        software += f", CUDA {device['cuda']}"
+    if device.get("cudnn"):
+        software += f", cuDNN {device['cudnn']}"
+    return f"{device.get('name') or 'unknown device'} ({', '.join(details)}); {software}"
+
+
+def _run_caption(run: dict) -> str:
+    commit = run.get("commit_info") or {}
+    commit_id = str(commit.get("id") or "")[:12] or "unknown"
+    if commit.get("dirty"):
+        commit_id += " (uncommitted changes)"
+    return (f"Device: {device_caption(run_device(run))}. Profile: {run_profile(run) or 'unknown'}. "
+            f"Run: {run.get('datetime') or 'unknown time'}, commit {commit_id}.")
+
+
+# -- markdown --------------------------------------------------------------------------------------
+
+_TABLE_HEADER = ["Optimization", "Batch", "Peak memory (MiB)", "Step time ms (median ± IQR)", "Samples/s", "Rel. to base",
+                 "Article batch", "Article memory GB", "Article step ms", "Article samples/s", "Article rel. to base",
+                 "Article note"]
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def ladder_table(lr: LadderRun) -> list[str]:
+    """Markdown table: every rung, this machine's figures and the article's side by side."""
+    lines = ["| " + " | ".join(_TABLE_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * 10 + ["---"]) + "|"]
+    for rung in lr.rungs:
+        art = rung.step.article
+        article = [_num(art.batch_size, "d"), _num(art.memory_gb, ".2f"), _num(art.step_time_ms, ".1f"),
+                   _num(art.samples_per_s, "g"), _times(lr.article_relative(rung.index)), art.note]
+        if rung.measured is None:
+            why = "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else "")
+            mine = [why, "", "", "", ""]
+        else:
+            step_ms, iqr_ms = rung.value("step_time_ms"), rung.value("step_time_iqr_ms")
+            mine = [_num(rung.value("batch_size"), "d"), _num(rung.value("peak_memory_mib")),
+                    DASH if step_ms is None else f"{step_ms:.1f}" + ("" if iqr_ms is None else f" ± {iqr_ms:.1f}"),
+                    _num(rung.value("samples_per_s")), _times(lr.relative(rung.index))]
+        lines.append("| " + " | ".join(_cell(c) for c in [f"{rung.index}. {rung.step.label}", *mine, *article]) + " |")
+    return lines
+
+
+def ladder_summary(lr: LadderRun) -> str:
+    """This machine from rung 0 to its highest measured rung, next to the article's own summary."""
+    measured = [r for r in lr.rungs if r.value("samples_per_s") is not None]
+    base = lr.rungs[0]
+    if base.value("samples_per_s") is None:
+        mine = f"rung 0 ({base.step.label}) not measured, nothing to compare against"
+    elif len(measured) < 2:
+        mine = f"only rung 0 measured, {base.value('samples_per_s'):.1f} samples/s"
+    else:
+        top = measured[-1]
+        ratio = lr.relative(top.index)
+        mine = (f"{base.value('samples_per_s'):.1f} → {top.value('samples_per_s'):.1f} samples/s "
+                f"({base.step.label} → {top.step.label}: {ratio:.2f}x / {(ratio - 1) * 100:+.0f}%)")
+    return f"**This machine:** {mine}. **Article:** {lr.ladder.article_summary}."
+
+
+def ladder_markdown(run: dict, ladders: list[LadderRun], plot_names: dict[str, str]) -> str:
+    """The whole ``ladders.md``: run caption, then per ladder its table, summary and plot link."""
+    out = ["# Optimization ladders on this device", "", _run_caption(run), ""]
+    for lr in ladders:
+        ladder = lr.ladder
+        out += [f"## {ladder.name}: {ladder.title}", "", f"Source: {ladder.source}.", ""]
+        out += ladder_table(lr) + [""]
+        left_out = lr.left_out_steps()
+        if left_out:
+            out += [f"Later rungs climbed without: {', '.join(left_out)} (not runnable on this device).", ""]
+        out += [ladder_summary(lr), ""]
+        if ladder.name in plot_names:
+            out += [f"![{ladder.name}: samples/s relative to rung 0 and per rung]({plot_names[ladder.name]})", ""]
+    return "\n".join(out)
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+def ladder_figure(lr: LadderRun, device: dict):
+    """Two panels: (a) samples/s relative to rung 0, this machine vs the article; (b) samples/s and peak memory."""
+    # The object-oriented API with an Agg canvas: no pyplot, no global backend switch.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(lr.rungs)
+    xs = list(range(n))
+    labels = [f"{r.index}. " + "\n".join(textwrap.wrap(r.step.label, 14)) for r in lr.rungs]
+    fig = Figure(figsize=(max(9.0, 1.45 * n + 2), 8.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_rel, ax_abs = fig.subplots(2, 1, sharex=True)
+    nan = float("nan")
+
+    mine = [lr.relative(i) for i in xs]
+    article = [lr.article_relative(i) for i in xs]
+    width = 0.38
+    bars_mine = ax_rel.bar([x - width / 2 for x in xs], [nan if v is None else v for v in mine], width,
+                           label=f"this machine ({device.get('kind') or '?'})", color="tab:blue")
+    bars_article = ax_rel.bar([x + width / 2 for x in xs], [nan if v is None else v for v in article], width,
+                              label="article", color="tab:orange")
+    for bars, values in ((bars_mine, mine), (bars_article, article)):
+        ax_rel.bar_label(bars, labels=["" if v is None else f"{v:.2f}x" for v in values], fontsize=7, padding=2)
+    # Say why a bar is missing instead of leaving a silent gap.
+    for x, rung in zip(xs, lr.rungs):
+        if rung.measured is None:
+            ax_rel.text(x - width / 2, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center",
+                        va="bottom", transform=ax_rel.get_xaxis_transform())
+        if article[x] is None:
+            ax_rel.text(x + width / 2, 0.05, "not printed", rotation=90, fontsize=7, color="tab:orange",
+                        ha="center", va="bottom", transform=ax_rel.get_xaxis_transform())
+    ax_rel.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax_rel.set_ylabel("samples/s relative to rung 0")
+    ax_rel.set_title("(a) speed-up over the ladder's first rung", fontsize=10, loc="left")
+    ax_rel.margins(y=0.15)
+    ax_rel.legend(loc="upper left", fontsize=8)
+
+    throughput = [r.value("samples_per_s") for r in lr.rungs]
+    memory = [r.value("peak_memory_mib") for r in lr.rungs]
+    bars = ax_abs.bar(xs, [nan if v is None else v for v in throughput], 0.6, color="tab:blue", label="samples/s")
+    ax_abs.bar_label(bars, labels=["" if v is None else f"{v:.1f}" for v in throughput], fontsize=7, padding=2)
+    for x, rung in zip(xs, lr.rungs):
+        if rung.measured is None:
+            ax_abs.text(x, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center", va="bottom",
+                        transform=ax_abs.get_xaxis_transform())
+    ax_abs.set_ylabel("samples/s (this machine)")
+    ax_abs.margins(y=0.15)
+    ax_mem = ax_abs.twinx()
+    ax_mem.plot(xs, [nan if v is None else v for v in memory], color="tab:red", marker="o", label="peak memory (MiB)")
+    ax_mem.set_ylabel("peak memory (MiB)", color="tab:red")
+    ax_mem.tick_params(axis="y", colors="tab:red")
+    # Headroom above the line keeps it clear of the bar labels at the top.
+    top_memory = max((v for v in memory if v is not None), default=None)
+    ax_mem.set_ylim(0, top_memory * 1.6 if top_memory else 1.0)
+    ax_abs.set_title("(b) this machine: throughput (bars) and peak memory (line)", fontsize=10, loc="left")
+    handles = [bars] + ax_mem.get_lines()
+    ax_abs.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
+    ax_abs.set_xticks(xs, labels, fontsize=8)
+    ax_rel.tick_params(axis="x", labelbottom=True, labelsize=8)  # the rung names under both panels
+
+    title = "\n".join(textwrap.wrap(f"{lr.ladder.name}: {lr.ladder.title}", 110))
+    fig.suptitle(f"{title}\n{device.get('name') or 'unknown device'} ({device.get('kind') or '?'}), "
+                 f"torch {device.get('torch') or '?'}", fontsize=11)
+    return fig
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(file)`` into a temporary file next to ``path``, then move it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_ladder_report(run_path: Path | str, out_dir: Path | str | None = None) -> list[Path]:
+    """Render ``ladders.md`` and one PNG per ladder from a saved run; returns the paths written.
+
+    ``out_dir`` defaults to ``results/report/<device-slug>``.
+    """
+    run_path = Path(run_path)
+    run = load_run(run_path)
+    ladders = ladder_runs(run, run_path)
+    device = run_device(run)
+    out = Path(out_dir) if out_dir is not None else DEFAULT_REPORT_DIR / device_slug(device)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        plot_names = {}
+        for lr in ladders:
+            png = out / f"{lr.ladder.name}.png"
+            fig = ladder_figure(lr, device)
+            _write_atomic(png, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
+            plot_names[lr.ladder.name] = png.name
+            written.append(png)
+        markdown = out / "ladders.md"
+        text = ladder_markdown(run, ladders, plot_names)
+        _write_atomic(markdown, lambda f: f.write(text.encode("utf-8")))
+    except OSError as e:
+        raise ReportError(out, f"cannot write the report ({e.strerror or e})") from None
+    return [markdown] + written

@@ -19,7 +19,7 @@ class Metric:
 # Every metric a budget, a comparison or a report may name. Deterministic ones are
 # exact functions of the code and shapes, so CPU CI can gate on them without noise.
 METRICS: dict[str, Metric] = {
-    "samples_per_s": Metric("samples/s", True, False, "samples / total timed seconds"),
+    "samples_per_s": Metric("samples/s", True, False, "samples (all ranks) / total timed seconds"),
     "step_time_ms": Metric("ms", False, False, "median time of a step (per-round means)"),
     "step_time_iqr_ms": Metric("ms", False, False, "inter-quartile range of the per-round step times"),
     "data_wait_fraction": Metric("", False, False, "share of timed wall time blocked in next(loader)"),
@@ -37,6 +37,7 @@ METRICS: dict[str, Metric] = {
     "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak"),
     "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak"),
     "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)"),
+    "graph_nodes_growth_per_step": Metric("", False, True, "autograd nodes kept alive per step by a running loss"),
     "gflops_per_sample": Metric("GFLOP", False, True, "FlopCounterMode FLOPs of one step / batch size"),
     "h2d_bytes_per_sample": Metric("B", False, True, "bytes a step copies to the device per sample"),
     "syncs_per_step": Metric("", False, True, "host-device syncs (aten._local_scalar_dense) per step"),
@@ -55,6 +56,7 @@ class Result:
     batch_size: int  # samples per optimizer step (micro-batch x accumulation steps)
     config: dict
     device: dict
+    world_size: int = 1  # processes that each trained batch_size samples per step (DDP)
     # timing
     rounds: int = 0
     steps_per_round: int = 0
@@ -70,6 +72,7 @@ class Result:
     alloc_retries: int | None = None
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
     memory_growth_bytes_per_step: float | None = None
+    graph_nodes_growth_per_step: float | None = None
     # work
     flops_per_step: int | None = None
     ops_per_step: int | None = None
@@ -89,7 +92,7 @@ class Result:
 
     @property
     def timed_samples(self) -> int:
-        return self.batch_size * self.steps_per_round * len(self.round_step_times_s)
+        return self.batch_size * self.world_size * self.steps_per_round * len(self.round_step_times_s)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -137,6 +140,7 @@ class Result:
             "activation_mib": mib(bd.get("activations")),
             "temporary_mib": mib(bd.get("temporaries")),
             "memory_growth_mib_per_step": mib(self.memory_growth_bytes_per_step),
+            "graph_nodes_growth_per_step": self.graph_nodes_growth_per_step,
             "gflops_per_sample": self.flops_per_step / self.batch_size / 1e9 if self.flops_per_step is not None else None,
             "h2d_bytes_per_sample": self.h2d_bytes_per_sample,
             "syncs_per_step": self.syncs_per_step,
