@@ -318,6 +318,10 @@ def ladder_markdown(run: dict, ladders: list[LadderRun], plot_names: dict[str, s
 
 # -- plots -----------------------------------------------------------------------------------------
 
+# White behind "not run" marks so the rung-0 reference line does not strike them through.
+_LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
+
+
 def ladder_figure(lr: LadderRun, device: dict):
     """Two panels: (a) samples/s relative to rung 0, this machine vs the article; (b) samples/s and peak memory."""
     # The object-oriented API with an Agg canvas: no pyplot, no global backend switch.
@@ -345,10 +349,10 @@ def ladder_figure(lr: LadderRun, device: dict):
     for x, rung in zip(xs, lr.rungs):
         if rung.measured is None:
             ax_rel.text(x - width / 2, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center",
-                        va="bottom", transform=ax_rel.get_xaxis_transform())
+                        va="bottom", transform=ax_rel.get_xaxis_transform(), bbox=_LABEL_BOX)
         if article[x] is None:
             ax_rel.text(x + width / 2, 0.05, "not printed", rotation=90, fontsize=7, color="tab:orange",
-                        ha="center", va="bottom", transform=ax_rel.get_xaxis_transform())
+                        ha="center", va="bottom", transform=ax_rel.get_xaxis_transform(), bbox=_LABEL_BOX)
     ax_rel.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax_rel.set_ylabel("samples/s relative to rung 0")
     ax_rel.set_title("(a) speed-up over the ladder's first rung", fontsize=10, loc="left")
@@ -362,7 +366,7 @@ def ladder_figure(lr: LadderRun, device: dict):
     for x, rung in zip(xs, lr.rungs):
         if rung.measured is None:
             ax_abs.text(x, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center", va="bottom",
-                        transform=ax_abs.get_xaxis_transform())
+                        transform=ax_abs.get_xaxis_transform(), bbox=_LABEL_BOX)
     ax_abs.set_ylabel("samples/s (this machine)")
     ax_abs.margins(y=0.15)
     ax_mem = ax_abs.twinx()
