@@ -1,6 +1,7 @@
 # make bench: run the benchmark suite on this machine (CUDA if present, else the CPU profile)
 # make test:  run the library and plugin tests
-# Both create .venv and install the project on first use.
+# make report: run the seeds' two ladders (torch.compile included) and render results/report/<device>/
+# All create .venv and install the project on first use.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ BENCH_ARGS ?=
 TEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: install bench test clean
+.PHONY: install bench test report clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +26,10 @@ bench: install
 
 test: install
 	$(BIN)/python -m pytest tests -rs $(TEST_ARGS)
+
+report: install
+	$(BIN)/python -m pytest benchmarks -k test_ladder --trainbench-slow -rs --benchmark-save=ladders $(BENCH_ARGS)
+	$(BIN)/python -m trainbench report
 
 clean:
 	rm -rf $(VENV) .pytest_cache
