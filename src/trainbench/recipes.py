@@ -391,7 +391,8 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe("data_parallel", "nn.DataParallel: one process scatters the batch of 64 over 2 GPUs",
                {"parallel": "dp", "batch_size": ByProfile(cpu=32, gpu=64)}, _TWO_GPUS, reference=True),
-        Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, 32 samples each (vs DataParallel)",
+        Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, 32 samples each (vs DataParallel). "
+               "Unguarded: ResNet-18's BatchNorm statistics are per GPU in both, computed on other splits",
                {"parallel": "ddp", "world_size": 2, "dist_backend": "nccl"}, _TWO_GPUS, baseline="data_parallel"),
         Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",
                {"loss_history": "item", "log_every": ByProfile(cpu=10, gpu=50)}, baseline="loss_item", loss_rtol=1e-6),

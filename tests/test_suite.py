@@ -1,0 +1,82 @@
+"""The suite is complete and consistent: every optimization is a case with a budget and a guard (or a reason)."""
+
+from pathlib import Path
+
+import pytest
+
+from trainbench.budgets import Budgets
+from trainbench.cases import SUITE, all_cases, ladder_cases
+from trainbench.ladders import LADDERS
+from trainbench.recipes import RECIPES
+
+BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
+GPU_SECTIONS = ("cuda", "sm_70")
+
+
+class _Cpu:
+    kind = "cpu"
+
+    def budget_keys(self):
+        return ["cpu"]
+
+
+class _Gpu:
+    kind = "cuda"
+
+    def __init__(self, key):
+        self.key = key
+
+    def budget_keys(self):
+        return [self.key]
+
+
+def _needs_gpu(case) -> bool:
+    req = case.own_recipe().requires
+    return bool(req.cuda or req.min_capability or req.min_gpus)
+
+
+def test_case_ids_are_unique():
+    ids = [c.id for c in all_cases()]
+    assert len(ids) == len(set(ids))
+
+
+def test_every_optimization_is_a_case_somewhere():
+    in_suite = {name for names in SUITE.values() for name in names}
+    optimizations = {name for name, r in RECIPES.items() if not r.reference}
+    assert optimizations - in_suite == set()
+
+
+@pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.id)
+def test_every_case_has_a_budget_for_the_devices_it_runs_on(case):
+    if _needs_gpu(case):
+        assert any(BUDGETS.for_case(_Gpu(k), case.id) for k in GPU_SECTIONS), f"{case.id}: no GPU budget"
+    elif case.id not in {f"{w}-baseline" for w in SUITE}:
+        budget = BUDGETS.for_case(_Cpu(), case.id)
+        assert budget is not None and budget.bounds, f"{case.id}: no CPU budget"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_is_guarded_or_says_why_not(name):
+    r = RECIPES[name]
+    assert r.baseline in RECIPES, f"{name}: baseline {r.baseline!r} is not a recipe"
+    if not r.reference:
+        assert r.loss_rtol is not None or r.grad_rtol is not None or "Unguarded" in r.description
+
+
+def test_ladders_are_cumulative_and_carry_the_articles_figures():
+    ladder = LADDERS["ladder003"]
+    last = ladder.rung_recipe(len(ladder.steps) - 1)
+    assert last.changes["compile"] and last.changes["zero_grad"] == "set_to_none" and last.changes["uint8_transfer"]
+    assert ladder.steps[0].article.step_time_ms == 80.0 and ladder.steps[-1].article.samples_per_s == 3268.0
+    ladder000 = LADDERS["ladder000"]
+    assert ladder000.steps[0].article.samples_per_s == 273.5 and ladder000.steps[-1].article.samples_per_s == 1381.6
+    assert [c.rung for c in ladder_cases() if c.ladder == "ladder000"] == list(range(6))
+
+
+def test_a_rung_the_device_cannot_run_is_left_out_of_later_rungs(cpu, profile):
+    ladder = LADDERS["ladder000"]
+    rung = ladder.rung_recipe(4, cpu, profile)  # multi-process loading, after AMP, batch and uint8
+    assert rung.changes["num_workers"] and rung.changes["uint8_transfer"]
+    full = ladder.rung_recipe(5)  # pinned memory needs a GPU: on the CPU rung 5 is skipped
+    assert full.requires.cuda and not rung.requires.cuda
+    assert "left out" not in rung.description
