@@ -3,10 +3,10 @@ import torch
 
 # pytester's in-process runs restore sys.modules afterwards; torch modules that register
 # operator libraries cannot be imported twice, so import what the plugin loads lazily now.
-import torch.distributed._tools.mem_tracker  # noqa: F401,E402
-import torch.utils.flop_counter  # noqa: F401,E402
-import torchvision  # noqa: F401,E402
-import torchvision.transforms  # noqa: F401,E402
+import torch.distributed._tools.mem_tracker
+import torch.utils.flop_counter
+import torchvision
+import torchvision.transforms  # noqa: F401
 
 from trainbench.device import CpuBackend
 from trainbench.measure import MeasureSettings

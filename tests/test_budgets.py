@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainbench.budgets import Budgets, BudgetError, evaluate
+from trainbench.budgets import BudgetError, Budgets, evaluate
 from trainbench.device import CpuBackend
 from trainbench.result import Result
 

@@ -56,8 +56,8 @@ def test_broken_uint8(train_bench, monkeypatch):
     result = pytester.runpytest("--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
                                 "--trainbench-min-warmup=1", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*mlp-uint8_transfer: correctness guard (loss): loss vs baseline over 4 seeded steps: "
-                                 "worst relative difference * tolerance 1e-06*"])
+    result.stdout.fnmatch_lines([("*mlp-uint8_transfer: correctness guard (loss): loss vs baseline over 4 seeded steps: "
+                                  "worst relative difference * tolerance 1e-06*")])
 
 
 # -- the gradient guard: optimizations that promise the same gradients ------------------

@@ -90,11 +90,11 @@ class Budgets:
         self.path = path
 
     @classmethod
-    def empty(cls) -> "Budgets":
+    def empty(cls) -> Budgets:
         return cls({})
 
     @classmethod
-    def load(cls, path: str | Path) -> "Budgets":
+    def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
         try:
             raw = tomllib.loads(path.read_text())
@@ -150,9 +150,9 @@ class Budgets:
 def _check_consistent(bounds: list[Bound], where: str) -> None:
     for lo in bounds:
         for hi in bounds:
-            if (lo.metric, lo.relative) == (hi.metric, hi.relative) and lo.bound == "min" and hi.bound == "max":
-                if lo.limit > hi.limit:
-                    raise BudgetError(f"{where} {lo.key} = {lo.limit:g} is above {hi.key} = {hi.limit:g}")
+            same_metric = (lo.metric, lo.relative) == (hi.metric, hi.relative)
+            if same_metric and lo.bound == "min" and hi.bound == "max" and lo.limit > hi.limit:
+                raise BudgetError(f"{where} {lo.key} = {lo.limit:g} is above {hi.key} = {hi.limit:g}")
 
 
 def evaluate(budget: CaseBudget, result: Result, baseline: Result | None) -> list[Verdict]:

@@ -237,7 +237,7 @@ def _nvidia_driver_version() -> str | None:
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else version
-    except Exception:
+    except Exception:  # noqa: BLE001,S110 - pynvml is optional and fails in many ways; nvidia-smi is the fallback
         pass
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -245,7 +245,7 @@ def _nvidia_driver_version() -> str | None:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, env={**os.environ, "LC_ALL": "C"},
+            capture_output=True, text=True, timeout=10, check=False, env={**os.environ, "LC_ALL": "C"},
         )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):

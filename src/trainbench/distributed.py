@@ -78,6 +78,7 @@ def measure_ddp(config: TrainConfig, device_kind: str, profile_name: str, settin
                 ) -> tuple[Result, dict[str, torch.Tensor] | None]:
     """Run ``config`` (parallel="ddp") in ``config.world_size`` processes; rank 0's Result and gradients."""
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     settings = dataclasses.replace(settings, fixed_warmup=True)
     job = {
@@ -100,7 +101,7 @@ def measure_ddp(config: TrainConfig, device_kind: str, profile_name: str, settin
                     for process in context.processes:
                         process.kill()
                     raise RuntimeError(f"ranks still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
-        except Exception as e:
+        except (RuntimeError, ProcessException) as e:
             errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
             raise RuntimeError(f"{case}: a DDP rank failed:\n{errors or e}") from None
         out = Path(out_dir)

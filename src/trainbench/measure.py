@@ -20,8 +20,9 @@ import gc
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .budgets import Budgets, BudgetError, evaluate
+from .budgets import BudgetError, Budgets, evaluate
 from .result import Result
 
 MARKERS = {

@@ -9,8 +9,9 @@ lists of recipes. ``step.py`` is the one place where each knob takes effect.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .workloads import Profile, get_workload
 
@@ -66,7 +67,7 @@ class TrainConfig:
     dist_backend: str | None = None  # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
     seed: int = 0
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         workload = get_workload(self.workload)
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
@@ -141,7 +142,7 @@ class Requirements:
     bf16: bool = False
     cpu_only: bool = False  # a CPU-side stand-in for a GPU case (e.g. DDP over gloo)
 
-    def merge(self, other: "Requirements") -> "Requirements":
+    def merge(self, other: Requirements) -> Requirements:
         caps = [c for c in (self.min_capability, other.min_capability) if c]
         return Requirements(
             cuda=self.cuda or other.cuda,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -345,7 +345,7 @@ class Training:
             iterator._shutdown_workers()
         self._closers.close()
 
-    def __enter__(self) -> "Training":
+    def __enter__(self) -> Training:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self
 
     def __exit__(self, *exc) -> None:

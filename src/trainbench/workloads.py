@@ -8,8 +8,8 @@ case to seconds on two cores, ``gpu`` uses the seeds' sizes. Nothing is download
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
