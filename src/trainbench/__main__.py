@@ -36,10 +36,52 @@ def _add_report(subparsers) -> None:
     parser.set_defaults(handler=_report)
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import CalibrationError, calibrate, write
+    from .compare import CompareError, _fraction
+    from .report import ReportError, latest_run
+
+    try:
+        margin = _fraction(args.margin, args.margin, "--margin")
+        speed_margin = _fraction(args.speed_margin, args.speed_margin, "--speed-margin")
+        run_path = args.run_json if args.run_json is not None else latest_run()
+        result = calibrate(run_path, args.budgets, margin, speed_margin)
+    except (CalibrationError, CompareError, ReportError) as e:
+        print(f"trainbench calibrate: {e}", file=sys.stderr)
+        return 2
+    if not result.diff:
+        print(f"[{result.device_key}]: {result.cases} cases, budgets already match {run_path}")
+        return 0
+    print(result.diff, end="")
+    if args.write:
+        write(result, args.budgets)
+        print(f"wrote {args.budgets}: [{result.device_key}] calibrated from {run_path} ({result.cases} cases)")
+    else:
+        print(f"dry run: [{result.device_key}] would be calibrated from {run_path} ({result.cases} cases); "
+              "pass --write to write it")
+    return 0
+
+
+def _add_calibrate(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "calibrate", help="write this device's budgets from a saved run, with a margin",
+        description="Budgets for the run's device from its measured cases: max_<deterministic metric> = measured "
+                    "x (1 + margin), min_speedup = measured x (1 - speed margin). Shows the diff; other devices' "
+                    "sections are never touched.")
+    parser.add_argument("run_json", nargs="?", default=None, metavar="RUN_JSON",
+                        help="pytest-benchmark JSON (default: the newest *.json under results/benchmarks/)")
+    parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file to update")
+    parser.add_argument("--margin", default="10%", help="headroom over deterministic signals (default 10%%)")
+    parser.add_argument("--speed-margin", default="30%", help="headroom under measured speed-ups (default 30%%)")
+    parser.add_argument("--write", action="store_true", help="write the file (default: show the diff only)")
+    parser.set_defaults(handler=_calibrate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_report(subparsers)
+    _add_calibrate(subparsers)
     return parser
 
 

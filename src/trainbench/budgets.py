@@ -65,6 +65,8 @@ class CaseBudget:
     case: str
     bounds: tuple[Bound, ...]
     note: str | None = None
+    # Per-case regression gate thresholds over the command line's (trainbench.compare.parse_spec).
+    compare_fail: dict[str, float] | None = None
 
     @property
     def needs_baseline(self) -> bool:
@@ -115,8 +117,18 @@ class Budgets:
                 where = f"{path}: [{device_key}.{case}]"
                 if not isinstance(entries, dict):
                     raise BudgetError(f"{where} must be a table of budget keys, got {type(entries).__name__} {entries!r}")
-                bounds, note = [], None
+                bounds, note, compare_fail = [], None, None
                 for key, value in entries.items():
+                    if key == "compare_fail":
+                        from .compare import CompareError, parse_spec
+
+                        if not isinstance(value, str):
+                            raise BudgetError(f"{where} compare_fail = {value!r}: expected a string like 'samples_per_s:10%'")
+                        try:
+                            compare_fail = parse_spec(value, f"{where} compare_fail")
+                        except CompareError as e:
+                            raise BudgetError(str(e)) from None
+                        continue
                     if key in TEXT_KEYS:
                         if not isinstance(value, str):
                             raise BudgetError(f"{where} {key} = {value!r}: expected a string")
@@ -135,7 +147,7 @@ class Budgets:
                         raise BudgetError(f"{where} {key} = {value!r}: expected a ratio > 0")
                     bounds.append(Bound(metric, bound, relative, float(value), key))
                 _check_consistent(bounds, where)
-                sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note)
+                sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail)
         return sections
 
     def device_key(self, backend) -> str | None:

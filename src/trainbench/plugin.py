@@ -37,6 +37,9 @@ class SessionState:
     run_slow: bool
     require_budgets: bool
     settings_overrides: dict
+    compare_fail: dict | None = None  # the regression gate (trainbench.compare.parse_spec)
+    fault: object = None  # trainbench.step.InjectedFault planted by --trainbench-inject-*
+    comparison: dict | None = None  # filled at session end when --benchmark-compare ran
     # (workload, recipe, overrides) -> Result, for same-session baselines
     results: dict[tuple, Result] = field(default_factory=dict)
     trajectories: dict[tuple, list[float]] = field(default_factory=dict)  # baseline losses for the guard
@@ -80,6 +83,20 @@ def pytest_addoption(parser):
     group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
     group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
     group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
+    group.addoption("--trainbench-compare-fail", default=None, metavar="SPEC",
+                    help="with --benchmark-compare: fail the session when a case regressed beyond METRIC:THRESHOLD "
+                         "(e.g. samples_per_s:5%%,peak_memory:2%%,deterministic:0%%); timed metrics must also be "
+                         "significant over the rounds of both runs")
+    group.addoption("--trainbench-compare-alpha", type=float, default=0.05,
+                    help="significance level of the one-sided rank test on timed metrics (default 0.05)")
+    group.addoption("--trainbench-compare-json", default=None, metavar="PATH",
+                    help="write the compare verdict of every case and metric as JSON")
+    group.addoption("--trainbench-allow-cross-device", action="store_true",
+                    help="allow --benchmark-compare against a run made on another device")
+    group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
+                    help="plant a regression to prove the gate: wait this fraction (e.g. 20%%) of every timed step")
+    group.addoption("--trainbench-inject-leak-mib", type=float, default=0.0, metavar="MIB",
+                    help="plant a memory regression to prove the gate: keep this many MiB per step, never freed")
     parser.addini("trainbench_budgets", "budgets TOML file, relative to the rootdir", default="")
 
 
@@ -112,7 +129,7 @@ def pytest_configure(config):
             get_backend(device_spec)
         except (RuntimeError, ValueError) as e:
             raise pytest.UsageError(f"trainbench: {e}") from None
-    config.stash[_STATE] = SessionState(
+    state = config.stash[_STATE] = SessionState(
         device_spec=device_spec,
         profile_name=config.getoption("--trainbench-profile"),
         budgets=budgets,
@@ -120,6 +137,50 @@ def pytest_configure(config):
         require_budgets=config.getoption("--trainbench-require-budgets"),
         settings_overrides=overrides,
     )
+    state.compare_fail, state.fault = _gate_options(config)
+    _storage_per_device(config, state)
+
+
+def _gate_options(config):
+    from .compare import CompareError, _fraction, parse_spec
+
+    spec = config.getoption("--trainbench-compare-fail")
+    try:
+        gate = parse_spec(spec) if spec else None
+        slowdown = config.getoption("--trainbench-inject-slowdown")
+        slowdown = _fraction(slowdown, slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
+    except CompareError as e:
+        raise pytest.UsageError(f"trainbench: {e}") from None
+    leak = config.getoption("--trainbench-inject-leak-mib")
+    if leak < 0:
+        raise pytest.UsageError(f"trainbench: --trainbench-inject-leak-mib must be >= 0, got {leak}")
+    fault = None
+    if slowdown or leak:
+        from .step import InjectedFault
+
+        fault = InjectedFault(slowdown=slowdown, leak_mib=leak)
+    return gate, fault
+
+
+def _storage_per_device(config, state: SessionState) -> None:
+    """Key pytest-benchmark's storage by device: <storage>/<device>/<its own machine folder>.
+
+    pytest-benchmark keys folders by OS and Python only, so an H100 run and a CPU run
+    would share a folder and ``--benchmark-compare`` would pick whichever came last.
+    Runs before pytest-benchmark's own (trylast) configure, which opens the storage.
+    """
+    uses_storage = any(config.getoption(name, None) for name in ("benchmark_save", "benchmark_autosave", "benchmark_compare"))
+    storage = config.getoption("benchmark_storage", None)
+    if not uses_storage or not storage or "://" in storage and not storage.startswith("file://"):
+        return  # nothing stored, or a non-file storage (elasticsearch) that keys by machine_info itself
+    from .report import device_slug
+
+    try:
+        slug = device_slug(state.backend.identity())
+    except RuntimeError as e:
+        raise pytest.UsageError(f"trainbench: {e}") from None
+    prefix = "file://" if storage.startswith("file://") else ""
+    config.option.benchmark_storage = prefix + str(Path(storage[len(prefix):]) / slug)
 
 
 def _skip_reason(item, state: SessionState) -> str | None:
@@ -177,6 +238,62 @@ def _marks_for(recipe) -> list:
     if recipe.slow:
         marks.append(pytest.mark.slow)
     return marks
+
+
+def _device_of(machine_info: dict | None) -> tuple | None:
+    info = (machine_info or {}).get("trainbench")
+    return (info.get("kind"), info.get("name")) if info else None
+
+
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
+    """Refuse to compare runs of different devices: their timings and memory say nothing about each other."""
+    if config.getoption("--trainbench-allow-cross-device"):
+        return
+    mine, theirs = _device_of(machine_info), _device_of(compared_benchmark.get("machine_info"))
+    if mine != theirs:
+        what = f"{theirs[1]} ({theirs[0]})" if theirs else "a run without trainbench device information"
+        raise pytest.UsageError(
+            f"trainbench: --benchmark-compare would compare this {mine[1] if mine else 'device'} with {what}; "
+            "numbers from different devices are not comparable. Compare with a run of this device "
+            "(saved runs are kept per device under the storage folder), or pass --trainbench-allow-cross-device.")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """With --benchmark-compare: compare every case with the baseline run; fail on a gated regression."""
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    bench_session = getattr(config, "_benchmarksession", None)
+    if state is None or bench_session is None or not bench_session.compare or not bench_session.compared_mapping:
+        return
+    from .compare import DISPLAY_THRESHOLDS, CaseRun, CompareError, compare_case, verdict_json
+
+    path, baseline = list(bench_session.compared_mapping.items())[-1]
+    comparisons, errors, new_cases = [], [], []
+    alpha = config.getoption("--trainbench-compare-alpha")
+    for row in state.rows:
+        base_bench = baseline.get(row["fullname"])
+        if base_bench is None:
+            new_cases.append(row["case"])
+            continue
+        try:
+            base_run = CaseRun.from_extra_info(base_bench.get("extra_info") or {}, f"{path}: {row['fullname']}")
+        except CompareError as e:
+            errors.append(str(e))
+            continue
+        thresholds = dict(state.compare_fail or DISPLAY_THRESHOLDS)
+        thresholds.update(row.get("compare_fail") or {})
+        comparisons += compare_case(row["run"], base_run, thresholds, alpha)
+    verdict = verdict_json(comparisons, str(path), state.backend.identity())
+    verdict.update(gated=state.compare_fail is not None, new_cases=new_cases, errors=errors)
+    state.comparison = verdict
+    json_path = config.getoption("--trainbench-compare-json")
+    if json_path:
+        from .files import write_json_atomic
+
+        write_json_atomic(Path(json_path), verdict)
+    if errors or (state.compare_fail is not None and verdict["failed"]):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def recipe_params(*names: str):
@@ -300,7 +417,8 @@ class TrainBench:
         if config.parallel == "ddp":
             return self._measure_ddp(recipe, config, case, timed_by_benchmark)
         runner = self._benchmark_runner if timed_by_benchmark else run_rounds
-        with Training(config, state.backend, state.profile) as training:
+        fault = state.fault if timed_by_benchmark else None  # planted in the measured case, not its baseline
+        with Training(config, state.backend, state.profile, fault) as training:
             m = Measurement(training, case, recipe.name, state.settings(), recipe.extra_warmup_steps)
             return m.run(runner)
 
@@ -372,6 +490,7 @@ class TrainBench:
             warmup={"steps": result.warmup_steps, "steady": result.warmup_steady, "seconds": result.warmup_s,
                     "first_step_s": result.first_step_s},
             round_step_times_s=result.round_step_times_s,
+            samples_per_step=result.batch_size * result.world_size,
             device=result.device,
             notes=result.notes,
         )
@@ -382,7 +501,11 @@ class TrainBench:
             speedup = result.samples_per_s / baseline.samples_per_s
             info["speedup_vs_baseline"] = speedup
 
-        row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none"}
+        from .compare import CaseRun
+
+        run = CaseRun(case, metrics, list(result.round_step_times_s), result.batch_size * result.world_size)
+        row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none", "run": run,
+               "fullname": self.benchmark.fullname, "compare_fail": budget.compare_fail if budget else None}
         state.rows.append(row)
         failures = list(guard_failures)
         if budget is None:
@@ -428,3 +551,26 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.profile.name}")
     for line in summary_table(state.rows):
         terminalreporter.write_line(line)
+    if state.comparison is not None:
+        _write_comparison(terminalreporter, state)
+
+
+def _write_comparison(terminalreporter, state: SessionState) -> None:
+    from .compare import MetricComparison, verdict_table
+
+    verdict = state.comparison
+    comparisons = [MetricComparison(**{k: (tuple(v) if k == "ci" and v else v) for k, v in c.items()
+                                       if k in MetricComparison.__dataclass_fields__}) for c in verdict["comparisons"]]
+    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
+    terminalreporter.write_sep("=", f"trainbench compare vs {verdict['baseline']}")
+    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
+    for line in verdict_table(comparisons):
+        terminalreporter.write_line(line)
+    for case in verdict["new_cases"]:
+        terminalreporter.write_line(f"{case}: not in the baseline run (new case)")
+    for error in verdict["errors"]:
+        terminalreporter.write_line(f"ERROR {error}", red=True)
+    for c in comparisons:
+        if c.verdict == "regressed":
+            terminalreporter.write_line(("REGRESSION " if verdict["gated"] else "regressed (not gated): ") + c.describe(),
+                                        red=verdict["gated"])

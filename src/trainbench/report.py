@@ -8,13 +8,13 @@ pytest-benchmark run's ladder rungs next to the seed articles' figures
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .files import write_atomic, write_text_atomic
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
     from .ladders import Ladder, LadderStep
@@ -390,18 +390,6 @@ def ladder_figure(lr: LadderRun, device: dict):
 
 # -- writing ---------------------------------------------------------------------------------------
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(file)`` into a temporary file next to ``path``, then move it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_ladder_report(run_path: Path | str, out_dir: Path | str | None = None) -> list[Path]:
     """Render ``ladders.md`` and one PNG per ladder from a saved run; returns the paths written.
 
@@ -419,12 +407,12 @@ def write_ladder_report(run_path: Path | str, out_dir: Path | str | None = None)
         for lr in ladders:
             png = out / f"{lr.ladder.name}.png"
             fig = ladder_figure(lr, device)
-            _write_atomic(png, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
+            write_atomic(png, lambda f, fig=fig: fig.savefig(f, format="png", dpi=110))
             plot_names[lr.ladder.name] = png.name
             written.append(png)
         markdown = out / "ladders.md"
         text = ladder_markdown(run, ladders, plot_names)
-        _write_atomic(markdown, lambda f: f.write(text.encode("utf-8")))
+        write_text_atomic(markdown, text)
     except OSError as e:
         raise ReportError(out, f"cannot write the report ({e.strerror or e})") from None
     return [markdown] + written

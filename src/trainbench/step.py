@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -137,11 +139,26 @@ def fuse_pointwise(model: torch.nn.Module, how: str) -> None:
             module.pointwise = torch.compile(fn)
 
 
+@dataclass(frozen=True)
+class InjectedFault:
+    """A regression planted on purpose, to prove that a regression gate catches it.
+
+    ``slowdown``: after each step, wait that fraction of the step's host time (exact on
+    the CPU; on a GPU the host time of an asynchronous step is its launch time).
+    ``leak_mib``: keep that many MiB allocated on the device per step, never freed.
+    """
+
+    slowdown: float = 0.0
+    leak_mib: float = 0.0
+
+
 class Training:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
-    def __init__(self, config: TrainConfig, backend: Backend, profile: Profile):
+    def __init__(self, config: TrainConfig, backend: Backend, profile: Profile, fault: InjectedFault | None = None):
         self.config = config = config.validate()
+        self.fault = fault
+        self._leaked: list[torch.Tensor] = []
         self.backend = backend
         self.profile = profile
         self.device = backend.device
@@ -290,6 +307,7 @@ class Training:
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
+        started = time.perf_counter()
         if self.config.eval_mode:
             loss = self.evaluate(micro_batches)
         else:
@@ -305,7 +323,18 @@ class Training:
         if self._debug is not None:
             self._debug.step()
         self.steps_done += 1
+        if self.fault is not None:
+            self._inject(time.perf_counter() - started)
         return loss.detach()
+
+    def _inject(self, step_seconds: float) -> None:
+        fault = self.fault
+        if fault.leak_mib:
+            self._leaked.append(torch.empty(int(fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
+        if fault.slowdown:
+            deadline = time.perf_counter() + fault.slowdown * step_seconds
+            while time.perf_counter() < deadline:  # busy-wait: sleep granularity is coarse for millisecond steps
+                pass
 
     def _track_loss(self, loss: torch.Tensor) -> None:
         """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""

@@ -1,0 +1,128 @@
+"""Calibration: budgets for this device from a measured run, with a stated margin.
+
+``python -m trainbench calibrate RUN_JSON`` turns every case of a saved run into budget
+keys for the run's device section (``cpu``, or the GPU's name): deterministic signals
+get ``max_<metric> = measured x (1 + margin)``, the GPU allocator peaks the same, and
+the same-session speed-up ``min_speedup = measured x (1 - speed_margin)``. Keys it does
+not calibrate (notes, hand-written ratios, ``compare_fail``) are kept; other devices'
+sections are never touched. It prints a unified diff and writes only with ``--write``,
+atomically, after checking that the result still parses as a budgets file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .budgets import BudgetError, Budgets
+from .files import write_text_atomic
+from .report import ReportError, load_run, run_device
+
+# Deterministic signals: exact functions of code and shapes, calibrated with the tight margin.
+DETERMINISTIC_KEYS = (
+    "activation_mib", "tracked_peak_mib", "temporary_mib", "gflops_per_sample", "h2d_bytes_per_sample",
+    "syncs_per_step", "ops_per_step", "aten_calls_per_step", "kernels_per_step", "memory_growth_mib_per_step",
+    "graph_nodes_growth_per_step",
+)
+GPU_MEMORY_KEYS = ("peak_memory_mib", "peak_reserved_mib")  # allocator peaks: near-deterministic on one GPU
+
+
+class CalibrationError(ValueError):
+    """A run or budgets file calibration cannot use; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    device_key: str
+    cases: int
+    diff: str  # unified diff of the budgets file; empty when nothing changes
+    new_text: str
+
+
+def device_key_of(device: dict) -> str:
+    """The budgets section a run's device belongs to: ``cpu``, or the GPU's full name."""
+    if device.get("kind") == "cpu":
+        return "cpu"
+    if not device.get("name"):
+        raise CalibrationError("the run names no device (machine_info['trainbench'] is missing)")
+    return device["name"]
+
+
+def _round_up(value: float) -> float | int:
+    """Up to 4 significant digits (integers stay integers), so a bound never sits below what was measured."""
+    if value == 0:
+        return 0
+    if float(value).is_integer() and abs(value) >= 1:
+        return int(value)
+    scale = 10 ** (3 - math.floor(math.log10(abs(value))))
+    rounded = math.ceil(value * scale) / scale
+    return int(rounded) if rounded.is_integer() else rounded
+
+
+def _round_down(value: float) -> float:
+    return math.floor(value * 100) / 100
+
+
+def bounds_for(info: dict, gpu: bool, margin: float, speed_margin: float) -> dict[str, float | int]:
+    """The calibrated budget keys of one case from its ``extra_info``."""
+    keys: dict[str, float | int] = {}
+    for metric in DETERMINISTIC_KEYS + (GPU_MEMORY_KEYS if gpu else ()):
+        value = info.get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            keys[f"max_{metric}"] = _round_up(max(0.0, value * (1 + margin)))  # <= 0 measured: budget 0
+    speedup = info.get("speedup_vs_baseline")
+    if isinstance(speedup, (int, float)) and speedup > 0:
+        keys["min_speedup"] = max(0.01, _round_down(speedup * (1 - speed_margin)))
+    return keys
+
+
+def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.10,
+              speed_margin: float = 0.30) -> Calibration:
+    """What calibration would change in ``budgets_path`` for the device of ``run_path`` (nothing is written)."""
+    import tomlkit
+
+    try:
+        run = load_run(run_path)
+    except ReportError as e:
+        raise CalibrationError(str(e)) from None
+    device = run_device(run)
+    key = device_key_of(device)
+    budgets_path = Path(budgets_path)
+    old_text = budgets_path.read_text() if budgets_path.exists() else ""
+    try:
+        doc = tomlkit.parse(old_text)
+    except tomlkit.exceptions.ParseError as e:
+        raise CalibrationError(f"{budgets_path}: not valid TOML: {e}") from None
+    section = doc.get(key)
+    if section is None:
+        section = doc[key] = tomlkit.table(is_super_table=True)
+    cases = 0
+    for bench in run["benchmarks"]:
+        info = bench.get("extra_info") or {}
+        case = info.get("case")
+        if not case:
+            continue
+        bounds = bounds_for(info, device.get("kind") == "cuda", margin, speed_margin)
+        if not bounds:
+            continue
+        cases += 1
+        entry = section.get(case)
+        if entry is None:
+            entry = section[case] = tomlkit.table()
+            entry["note"] = f"calibrated from {Path(run_path).name}: {info.get('samples_per_s') or 0:.1f} samples/s"
+        for name, value in bounds.items():
+            entry[name] = value
+    new_text = tomlkit.dumps(doc)
+    try:
+        Budgets._parse(tomlkit.parse(new_text).unwrap(), budgets_path)
+    except BudgetError as e:
+        raise CalibrationError(f"calibrated budgets would not load: {e}") from None
+    diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+                                        fromfile=str(budgets_path), tofile=f"{budgets_path} (calibrated [{key}])"))
+    return Calibration(key, cases, diff, new_text)
+
+
+def write(calibration: Calibration, budgets_path: Path | str) -> None:
+    write_text_atomic(Path(budgets_path), calibration.new_text)

@@ -1,0 +1,197 @@
+"""Compare a run with a stored baseline run of the same device: what regressed, with what confidence.
+
+A gate is a set of thresholds, e.g. ``samples_per_s:5%,peak_memory:2%``. For each case
+present in both runs and each gated metric:
+
+- **timed metrics** (samples/s, step time) are compared over the rounds of both runs:
+  the change of the medians, a one-sided Mann-Whitney U test that the current rounds
+  are worse (better), and a bootstrap confidence interval of the ratio. A change beyond
+  the threshold is a regression only if it is also significant; otherwise it is *noisy*;
+- **deterministic metrics** (memory breakdown, FLOPs, bytes, ops, syncs) and single-value
+  metrics are compared as values against the threshold (0% = exactly).
+
+Verdicts: improved / unchanged / regressed / noisy (beyond the threshold, not significant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .result import METRICS
+
+ALIASES = {"peak_memory": "peak_memory_mib", "step_time": "step_time_ms", "memory": "tracked_peak_mib"}
+TIMED_METRICS = ("samples_per_s", "step_time_ms")
+EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
+DEFAULT_ALPHA = 0.05
+# Shown (not gated) when --benchmark-compare runs without --trainbench-compare-fail.
+DISPLAY_THRESHOLDS = {"samples_per_s": 0.05, "peak_memory_mib": 0.02}
+
+
+class CompareError(ValueError):
+    """A malformed gate specification or baseline; the message names where and what was expected."""
+
+
+def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str, float]:
+    """``"samples_per_s:5%,peak_memory:2%,deterministic:0%"`` -> {metric: threshold fraction}.
+
+    ``deterministic`` stands for every deterministic metric of ``trainbench.result.METRICS``.
+    """
+    thresholds: dict[str, float] = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise CompareError(f"{where}: {item!r}: expected METRIC:THRESHOLD, e.g. samples_per_s:5%")
+        name = ALIASES.get(name.strip(), name.strip())
+        names = [m for m, info in METRICS.items() if info.deterministic] if name == "deterministic" else [name]
+        if names[0] not in METRICS:
+            raise CompareError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
+                               f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
+        thresholds.update(dict.fromkeys(names, _fraction(value.strip(), item, where)))
+    if not thresholds:
+        raise CompareError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
+    return thresholds
+
+
+def _fraction(text: str, item: str, where: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise CompareError(f"{where}: {item!r}: threshold {text!r} is not a number or a percentage") from None
+    if not math.isfinite(value) or value < 0:
+        raise CompareError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """What a comparison needs of one case in one run (from extra_info or a Result)."""
+
+    case: str
+    metrics: dict
+    round_step_times_s: list
+    samples_per_step: int
+
+    @classmethod
+    def from_extra_info(cls, info: dict, where: str) -> CaseRun:
+        try:
+            metrics = {m: info.get(m) for m in METRICS}
+            samples = info.get("samples_per_step") or info["batch_size"]
+            return cls(info["case"], metrics, list(info.get("round_step_times_s") or []), int(samples))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CompareError(f"{where}: not a trainbench case (missing or bad {e}); expected extra_info with "
+                               "case, batch_size, metrics and round_step_times_s") from None
+
+    def per_round(self, metric: str) -> list[float]:
+        times = [t for t in self.round_step_times_s if t > 0]
+        if metric == "step_time_ms":
+            return [t * 1e3 for t in times]
+        return [self.samples_per_step / t for t in times]
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    case: str
+    metric: str
+    baseline: float | None
+    current: float | None
+    change: float | None  # relative change, signed as measured (+ = larger value)
+    threshold: float
+    verdict: str  # improved | unchanged | regressed | noisy | missing
+    p_value: float | None = None  # one-sided test in the direction of the change
+    ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit
+
+    def describe(self) -> str:
+        """One line: case, metric, baseline, current, change, statistics, verdict."""
+        if self.verdict == "missing":
+            return f"{self.case} {self.metric}: not measured in one of the runs (baseline {self.baseline}, now {self.current})"
+        stats = ""
+        if self.ci is not None:
+            stats = f", 95% CI {self.ci[0] - 1:+.1%}..{self.ci[1] - 1:+.1%}, p={self.p_value:.3g}"
+        return (f"{self.case} {self.metric}: {_num(self.baseline)} -> {_num(self.current)} {self.unit} "
+                f"({self.change:+.1%}{stats}) {self.verdict} (threshold {self.threshold:.1%})")
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def compare_case(current: CaseRun, baseline: CaseRun, thresholds: dict[str, float],
+                 alpha: float = DEFAULT_ALPHA) -> list[MetricComparison]:
+    return [_compare_metric(current, baseline, metric, limit, alpha) for metric, limit in thresholds.items()]
+
+
+def _compare_metric(current: CaseRun, baseline: CaseRun, metric: str, threshold: float, alpha: float) -> MetricComparison:
+    cur, base = current.metrics.get(metric), baseline.metrics.get(metric)
+    if cur is None or base is None:
+        return MetricComparison(current.case, metric, base, cur, None, threshold, "missing")
+    higher_is_better = METRICS[metric].higher_is_better
+    change = (cur - base) / abs(base) if base else (0.0 if cur == base else math.copysign(math.inf, cur - base))
+    worse = -change if higher_is_better else change  # > 0: worse
+    cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
+    if metric in TIMED_METRICS and len(cur_rounds) >= 3 and len(base_rounds) >= 3:
+        p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
+        if worse > threshold:
+            verdict, p = ("regressed" if p_worse < alpha else "noisy"), p_worse
+        elif -worse > threshold:
+            verdict, p = ("improved" if p_better < alpha else "noisy"), p_better
+        else:
+            verdict, p = "unchanged", min(p_worse, p_better)
+        return MetricComparison(current.case, metric, base, cur, change, threshold, verdict, p, ci)
+    slack = max(threshold, EXACT)
+    verdict = "regressed" if worse > slack else "improved" if -worse > slack else "unchanged"
+    return MetricComparison(current.case, metric, base, cur, change, threshold, verdict)
+
+
+def _round_statistics(cur: list[float], base: list[float], higher_is_better: bool):
+    """One-sided Mann-Whitney p-values (worse, better) and a bootstrap CI of median(cur) / median(base)."""
+    import numpy as np
+    from scipy import stats
+
+    worse_side = "less" if higher_is_better else "greater"
+    better_side = "greater" if higher_is_better else "less"
+    p_worse = float(stats.mannwhitneyu(cur, base, alternative=worse_side).pvalue)
+    p_better = float(stats.mannwhitneyu(cur, base, alternative=better_side).pvalue)
+
+    def ratio(c, b, axis=-1):
+        return np.median(c, axis=axis) / np.median(b, axis=axis)
+
+    boot = stats.bootstrap((np.asarray(cur), np.asarray(base)), ratio, vectorized=True, paired=False,
+                           n_resamples=2000, method="percentile", rng=np.random.default_rng(0))
+    return p_worse, p_better, (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
+
+
+def verdict_json(comparisons: list[MetricComparison], baseline_path: str, current_device: dict) -> dict:
+    """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
+    counts = {v: sum(1 for c in comparisons if c.verdict == v)
+              for v in ("regressed", "noisy", "improved", "unchanged", "missing")}
+    return {
+        "baseline": baseline_path,
+        "device": current_device,
+        "counts": counts,
+        "failed": counts["regressed"] > 0,
+        "comparisons": [{**asdict(c), "ci": list(c.ci) if c.ci else None, "unit": c.unit, "line": c.describe()}
+                        for c in comparisons],
+    }
+
+
+def verdict_table(comparisons: list[MetricComparison]) -> list[str]:
+    """A fixed-width table: case, metric, baseline, current, change, verdict."""
+    header = ["case", "metric", "baseline", "current", "change", "95% CI", "verdict"]
+    body = []
+    for c in comparisons:
+        ci = f"{c.ci[0] - 1:+.1%}..{c.ci[1] - 1:+.1%}" if c.ci else "-"
+        change = "-" if c.change is None else f"{c.change:+.1%}"
+        body.append([c.case, c.metric, _num(c.baseline), _num(c.current), change, ci, c.verdict])
+    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(x.ljust(w) if i < 2 or i == 6 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths)))
+
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]

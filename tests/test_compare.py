@@ -1,0 +1,167 @@
+"""The regression gate: statistics on timed metrics, exact deterministic ones, and the plugin's compare flow."""
+
+import json
+
+import pytest
+
+from trainbench.compare import CaseRun, CompareError, compare_case, parse_spec, verdict_json, verdict_table
+
+QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=7", "--trainbench-steps-per-round=5",
+         "--trainbench-min-warmup=3", "-p", "no:cacheprovider"]
+
+
+def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8), activation=1.0, samples=16):
+    times = [t / 1e3 for t in step_ms]
+    metrics = {"samples_per_s": samples * len(times) / sum(times), "step_time_ms": sorted(step_ms)[len(step_ms) // 2],
+               "activation_mib": activation, "peak_memory_mib": 10.0}
+    return CaseRun(case, metrics, times, samples)
+
+
+# -- the specification ---------------------------------------------------------------
+
+def test_spec_parses_thresholds_aliases_and_the_deterministic_group():
+    gate = parse_spec("samples_per_s:5%,peak_memory:2%,deterministic:0")
+    assert gate["samples_per_s"] == pytest.approx(0.05) and gate["peak_memory_mib"] == pytest.approx(0.02)
+    assert gate["activation_mib"] == 0 and gate["syncs_per_step"] == 0 and "step_time_ms" not in gate
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("samples_per_s", "'samples_per_s': expected METRIC:THRESHOLD"),
+    ("speed:5%", "unknown metric 'speed'"),
+    ("samples_per_s:fast", "threshold 'fast' is not a number or a percentage"),
+    ("samples_per_s:-5%", "threshold must be a finite value >= 0"),
+    (" , ", "empty gate"),
+])
+def test_bad_specs_say_what_was_expected(spec, message):
+    with pytest.raises(CompareError, match=message):
+        parse_spec(spec)
+
+
+# -- verdicts ------------------------------------------------------------------------
+
+def test_the_same_rounds_are_unchanged():
+    [c] = compare_case(run_of(), run_of(), {"samples_per_s": 0.05})
+    assert c.verdict == "unchanged" and c.change == pytest.approx(0)
+
+
+def test_a_consistent_20_percent_slowdown_regresses_and_says_so():
+    slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])  # 20% fewer samples/s
+    [c] = compare_case(slow, run_of(), {"samples_per_s": 0.05})
+    assert c.verdict == "regressed" and c.change == pytest.approx(-0.2, abs=0.01)
+    assert c.p_value < 0.01 and c.ci[1] < 1.0
+    line = c.describe()
+    assert line.startswith("mlp-baseline samples_per_s: ") and "samples/s (-20.0%" in line
+    assert "regressed (threshold 5.0%)" in line
+
+
+def test_a_change_beyond_the_threshold_that_noise_explains_is_noisy():
+    base = run_of(step_ms=(10, 14, 8, 12, 9, 15, 11))
+    cur = run_of(step_ms=(11, 15, 9, 14, 10, 16, 12))  # ~8% slower, rounds overlap
+    [c] = compare_case(cur, base, {"step_time_ms": 0.05})
+    assert c.verdict == "noisy" and c.p_value >= 0.05
+
+
+def test_faster_rounds_are_an_improvement():
+    fast = run_of(step_ms=[t * 0.7 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
+    [c] = compare_case(fast, run_of(), {"samples_per_s": 0.05})
+    assert c.verdict == "improved"
+
+
+def test_deterministic_metrics_compare_exactly():
+    [same] = compare_case(run_of(activation=1.0), run_of(activation=1.0), {"activation_mib": 0.0})
+    [more] = compare_case(run_of(activation=1.0 + 1e-6), run_of(activation=1.0), {"activation_mib": 0.0})
+    assert same.verdict == "unchanged" and more.verdict == "regressed"
+
+
+def test_verdict_json_and_table_name_every_comparison():
+    comparisons = compare_case(run_of(activation=2.0), run_of(), {"samples_per_s": 0.05, "activation_mib": 0.0})
+    verdict = verdict_json(comparisons, "base.json", {"name": "cpu"})
+    assert verdict["failed"] and verdict["counts"]["regressed"] == 1 and verdict["counts"]["unchanged"] == 1
+    json.dumps(verdict)  # machine-readable as it is
+    table = verdict_table(comparisons)
+    assert table[0].split()[:4] == ["case", "metric", "baseline", "current"]
+    assert any("activation_mib" in row and "regressed" in row and "+100.0%" in row for row in table)
+
+
+def test_a_baseline_without_trainbench_data_is_a_clear_error():
+    with pytest.raises(CompareError, match="base.json: test_x: not a trainbench case"):
+        CaseRun.from_extra_info({"foo": 1}, "base.json: test_x")
+
+
+# -- the plugin: save, compare, plant regressions ----------------------------------------
+
+CASE = """
+def test_mlp(train_bench):
+    train_bench("baseline", workload="mlp")
+"""
+
+
+def _save(pytester, *args):
+    return pytester.runpytest("--benchmark-save=base", *QUICK, *args)
+
+
+def _compare(pytester, *args):
+    return pytester.runpytest("--benchmark-compare", "--trainbench-compare-json=verdict.json", *QUICK, *args)
+
+
+def test_runs_are_stored_per_device(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester, "--benchmark-storage=store").assert_outcomes(passed=1)
+    [saved] = list((pytester.path / "store").rglob("0001_base.json"))
+    assert saved.parent.parent.name.startswith("cpu-")  # store/<device>/<OS-Python folder>/0001_base.json
+
+
+def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    same = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+    assert same.ret == 0, same.stdout.str()
+    same.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*", "*mlp-baseline*samples_per_s*"])
+
+    slow = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-inject-slowdown=40%")
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines(["*REGRESSION mlp-baseline samples_per_s: * -> * samples/s (-2*%, 95% CI *, p=*) "
+                               "regressed (threshold 10.0%)*"])
+    verdict = json.loads((pytester.path / "verdict.json").read_text())
+    assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
+
+
+def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    leak = _compare(pytester, "--trainbench-compare-fail=memory_growth_mib_per_step:0%,tracked_peak_mib:0%",
+                    "--trainbench-inject-leak-mib=1")
+    assert leak.ret == 1
+    leak.stdout.fnmatch_lines(["*REGRESSION mlp-baseline memory_growth_mib_per_step: 0 -> 1 MiB (+inf%) regressed*"])
+
+
+def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    result = _compare(pytester, "--trainbench-inject-slowdown=50%")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*no gate (--trainbench-compare-fail not given)*",
+                                 "*regressed (not gated): mlp-baseline samples_per_s*"])
+
+
+def test_comparing_with_another_device_is_refused_unless_asked(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    [saved] = list((pytester.path / "results").rglob("0001_base.json")) or list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")
+    saved.write_text(json.dumps(data))
+    refused = _compare(pytester)
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*would compare this * with NVIDIA H100 80GB HBM3 (cuda)*"
+                                  "--trainbench-allow-cross-device*"])
+    assert _compare(pytester, "--trainbench-allow-cross-device").ret == 0
+
+
+def test_per_case_thresholds_from_the_budgets_file_override_the_command_line(pytester):
+    pytester.makepyfile(test_case=CASE)
+    budgets = pytester.makefile(".toml", budgets='[cpu."mlp-baseline"]\ncompare_fail = "samples_per_s:500%"\n')
+    _save(pytester, f"--trainbench-budgets={budgets}").assert_outcomes(passed=1)
+    result = _compare(pytester, f"--trainbench-budgets={budgets}", "--trainbench-compare-fail=samples_per_s:5%",
+                      "--trainbench-inject-slowdown=40%")
+    assert result.ret == 0, result.stdout.str()  # 40% slower is within this case's 500%
