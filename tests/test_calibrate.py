@@ -51,7 +51,7 @@ def test_calibration_updates_only_this_devices_section_with_the_margin(tmp_path)
     assert "max_peak_memory_mib" not in base  # on the CPU the allocator peak is not a calibrated signal
     assert loaded["mlp-baseline"].compare_fail == {"samples_per_s": pytest.approx(0.3)}  # kept
     new = {b.key: b.limit for b in loaded["mlp-set_to_none"].bounds}
-    assert new["min_samples_per_s_ratio"] == pytest.approx(0.98) and new["max_ops_per_step"] == pytest.approx(53.9)
+    assert new["min_speedup"] == pytest.approx(0.98) and new["max_ops_per_step"] == pytest.approx(53.9)
     assert calibrate(make_run(tmp_path), budgets).diff == ""  # idempotent
 
 

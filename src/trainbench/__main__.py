@@ -77,11 +77,51 @@ def _add_calibrate(subparsers) -> None:
     parser.set_defaults(handler=_calibrate)
 
 
+def _noise(args: argparse.Namespace) -> int:
+    from .compare import CompareError, _fraction, noise_study
+    from .report import ReportError, load_run
+
+    try:
+        thresholds = [_fraction(t, t, "--thresholds") for t in args.thresholds.split(",")]
+        runs = [(path, load_run(path)) for path in args.runs]
+        rows = noise_study(runs, thresholds, args.metric)
+    except (CompareError, ReportError) as e:
+        print(f"trainbench noise: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("trainbench noise: no case appears in two of the runs", file=sys.stderr)
+        return 2
+    header = f"{'case':44s} {'pairs':>5s} {'median |chg|':>12s} {'max |chg|':>9s}  " + \
+        "  ".join(f"alarms@{t:.0%}" for t in thresholds)
+    print(header)
+    totals = dict.fromkeys(thresholds, 0)
+    for row in rows:
+        alarms = "  ".join(f"{row['false_alarms'][t]:>{len(f'alarms@{t:.0%}')}d}" for t in thresholds)
+        print(f"{row['case']:44s} {row['pairs']:5d} {row['median_abs_change']:12.1%} {row['max_abs_change']:9.1%}  {alarms}")
+        for t in thresholds:
+            totals[t] += row["false_alarms"][t]
+    pairs = sum(row["pairs"] for row in rows)
+    print("false-alarm rate: " + ", ".join(f"{totals[t]}/{pairs} = {totals[t] / pairs:.1%} at {t:.0%}" for t in thresholds))
+    return 0
+
+
+def _add_noise(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "noise", help="false-alarm rate of a gate from repeated runs of the same code",
+        description="Compare every pair of RUN_JSONs (repeated runs of one commit on one machine) case by case "
+                    "with the gate's test: every 'regressed' is a false alarm at that threshold.")
+    parser.add_argument("runs", nargs="+", metavar="RUN_JSON")
+    parser.add_argument("--metric", default="samples_per_s", choices=["samples_per_s", "step_time_ms"])
+    parser.add_argument("--thresholds", default="5%,10%,20%,30%", help="comma-separated thresholds to evaluate")
+    parser.set_defaults(handler=_noise)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_report(subparsers)
     _add_calibrate(subparsers)
+    _add_noise(subparsers)
     return parser
 
 

@@ -158,6 +158,14 @@ class Budgets:
         key = self.device_key(backend)
         return self.sections[key].get(case) if key else None
 
+    def compare_thresholds(self, backend, case: str) -> dict[str, float]:
+        """Gate thresholds this file sets for ``case``: the device's ``"*"`` entry, then the case's own."""
+        key = self.device_key(backend)
+        thresholds: dict[str, float] = {}
+        for entry in (self.sections[key].get("*"), self.sections[key].get(case)) if key else ():
+            thresholds.update((entry.compare_fail or {}) if entry else {})
+        return thresholds
+
 
 def _check_consistent(bounds: list[Bound], where: str) -> None:
     for lo in bounds:

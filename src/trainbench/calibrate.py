@@ -57,12 +57,12 @@ def _round_up(value: float) -> float | int:
     if float(value).is_integer() and abs(value) >= 1:
         return int(value)
     scale = 10 ** (3 - math.floor(math.log10(abs(value))))
-    rounded = math.ceil(value * scale) / scale
+    rounded = math.ceil(value * scale - 1e-9) / scale  # 49 x 1.1 is 53.900000000000006: still 53.9
     return int(rounded) if rounded.is_integer() else rounded
 
 
 def _round_down(value: float) -> float:
-    return math.floor(value * 100) / 100
+    return math.floor(value * 100 + 1e-9) / 100  # 1.4 x 0.7 is 0.97999...: not a reason to drop a step
 
 
 def bounds_for(info: dict, gpu: bool, margin: float, speed_margin: float) -> dict[str, float | int]:

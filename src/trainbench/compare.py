@@ -195,3 +195,33 @@ def verdict_table(comparisons: list[MetricComparison]) -> list[str]:
         return "  ".join(x.ljust(w) if i < 2 or i == 6 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths)))
 
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]
+
+
+def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",
+                alpha: float = DEFAULT_ALPHA) -> list[dict]:
+    """A/A noise of a gate: every pair of runs of the same code, per case, at each threshold.
+
+    ``runs`` are (path, pytest-benchmark JSON) of repeated runs of one commit on one
+    machine; any "regressed" verdict between them is a false alarm of that threshold.
+    """
+    by_case: dict[str, list[CaseRun]] = {}
+    for path, run in runs:
+        for bench in run.get("benchmarks", []):
+            info = bench.get("extra_info") or {}
+            if info.get("case"):
+                by_case.setdefault(info["case"], []).append(CaseRun.from_extra_info(info, f"{path}: {bench.get('name')}"))
+    rows = []
+    for case, case_runs in by_case.items():
+        pairs = [(a, b) for i, a in enumerate(case_runs) for b in case_runs[i + 1:]]
+        if not pairs:
+            continue
+        changes, alarms = [], dict.fromkeys(thresholds, 0)
+        for base, current in pairs:
+            for threshold in thresholds:
+                c = _compare_metric(current, base, metric, threshold, alpha)
+                alarms[threshold] += c.verdict == "regressed"
+            changes.append(abs(c.change))
+        changes.sort()
+        rows.append({"case": case, "pairs": len(pairs), "median_abs_change": changes[len(changes) // 2],
+                     "max_abs_change": changes[-1], "false_alarms": alarms})
+    return rows

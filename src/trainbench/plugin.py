@@ -505,7 +505,7 @@ class TrainBench:
 
         run = CaseRun(case, metrics, list(result.round_step_times_s), result.batch_size * result.world_size)
         row = {"case": case, "metrics": metrics, "speedup": speedup, "budget": "none", "run": run,
-               "fullname": self.benchmark.fullname, "compare_fail": budget.compare_fail if budget else None}
+               "fullname": self.benchmark.fullname, "compare_fail": state.budgets.compare_thresholds(backend, case)}
         state.rows.append(row)
         failures = list(guard_failures)
         if budget is None:
