@@ -313,8 +313,13 @@ def measure(recipe: Recipe, backend: Backend, profile: Profile, workload: str = 
     """Build the recipe's training setup on ``backend``, measure it and tear it down."""
     settings = settings or DEFAULT_SETTINGS[profile.name]
     config = recipe.config(profile, workload=workload, **overrides)
+    case = case or f"{workload}-{recipe.name}"
+    if config.parallel == "ddp":  # one process per rank; rank 0 reports
+        from .distributed import measure_ddp
+
+        return measure_ddp(config, backend.kind, profile.name, settings, case, recipe.name, recipe.extra_warmup_steps)[0]
     with Training(config, backend, profile) as training:
-        m = Measurement(training, case or f"{workload}-{recipe.name}", recipe.name, settings, recipe.extra_warmup_steps)
+        m = Measurement(training, case, recipe.name, settings, recipe.extra_warmup_steps)
         return m.run(runner)
 
 
