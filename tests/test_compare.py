@@ -192,3 +192,22 @@ def test_per_case_thresholds_from_the_budgets_file_override_the_command_line(pyt
     result = _compare(pytester, f"--trainbench-budgets={budgets}", "--trainbench-compare-fail=samples_per_s:5%",
                       "--trainbench-inject-slowdown=40%")
     assert result.ret == 0, result.stdout.str()  # 40% slower is within this case's 500%
+
+
+def test_noise_study_counts_false_alarms_per_threshold(tmp_path, capsys):
+    from trainbench.__main__ import main
+
+    def run(path, step_ms):
+        times = [t / 1e3 for t in step_ms]
+        info = {"case": "c", "batch_size": 16, "round_step_times_s": times,
+                "samples_per_s": 16 * len(times) / sum(times)}
+        path.write_text(json.dumps({"benchmarks": [{"name": "test_c", "extra_info": info}]}))
+        return str(path)
+
+    steady = (10.0, 10.1, 9.9, 10.2, 10.0)
+    runs = [run(tmp_path / "a.json", steady), run(tmp_path / "b.json", [t * 1.15 for t in steady]),
+            run(tmp_path / "c.json", [t * 1.01 for t in steady])]
+    assert main(["noise", *runs, "--thresholds", "10%,20%"]) == 0
+    out = capsys.readouterr().out
+    # pairs in run order: a->b is 13% slower (an alarm at 10%); b->c is faster (not an alarm); nothing reaches 20%
+    assert "false-alarm rate: 1/3 = 33.3% at 10%, 0/3 = 0.0% at 20%" in out
