@@ -194,6 +194,17 @@ class Measurement:
         self.result.round_step_times_s = list(times)
         self.result.data_wait_s = wait_in_rounds
 
+    def time_one_round(self) -> None:
+        """One more timed round, appended to the result (for interleaved A/B timing)."""
+        s, timer = self.settings, self.backend.timer
+        before = self._wait_s
+        start = timer()
+        for _ in range(s.steps_per_round):
+            self.timed_step()
+        self.result.round_step_times_s.append((timer() - start) / s.steps_per_round)
+        self.result.rounds = len(self.result.round_step_times_s)
+        self.result.data_wait_s += self._wait_s - before
+
     # -- 3. memory ----------------------------------------------------------------
     def measure_memory(self) -> None:
         backend = self.backend
@@ -321,6 +332,27 @@ def measure(recipe: Recipe, backend: Backend, profile: Profile, workload: str = 
     with Training(config, backend, profile) as training:
         m = Measurement(training, case, recipe.name, settings, recipe.extra_warmup_steps)
         return m.run(runner)
+
+
+def measure_interleaved(case: Measurement, baseline: Measurement) -> tuple[Result, Result]:
+    """Measure a case and its baseline with their timed rounds interleaved (ABBA order).
+
+    A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
+    on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
+    both sides under the same conditions, so the ratio of the two is what a same-session
+    budget should judge. Memory and work passes are deterministic and run one after the other.
+    """
+    baseline.warm_up()
+    case.warm_up()
+    for m in (case, baseline):
+        m.result.round_step_times_s, m.result.data_wait_s, m._wait_s = [], 0.0, 0.0
+    for r in range(case.settings.rounds):
+        for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
+            m.time_one_round()
+    for m in (case, baseline):
+        m.measure_memory()
+        m.count_work()
+    return case.finish(), baseline.finish()
 
 
 def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:

@@ -342,9 +342,48 @@ class TrainBench:
         if base_recipe.name == recipe.name:
             base_recipe = None
 
-        result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
-        state.results[_setup_key(workload, recipe, overrides)] = result
+        if self._can_interleave(recipe, base_recipe, budget, workload, overrides):
+            result, baseline_result = self._measure_interleaved(recipe, base_recipe, workload, overrides, case)
+            state.results[_setup_key(workload, recipe, overrides)] = result
+            state.results.setdefault(_setup_key(workload, base_recipe, overrides), baseline_result)
+        else:
+            result = self._measure(recipe, workload, overrides, case, timed_by_benchmark=True)
+            state.results[_setup_key(workload, recipe, overrides)] = result
+            baseline_result = self._sequential_baseline(base_recipe, budget, workload, overrides)
+        guard_failures = self._guard(case, recipe, base_recipe, workload, overrides) if base_recipe else []
+        self._report(case, result, baseline_result, base_recipe, budget, guard_failures)
+        return result
 
+    def _can_interleave(self, recipe, base_recipe, budget, workload, overrides) -> bool:
+        """Ratio budgets are judged on interleaved rounds, where both setups can live side by side.
+
+        Not for DDP (its ranks are other processes) nor for knobs that flip process-wide
+        state (cuDNN autotuning, deterministic algorithms, debug modes): the baseline's
+        rounds would run under the case's setting.
+        """
+        if base_recipe is None or budget is None or not budget.needs_baseline:
+            return False
+        configs = (self._config(recipe, workload, overrides), self._config(base_recipe, workload, overrides))
+        return not any(c.parallel == "ddp" or c.cudnn_benchmark or c.deterministic or c.debug or c.empty_cache
+                       for c in configs)
+
+    def _measure_interleaved(self, recipe, base_recipe, workload, overrides, case):
+        from .measure import Measurement, measure_interleaved
+        from .step import Training
+
+        state = self.state
+        settings = state.settings()
+        with Training(self._config(recipe, workload, overrides), state.backend, state.profile, state.fault) as tc, \
+                Training(self._config(base_recipe, workload, overrides), state.backend, state.profile) as tb:
+            mc = Measurement(tc, case, recipe.name, settings, recipe.extra_warmup_steps)
+            mb = Measurement(tb, f"{workload}-{base_recipe.name}", base_recipe.name, settings, base_recipe.extra_warmup_steps)
+            result, baseline_result = measure_interleaved(mc, mb)
+        result.notes.append(f"rounds interleaved with {base_recipe.name}'s (ABBA) for its ratio budgets")
+        self._replay_rounds(result.round_step_times_s, result.steps_per_round)
+        return result, baseline_result
+
+    def _sequential_baseline(self, base_recipe, budget, workload, overrides):
+        state = self.state
         baseline_result = None
         if base_recipe is not None:
             key = _setup_key(workload, base_recipe, overrides)
@@ -354,9 +393,7 @@ class TrainBench:
                 baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
                                                 timed_by_benchmark=False)
                 state.results[key] = baseline_result
-        guard_failures = self._guard(case, recipe, base_recipe, workload, overrides) if base_recipe else []
-        self._report(case, result, baseline_result, base_recipe, budget, guard_failures)
-        return result
+        return baseline_result
 
     def case(self, case, **overrides) -> Result:
         """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
