@@ -114,7 +114,7 @@ def test_summary_line_compares_this_machine_with_the_article(report):
     assert len(summary) == 2
     # ladder000 tops out at rung 4 here: 300 samples/s, 3x
     ladder000 = next(line for line in summary if "Base_Model" in line)
-    assert "100.0 → 300.0 samples/s" in ladder000 and "3.00x / +200%" in ladder000
+    assert "3.00x / +200% (100.0 and 300.0 samples/s)" in ladder000
     assert "273.5 -> 1381.6 samples/s: 505% of the baseline (+405%)" in ladder000
     assert "![ladder000: " in md and "](ladder000.png)" in md
 
@@ -193,3 +193,16 @@ def test_no_saved_runs_is_a_clear_error(tmp_path, monkeypatch, capsys):
 def test_load_errors_are_report_errors(tmp_path):
     with pytest.raises(ReportError, match="no such file"):
         write_ladder_report(tmp_path / "absent.json", tmp_path)
+
+
+def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs():
+    from trainbench.report import LadderRun, RungResult
+
+    ladder = LADDERS["ladder000"]
+    rungs = [RungResult(0, ladder.steps[0], {"samples_per_s": 100.0}),
+             RungResult(1, ladder.steps[1], {"samples_per_s": 150.0, "speedup_vs_baseline": 1.2}),
+             RungResult(2, ladder.steps[2], {"samples_per_s": 300.0})]
+    lr = LadderRun(ladder, rungs)
+    assert lr.relative(0) == 1.0
+    assert lr.relative(1) == 1.2  # paired with rung 0, not 150 / 100
+    assert lr.relative(2) == 3.0  # no paired figure: the ratio of the two runs

@@ -383,12 +383,19 @@ class TrainBench:
         return result, baseline_result
 
     def _sequential_baseline(self, base_recipe, budget, workload, overrides):
+        """The baseline for a case that cannot be interleaved with it.
+
+        A ratio budget gets a fresh baseline measured right after the case: one from
+        minutes earlier carries the machine's drift since then (the first case of a
+        session runs up to 2x slower here). Without a ratio budget an earlier result serves.
+        """
         state = self.state
         baseline_result = None
         if base_recipe is not None:
             key = _setup_key(workload, base_recipe, overrides)
-            baseline_result = state.results.get(key)
-            if baseline_result is None and budget is not None and budget.needs_baseline:
+            needs_ratio = budget is not None and budget.needs_baseline
+            baseline_result = None if needs_ratio else state.results.get(key)
+            if baseline_result is None and needs_ratio:
                 # Relative budgets compare within this session: measure the baseline now.
                 baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
                                                 timed_by_benchmark=False)
