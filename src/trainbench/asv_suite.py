@@ -19,7 +19,9 @@ DEVICE_ENV = "TRAINBENCH_ASV_DEVICE"  # auto | cpu | cuda | cuda:N
 
 
 def case_ids() -> list[str]:
-    return [case.id for case in all_cases()]
+    """The asv parameter list: every case id, or those matching $TRAINBENCH_ASV_CASES when it is set."""
+    pattern = os.environ.get(CASES_ENV)
+    return [case.id for case in all_cases() if not pattern or re.search(pattern, case.id)]
 
 
 def skip_reason(case: Case, backend, profile) -> str | None:
