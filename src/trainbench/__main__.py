@@ -24,13 +24,17 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_json_argument(parser) -> None:
+    parser.add_argument("run_json", nargs="?", default=None, metavar="RUN_JSON",
+                        help="pytest-benchmark JSON (default: the newest *.json under results/benchmarks/)")
+
+
 def _add_report(subparsers) -> None:
     parser = subparsers.add_parser(
         "report", help="render the optimization-ladder tables and plots of a saved benchmark run",
         description="Render ladders.md and one PNG per ladder from a pytest-benchmark JSON run, "
                     "next to the figures the seed articles printed.")
-    parser.add_argument("run_json", nargs="?", default=None, metavar="RUN_JSON",
-                        help="pytest-benchmark JSON (default: the newest *.json under results/benchmarks/)")
+    _run_json_argument(parser)
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="output folder (default: results/report/<device>)")
     parser.set_defaults(handler=_report)
@@ -68,8 +72,7 @@ def _add_calibrate(subparsers) -> None:
         description="Budgets for the run's device from its measured cases: max_<deterministic metric> = measured "
                     "x (1 + margin), min_speedup = measured x (1 - speed margin). Shows the diff; other devices' "
                     "sections are never touched.")
-    parser.add_argument("run_json", nargs="?", default=None, metavar="RUN_JSON",
-                        help="pytest-benchmark JSON (default: the newest *.json under results/benchmarks/)")
+    _run_json_argument(parser)
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file to update")
     parser.add_argument("--margin", default="10%", help="headroom over deterministic signals (default 10%%)")
     parser.add_argument("--speed-margin", default="30%", help="headroom under measured speed-ups (default 30%%)")

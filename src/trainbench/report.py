@@ -311,10 +311,10 @@ def ladder_summary(lr: LadderRun) -> str:
 
 def ladder_markdown(run: dict, ladders: list[LadderRun], plot_names: dict[str, str]) -> str:
     """The whole ``ladders.md``: run caption, then per ladder its table, summary and plot link."""
-    out = ["# Optimization ladders on this device", "", _run_caption(run), "",
-           "Rel. to base is each rung's speed-up over rung 0 timed in interleaved rounds (both alive, "
-           "alternating), so slow spells of a shared machine fall on both sides; the samples/s column is each "
-           "rung's own rounds and the ratio of two such columns can differ from it.", ""]
+    method = ("Rel. to base is each rung's speed-up over rung 0 timed in interleaved rounds (both alive, "
+              "alternating), so slow spells of a shared machine fall on both sides; the samples/s column is each "
+              "rung's own rounds and the ratio of two such columns can differ from it.")
+    out = ["# Optimization ladders on this device", "", _run_caption(run), "", method, ""]
     for lr in ladders:
         ladder = lr.ladder
         out += [f"## {ladder.name}: {ladder.title}", "", f"Source: {ladder.source}.", ""]
