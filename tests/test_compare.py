@@ -90,7 +90,7 @@ def test_a_baseline_without_trainbench_data_is_a_clear_error():
 
 # -- the plugin: save, compare, plant regressions ----------------------------------------
 
-# A workload whose step is 4 ms of wall clock (a busy-wait on perf_counter, exact even when the VM is
+# A workload whose step is 20 ms of wall clock (a busy-wait on perf_counter, exact even when the VM is
 # descheduled) and little else: its timing is stable from session to session, so these tests check the
 # gate's logic end to end, not this machine's noise (measured separately, see the README).
 CASE = """
@@ -103,7 +103,7 @@ from trainbench.workloads import WORKLOADS, FakeTokens, Workload, register_workl
 
 class Wait(nn.Module):
     def forward(self, x):
-        deadline = time.perf_counter() + 0.004
+        deadline = time.perf_counter() + 0.020
         while time.perf_counter() < deadline:
             pass
         return x
@@ -111,7 +111,7 @@ class Wait(nn.Module):
 
 if "steady" not in WORKLOADS:
     register_workload(Workload(
-        name="steady", description="EmbeddingBag on tokens plus 4 ms of waiting", input_kind="tokens",
+        name="steady", description="EmbeddingBag on tokens plus 20 ms of waiting", input_kind="tokens",
         build_model=lambda profile: nn.Sequential(nn.EmbeddingBag(100, 8), Wait(), nn.Linear(8, 10)),
         build_dataset=lambda profile, uint8, seed: FakeTokens(256, 8, 100, seed=seed)))
 

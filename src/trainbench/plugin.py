@@ -39,7 +39,8 @@ class SessionState:
     settings_overrides: dict
     compare_fail: dict | None = None  # the regression gate (trainbench.compare.parse_spec)
     fault: object = None  # trainbench.step.InjectedFault planted by --trainbench-inject-*
-    comparison: dict | None = None  # filled at session end when --benchmark-compare ran
+    comparison: dict | None = None  # the verdict (JSON-ready), filled at session end when --benchmark-compare ran
+    comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
     # (workload, recipe, overrides) -> Result, for same-session baselines
     results: dict[tuple, Result] = field(default_factory=dict)
     trajectories: dict[tuple, list[float]] = field(default_factory=dict)  # baseline losses for the guard
@@ -286,7 +287,7 @@ def pytest_sessionfinish(session, exitstatus):
         comparisons += compare_case(row["run"], base_run, thresholds, alpha)
     verdict = verdict_json(comparisons, str(path), state.backend.identity())
     verdict.update(gated=state.compare_fail is not None, new_cases=new_cases, errors=errors)
-    state.comparison = verdict
+    state.comparison, state.comparisons = verdict, comparisons
     json_path = config.getoption("--trainbench-compare-json")
     if json_path:
         from .files import write_json_atomic
@@ -600,11 +601,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def _write_comparison(terminalreporter, state: SessionState) -> None:
-    from .compare import MetricComparison, verdict_table
+    from .compare import verdict_table
 
-    verdict = state.comparison
-    comparisons = [MetricComparison(**{k: (tuple(v) if k == "ci" and v else v) for k, v in c.items()
-                                       if k in MetricComparison.__dataclass_fields__}) for c in verdict["comparisons"]]
+    verdict, comparisons = state.comparison, state.comparisons
     gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
     terminalreporter.write_sep("=", f"trainbench compare vs {verdict['baseline']}")
     terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
