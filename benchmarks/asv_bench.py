@@ -2,14 +2,32 @@
 
 asv runs ``setup_cache`` once per environment: it measures every case with the same
 method as the pytest plugin (warm-up, synchronized rounds, memory and work passes).
-Each ``track_*`` then reports one number of one case from that cache, with its unit.
-Cases this device cannot run (GPU-only, several GPUs) are skipped; so are slow ones
-unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a regex) limits the cases measured.
+Each ``track_*`` then reports one metric (``trainbench.result.METRICS``) of one case from
+that cache, in the unit asv shows. Cases this device cannot run (GPU-only, several GPUs)
+are skipped; so are slow ones unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a
+regex) limits the cases measured. A metric this device does not produce (CUDA kernels,
+allocator reserve on CPU) is skipped for that track, shown as n/a.
 """
+
+from asv_runner.benchmarks.mark import SkipNotImplemented
 
 from trainbench.asv_suite import case_ids, measure_all
 
 MIB = 2**20
+
+
+def _track(metric: str, unit: str, scale: float = 1.0):
+    """A track_* method reporting ``metric`` of the case x ``scale``, in ``unit``."""
+
+    def track(self, cache, case):
+        value = self.metrics.get(metric)
+        if value is None:
+            raise SkipNotImplemented(f"{case}: this device does not measure {metric}")
+        return value * scale
+
+    track.unit = unit
+    track.metric = metric  # which trainbench metric this track reports (for tests and readers)
+    return track
 
 
 class TrainingStep:
@@ -29,42 +47,26 @@ class TrainingStep:
             raise NotImplementedError(entry["skip"])  # asv: skipped, shown as n/a
         self.metrics = entry["metrics"]
 
-    def _metric(self, name, scale=1.0):
-        value = self.metrics.get(name)
-        return None if value is None else value * scale
-
-    def track_samples_per_s(self, cache, case):
-        return self._metric("samples_per_s")
-
-    track_samples_per_s.unit = "samples/s"
-
-    def track_step_time(self, cache, case):
-        return self._metric("step_time_ms", 1e-3)
-
-    track_step_time.unit = "seconds"
-
-    def track_peak_memory(self, cache, case):
-        # The device's peak: CUDA allocator peak, or the tracked tensor peak on CPU (not asv's host RSS).
-        return self._metric("peak_memory_mib", MIB)
-
-    track_peak_memory.unit = "bytes"
-
-    def track_activation_memory(self, cache, case):
-        return self._metric("activation_mib", MIB)
-
-    track_activation_memory.unit = "bytes"
-
-    def track_gflops_per_sample(self, cache, case):
-        return self._metric("gflops_per_sample")
-
-    track_gflops_per_sample.unit = "GFLOP"
-
-    def track_ops_per_step(self, cache, case):
-        return self._metric("ops_per_step")
-
-    track_ops_per_step.unit = "ops"
-
-    def track_syncs_per_step(self, cache, case):
-        return self._metric("syncs_per_step")
-
-    track_syncs_per_step.unit = "syncs"
+    # Timing (noisy on shared runners: compare with care).
+    track_samples_per_s = _track("samples_per_s", "samples/s")
+    track_step_time = _track("step_time_ms", "seconds", 1e-3)
+    track_first_step_time = _track("first_step_s", "seconds")  # compilation, autotuning, worker start-up
+    # Memory: the device's peak (CUDA allocator, or the tracked tensor peak on CPU), not asv's host RSS.
+    track_peak_memory = _track("peak_memory_mib", "bytes", MIB)
+    track_peak_reserved_memory = _track("peak_reserved_mib", "bytes", MIB)
+    track_tracked_peak_memory = _track("tracked_peak_mib", "bytes", MIB)
+    # ...and what it is made of, so a peak that moved says why.
+    track_param_memory = _track("param_mib", "bytes", MIB)
+    track_grad_memory = _track("grad_mib", "bytes", MIB)
+    track_optimizer_state_memory = _track("optimizer_state_mib", "bytes", MIB)
+    track_activation_memory = _track("activation_mib", "bytes", MIB)
+    track_temporary_memory = _track("temporary_mib", "bytes", MIB)
+    track_memory_growth_per_step = _track("memory_growth_mib_per_step", "bytes", MIB)
+    track_graph_nodes_growth_per_step = _track("graph_nodes_growth_per_step", "nodes")
+    # Work: exact functions of the code and shapes, so any change is real.
+    track_gflops_per_sample = _track("gflops_per_sample", "GFLOP")
+    track_h2d_bytes_per_sample = _track("h2d_bytes_per_sample", "bytes")
+    track_ops_per_step = _track("ops_per_step", "ops")
+    track_aten_calls_per_step = _track("aten_calls_per_step", "calls")
+    track_syncs_per_step = _track("syncs_per_step", "syncs")
+    track_kernels_per_step = _track("kernels_per_step", "kernels")
