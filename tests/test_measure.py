@@ -102,6 +102,24 @@ def test_flops_ops_and_bytes_of_a_known_model(cpu, profile, quick):
     assert u8.h2d_bytes_per_sample == 3 * 32 * 32 + 8
 
 
+def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(cpu, profile, quick, monkeypatch):
+    # e.g. a loss recomputed for logging: the memory tracker must not stop at the second forward
+    once = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    single_loss = Training._loss
+
+    def loss_computed_twice(self, batch):
+        single_loss(self, batch)
+        return single_loss(self, batch)
+
+    monkeypatch.setattr(Training, "_loss", loss_computed_twice)
+    twice = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    forward = 2 * 16 * (3072 * 256 + 256 * 10)
+    assert twice.flops_per_step == once.flops_per_step + forward
+    assert twice.ops_per_step > once.ops_per_step
+    assert twice.memory_breakdown_bytes["params"] == once.memory_breakdown_bytes["params"]
+    assert twice.memory_growth_bytes_per_step == 0
+
+
 def test_set_to_none_drops_one_zero_op_per_parameter(cpu, profile, quick):
     zeros = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick)
     none = measure(get_recipe("set_to_none"), cpu, profile, workload="mlp", settings=quick)

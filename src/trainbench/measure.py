@@ -230,8 +230,9 @@ class Measurement:
         # Each is dropped after its step, so only what the step itself keeps can grow.
         pending = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
         live_after_step, nodes_after_step = [], []
-        # MemTracker follows one forward per module per iteration; accumulation runs several.
-        training.after_micro_batch = tracker.reset_mod_stats
+        # MemTracker follows one forward of the root module per iteration and raises on a second;
+        # its per-module stats are not read here (only its global snapshots), so clear them before each.
+        training.before_forward = tracker.reset_mod_stats
         with tracker:
             while pending:
                 self._last_loss = training.step(pending.pop(0))
@@ -239,8 +240,7 @@ class Measurement:
                 gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
                 live_after_step.append(self._device_total(tracker.get_tracker_snapshot("current")))
                 nodes_after_step.append(training.retained_graph_nodes())
-                tracker.reset_mod_stats()  # MemTracker tracks one iteration of module stats at a time
-        training.after_micro_batch = None
+        training.before_forward = None
         # Live tensor memory and kept autograd nodes should not grow step over step; a kept
         # graph (``total_loss += loss``) grows by one step's backward graph each step.
         self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[1]) / (GROWTH_STEPS - 1)

@@ -220,7 +220,9 @@ class Training:
             self._closers.enter_context(_deterministic_algorithms())
         self._debug = self._closers.enter_context(_debug_api(config.debug))
 
-        self.after_micro_batch = None  # a hook between accumulated micro-batches (the memory tracker resets there)
+        # Called before every forward of the model: the memory tracker follows one forward of the
+        # root module at a time, and a step may run several (accumulation, a loss computed twice).
+        self.before_forward = None
         self.steps_done = 0
         self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
         self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
@@ -262,6 +264,8 @@ class Training:
     # -- the step -------------------------------------------------------------------
     def _loss(self, batch) -> torch.Tensor:
         inputs, targets = self.to_device(batch)
+        if self.before_forward is not None:
+            self.before_forward()
         with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None):
             outputs = self.forward(inputs)
             return self.criterion(outputs, targets)
@@ -289,8 +293,6 @@ class Training:
                 self.zero_grad()
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total = loss if total is None else total + loss
-            if self.after_micro_batch is not None and i < k - 1:
-                self.after_micro_batch()
         return total
 
     @staticmethod
