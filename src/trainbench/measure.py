@@ -7,9 +7,10 @@
 2. Timing: a round is ``steps_per_round`` steps on the live iterator between two
    ``backend.timer()`` reads; the timer synchronizes the device, so a round is
    end-to-end (data stalls count) with no sync inside it.
-3. Memory: a separate warm pass with reset allocator peaks, then one tracked pass
-   that splits the tensor peak into parameters, gradients, optimizer state and
-   activations with PyTorch's ``MemTracker``.
+3. Memory: a separate warm pass with reset allocator peaks; live tensor bytes and kept
+   autograd nodes after each of a few steps (growth: a leak if > 0); then one step under
+   PyTorch's ``MemTracker`` that splits the tensor peak into parameters, gradients,
+   optimizer state and activations.
 4. Work: one step under ``FlopCounterMode`` and an op counter (FLOPs, ops, syncs),
    plus the bytes each step copies to the device.
 """
@@ -26,6 +27,8 @@ from typing import Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
 from torch.utils.flop_counter import FlopCounterMode
 
 from .device import Backend, peak_tflops
@@ -61,7 +64,33 @@ DEFAULT_SETTINGS = {
 }
 
 
-GROWTH_STEPS = 3  # tracked steps after the first over which live memory growth is measured
+GROWTH_STEPS = 3  # steps after the first over which live memory growth is measured
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Bytes of the storages that aten ops created under this mode and that are still alive.
+
+    The same weak-reference bookkeeping as MemTracker's, without its module hooks: those
+    hooks keep the graph of a forward that never runs backward (an evaluation step, a loss
+    computed twice) alive, a leak of the tracker's own. (The profiler's allocator events
+    were no alternative: on CPU they can count frees of blocks allocated before profiling.)
+    """
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device_type = device.type
+        self._sizes = WeakIdKeyDictionary()  # storage -> bytes; an entry goes when its storage is freed
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
+                storage = t.untyped_storage()
+                self._sizes[storage] = storage.nbytes()  # nbytes again after an in-place resize
+        return out
+
+    def live_bytes(self) -> int:
+        return sum(self._sizes.values())
 
 
 class RoundRunner(Protocol):
@@ -217,34 +246,49 @@ class Measurement:
         self.result.peak_allocated_bytes = peak.allocated_bytes
         self.result.peak_reserved_bytes = peak.reserved_bytes
         self.result.alloc_retries = peak.alloc_retries
+        self._measure_growth()
         if self.settings.breakdown:
             self.result.memory_breakdown_bytes = self._tracked_breakdown()
 
+    def _measure_growth(self) -> None:
+        """Live tensor memory and kept autograd nodes added per step, after the first of GROWTH_STEPS + 1."""
+        training = self.training
+        # Batches are fetched outside the counter: loader internals are not the step's memory.
+        # Each is dropped after its step, so only what the step itself keeps can grow.
+        pending = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
+        live_after_step, nodes_after_step = [], []
+        with _LiveStorages(self.backend.device) as live:
+            while pending:
+                self._last_loss = training.step(pending.pop(0))
+                self.backend.synchronize()
+                gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
+                live_after_step.append(live.live_bytes())
+                nodes_after_step.append(training.retained_graph_nodes())
+        # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
+        # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
+        # step's backward graph each step.
+        self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[0]) / GROWTH_STEPS
+        self.result.graph_nodes_growth_per_step = (nodes_after_step[-1] - nodes_after_step[0]) / GROWTH_STEPS
+
     def _tracked_breakdown(self) -> dict[str, int]:
+        """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
         from torch.distributed._tools.mem_tracker import MemTracker
 
         training = self.training
         tracker = MemTracker()
         tracker.track_external(training.model, training.optimizer)
-        # Batches are fetched outside the tracker: loader internals are not the step's memory.
-        # Each is dropped after its step, so only what the step itself keeps can grow.
-        pending = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
-        live_after_step, nodes_after_step = [], []
+        micro_batches = training.fetch(self._batches)  # outside the tracker: loader transforms are modules too
         # MemTracker follows one forward of the root module per iteration and raises on a second;
-        # its per-module stats are not read here (only its global snapshots), so clear them before each.
+        # its per-module stats are not read here (only its global peak), so clear them before each.
         training.before_forward = tracker.reset_mod_stats
-        with tracker:
-            while pending:
-                self._last_loss = training.step(pending.pop(0))
+        try:
+            # One step only: the tracker's hooks keep graphs that see no backward alive, and over
+            # several steps those would pile up in the peak.
+            with tracker:
+                self._last_loss = training.step(micro_batches)
                 self.backend.synchronize()
-                gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
-                live_after_step.append(self._device_total(tracker.get_tracker_snapshot("current")))
-                nodes_after_step.append(training.retained_graph_nodes())
-        training.before_forward = None
-        # Live tensor memory and kept autograd nodes should not grow step over step; a kept
-        # graph (``total_loss += loss``) grows by one step's backward graph each step.
-        self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[1]) / (GROWTH_STEPS - 1)
-        self.result.graph_nodes_growth_per_step = (nodes_after_step[-1] - nodes_after_step[1]) / (GROWTH_STEPS - 1)
+        finally:
+            training.before_forward = None
         per_device = self._device_stats(tracker.get_tracker_snapshot("peak"))
         breakdown = {"total": int(per_device.get("Total", 0))}
         for ref_type, nbytes in per_device.items():
