@@ -46,6 +46,32 @@ def test_rounds_sync_only_at_round_boundaries(profile, quick):
     assert m.result.rounds == rounds and len(m.result.round_step_times_s) == rounds
 
 
+def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(profile, quick, cpu):
+    # After one step under a TorchDispatchMode, torch 2.9 runs torch.compile'd code eagerly for
+    # good: the allocator peaks and the profiler's call count must see the code as it was timed.
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    log = []
+    with Training(TrainConfig(workload="mlp"), cpu, profile) as training:
+        real_step = training.step
+
+        def step(batch):
+            log.append("mode" if _get_current_dispatch_mode() is not None else "as timed")
+            return real_step(batch)
+
+        training.step = step
+        m = Measurement(training, "mlp-baseline", "baseline", quick)
+        m.warm_up()
+        m.time_rounds()
+        log.clear()
+        m.measure_after_timing()
+
+    assert "as timed" in log and "mode" in log
+    first_mode = log.index("mode")
+    assert "as timed" not in log[first_mode:], log
+    assert m.result.aten_calls_per_step and m.result.flops_per_step and m.result.memory_breakdown_bytes
+
+
 def test_run_rounds_divides_each_round_by_its_steps():
     ticks = iter([0.0, 1.0, 1.0, 4.0])  # two rounds lasting 1 s and 3 s
     calls = []

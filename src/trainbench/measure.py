@@ -140,8 +140,8 @@ _MEMTRACKER_CATEGORIES = {
 class Measurement:
     """Measures one training setup; ``run()`` returns a ``Result``.
 
-    The pieces (``warm_up``, ``time_rounds``, ``measure_memory``, ``count_work``) are
-    public so the pytest plugin and asv can drive them with their own runners.
+    The pieces (``warm_up``, ``time_rounds``/``time_one_round``, ``measure_after_timing``)
+    are public so the pytest plugin can drive them with its own runners.
     """
 
     def __init__(self, training: Training, case: str, recipe_name: str, settings: MeasureSettings,
@@ -234,8 +234,23 @@ class Measurement:
         self.result.rounds = len(self.result.round_step_times_s)
         self.result.data_wait_s += self._wait_s - before
 
+    # -- 3 and 4. after timing ---------------------------------------------------------
+    def measure_after_timing(self) -> None:
+        """The memory and work passes, ordered so that compiled code stays compiled.
+
+        First the passes that run the step as it was timed (allocator peaks, the profiler's
+        call count), then those that run it under a TorchDispatchMode (growth, MemTracker,
+        FLOP and op counts): after one step under a dispatch mode, torch 2.9 runs a
+        ``torch.compile``d function eagerly for good (2.14 keeps it compiled).
+        """
+        self.measure_peaks()
+        self.count_calls()
+        self.measure_memory()
+        self.count_work()
+
     # -- 3. memory ----------------------------------------------------------------
-    def measure_memory(self) -> None:
+    def measure_peaks(self) -> None:
+        """Allocator peaks of a few steps as timed (CUDA; the CPU backend reports none)."""
         backend = self.backend
         backend.synchronize()
         backend.reset_peak_memory()
@@ -246,6 +261,9 @@ class Measurement:
         self.result.peak_allocated_bytes = peak.allocated_bytes
         self.result.peak_reserved_bytes = peak.reserved_bytes
         self.result.alloc_retries = peak.alloc_retries
+
+    def measure_memory(self) -> None:
+        """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""
         self._measure_growth()
         if self.settings.breakdown:
             self.result.memory_breakdown_bytes = self._tracked_breakdown()
@@ -322,17 +340,18 @@ class Measurement:
         self.result.ops_per_step = sum(counter.ops.values()) / n
         self.result.syncs_per_step = counter.syncs / n
         self.result.top_ops = {op: count / n for op, count in counter.ops.most_common(15)}
-        self._count_calls()
         amp = self.training.config.amp
         self.result.peak_tflops = peak_tflops(self.backend.name, amp or "fp32") if self.backend.kind == "cuda" else None
 
-    def _count_calls(self) -> None:
+    def count_calls(self) -> None:
         """aten calls and device kernels of one step, from PyTorch's profiler.
 
         Unlike the dispatch-mode op count, the profiler sees what compiled code really
         runs (a compiled region appears as its few extern calls and kernels), so this is
         the count that fusion and ``torch.compile`` cut.
         """
+        if not self.settings.work:
+            return
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.backend.kind == "cuda" else [])
@@ -357,8 +376,7 @@ class Measurement:
     def run(self, runner: RoundRunner = run_rounds) -> Result:
         self.warm_up()
         self.time_rounds(runner)
-        self.measure_memory()
-        self.count_work()
+        self.measure_after_timing()
         return self.finish()
 
 
@@ -394,8 +412,7 @@ def measure_interleaved(case: Measurement, baseline: Measurement) -> tuple[Resul
         for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
             m.time_one_round()
     for m in (case, baseline):
-        m.measure_memory()
-        m.count_work()
+        m.measure_after_timing()
     return case.finish(), baseline.finish()
 
 
