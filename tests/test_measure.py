@@ -206,6 +206,19 @@ def test_item_every_step_syncs_every_step_and_every_n_once_per_n(cpu, profile, q
     assert _metrics("loss_item_every_n", cpu, profile, quick)["syncs_per_step"] == pytest.approx(0.1)
 
 
+def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(cpu, profile, quick):
+    config = get_recipe("loss_item_every_n").config(profile, workload="mlp")
+    with Training(config, cpu, profile) as training:
+        m = Measurement(training, "mlp-loss_item_every_n", "loss_item_every_n", quick)
+        m.warm_up()
+        batches = training.batches()
+        for offset in range(4):  # start the growth window at different points of the N-step cycle
+            for _ in range(offset):
+                training.step(training.fetch(batches))
+            m.measure_memory()
+            assert m.result.memory_growth_bytes_per_step == 0, offset
+
+
 def test_tensors_made_on_the_device_cross_no_bytes(cpu, profile, quick):
     assert _metrics("host_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 3 * 32 * 32 * 4 + 8
     assert _metrics("device_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 0

@@ -269,24 +269,30 @@ class Measurement:
             self.result.memory_breakdown_bytes = self._tracked_breakdown()
 
     def _measure_growth(self) -> None:
-        """Live tensor memory and kept autograd nodes added per step, after the first of GROWTH_STEPS + 1."""
+        """Live tensor memory and kept autograd nodes added per step, over GROWTH_STEPS steps (x log_every) after a first."""
         training = self.training
+        # Steps that sync every N (loss_history="item", log_every=N) hold a pending sum between
+        # syncs: compare two steps at the same point of that cycle.
+        steps = GROWTH_STEPS * training.config.log_every
         # Batches are fetched outside the counter: loader internals are not the step's memory.
         # Each is dropped after its step, so only what the step itself keeps can grow.
-        pending = [training.fetch(self._batches) for _ in range(GROWTH_STEPS + 1)]
-        live_after_step, nodes_after_step = [], []
+        pending = [training.fetch(self._batches) for _ in range(steps + 1)]
+        live_after, nodes_after = [], []  # after the first step and after the last
         with _LiveStorages(self.backend.device) as live:
-            while pending:
-                self._last_loss = training.step(pending.pop(0))
-                self.backend.synchronize()
-                gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
-                live_after_step.append(live.live_bytes())
-                nodes_after_step.append(training.retained_graph_nodes())
+            for i, micro_batches in enumerate(pending):
+                pending[i] = None  # each batch is dropped after its step
+                self._last_loss = training.step(micro_batches)
+                del micro_batches
+                if i in (0, steps):
+                    self.backend.synchronize()
+                    gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
+                    live_after.append(live.live_bytes())
+                    nodes_after.append(training.retained_graph_nodes())
         # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
         # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
         # step's backward graph each step.
-        self.result.memory_growth_bytes_per_step = (live_after_step[-1] - live_after_step[0]) / GROWTH_STEPS
-        self.result.graph_nodes_growth_per_step = (nodes_after_step[-1] - nodes_after_step[0]) / GROWTH_STEPS
+        self.result.memory_growth_bytes_per_step = (live_after[1] - live_after[0]) / steps
+        self.result.graph_nodes_growth_per_step = (nodes_after[1] - nodes_after[0]) / steps
 
     def _tracked_breakdown(self) -> dict[str, int]:
         """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
