@@ -7,6 +7,7 @@ reports a bad input as ``trainbench <command>: <file>: <problem>`` with exit sta
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 
@@ -119,12 +120,44 @@ def _add_noise(subparsers) -> None:
     parser.set_defaults(handler=_noise)
 
 
+def _releases(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
+
+    try:
+        machine_dir = Path(args.results) / args.machine
+        envs = environments_of_commit(machine_dir, args.commit)
+        if len(envs) < 2:
+            raise AsvResultsError(f"{machine_dir}: commit {envs[0].commit[:8]} has one environment; "
+                                  "record another release first (see the README)")
+    except AsvResultsError as e:
+        print(f"trainbench releases: {e}", file=sys.stderr)
+        return 2
+    for before, after in itertools.pairwise(envs):
+        print(format_diff(diff_environments(before, after)))
+    return 0
+
+
+def _add_releases(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "releases", help="what the PyTorch releases recorded by asv differ in, case by case",
+        description="For one commit recorded by asv in one environment per torch release: every Memory and Work "
+                    "value that differs between consecutive releases, and the spread of step-time ratios.")
+    parser.add_argument("--results", default="results/asv", help="asv results_dir (default results/asv)")
+    parser.add_argument("--machine", required=True, help="asv machine name (a folder under --results)")
+    parser.add_argument("--commit", default=None,
+                        help="commit hash or prefix (default: the newest commit recorded in two environments)")
+    parser.set_defaults(handler=_releases)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_report(subparsers)
     _add_calibrate(subparsers)
     _add_noise(subparsers)
+    _add_releases(subparsers)
     return parser
 
 
