@@ -25,17 +25,22 @@ class RecordingBackend(CpuBackend):
         self.log.append("sync")
 
 
+def _log_each_step(training, log, entry):
+    """Wrap ``training.step`` so that each call first appends ``entry()`` to ``log``."""
+    real_step = training.step
+
+    def step(batch):
+        log.append(entry())
+        return real_step(batch)
+
+    training.step = step
+
+
 def test_rounds_sync_only_at_round_boundaries(profile, quick):
     log = []
     backend = RecordingBackend(log)
     with Training(TrainConfig(workload="mlp"), backend, profile) as training:
-        real_step = training.step
-
-        def step(batch):
-            log.append("step")
-            return real_step(batch)
-
-        training.step = step
+        _log_each_step(training, log, lambda: "step")
         m = Measurement(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
         log.clear()
@@ -53,13 +58,7 @@ def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(profile
 
     log = []
     with Training(TrainConfig(workload="mlp"), cpu, profile) as training:
-        real_step = training.step
-
-        def step(batch):
-            log.append("mode" if _get_current_dispatch_mode() is not None else "as timed")
-            return real_step(batch)
-
-        training.step = step
+        _log_each_step(training, log, lambda: "mode" if _get_current_dispatch_mode() is not None else "as timed")
         m = Measurement(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
         m.time_rounds()
