@@ -129,6 +129,13 @@ def _compare(pytester, *args):
     return pytester.runpytest("--benchmark-compare", "--trainbench-compare-json=verdict.json", *QUICK, *args)
 
 
+@pytest.fixture
+def saved_baseline(pytester):
+    """A project with the steady case and one saved run of it (0001_base) to compare against."""
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+
+
 def test_runs_are_stored_per_device(pytester):
     pytester.makepyfile(test_case=CASE)
     _save(pytester, "--benchmark-storage=store").assert_outcomes(passed=1)
@@ -136,9 +143,8 @@ def test_runs_are_stored_per_device(pytester):
     assert saved.parent.parent.name.startswith("cpu-")  # store/<device>/<OS-Python folder>/0001_base.json
 
 
+@pytest.mark.usefixtures("saved_baseline")
 def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytester):
-    pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
     same = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
     assert same.ret == 0, same.stdout.str()
     same.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*", "*steady-baseline*samples_per_s*unchanged*"])
@@ -151,9 +157,8 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
     assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
 
 
+@pytest.mark.usefixtures("saved_baseline")
 def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester):
-    pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
     leak = _compare(pytester, "--trainbench-compare-fail=memory_growth_mib_per_step:0%,tracked_peak_mib:0%",
                     "--trainbench-inject-leak-mib=1")
     assert leak.ret == 1
@@ -161,18 +166,16 @@ def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester):
                                "*REGRESSION steady-baseline tracked_peak_mib: * -> * MiB (+*%) regressed (threshold 0.0%)*"])
 
 
+@pytest.mark.usefixtures("saved_baseline")
 def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester):
-    pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
     result = _compare(pytester, "--trainbench-inject-slowdown=50%")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*no gate (--trainbench-compare-fail not given)*",
                                  "*regressed (not gated): steady-baseline samples_per_s*"])
 
 
+@pytest.mark.usefixtures("saved_baseline")
 def test_comparing_with_another_device_is_refused_unless_asked(pytester):
-    pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
     [saved] = list((pytester.path / "results").rglob("0001_base.json")) or list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")

@@ -43,12 +43,12 @@ def _add_report(subparsers) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from .calibrate import CalibrationError, calibrate, write
-    from .compare import CompareError, _fraction
+    from .compare import CompareError, parse_fraction
     from .report import ReportError, latest_run
 
     try:
-        margin = _fraction(args.margin, args.margin, "--margin")
-        speed_margin = _fraction(args.speed_margin, args.speed_margin, "--speed-margin")
+        margin = parse_fraction(args.margin, "--margin")
+        speed_margin = parse_fraction(args.speed_margin, "--speed-margin")
         run_path = args.run_json if args.run_json is not None else latest_run()
         result = calibrate(run_path, args.budgets, margin, speed_margin)
     except (CalibrationError, CompareError, ReportError) as e:
@@ -82,11 +82,11 @@ def _add_calibrate(subparsers) -> None:
 
 
 def _noise(args: argparse.Namespace) -> int:
-    from .compare import CompareError, _fraction, noise_study
+    from .compare import CompareError, noise_study, parse_fraction
     from .report import ReportError, load_run
 
     try:
-        thresholds = [_fraction(t, t, "--thresholds") for t in args.thresholds.split(",")]
+        thresholds = [parse_fraction(t, "--thresholds") for t in args.thresholds.split(",")]
         runs = [(path, load_run(path)) for path in args.runs]
         rows = noise_study(runs, thresholds, args.metric)
     except (CompareError, ReportError) as e:

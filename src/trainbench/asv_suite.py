@@ -37,13 +37,7 @@ def measure_case(case: Case, backend, profile) -> dict:
     """{"metrics": {...}} of one case, measured as the pytest plugin does (without its budgets)."""
     from .measure import measure
 
-    if case.ladder is not None:
-        from .ladders import LADDERS
-
-        recipe = LADDERS[case.ladder].rung_recipe(case.rung, backend, profile)
-    else:
-        recipe = case.recipe()
-    result = measure(recipe, backend, profile, workload=case.workload, case=case.id)
+    result = measure(case.recipe(backend, profile), backend, profile, workload=case.workload, case=case.id)
     return {"metrics": result.metrics(), "device": result.device}
 
 

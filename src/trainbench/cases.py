@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .ladders import LADDERS
 from .recipes import Recipe, get_recipe
+from .workloads import Profile
 
 SUITE: dict[str, tuple[str, ...]] = {
     # The seeds' model: every optimization that applies to a CNN on images.
@@ -51,10 +52,10 @@ class Case:
     def id(self) -> str:
         return f"{self.workload}-{self.recipe_name}"
 
-    def recipe(self) -> Recipe:
-        """The recipe with every step (the ladder rung as declared; the plugin drops steps a device lacks)."""
+    def recipe(self, backend=None, profile: Profile | None = None) -> Recipe:
+        """The recipe to measure; a ladder rung leaves out the steps ``backend`` cannot run (none without one)."""
         if self.ladder is not None:
-            return LADDERS[self.ladder].rung_recipe(self.rung)
+            return LADDERS[self.ladder].rung_recipe(self.rung, backend, profile)
         return get_recipe(self.recipe_name)
 
     def own_recipe(self) -> Recipe:

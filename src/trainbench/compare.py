@@ -49,13 +49,15 @@ def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str,
         if names[0] not in METRICS:
             raise CompareError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
                                f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
-        thresholds.update(dict.fromkeys(names, _fraction(value.strip(), item, where)))
+        thresholds.update(dict.fromkeys(names, parse_fraction(value.strip(), where, item)))
     if not thresholds:
         raise CompareError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
     return thresholds
 
 
-def _fraction(text: str, item: str, where: str) -> float:
+def parse_fraction(text: str, where: str, item: str | None = None) -> float:
+    """``"20%"`` or ``"0.2"`` -> 0.2; an error names ``where`` and ``item`` (default: the text itself)."""
+    item = text if item is None else item
     try:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:

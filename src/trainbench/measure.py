@@ -279,10 +279,8 @@ class Measurement:
         pending = [training.fetch(self._batches) for _ in range(steps + 1)]
         live_after, nodes_after = [], []  # after the first step and after the last
         with _LiveStorages(self.backend.device) as live:
-            for i, micro_batches in enumerate(pending):
-                pending[i] = None  # each batch is dropped after its step
-                self._last_loss = training.step(micro_batches)
-                del micro_batches
+            for i in range(steps + 1):
+                self._last_loss = training.step(pending.pop(0))
                 if i in (0, steps):
                     self.backend.synchronize()
                     gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
@@ -323,9 +321,6 @@ class Measurement:
 
     def _device_stats(self, snapshot) -> dict:
         return next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
-
-    def _device_total(self, snapshot) -> int:
-        return int(self._device_stats(snapshot).get("Total", 0))
 
     # -- 4. work ------------------------------------------------------------------
     def count_work(self) -> None:

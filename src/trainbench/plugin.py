@@ -143,13 +143,13 @@ def pytest_configure(config):
 
 
 def _gate_options(config):
-    from .compare import CompareError, _fraction, parse_spec
+    from .compare import CompareError, parse_fraction, parse_spec
 
     spec = config.getoption("--trainbench-compare-fail")
     try:
         gate = parse_spec(spec) if spec else None
         slowdown = config.getoption("--trainbench-inject-slowdown")
-        slowdown = _fraction(slowdown, slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
+        slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
     except CompareError as e:
         raise pytest.UsageError(f"trainbench: {e}") from None
     leak = config.getoption("--trainbench-inject-leak-mib")
@@ -390,17 +390,16 @@ class TrainBench:
         minutes earlier carries the machine's drift since then (the first case of a
         session runs up to 2x slower here). Without a ratio budget an earlier result serves.
         """
+        if base_recipe is None:
+            return None
         state = self.state
-        baseline_result = None
-        if base_recipe is not None:
-            key = _setup_key(workload, base_recipe, overrides)
-            needs_ratio = budget is not None and budget.needs_baseline
-            baseline_result = None if needs_ratio else state.results.get(key)
-            if baseline_result is None and needs_ratio:
-                # Relative budgets compare within this session: measure the baseline now.
-                baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
-                                                timed_by_benchmark=False)
-                state.results[key] = baseline_result
+        key = _setup_key(workload, base_recipe, overrides)
+        if budget is None or not budget.needs_baseline:
+            return state.results.get(key)
+        # Relative budgets compare within this session: measure the baseline now.
+        baseline_result = self._measure(base_recipe, workload, overrides, f"{workload}-{base_recipe.name}",
+                                        timed_by_benchmark=False)
+        state.results[key] = baseline_result
         return baseline_result
 
     def case(self, case, **overrides) -> Result:
@@ -414,7 +413,7 @@ class TrainBench:
         unmet = own.unmet(state.backend, state.profile)
         if unmet:
             pytest.skip(f"{own.name}: {unmet}")
-        recipe = ladder.rung_recipe(case.rung, state.backend, state.profile)
+        recipe = case.recipe(state.backend, state.profile)
         base = ladder.rung_recipe(0, state.backend, state.profile)
         step = ladder.steps[case.rung]
         self.benchmark.extra_info["ladder"] = {
