@@ -1,14 +1,16 @@
-"""The suite for asv: every case of ``trainbench.cases`` measured once per environment.
+"""The suite for asv: every case of ``trainbench.cases`` measured once per environment, by the same runner as pytest.
 
 ``benchmarks/asv_bench.py`` calls ``measure_all`` from asv's ``setup_cache`` (run once per
 environment and commit); each ``track_*`` then reads its number from the cache. Cases
-are the pytest suite's, by the same ids, so adding a recipe to the suite adds it here.
+are the pytest suite's, by the same ids, and ``trainbench.runner`` runs them with the same
+budgets file, so asv gets the same interleaved ratios and correctness guards.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from .cases import Case, all_cases
 
@@ -24,44 +26,49 @@ def case_ids() -> list[str]:
     return [case.id for case in all_cases() if not pattern or re.search(pattern, case.id)]
 
 
-def skip_reason(case: Case, backend, profile) -> str | None:
-    """Why this device or run does not take ``case`` (GPU-only, several GPUs, slow), or None."""
-    own = case.own_recipe()
-    reason = own.unmet(backend, profile)
-    if reason is None and own.slow and os.environ.get(SLOW_ENV) != "1":
-        reason = f"slow case: set {SLOW_ENV}=1"
-    return f"{case.id}: {reason}" if reason else None
+def _not_taken(case: Case, selected: re.Pattern | None, pattern: str | None) -> str | None:
+    """Why this run leaves ``case`` out (slow, not selected); what the device cannot run the runner says."""
+    if case.own_recipe().slow and os.environ.get(SLOW_ENV) != "1":
+        return f"{case.id}: slow case: set {SLOW_ENV}=1"
+    if selected is not None and not selected.search(case.id):
+        return f"{case.id}: not selected by {CASES_ENV}={pattern!r}"
+    return None
 
 
-def measure_case(case: Case, backend, profile) -> dict:
-    """{"metrics": {...}} of one case, measured as the pytest plugin does (without its budgets)."""
-    from .measure import measure
+def measure_all(pattern: str | None = None, budgets_path: Path | str | None = None) -> dict[str, dict]:
+    """Every case id -> {"metrics", "device", "guard_failures"} or {"skip": reason}.
 
-    result = measure(case.recipe(backend, profile), backend, profile, workload=case.workload, case=case.id)
-    return {"metrics": result.metrics(), "device": result.device}
-
-
-def measure_all(pattern: str | None = None) -> dict[str, dict]:
-    """Every case id -> its measurement or skip reason (``pattern`` defaults to $TRAINBENCH_ASV_CASES)."""
+    ``pattern`` defaults to $TRAINBENCH_ASV_CASES; ``budgets_path`` (the suite's budgets file)
+    decides, as in pytest, which cases are timed interleaved with their baseline.
+    """
+    from .budgets import Budgets
     from .device import get_backend
-    from .workloads import profile_for
+    from .measure import DEFAULT_SETTINGS
+    from .runner import Runner
+    from .workloads import PROFILES
 
     pattern = pattern if pattern is not None else os.environ.get(CASES_ENV)
     backend = get_backend(os.environ.get(DEVICE_ENV, "auto"))
-    profile = profile_for(backend.kind)
+    profile = PROFILES[backend.profile_name]
+    budgets = Budgets.load(budgets_path) if budgets_path else Budgets.empty()
     selected = re.compile(pattern) if pattern else None
     results, burned_in = {}, False
+    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name])
     for case in all_cases():
-        reason = skip_reason(case, backend, profile)
-        if reason is None and selected is not None and not selected.search(case.id):
-            reason = f"{case.id}: not selected by {CASES_ENV}={pattern!r}"
+        reason = _not_taken(case, selected, pattern)
         if reason:
             results[case.id] = {"skip": reason}
             continue
-        if not burned_in:
+        outcome = runner.run_case(case, budgets)
+        if not burned_in and not outcome.skipped:
             # The first case after a process starts runs up to 4x slower on a shared runner (measured:
-            # resnet18-baseline at 41 samples/s first, 178 later): measure it once and throw that away.
-            measure_case(case, backend, profile)
+            # resnet18-baseline at 41 samples/s first, 178 later): measure it again and keep the second.
+            outcome = runner.run_case(case, budgets)
             burned_in = True
-        results[case.id] = measure_case(case, backend, profile)
+        if outcome.skipped:
+            results[case.id] = {"skip": f"{case.id}: {outcome.skipped}"}
+            continue
+        results[case.id] = {"metrics": outcome.result.metrics(), "device": outcome.result.device,
+                            "speedup_vs_baseline": outcome.speedup, "paired": outcome.paired,
+                            "guard_failures": [f for f in outcome.failures if "correctness guard" in f]}
     return results

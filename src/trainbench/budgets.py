@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .device import DeviceCaps
 from .result import METRICS, Result
 
 if sys.version_info >= (3, 11):
@@ -67,6 +68,7 @@ class CaseBudget:
     note: str | None = None
     # Per-case regression gate thresholds over the command line's (trainbench.compare.parse_spec).
     compare_fail: dict[str, float] | None = None
+    path: Path | None = None  # the file it came from
 
     @property
     def needs_baseline(self) -> bool:
@@ -99,9 +101,13 @@ class Budgets:
     def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
         try:
-            raw = tomllib.loads(path.read_text())
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise BudgetError(f"{path}: budgets file not found") from None
+        except UnicodeDecodeError as e:
+            raise BudgetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a TOML budgets file") from None
+        except OSError as e:
+            raise BudgetError(f"{path}: cannot read it ({e.strerror or e}); expected a TOML budgets file") from None
         except tomllib.TOMLDecodeError as e:
             raise BudgetError(f"{path}: not valid TOML: {e}") from None
         return cls(cls._parse(raw, path), path)
@@ -147,20 +153,33 @@ class Budgets:
                         raise BudgetError(f"{where} {key} = {value!r}: expected a ratio > 0")
                     bounds.append(Bound(metric, bound, relative, float(value), key))
                 _check_consistent(bounds, where)
-                sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail)
+                sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail, path)
         return sections
 
-    def device_key(self, backend) -> str | None:
-        """The first of the backend's device classes that this file has a section for."""
-        return next((k for k in backend.budget_keys() if k in self.sections), None)
+    def device_key(self, caps: DeviceCaps) -> str | None:
+        """The first of the device's classes that this file has a section for."""
+        return next((k for k in caps.budget_keys if k in self.sections), None)
 
-    def for_case(self, backend, case: str) -> CaseBudget | None:
-        key = self.device_key(backend)
-        return self.sections[key].get(case) if key else None
+    def for_case(self, caps: DeviceCaps, case: str) -> CaseBudget | None:
+        return self.lookup(caps, case)[0]
 
-    def compare_thresholds(self, backend, case: str) -> dict[str, float]:
+    def lookup(self, caps: DeviceCaps, case: str) -> tuple[CaseBudget | None, str | None]:
+        """The case's budget on this device, or None and why none applies (which file and sections were looked at)."""
+        if self.path is None:
+            return None, ("no budget: no budgets file configured (put a budgets.toml beside the tests or above them, "
+                          "or pass --trainbench-budgets)")
+        key = self.device_key(caps)
+        tried = ", ".join(f"[{k}]" for k in caps.budget_keys)
+        if key is None:
+            return None, f"no budget: {self.path} has no section for {caps.name} (looked for {tried})"
+        budget = self.sections[key].get(case)
+        if budget is None:
+            return None, f"no budget for {case} in [{key}] of {self.path}"
+        return budget, None
+
+    def compare_thresholds(self, caps: DeviceCaps, case: str) -> dict[str, float]:
         """Gate thresholds this file sets for ``case``: the device's ``"*"`` entry, then the case's own."""
-        key = self.device_key(backend)
+        key = self.device_key(caps)
         thresholds: dict[str, float] = {}
         for entry in (self.sections[key].get("*"), self.sections[key].get(case)) if key else ():
             thresholds.update((entry.compare_fail or {}) if entry else {})

@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budgets import BudgetError, Budgets
+from .device import DeviceCaps
 from .files import write_text_atomic
 from .report import ReportError, load_run, run_device
+from .result import METRICS, deterministic_metrics
 
 # Deterministic signals: exact functions of code and shapes, calibrated with the tight margin.
-DETERMINISTIC_KEYS = (
-    "activation_mib", "tracked_peak_mib", "temporary_mib", "gflops_per_sample", "h2d_bytes_per_sample",
-    "syncs_per_step", "ops_per_step", "aten_calls_per_step", "kernels_per_step", "memory_growth_mib_per_step",
-    "graph_nodes_growth_per_step",
-)
-GPU_MEMORY_KEYS = ("peak_memory_mib", "peak_reserved_mib")  # allocator peaks: near-deterministic on one GPU
+DETERMINISTIC_KEYS = tuple(deterministic_metrics())
+# Allocator peaks: not exact, but repeatable on one GPU.
+GPU_MEMORY_KEYS = tuple(name for name, metric in METRICS.items() if metric.stable_on_gpu)
 
 
 class CalibrationError(ValueError):
@@ -43,11 +42,10 @@ class Calibration:
 
 def device_key_of(device: dict) -> str:
     """The budgets section a run's device belongs to: ``cpu``, or the GPU's full name."""
-    if device.get("kind") == "cpu":
-        return "cpu"
-    if not device.get("name"):
+    caps = DeviceCaps.from_identity(device)
+    if not device.get("kind") or caps.cuda and not device.get("name"):
         raise CalibrationError("the run names no device (machine_info['trainbench'] is missing)")
-    return device["name"]
+    return caps.name if caps.cuda else caps.budget_keys[0]
 
 
 def _round_up(value: float) -> float | int:
@@ -104,7 +102,7 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
         case = info.get("case")
         if not case:
             continue
-        bounds = bounds_for(info, device.get("kind") == "cuda", margin, speed_margin)
+        bounds = bounds_for(info, DeviceCaps.from_identity(device).cuda, margin, speed_margin)
         if not bounds:
             continue
         cases += 1

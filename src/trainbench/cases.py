@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .device import DeviceCaps
 from .ladders import LADDERS
 from .recipes import Recipe, get_recipe
 from .workloads import Profile
@@ -38,6 +39,12 @@ SUITE: dict[str, tuple[str, ...]] = {
     ),
     # The seeds' pointwise-fusion example (a hand-written GELU) inside a model.
     "gelu_mlp": ("baseline", "fuse_pointwise_script", "fuse_pointwise_compile"),
+    # What platform teams train now: a decoder LM (AdamW, causal SDPA) and a Vision Transformer.
+    "gpt": (
+        "baseline", "amp_bf16", "compile", "optimizer_foreach", "optimizer_fused", "checkpointing",
+        "grad_accumulation", "larger_batch", "sdpa_flash", "sdpa_efficient",
+    ),
+    "vit": ("baseline", "amp_bf16", "checkpointing", "larger_batch"),
 }
 
 
@@ -52,10 +59,10 @@ class Case:
     def id(self) -> str:
         return f"{self.workload}-{self.recipe_name}"
 
-    def recipe(self, backend=None, profile: Profile | None = None) -> Recipe:
-        """The recipe to measure; a ladder rung leaves out the steps ``backend`` cannot run (none without one)."""
+    def recipe(self, caps: DeviceCaps | None = None, profile: Profile | None = None) -> Recipe:
+        """The recipe to measure; a ladder rung leaves out the steps the device cannot run (none without caps)."""
         if self.ladder is not None:
-            return LADDERS[self.ladder].rung_recipe(self.rung, backend, profile)
+            return LADDERS[self.ladder].rung_recipe(self.rung, caps, profile)
         return get_recipe(self.recipe_name)
 
     def own_recipe(self) -> Recipe:

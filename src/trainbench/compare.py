@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .result import METRICS
+from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
 
 ALIASES = {"peak_memory": "peak_memory_mib", "step_time": "step_time_ms", "memory": "tracked_peak_mib"}
 TIMED_METRICS = ("samples_per_s", "step_time_ms")
@@ -45,7 +45,7 @@ def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str,
         if not sep:
             raise CompareError(f"{where}: {item!r}: expected METRIC:THRESHOLD, e.g. samples_per_s:5%")
         name = ALIASES.get(name.strip(), name.strip())
-        names = [m for m, info in METRICS.items() if info.deterministic] if name == "deterministic" else [name]
+        names = deterministic_metrics() if name == "deterministic" else [name]
         if names[0] not in METRICS:
             raise CompareError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
                                f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
@@ -65,32 +65,6 @@ def parse_fraction(text: str, where: str, item: str | None = None) -> float:
     if not math.isfinite(value) or value < 0:
         raise CompareError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
     return value
-
-
-@dataclass(frozen=True)
-class CaseRun:
-    """What a comparison needs of one case in one run (from extra_info or a Result)."""
-
-    case: str
-    metrics: dict
-    round_step_times_s: list
-    samples_per_step: int
-
-    @classmethod
-    def from_extra_info(cls, info: dict, where: str) -> CaseRun:
-        try:
-            metrics = {m: info.get(m) for m in METRICS}
-            samples = info.get("samples_per_step") or info["batch_size"]
-            return cls(info["case"], metrics, list(info.get("round_step_times_s") or []), int(samples))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CompareError(f"{where}: not a trainbench case (missing or bad {e}); expected extra_info with "
-                               "case, batch_size, metrics and round_step_times_s") from None
-
-    def per_round(self, metric: str) -> list[float]:
-        times = [t for t in self.round_step_times_s if t > 0]
-        if metric == "step_time_ms":
-            return [t * 1e3 for t in times]
-        return [self.samples_per_step / t for t in times]
 
 
 @dataclass(frozen=True)
@@ -124,14 +98,14 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def compare_case(current: CaseRun, baseline: CaseRun, thresholds: dict[str, float],
+def compare_case(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
                  alpha: float = DEFAULT_ALPHA) -> list[MetricComparison]:
     """Every gated metric either run measured (one this device never measures, e.g. CUDA kernels on a CPU, is left out)."""
     return [_compare_metric(current, baseline, metric, limit, alpha) for metric, limit in thresholds.items()
             if current.metrics.get(metric) is not None or baseline.metrics.get(metric) is not None]
 
 
-def _compare_metric(current: CaseRun, baseline: CaseRun, metric: str, threshold: float, alpha: float) -> MetricComparison:
+def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, threshold: float, alpha: float) -> MetricComparison:
     cur, base = current.metrics.get(metric), baseline.metrics.get(metric)
     if cur is None or base is None:
         return MetricComparison(current.case, metric, base, cur, None, threshold, "missing")
@@ -171,6 +145,42 @@ def _round_statistics(cur: list[float], base: list[float], higher_is_better: boo
     return p_worse, p_better, (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
 
 
+def _read(info: dict, where: str) -> CaseRecord:
+    try:
+        return CaseRecord.read(info, where)
+    except RecordError as e:
+        raise CompareError(str(e)) from None
+
+
+def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
+         alpha: float = DEFAULT_ALPHA) -> tuple[dict, list[MetricComparison]]:
+    """Compare this session's cases with a stored run: the verdict (JSON-ready) and its comparisons.
+
+    ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets
+    file's thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark.
+    ``thresholds`` None means no gate: the default thresholds are shown, nothing fails.
+    """
+    comparisons, errors, new_cases = [], [], []
+    for row in cases:
+        current = row["record"]
+        stored = baseline.get(row["fullname"])
+        if stored is None:
+            new_cases.append(current.case)
+            continue
+        try:
+            base = _read(stored.get("extra_info") or {}, f"{baseline_path}: {row['fullname']}")
+        except CompareError as e:
+            errors.append(str(e))
+            continue
+        limits = dict(thresholds or DISPLAY_THRESHOLDS)
+        limits.update(row.get("compare_fail") or {})
+        comparisons += compare_case(current, base, limits, alpha)
+    verdict = verdict_json(comparisons, baseline_path, device)
+    verdict.update(gated=thresholds is not None, new_cases=new_cases, errors=errors)
+    verdict["failed"] = bool(errors) or (thresholds is not None and verdict["failed"])
+    return verdict, comparisons
+
+
 def verdict_json(comparisons: list[MetricComparison], baseline_path: str, current_device: dict) -> dict:
     """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
     counts = {v: sum(1 for c in comparisons if c.verdict == v)
@@ -208,12 +218,12 @@ def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: s
     ``runs`` are (path, pytest-benchmark JSON) of repeated runs of one commit on one
     machine; any "regressed" verdict between them is a false alarm of that threshold.
     """
-    by_case: dict[str, list[CaseRun]] = {}
+    by_case: dict[str, list[CaseRecord]] = {}
     for path, run in runs:
         for bench in run.get("benchmarks", []):
             info = bench.get("extra_info") or {}
             if info.get("case"):
-                by_case.setdefault(info["case"], []).append(CaseRun.from_extra_info(info, f"{path}: {bench.get('name')}"))
+                by_case.setdefault(info["case"], []).append(_read(info, f"{path}: {bench.get('name')}"))
     rows = []
     for case, case_runs in by_case.items():
         pairs = [(a, b) for i, a in enumerate(case_runs) for b in case_runs[i + 1:]]

@@ -1,7 +1,9 @@
-"""Device backends: synchronization, timing, peak memory and identity per device kind.
+"""Device backends: synchronization, timing, peak memory, identity and capabilities per device kind.
 
-This is the only module that calls ``torch.cuda``. Everything else asks a
-``Backend`` so the measurement code is identical on every device.
+This is the only module that calls ``torch.cuda`` or tells device kinds apart by name.
+Everything else asks a ``Backend`` (a live device) or ``DeviceCaps`` (what a device
+offers, also rebuilt from a recorded identity) so the rest of the code is the same on
+every device.
 """
 
 from __future__ import annotations
@@ -37,6 +39,42 @@ def peak_tflops(device_name: str, dtype: str) -> float | None:
 
 
 @dataclass(frozen=True)
+class DeviceCaps:
+    """What a device offers, as requirements and reports ask it: from a live backend or a recorded identity."""
+
+    kind: str
+    name: str
+    cuda: bool = False
+    capability: tuple[int, int] | None = None
+    gpu_count: int = 0
+    bf16: bool | None = None  # None: unknown (an identity recorded without it)
+
+    @classmethod
+    def from_identity(cls, identity: dict) -> DeviceCaps:
+        kind = str(identity.get("kind") or "unknown")
+        capability = identity.get("capability")
+        return cls(kind=kind, name=str(identity.get("name") or "unknown device"), cuda=kind == "cuda",
+                   capability=tuple(capability) if capability else None,
+                   gpu_count=int(identity.get("gpu_count") or (1 if kind == "cuda" else 0)),
+                   bf16=identity.get("bf16_supported"))
+
+    @property
+    def profile_name(self) -> str:
+        """The default size profile: ``cpu`` for the CPU, ``gpu`` for accelerators."""
+        return "gpu" if self.cuda else "cpu"
+
+    @property
+    def budget_keys(self) -> list[str]:
+        """Budget-file sections to try for this device, most specific first."""
+        if not self.cuda:
+            return ["cpu"]
+        keys = [self.name]
+        if self.capability:
+            keys.append(f"sm_{self.capability[0]}{self.capability[1]}")
+        return keys + ["cuda"]
+
+
+@dataclass(frozen=True)
 class PeakMemory:
     """Allocator peaks since the last reset (None where the device has no allocator stats)."""
 
@@ -49,6 +87,8 @@ class Backend:
     """What the measurement needs from a device kind."""
 
     kind: str = "abstract"
+    counts_kernels = False  # the profiler sees this device's kernels
+    default_dist_backend = "gloo"  # torch.distributed backend for ranks on this device kind
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -56,10 +96,55 @@ class Backend:
     def synchronize(self) -> None:
         raise NotImplementedError
 
-    def timer(self) -> float:
-        """A round-boundary clock: wait for queued device work, then read ``perf_counter``."""
-        self.synchronize()
+    @staticmethod
+    def clock() -> float:
+        """The host clock every timing reads (tests replace it with a clock they control)."""
         return time.perf_counter()
+
+    def timer(self) -> float:
+        """A round-boundary clock: wait for queued device work, then read ``clock``."""
+        self.synchronize()
+        return self.clock()
+
+    def busy_wait(self, seconds: float) -> None:
+        """Hold the host for ``seconds`` of ``clock`` (sleep granularity is coarse for millisecond steps)."""
+        deadline = self.clock() + seconds
+        while self.clock() < deadline:
+            pass
+
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps(self.kind, self.name, cuda=False, capability=self.capability(),
+                          gpu_count=self.device_count(), bf16=self.supports_bf16())
+
+    @property
+    def profile_name(self) -> str:
+        return self.caps().profile_name
+
+    def profiler_activities(self) -> list:
+        """What torch.profiler records on this device."""
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU]
+
+    def is_device_event(self, event) -> bool:
+        """A profiler event that is a kernel on this device (none on the CPU)."""
+        return False
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Peak dense TFLOP/s for MFU; None where unknown."""
+        return None
+
+    def ddp_device_ids(self) -> list[int] | None:
+        """``device_ids`` for DistributedDataParallel (None: the module's device, as on the CPU)."""
+        return None
+
+    def rank_device_spec(self, rank: int) -> str:
+        """The device a rank process of a one-machine process group trains on."""
+        return self.device.type
+
+    def rank_threads(self, world_size: int) -> int | None:
+        """Intra-op threads per rank (None: leave as is); CPU ranks share the cores the one-process run had."""
+        return None
 
     def reset_peak_memory(self) -> None:
         raise NotImplementedError
@@ -85,7 +170,7 @@ class Backend:
 
     def budget_keys(self) -> list[str]:
         """Budget-file sections to try for this device, most specific first."""
-        raise NotImplementedError
+        return self.caps().budget_keys
 
     def identity(self) -> dict:
         """Everything a reader needs to know which machine and software produced a number."""
@@ -127,12 +212,14 @@ class CpuBackend(Backend):
     def name(self) -> str:
         return _cpu_model()
 
-    def budget_keys(self) -> list[str]:
-        return ["cpu"]
+    def rank_threads(self, world_size: int) -> int | None:
+        return max(1, torch.get_num_threads() // world_size)
 
 
 class CudaBackend(Backend):
     kind = "cuda"
+    counts_kernels = True
+    default_dist_backend = "nccl"
 
     def __init__(self, device: torch.device):
         if device.index is None:
@@ -169,9 +256,26 @@ class CudaBackend(Backend):
     def name(self) -> str:
         return torch.cuda.get_device_name(self.device)
 
-    def budget_keys(self) -> list[str]:
-        major, minor = self.capability()
-        return [self.name, f"sm_{major}{minor}", "cuda"]
+    def caps(self) -> DeviceCaps:
+        return DeviceCaps(self.kind, self.name, cuda=True, capability=self.capability(),
+                          gpu_count=self.device_count(), bf16=self.supports_bf16())
+
+    def profiler_activities(self) -> list:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+
+    def is_device_event(self, event) -> bool:
+        return event.device_type == torch.autograd.DeviceType.CUDA
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        return peak_tflops(self.name, dtype)
+
+    def ddp_device_ids(self) -> list[int] | None:
+        return [self.device.index]
+
+    def rank_device_spec(self, rank: int) -> str:
+        return f"cuda:{rank}"
 
     def identity(self) -> dict:
         ident = super().identity()
@@ -190,6 +294,13 @@ class CudaBackend(Backend):
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def host_profiler_activities() -> list:
+    """Profiler activities for a profiler started outside a measured case (a debug API left on)."""
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda_available() else [])
 
 
 def set_cudnn_benchmark(enabled: bool) -> bool:

@@ -10,15 +10,20 @@ first-step all-reduced gradients for the guard; the parent reads them back.
 On the CPU each rank gets ``threads // world_size`` intra-op threads, so two ranks use
 the same cores as the one-process baseline they are compared with.
 
-Workloads and recipes must be importable from ``trainbench`` (the ranks are new
-interpreters): a workload registered only inside a test module is not seen there.
+The ranks are new interpreters, so they re-create the training spec by importing it:
+a built-in workload by name, a user's spec from the module-level name it is bound to
+(found by ``spec_reference``; the parent's ``sys.path`` goes along, so a spec defined in
+a test module is found too). A spec made inside a test function cannot be re-created
+there, and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -27,12 +32,41 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .device import Backend
 from .measure import Measurement, MeasureSettings
 from .recipes import TrainConfig
 from .result import Result
-from .workloads import PROFILES
+from .spec import SpecError, TrainingSpec
+from .workloads import PROFILES, WORKLOADS, Profile, resolve_spec
 
 JOIN_TIMEOUT_S = 900
+
+
+def spec_reference(spec: TrainingSpec) -> str:
+    """How a rank process re-creates ``spec``: ``builtin:<name>`` or ``<module>:<attribute>``.
+
+    A user's spec is looked up among the module-level names of the modules that define its
+    functions (the test module, usually), then of every loaded module.
+    """
+    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == __package__ + ".workloads":
+        return f"builtin:{spec.name}"
+    owners = [getattr(fn, "__module__", None) for fn in (spec.model, spec.loss_fn, spec.dataset, spec.batches)]
+    candidates = [m for m in dict.fromkeys(owners) if m in sys.modules] + list(sys.modules)
+    for module_name in candidates:
+        module = sys.modules.get(module_name)
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is spec and module_name != "__main__":
+                return f"{module_name}:{attribute}"
+    raise SpecError(f"training spec {spec.name!r}: DDP ranks are new processes and re-create the spec by importing it; "
+                    "bind it to a module-level name (e.g. SPEC = TrainingSpec(...) in the test module)")
+
+
+def load_spec(reference: str, profile: Profile) -> TrainingSpec:
+    """The spec ``spec_reference`` named, in this process."""
+    module_name, _, attribute = reference.partition(":")
+    if module_name == "builtin":
+        return resolve_spec(attribute, profile)
+    return resolve_spec(getattr(importlib.import_module(module_name), attribute), profile)
 
 
 def _worker(rank: int, job: dict, out_dir: str) -> None:
@@ -43,17 +77,18 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
 
     out = Path(out_dir)
     try:
+        sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
         config = TrainConfig(**job["config"])
         world = config.world_size
-        on_gpu = job["device_kind"] == "cuda"
-        if not on_gpu:
-            torch.set_num_threads(max(1, job["threads"] // world))
-        dist_backend = config.dist_backend or ("nccl" if on_gpu else "gloo")
+        if job["threads"]:
+            torch.set_num_threads(job["threads"])
+        backend = get_backend(job["rank_devices"][rank])
+        dist_backend = config.dist_backend or backend.default_dist_backend
         dist.init_process_group(dist_backend, init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world)
-        backend = get_backend(f"cuda:{rank}" if on_gpu else "cpu")
         profile = PROFILES[job["profile"]]
+        spec = load_spec(job["spec"], profile)
         settings = MeasureSettings(**job["settings"])
-        with Training(config, backend, profile) as training:
+        with Training(config, spec, backend) as training:
             if job["want_grads"]:
                 # First-step gradients from the seeded weights, after DDP's all-reduce (the guard's input).
                 training.forward_backward(training.fetch(training.batches()))
@@ -61,7 +96,7 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
                     grads = {n: p.grad.detach().float().cpu().numpy() for n, p in training.model.named_parameters()
                              if p.grad is not None}
                     np.savez(out / "grads.npz", **grads)
-            m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"])
+            m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
             result = m.run()
         if rank == 0:
             tmp = out / "result.json.tmp"
@@ -73,8 +108,8 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
         raise
 
 
-def measure_ddp(config: TrainConfig, device_kind: str, profile_name: str, settings: MeasureSettings, case: str,
-                recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False
+def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
+                case: str, recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False
                 ) -> tuple[Result, dict[str, torch.Tensor] | None]:
     """Run ``config`` (parallel="ddp") in ``config.world_size`` processes; rank 0's Result and gradients."""
     import torch.multiprocessing as mp
@@ -83,14 +118,16 @@ def measure_ddp(config: TrainConfig, device_kind: str, profile_name: str, settin
     settings = dataclasses.replace(settings, fixed_warmup=True)
     job = {
         "config": dataclasses.asdict(config),
-        "device_kind": device_kind,
-        "profile": profile_name,
+        "spec": spec_reference(spec),
+        "sys_path": list(sys.path),
+        "rank_devices": [backend.rank_device_spec(rank) for rank in range(config.world_size)],
+        "threads": backend.rank_threads(config.world_size),
+        "profile": profile.name,
         "settings": dataclasses.asdict(settings),
         "case": case,
         "recipe": recipe_name,
         "extra_warmup_steps": extra_warmup_steps,
         "want_grads": want_grads,
-        "threads": torch.get_num_threads(),
     }
     with tempfile.TemporaryDirectory(prefix="trainbench-ddp-") as out_dir:
         context = mp.spawn(_worker, args=(job, out_dir), nprocs=config.world_size, join=False)

@@ -10,9 +10,11 @@ seconds per step on two cores).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from .recipes import RECIPES, ByProfile, Recipe, compose
+from .device import DeviceCaps
+from .recipes import RECIPES, ByProfile, Recipe, compose, unmet
 from .workloads import Profile
 
 
@@ -46,17 +48,32 @@ class Ladder:
     def rung_name(self, index: int) -> str:
         return f"{self.name}-{index}_{self.steps[index].recipe.name}"
 
-    def rung_recipe(self, index: int, backend=None, profile: Profile | None = None) -> Recipe:
-        """Steps 0..index composed, leaving out those ``backend`` cannot run (all of them without a backend)."""
+    def split_rung(self, index: int, caps: DeviceCaps | None = None, profile: Profile | None = None
+                   ) -> tuple[list[LadderStep], list[LadderStep]]:
+        """Steps 0..index as (applied, left out): those a device with ``caps`` cannot run are left out (none without caps)."""
         applied, left_out = [], []
         for step in self.steps[: index + 1]:
-            runnable = backend is None or step.recipe.unmet(backend, profile) is None
+            runnable = caps is None or unmet(step.recipe, caps, profile) is None
             (applied if runnable else left_out).append(step)
+        return applied, left_out
+
+    def rung_recipe(self, index: int, caps: DeviceCaps | None = None, profile: Profile | None = None) -> Recipe:
+        """Steps 0..index composed, leaving out those the device cannot run."""
+        applied, left_out = self.split_rung(index, caps, profile)
         description = " + ".join(s.label for s in applied)
         if left_out:
             description += " (left out on this device: " + ", ".join(s.label for s in left_out) + ")"
         return compose(self.rung_name(index), *(s.recipe for s in applied), description=description,
                        baseline=self.rung_name(0))
+
+    def rung_info(self, index: int, caps: DeviceCaps | None = None, profile: Profile | None = None) -> dict:
+        """What a measured rung records about its ladder (the report reads it back)."""
+        applied, left_out = self.split_rung(index, caps, profile)
+        step = self.steps[index]
+        return {"name": self.name, "title": self.title, "source": self.source, "rung": index, "label": step.label,
+                "applied": " + ".join(s.label for s in applied), "left_out": [s.label for s in left_out],
+                "article": dataclasses.asdict(step.article), "article_summary": self.article_summary,
+                "rungs": [s.label for s in self.steps]}
 
 
 def _step(name: str, label: str, changes: dict | None = None, article: ArticleFigure = ArticleFigure()) -> LadderStep:
@@ -88,9 +105,9 @@ LADDERS: dict[str, Ladder] = {
                 _step("pinned_memory", "pinned memory",
                       article=ArticleFigure(1200.0, 46.0, batch_size=32,
                                             note="printed as 1200 samples/s and 46 ms at batch 32")),
-                _step("larger_batch", "batch 512", {"batch_size": ByProfile(cpu=64, gpu=512)},
+                _step("larger_batch", "batch 512", {"batch_multiplier": ByProfile(cpu=4, gpu=16)},
                       article=ArticleFigure(1584.0, 324.0, batch_size=512, memory_gb=11.3)),
-                _step("uint8_transfer", "uint8 copy at batch 1024", {"batch_size": ByProfile(cpu=128, gpu=1024)},
+                _step("uint8_transfer", "uint8 copy at batch 1024", {"batch_multiplier": ByProfile(cpu=8, gpu=32)},
                       article=ArticleFigure(1670.0, batch_size=1024)),
                 _step("set_to_none", "set_to_none", article=ArticleFigure(
                     None, batch_size=1024, note="no meaningful change")),
@@ -112,7 +129,7 @@ LADDERS: dict[str, Ladder] = {
                            Recipe("amp", "autocast without a GradScaler, as the article runs it", _ARTICLE_AMP,
                                   loss_rtol=0.03),
                            ArticleFigure(395.1, 81.1, 1.32, 32)),
-                _step("larger_batch", "Increase Batch Size", {"batch_size": ByProfile(cpu=64, gpu=128)},
+                _step("larger_batch", "Increase Batch Size", {"batch_multiplier": 4},
                       article=ArticleFigure(551.5, 232.1, 4.95, 128)),
                 _step("uint8_transfer", "Reduce H2D Copy", article=ArticleFigure(631.63, 202.6, 4.95, 128)),
                 _step("multiprocess_loading", "Multi-process Data Loading",

@@ -31,14 +31,12 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .device import Backend, peak_tflops
+from .device import Backend
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-from .recipes import Recipe
 from .result import Result
 from .step import Training
-from .workloads import Profile
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ class Measurement:
     """
 
     def __init__(self, training: Training, case: str, recipe_name: str, settings: MeasureSettings,
-                 extra_warmup_steps: int = 0):
+                 extra_warmup_steps: int = 0, profile_name: str = ""):
         self.training = training
         self.backend: Backend = training.backend
         self.settings = settings
@@ -155,9 +153,9 @@ class Measurement:
         self._last_loss: torch.Tensor | None = None
         self.result = Result(
             case=case,
-            workload=training.config.workload,
+            workload=training.spec.name,
             recipe=recipe_name,
-            profile=training.profile.name,
+            profile=profile_name,
             batch_size=training.samples_per_step,
             config=asdict(training.config),
             device=self.backend.identity(),
@@ -341,8 +339,7 @@ class Measurement:
         self.result.ops_per_step = sum(counter.ops.values()) / n
         self.result.syncs_per_step = counter.syncs / n
         self.result.top_ops = {op: count / n for op, count in counter.ops.most_common(15)}
-        amp = self.training.config.amp
-        self.result.peak_tflops = peak_tflops(self.backend.name, amp or "fp32") if self.backend.kind == "cuda" else None
+        self.result.peak_tflops = self.backend.peak_tflops(self.training.config.amp or "fp32")
 
     def count_calls(self) -> None:
         """aten calls and device kernels of one step, from PyTorch's profiler.
@@ -353,22 +350,21 @@ class Measurement:
         """
         if not self.settings.work:
             return
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import profile
 
         if self.training.config.debug == "profiler" or torch.autograd.profiler._is_profiler_enabled:
             # A second profiler fails to start and, on its way out, stops the one running
             # (torch 2.9 then crashes when that one is closed).
             self.result.notes.append("aten call count skipped: a profiler is already running")
             return
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.backend.kind == "cuda" else [])
         micro_batches = self.training.fetch(self._batches)
-        with profile(activities=activities) as prof:
+        with profile(activities=self.backend.profiler_activities()) as prof:
             self._last_loss = self.training.step(micro_batches)
             self.backend.synchronize()
         events = prof.events()
         self.result.aten_calls_per_step = sum(1 for e in events if e.name.startswith("aten::"))
-        if self.backend.kind == "cuda":
-            self.result.kernels_per_step = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        if self.backend.counts_kernels:
+            self.result.kernels_per_step = sum(1 for e in events if self.backend.is_device_event(e))
 
     def finish(self) -> Result:
         if self._last_loss is not None:
@@ -382,20 +378,10 @@ class Measurement:
         return self.finish()
 
 
-def measure(recipe: Recipe, backend: Backend, profile: Profile, workload: str = "resnet18",
-            settings: MeasureSettings | None = None, runner: RoundRunner = run_rounds,
-            case: str | None = None, **overrides) -> Result:
-    """Build the recipe's training setup on ``backend``, measure it and tear it down."""
-    settings = settings or DEFAULT_SETTINGS[profile.name]
-    config = recipe.config(profile, workload=workload, **overrides)
-    case = case or f"{workload}-{recipe.name}"
-    if config.parallel == "ddp":  # one process per rank; rank 0 reports
-        from .distributed import measure_ddp
-
-        return measure_ddp(config, backend.kind, profile.name, settings, case, recipe.name, recipe.extra_warmup_steps)[0]
-    with Training(config, backend, profile) as training:
-        m = Measurement(training, case, recipe.name, settings, recipe.extra_warmup_steps)
-        return m.run(runner)
+def measure(training: Training, case: str, recipe_name: str, settings: MeasureSettings, extra_warmup_steps: int = 0,
+            profile_name: str = "", runner: RoundRunner = run_rounds) -> Result:
+    """Measure a built training setup (one process) with the whole method."""
+    return Measurement(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
 
 
 def measure_interleaved(case: Measurement, baseline: Measurement) -> tuple[Result, Result]:

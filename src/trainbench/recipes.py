@@ -4,6 +4,9 @@ A ``Recipe`` names the knobs it turns (``amp="fp16"``, ``num_workers=8`` ...), w
 device must offer for it to make sense (CUDA, a compute capability, several GPUs) and
 how much extra warm-up it needs. Recipes compose, so the seeds' cumulative ladders are
 lists of recipes. ``step.py`` is the one place where each knob takes effect.
+
+``unmet`` is the one answer to "can this recipe run on this device, for this spec, and
+if not, why": the plugin, the runner, asv and the report all ask it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .workloads import Profile, get_workload
+from .device import DeviceCaps
+from .spec import TrainingSpec
+from .workloads import Profile
 
 AMP_DTYPES = ("fp16", "bf16")
 ZERO_GRAD_MODES = ("zeros", "set_to_none", "param_none")
@@ -24,15 +29,16 @@ EVAL_MODES = (None, "autograd", "no_grad", "inference_mode")
 SYNTHETIC_MODES = (None, "host", "device")
 FUSE_MODES = (None, "script", "compile")
 PARALLEL_MODES = (None, "dp", "ddp")
+SDPA_BACKENDS = (None, "math", "flash", "efficient")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides how one training step runs. Defaults are the seeds' baseline."""
 
-    workload: str = "resnet18"
     # -- data path
-    batch_size: int | None = None  # None: the profile's default (the micro-batch under accumulation)
+    batch_size: int | None = None  # samples per optimizer step before batch_multiplier (None: the spec's)
+    batch_multiplier: int = 1  # a larger batch: the step trains batch_size x this many samples
     num_workers: int = 0
     pin_memory: bool = False
     non_blocking: bool = False
@@ -43,8 +49,8 @@ class TrainConfig:
     amp: str | None = None  # autocast dtype: "fp16" | "bf16"
     grad_scaler: bool = False
     # -- batch and memory
-    accumulation_steps: int = 1  # micro-batches per optimizer step
-    checkpointing: bool = False  # recompute the workload's blocks in backward instead of saving activations
+    accumulation_steps: int = 1  # the step's batch split into this many loader micro-batches
+    checkpointing: bool = False  # recompute the spec's checkpoint blocks in backward instead of saving activations
     # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
     # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
     zero_grad: str = "zeros"  # "zeros" | "set_to_none" | "param_none" (param.grad = None per parameter)
@@ -57,7 +63,8 @@ class TrainConfig:
     cudnn_benchmark: bool = False
     channels_last: bool = False
     conv_bias: bool = False  # give every convolution a bias, also those right before a BatchNorm
-    fuse_pointwise: str | None = None  # the workload's pointwise block: "script" | "compile"
+    fuse_pointwise: str | None = None  # the model's ``pointwise`` functions: "script" | "compile"
+    sdpa_backend: str | None = None  # scaled_dot_product_attention restricted to "math" | "flash" | "efficient"
     optimizer_impl: str | None = None  # None: PyTorch's default; "loop" | "foreach" | "fused"
     debug: str | None = None  # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
@@ -68,14 +75,15 @@ class TrainConfig:
     seed: int = 0
 
     def validate(self) -> TrainConfig:
-        workload = get_workload(self.workload)
-        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+        """Knob values and combinations that make sense whatever the spec (``unmet`` checks the spec's side)."""
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
         for name in ("num_workers",):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        for name in ("accumulation_steps", "log_every", "world_size"):
+        for name in ("accumulation_steps", "log_every", "world_size", "batch_multiplier"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -83,23 +91,14 @@ class TrainConfig:
                               ("optimizer_impl", OPTIMIZER_IMPLS), ("debug", DEBUG_MODES),
                               ("loss_history", LOSS_HISTORY_MODES), ("eval_mode", EVAL_MODES),
                               ("synthetic", SYNTHETIC_MODES), ("fuse_pointwise", FUSE_MODES),
-                              ("parallel", PARALLEL_MODES), ("dist_backend", (None, "gloo", "nccl"))]:
+                              ("parallel", PARALLEL_MODES), ("dist_backend", (None, "gloo", "nccl")),
+                              ("sdpa_backend", SDPA_BACKENDS)]:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.grad_scaler and self.amp is None:
             raise ValueError("grad_scaler=True needs amp set: gradient scaling only exists for mixed precision")
-        if self.uint8_transfer and not workload.supports_uint8:
-            raise ValueError(f"uint8_transfer needs image inputs; workload {self.workload!r} feeds {workload.input_kind}")
         if self.channels_last_input and not self.uint8_transfer:
             raise ValueError("channels_last_input needs uint8_transfer: the NHWC batch is normalized on the device")
-        if (self.channels_last or self.channels_last_input) and workload.input_kind != "image":
-            raise ValueError(f"channels_last needs image inputs; workload {self.workload!r} feeds {workload.input_kind}")
-        if self.checkpointing and workload.checkpoint_blocks is None:
-            raise ValueError(f"checkpointing needs a workload with checkpoint blocks; {self.workload!r} declares none")
-        if self.conv_bias and not workload.conv_bn:
-            raise ValueError(f"conv_bias needs convolutions followed by BatchNorm; {self.workload!r} has none")
-        if self.fuse_pointwise and not workload.pointwise_block:
-            raise ValueError(f"fuse_pointwise needs a workload with a pointwise block; {self.workload!r} has none")
         if self.eval_mode and (self.accumulation_steps > 1 or self.loss_history == "tensor" or self.grad_scaler):
             raise ValueError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
         if self.synthetic and (self.num_workers or self.pin_memory or self.uint8_transfer or self.channels_last_input):
@@ -109,13 +108,21 @@ class TrainConfig:
                              f"world_size={self.world_size}")
         return self
 
-    def resolved_batch_size(self, profile: Profile) -> int:
-        """Samples per loader batch (per micro-batch under accumulation)."""
-        return self.batch_size if self.batch_size is not None else profile.batch_size
+    def step_batch_size(self, spec: TrainingSpec) -> int:
+        """Samples per optimizer step in one process."""
+        return (self.batch_size if self.batch_size is not None else spec.batch_size) * self.batch_multiplier
 
-    def samples_per_step(self, profile: Profile) -> int:
-        """Samples per optimizer step in one process: micro-batch x accumulation steps."""
-        return self.resolved_batch_size(profile) * self.accumulation_steps
+    def loader_batch_size(self, spec: TrainingSpec) -> int:
+        """Samples per loader batch: the step's batch, or one micro-batch of it under accumulation."""
+        step, k = self.step_batch_size(spec), self.accumulation_steps
+        if step % k:
+            raise ValueError(f"a batch of {step} does not split into {k} equal micro-batches")
+        return step // k
+
+    @property
+    def pixels(self) -> str | None:
+        """The pixel format the dataset serves (None: the spec's own, float)."""
+        return ("uint8_hwc" if self.channels_last_input else "uint8") if self.uint8_transfer else None
 
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -137,35 +144,44 @@ class Requirements:
     """What a device must offer for a recipe to be meaningful there."""
 
     cuda: bool = False
-    min_capability: tuple[int, int] | None = None
+    min_capability: tuple[int, int] | None = None  # implies CUDA
+    gpu_capability: tuple[int, int] | None = None  # on a GPU at least this; any CPU is fine
     min_gpus: int = 0
     bf16: bool = False
     cpu_only: bool = False  # a CPU-side stand-in for a GPU case (e.g. DDP over gloo)
 
+    @property
+    def needs_cuda(self) -> bool:
+        return bool(self.cuda or self.min_capability or self.min_gpus)
+
     def merge(self, other: Requirements) -> Requirements:
-        caps = [c for c in (self.min_capability, other.min_capability) if c]
+        def highest(a, b):
+            found = [c for c in (a, b) if c]
+            return max(found) if found else None
+
         return Requirements(
             cuda=self.cuda or other.cuda,
-            min_capability=max(caps) if caps else None,
+            min_capability=highest(self.min_capability, other.min_capability),
+            gpu_capability=highest(self.gpu_capability, other.gpu_capability),
             min_gpus=max(self.min_gpus, other.min_gpus),
             bf16=self.bf16 or other.bf16,
             cpu_only=self.cpu_only or other.cpu_only,
         )
 
-    def unmet(self, backend) -> str | None:
-        """Why ``backend`` cannot run this, or None when it can."""
-        if (self.cuda or self.min_capability or self.min_gpus) and backend.kind != "cuda":
-            return f"needs a CUDA device; running on {backend.kind}"
-        if self.min_capability and backend.capability() < self.min_capability:
-            have = ".".join(map(str, backend.capability()))
-            need = ".".join(map(str, self.min_capability))
-            return f"needs compute capability >= {need}; {backend.name} has {have}"
-        if self.min_gpus and backend.device_count() < self.min_gpus:
-            return f"needs {self.min_gpus} GPUs; {backend.device_count()} present"
-        if self.cpu_only and backend.kind != "cpu":
-            return f"runs on the CPU only; this run uses {backend.kind} (see the GPU variant of this case)"
-        if self.bf16 and not backend.supports_bf16():
-            return f"needs bfloat16 support; {backend.name} has none"
+    def unmet(self, caps: DeviceCaps) -> str | None:
+        """Why a device with ``caps`` cannot run this, or None when it can."""
+        if self.needs_cuda and not caps.cuda:
+            return f"needs a CUDA device; this run uses {caps.kind} ({caps.name})"
+        capability = self.min_capability or (self.gpu_capability if caps.cuda else None)
+        if capability and caps.capability and caps.capability < capability:
+            have, need = ".".join(map(str, caps.capability)), ".".join(map(str, capability))
+            return f"needs compute capability >= {need}; {caps.name} has {have}"
+        if self.min_gpus and caps.gpu_count < self.min_gpus:
+            return f"needs {self.min_gpus} GPUs; {caps.gpu_count} present"
+        if self.cpu_only and caps.cuda:
+            return f"runs on the CPU only; this run uses {caps.kind} (see the GPU variant of this case)"
+        if self.bf16 and caps.bf16 is False:
+            return f"needs bfloat16 support; {caps.name} has none"
         return None
 
 
@@ -192,20 +208,67 @@ class Recipe:
         if unknown:
             raise ValueError(f"recipe {self.name!r} changes unknown knobs {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
 
+    def changes_for(self, profile: Profile) -> dict[str, Any]:
+        return {k: (v.pick(profile) if isinstance(v, ByProfile) else v) for k, v in self.changes.items()}
+
     def config(self, profile: Profile, base: TrainConfig | None = None, **overrides) -> TrainConfig:
-        """The training config this recipe gives on ``profile``, starting from ``base``."""
-        values = {k: (v.pick(profile) if isinstance(v, ByProfile) else v) for k, v in self.changes.items()}
+        """The training config this recipe gives on ``profile``, starting from ``base``, with ``overrides``.
+
+        An override composes with the recipe (``batch_size`` sets the batch that ``larger_batch``
+        multiplies); one that would cancel a knob the recipe turns is an error, never silent.
+        """
+        unknown = set(overrides) - _CONFIG_FIELDS
+        if unknown:
+            raise ValueError(f"unknown override {sorted(unknown)}; known knobs: {sorted(_CONFIG_FIELDS)}")
+        values = self.changes_for(profile)
+        for key, value in overrides.items():
+            if key in values and values[key] != value:
+                raise ValueError(f"the override {key}={value!r} would cancel recipe {self.name!r}'s {key}={values[key]!r}; "
+                                 "drop the override, or state that value in the spec or a recipe of your own")
         values.update(overrides)
         return dataclasses.replace(base or TrainConfig(), **values).validate()
 
-    def unmet(self, backend, profile: Profile) -> str | None:
-        """Why this recipe cannot run on ``backend``, or None when it can."""
-        reason = self.requires.unmet(backend)
-        amp = self.changes.get("amp")
-        amp = amp.pick(profile) if isinstance(amp, ByProfile) else amp
-        if reason is None and amp == "bf16" and not backend.supports_bf16():
-            reason = f"needs bfloat16 support; {backend.name} has none"
-        return reason
+
+class NotApplicable(Exception):
+    """A recipe that cannot apply to a spec: the message says what the spec lacks (the case is skipped)."""
+
+
+# The optimizer arguments each implementation choice passes (both, so a spec's own foreach/fused is overridden).
+OPTIMIZER_IMPL_KWARGS = {"loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
+                         "fused": {"fused": True, "foreach": False}}
+
+
+def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
+    """What ``spec`` lacks for ``config``'s knobs, or None (what only the built model tells is checked by step.py)."""
+    if config.pixels and config.pixels not in spec.pixels:
+        return f"the spec's dataset serves no {config.pixels} pixels (TrainingSpec.pixels names {list(spec.pixels)})"
+    if config.checkpointing and not spec.checkpoint_blocks:
+        return "the spec names no checkpoint_blocks to recompute"
+    if (config.num_workers or config.pin_memory or config.uint8_transfer) and spec.dataset is None:
+        return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
+    if config.synthetic and spec.batches is None:
+        return "the spec has no batches factory to make synthetic batches with"
+    for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
+        if not spec.optimizer_accepts(argument):
+            return (f"the spec's optimizer factory takes no {argument}= argument "
+                    "(give the class with its arguments, e.g. functools.partial(torch.optim.AdamW, lr=1e-3))")
+    return None
+
+
+def unmet(recipe: Recipe, caps: DeviceCaps, profile: Profile, spec: TrainingSpec | None = None,
+          config: TrainConfig | None = None) -> str | None:
+    """Why ``recipe`` cannot run on a device with ``caps`` (for ``spec``, with ``config``'s overrides), or None.
+
+    The one answer to "can this case run here": the plugin, the runner, asv and the report ask it.
+    """
+    reason = recipe.requires.unmet(caps)
+    if reason is None:
+        config = config or recipe.config(profile)
+        if config.amp == "bf16" and caps.bf16 is False:
+            reason = f"needs bfloat16 support; {caps.name} has none"
+    if reason is None and spec is not None:
+        reason = spec_unmet(spec, config)
+    return f"{recipe.name}: {reason}" if reason else None
 
 
 def compose(name: str, *recipes: Recipe, description: str | None = None, baseline: str = "baseline") -> Recipe:
@@ -239,6 +302,8 @@ _TENSOR_CORES = Requirements(cuda=True, min_capability=(7, 0))
 _TWO_GPUS = Requirements(cuda=True, min_gpus=2)
 # Mixed precision where the device has it: bf16 on CPUs (no fast fp16 kernels), fp16 on tensor cores.
 _AMP = {"amp": ByProfile(cpu="bf16", gpu="fp16")}
+# The fused attention kernels of GPUs take half precision only; CPU kernels take fp32.
+_SDPA_AMP = {"amp": ByProfile(cpu=None, gpu="bf16")}
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -304,13 +369,13 @@ RECIPES: dict[str, Recipe] = {
             grad_rtol=0.05,
         ),
         # -- batch -------------------------------------------------------------------
-        Recipe("larger_batch", "4x the batch on CPU, the seeds' 512 on GPU. Unguarded: another batch trains differently",
-               {"batch_size": ByProfile(cpu=64, gpu=512)}),
+        Recipe("larger_batch", "4x the batch on CPU, 16x on GPU (the seeds' 512). Unguarded: another batch trains differently",
+               {"batch_multiplier": ByProfile(cpu=4, gpu=16)}),
         Recipe(
             "grad_accumulation",
             "the larger batch as 4 accumulated micro-batches (loss / 4 each): the micro-batch's memory, "
             "the large batch's gradients (not with BatchNorm, whose statistics are per micro-batch)",
-            {"batch_size": ByProfile(cpu=16, gpu=128), "accumulation_steps": 4},
+            {"batch_multiplier": ByProfile(cpu=4, gpu=16), "accumulation_steps": 4},
             baseline="larger_batch",
             loss_rtol=1e-5,
             grad_rtol=1e-4,  # fp32 sums in another order
@@ -358,15 +423,23 @@ RECIPES: dict[str, Recipe] = {
                {"fuse_pointwise": "script"}, _GPU, loss_rtol=1e-5),
         Recipe("fuse_pointwise_compile", "the GELU block under torch.compile: one generated kernel per direction",
                {"fuse_pointwise": "compile"}, extra_warmup_steps=2, loss_rtol=1e-5),
+        Recipe("sdpa_math", "scaled_dot_product_attention restricted to the math kernel: the attention matrix materialized "
+               "(bf16 autocast on GPU, as the fused kernels need)", {"sdpa_backend": "math", **_SDPA_AMP},
+               reference=True),
+        Recipe("sdpa_flash", "scaled_dot_product_attention restricted to FlashAttention (vs math): no attention matrix kept",
+               {"sdpa_backend": "flash", **_SDPA_AMP}, Requirements(gpu_capability=(8, 0)), baseline="sdpa_math",
+               loss_rtol=1e-3),  # another summation order
+        Recipe("sdpa_efficient", "scaled_dot_product_attention restricted to the memory-efficient kernel (vs math)",
+               {"sdpa_backend": "efficient", **_SDPA_AMP}, _GPU, baseline="sdpa_math", loss_rtol=1e-3),
         Recipe("conv_bias", "a bias in every convolution, also those right before a BatchNorm (which cancels it)",
                {"conv_bias": True}, reference=True),
         Recipe("no_conv_bias", "no bias in convolutions followed by BatchNorm: fewer parameters and ops, same model",
                {"conv_bias": False}, baseline="conv_bias", loss_rtol=1e-4),
-        Recipe("optimizer_loop", "SGD updating one parameter at a time (foreach=False)", {"optimizer_impl": "loop"},
-               reference=True),
-        Recipe("optimizer_foreach", "SGD with foreach=True: one multi-tensor kernel per update op",
+        Recipe("optimizer_loop", "the optimizer updating one parameter at a time (foreach=False)",
+               {"optimizer_impl": "loop"}, reference=True),
+        Recipe("optimizer_foreach", "the optimizer with foreach=True: one multi-tensor kernel per update op",
                {"optimizer_impl": "foreach"}, baseline="optimizer_loop", loss_rtol=1e-5),
-        Recipe("optimizer_fused", "SGD with fused=True: the whole update in one kernel",
+        Recipe("optimizer_fused", "the optimizer with fused=True: the whole update in one kernel",
                {"optimizer_impl": "fused"}, baseline="optimizer_loop", loss_rtol=1e-5),
         Recipe("anomaly_detection", "torch.autograd.detect_anomaly left on: the cost of a debug API in training",
                {"debug": "anomaly"}, loss_rtol=1e-6),
@@ -379,8 +452,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe("loss_item", "`loss.item()` every step for logging: a host-device sync per step",
                {"loss_history": "item"}, reference=True),
         # -- scale -------------------------------------------------------------------
-        Recipe("one_process", "the global batch of two ranks in one process (batch 32 on CPU)",
-               {"batch_size": ByProfile(cpu=32, gpu=64)}, reference=True),
+        Recipe("one_process", "the global batch of two ranks in one process (twice the spec's batch)",
+               {"batch_multiplier": 2}, reference=True),
         Recipe(
             "ddp_gloo",
             "DistributedDataParallel over gloo: 2 processes on the CPU, each half the batch on half the cores; "
@@ -390,9 +463,9 @@ RECIPES: dict[str, Recipe] = {
             baseline="one_process",
             grad_rtol=1e-4,  # the all-reduce averages two half-batch means: fp32 sums in another order
         ),
-        Recipe("data_parallel", "nn.DataParallel: one process scatters the batch of 64 over 2 GPUs",
-               {"parallel": "dp", "batch_size": ByProfile(cpu=32, gpu=64)}, _TWO_GPUS, reference=True),
-        Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, 32 samples each (vs DataParallel). "
+        Recipe("data_parallel", "nn.DataParallel: one process scatters twice the spec's batch over 2 GPUs",
+               {"parallel": "dp", "batch_multiplier": 2}, _TWO_GPUS, reference=True),
+        Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, the spec's batch each (vs DataParallel). "
                "Unguarded: ResNet-18's BatchNorm statistics are per GPU in both, computed on other splits",
                {"parallel": "ddp", "world_size": 2, "dist_backend": "nccl"}, _TWO_GPUS, baseline="data_parallel"),
         Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",

@@ -37,7 +37,7 @@ def summary_table(rows: list[dict]) -> list[str]:
             _fmt(m["peak_memory_mib"], ".1f"),
             _fmt(m["activation_mib"], ".1f"),
             _fmt(m["gflops_per_sample"], ".3f"),
-            "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x",
+            "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x" + ("" if row.get("paired") else "~"),
             row["budget"],
         ])
     widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
@@ -101,12 +101,11 @@ class LadderRun:
         return _ratio(self.rungs[index].step.article.samples_per_s, self.rungs[0].step.article.samples_per_s)
 
     def left_out_steps(self) -> list[str]:
-        """Steps the run's rungs climbed without (the plugin writes them into ``applied``)."""
-        marker = "(left out on this device: "
+        """Steps the run's rungs climbed without (each rung records them)."""
         for rung in reversed(self.rungs):
-            applied = (rung.measured or {}).get("ladder", {}).get("applied") or ""
-            if marker in applied:
-                return applied.split(marker, 1)[1].rstrip(")").split(", ")
+            left_out = ((rung.measured or {}).get("ladder") or {}).get("left_out")
+            if isinstance(left_out, list) and left_out:
+                return [str(step) for step in left_out]
         return []
 
 
@@ -172,25 +171,17 @@ def run_profile(run: dict) -> str | None:
 
 
 def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
-    """Why a rung is absent from the run, as far as the step's requirements and the device tell."""
+    """Why a rung is absent from the run, as far as the step's requirements and the recorded device tell."""
+    from .device import DeviceCaps
+    from .recipes import unmet
     from .workloads import PROFILES
 
-    recipe, requires = step.recipe, step.recipe.requires
-    on_cuda = device.get("kind") == "cuda"
-    if (requires.cuda or requires.min_capability or requires.min_gpus) and not on_cuda:
-        return "needs a CUDA GPU"
-    capability = tuple(device.get("capability") or ())
-    if requires.min_capability and capability and capability < tuple(requires.min_capability):
-        return f"needs compute capability >= {'.'.join(map(str, requires.min_capability))}"
-    if requires.min_gpus and device.get("gpu_count") is not None and device["gpu_count"] < requires.min_gpus:
-        return f"needs {requires.min_gpus} GPUs"
-    profile = PROFILES.get(profile_name or ("gpu" if on_cuda else "cpu"))
-    wants_bf16 = requires.bf16 or (profile is not None and recipe.config(profile).amp == "bf16")
-    if wants_bf16 and device.get("bf16_supported") is False:
-        return "needs bfloat16 support"
-    if recipe.slow:
-        return "slow case: run with --trainbench-slow"
-    return ""
+    caps = DeviceCaps.from_identity(device)
+    profile = PROFILES.get(profile_name or caps.profile_name, PROFILES[caps.profile_name])
+    reason = unmet(step.recipe, caps, profile)
+    if reason:
+        return reason.split(": ", 1)[1]
+    return "slow case: run with --trainbench-slow" if step.recipe.slow else ""
 
 
 def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:
@@ -231,16 +222,19 @@ def device_slug(device: dict, max_len: int = 48) -> str:
 
 def device_caption(device: dict) -> str:
     """Device name, kind, threads or GPU details and the software versions, on one line."""
+    from .device import DeviceCaps
+
     kind = device.get("kind") or "unknown"
     details = [kind]
-    if kind == "cuda":
+    on_gpu = DeviceCaps.from_identity(device).cuda
+    if on_gpu:
         if device.get("capability"):
             details.append("sm " + ".".join(map(str, device["capability"])))
         if device.get("gpu_count"):
             details.append(f"{device['gpu_count']} GPU{'s' if device['gpu_count'] != 1 else ''}")
         if device.get("driver"):
             details.append(f"driver {device['driver']}")
-    if kind == "cuda" and device.get("cpu_model"):
+    if on_gpu and device.get("cpu_model"):
         details.append(f"host {device['cpu_model']}")
     if device.get("cpu_threads"):
         details.append(f"{device['cpu_threads']} CPU threads")

@@ -1,4 +1,6 @@
-"""What one measured case produced, and the named metrics budgets and reports read from it."""
+"""What one measured case produced, the named metrics budgets and reports read from it, and its one
+serialized form (``case_record`` writes it into pytest-benchmark's extra_info; ``CaseRecord.read``
+reads it back for the gate, the report and calibration)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ class Metric:
     higher_is_better: bool
     deterministic: bool  # same value on every run of the same code on the same device
     description: str
+    group: str = "speed"  # speed | memory | work: what it tells (asv's classes follow it)
+    stable_on_gpu: bool = False  # not exact, but repeatable on one GPU (allocator peaks): calibrated there
 
 
 # Every metric a budget, a comparison or a report may name. Deterministic ones are
 # exact functions of the code and shapes, so CPU CI can gate on them without noise.
 METRICS: dict[str, Metric] = {
-    "samples_per_s": Metric("samples/s", True, False, "samples (all ranks) / total timed seconds"),
+    "samples_per_s": Metric("samples/s", True, False, "samples per step (all ranks) / median step time"),
     "step_time_ms": Metric("ms", False, False, "median time of a step (per-round means)"),
     "step_time_iqr_ms": Metric("ms", False, False, "inter-quartile range of the per-round step times"),
     "data_wait_fraction": Metric("", False, False, "share of timed wall time blocked in next(loader)"),
@@ -27,24 +31,36 @@ METRICS: dict[str, Metric] = {
     "warmup_s": Metric("s", False, False, "all warm-up steps until step times settled"),
     "achieved_tflops": Metric("TFLOP/s", True, False, "FLOPs per step / median step time"),
     "mfu": Metric("", True, False, "achieved / peak FLOP/s of a known GPU"),
-    "peak_memory_mib": Metric("MiB", False, False, "device allocator peak (CUDA), tracked tensor peak (CPU)"),
-    "peak_reserved_mib": Metric("MiB", False, False, "CUDA caching-allocator reserved peak"),
-    "alloc_retries": Metric("", False, False, "CUDA allocator retries (cudaFree + retry) during the memory pass"),
-    "tracked_peak_mib": Metric("MiB", False, True, "peak of live tensors seen by the memory tracker"),
-    "param_mib": Metric("MiB", False, True, "parameters at the tracked peak"),
-    "grad_mib": Metric("MiB", False, True, "gradients at the tracked peak"),
-    "optimizer_state_mib": Metric("MiB", False, True, "optimizer state at the tracked peak"),
-    "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak"),
-    "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak"),
-    "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)"),
-    "graph_nodes_growth_per_step": Metric("", False, True, "autograd nodes kept alive per step by a running loss"),
-    "gflops_per_sample": Metric("GFLOP", False, True, "FlopCounterMode FLOPs of one step / batch size"),
-    "h2d_bytes_per_sample": Metric("B", False, True, "bytes a step copies to the device per sample"),
-    "syncs_per_step": Metric("", False, True, "host-device syncs (aten._local_scalar_dense) per step"),
-    "ops_per_step": Metric("", False, True, "aten ops dispatched per step (eager view, below autograd)"),
-    "aten_calls_per_step": Metric("", False, True, "aten calls the profiler records per step (compiled code included)"),
-    "kernels_per_step": Metric("", False, True, "device kernels launched per step (CUDA profiler)"),
+    "peak_memory_mib": Metric("MiB", False, False, "device allocator peak (CUDA), tracked tensor peak (CPU)",
+                              group="memory", stable_on_gpu=True),
+    "peak_reserved_mib": Metric("MiB", False, False, "CUDA caching-allocator reserved peak", group="memory",
+                                stable_on_gpu=True),
+    "alloc_retries": Metric("", False, False, "CUDA allocator retries (cudaFree + retry) during the memory pass",
+                            group="memory"),
+    "tracked_peak_mib": Metric("MiB", False, True, "peak of live tensors seen by the memory tracker", group="memory"),
+    "param_mib": Metric("MiB", False, True, "parameters at the tracked peak", group="memory"),
+    "grad_mib": Metric("MiB", False, True, "gradients at the tracked peak", group="memory"),
+    "optimizer_state_mib": Metric("MiB", False, True, "optimizer state at the tracked peak", group="memory"),
+    "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak", group="memory"),
+    "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak", group="memory"),
+    "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)",
+                                         group="memory"),
+    "graph_nodes_growth_per_step": Metric("", False, True, "autograd nodes kept alive per step by a running loss",
+                                          group="memory"),
+    "gflops_per_sample": Metric("GFLOP", False, True, "FlopCounterMode FLOPs of one step / batch size", group="work"),
+    "h2d_bytes_per_sample": Metric("B", False, True, "bytes a step copies to the device per sample", group="work"),
+    "syncs_per_step": Metric("", False, True, "host-device syncs (aten._local_scalar_dense) per step",
+                             group="work"),
+    "ops_per_step": Metric("", False, True, "aten ops dispatched per step (eager view, below autograd)", group="work"),
+    "aten_calls_per_step": Metric("", False, True, "aten calls the profiler records per step (compiled code included)",
+                                  group="work"),
+    "kernels_per_step": Metric("", False, True, "device kernels launched per step (CUDA profiler)", group="work"),
 }
+
+
+def deterministic_metrics() -> list[str]:
+    """The metrics that are exact functions of the code and shapes: what a CPU runner can gate on."""
+    return [name for name, metric in METRICS.items() if metric.deterministic]
 
 
 @dataclass
@@ -91,12 +107,15 @@ class Result:
         return sum(self.round_step_times_s) * self.steps_per_round
 
     @property
-    def timed_samples(self) -> int:
-        return self.batch_size * self.world_size * self.steps_per_round * len(self.round_step_times_s)
+    def samples_per_step(self) -> int:
+        """Samples one optimizer step trains, all ranks together."""
+        return self.batch_size * self.world_size
 
     @property
     def samples_per_s(self) -> float | None:
-        return self.timed_samples / self.timed_seconds if self.timed_seconds > 0 else None
+        """From the median step time, like ``step_time_ms``: the two always tell the same story."""
+        step = self.step_time_s
+        return self.samples_per_step / step if step else None
 
     @property
     def step_time_s(self) -> float | None:
@@ -152,3 +171,91 @@ class Result:
     def to_dict(self) -> dict:
         """JSON-ready: the raw record plus every derived metric."""
         return {**asdict(self), "metrics": self.metrics()}
+
+
+# -- the serialized form of a measured case ------------------------------------------------------
+
+class RecordError(ValueError):
+    """A stored case record that cannot be read; the message names where and what was expected."""
+
+
+def case_record(result: Result, **case_fields) -> dict:
+    """The one serialized form of a measured case (JSON-ready).
+
+    Every metric of ``METRICS`` at the top level (None where not measured), the raw
+    measurement, and what the runner adds (``case_fields``: baseline, speed-up, budget,
+    guard, ladder). pytest-benchmark stores it as extra_info; ``CaseRecord.read`` reads it.
+    """
+    return {
+        **result.metrics(),
+        "case": result.case,
+        "workload": result.workload,
+        "recipe": result.recipe,
+        "profile": result.profile,
+        "batch_size": result.batch_size,
+        "world_size": result.world_size,
+        "samples_per_step": result.samples_per_step,
+        "config": result.config,
+        "memory_breakdown_bytes": result.memory_breakdown_bytes,
+        "memory_growth_bytes_per_step": result.memory_growth_bytes_per_step,
+        "top_ops": result.top_ops,
+        "flops_per_step": result.flops_per_step,
+        "warmup": {"steps": result.warmup_steps, "steady": result.warmup_steady, "seconds": result.warmup_s,
+                   "first_step_s": result.first_step_s},
+        "steps_per_round": result.steps_per_round,
+        "round_step_times_s": result.round_step_times_s,
+        "final_loss": result.final_loss,
+        "device": result.device,
+        "notes": result.notes,
+        **case_fields,
+    }
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """A case as read back from a stored record: what the gate, the report and calibration use."""
+
+    case: str
+    metrics: dict[str, float | None]
+    round_step_times_s: list[float]
+    samples_per_step: int
+    speedup_vs_baseline: float | None = None
+    paired: bool = False  # the speed-up comes from rounds interleaved with the baseline's
+    profile: str | None = None
+    ladder: dict | None = None
+    device: dict | None = None
+    raw: dict = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, info: object, where: str) -> CaseRecord:
+        """Validate and read a record (extra_info); a wrong shape raises ``RecordError`` naming ``where`` and the key."""
+        if not isinstance(info, dict) or not isinstance(info.get("case"), str):
+            raise RecordError(f"{where}: not a trainbench case (no 'case' in extra_info); expected extra_info with "
+                              "case, samples_per_step, the metrics and round_step_times_s")
+        metrics = {}
+        for name in METRICS:
+            value = info.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RecordError(f"{where}: {name} = {value!r}: expected a number or null")
+            metrics[name] = value
+        rounds = info.get("round_step_times_s") or []
+        if not isinstance(rounds, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                   for t in rounds):
+            raise RecordError(f"{where}: round_step_times_s: expected a list of seconds")
+        samples = info.get("samples_per_step", info.get("batch_size"))
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise RecordError(f"{where}: samples_per_step = {samples!r}: expected a positive int")
+        speedup = info.get("speedup_vs_baseline")
+        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
+            raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a number or null")
+        ladder = info.get("ladder")
+        return cls(info["case"], metrics, [float(t) for t in rounds], samples, speedup, bool(info.get("paired")),
+                   info.get("profile"), ladder if isinstance(ladder, dict) else None,
+                   info.get("device") if isinstance(info.get("device"), dict) else None, info)
+
+    def per_round(self, metric: str) -> list[float]:
+        """A timed metric round by round (step time in ms, samples/s)."""
+        times = [t for t in self.round_step_times_s if t > 0]
+        if metric == "step_time_ms":
+            return [t * 1e3 for t in times]
+        return [self.samples_per_step / t for t in times]

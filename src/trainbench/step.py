@@ -1,7 +1,10 @@
-"""Builds the loader, model, optimizer, GradScaler and the training step from a config.
+"""Builds the loader, model, optimizer, GradScaler and the training step from a spec and a config.
 
-The one place where each knob of ``TrainConfig`` takes effect, so a recipe means the
-same thing in every benchmark, test and asv run.
+The one place where each knob of ``TrainConfig`` takes effect on a ``TrainingSpec``, so a
+recipe means the same thing in every benchmark, test and asv run, on built-in and
+users' specs alike. What only the built model can tell (no convolution for
+channels-last, no bias-free convolution, no ``pointwise`` function, an optimizer that
+ignores ``fused=``) raises ``NotApplicable`` naming what is missing.
 
 A *step* is one optimizer update: ``step(fetch(batches))``. ``fetch`` takes as many
 loader batches as the step consumes (the micro-batches of gradient accumulation), so
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,9 +22,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
-from .device import Backend, set_cudnn_benchmark
-from .recipes import TrainConfig
-from .workloads import Profile, get_workload
+from .device import Backend, host_profiler_activities, set_cudnn_benchmark
+from .recipes import OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
+from .spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -45,37 +47,22 @@ class EndlessSampler(Sampler[int]):
 
 
 class SyntheticBatches:
-    """Random batches with the dataset's shapes, made on the host (then copied) or on the device.
+    """The spec's batch factory as an endless iterator, its batches made on the host (then copied) or on the device.
 
     The seeds' "construct tensors directly on the device": ``torch.rand(...).to(dev)``
     allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
     """
 
-    def __init__(self, sample, batch_size: int, device: torch.device, on_device: bool, seed: int,
-                 vocab: int | None = None, num_classes: int = 10):
-        inputs = torch.as_tensor(sample[0])
-        self.shape = (batch_size, *inputs.shape)
-        self.tokens = not inputs.is_floating_point()
-        if self.tokens and vocab is None:
-            raise ValueError("synthetic token batches need the dataset's vocabulary size (a `vocab` attribute)")
-        self.vocab = vocab
-        self.num_classes = num_classes
+    def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int):
+        self.make = spec.batches
         self.batch_size = batch_size
-        self.device = device
-        self.make_on = device if on_device else torch.device("cpu")
-        self.generator = torch.Generator(self.make_on).manual_seed(seed)
+        self.generator = torch.Generator(device if on_device else torch.device("cpu")).manual_seed(seed)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        g, on = self.generator, self.make_on
-        if self.tokens:
-            inputs = torch.randint(0, self.vocab, self.shape, generator=g, device=on)
-        else:
-            inputs = torch.rand(self.shape, generator=g, device=on).mul_(2.0).sub_(1.0)  # in [-1, 1) like the loader's
-        targets = torch.randint(0, self.num_classes, (self.batch_size,), generator=g, device=on)
-        return inputs, targets
+        return self.make(self.batch_size, self.generator)
 
 
 class RankSampler(Sampler[int]):
@@ -97,18 +84,6 @@ class RankSampler(Sampler[int]):
             yield from global_batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
-def batch_nbytes(batch) -> int:
-    """Bytes of the host tensors a step copies to the device for one batch (or list of micro-batches)."""
-    if isinstance(batch, list):
-        return sum(batch_nbytes(b) for b in batch)
-    return sum(t.nbytes for t in batch if isinstance(t, torch.Tensor))
-
-
-def normalize_uint8(images: torch.Tensor) -> torch.Tensor:
-    """The seeds' on-device normalization of uint8 pixels: same values as T.Normalize(0.5, 0.5)."""
-    return (images.to(torch.float32) / 255.0 - 0.5) / 0.5
-
-
 def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None:
     """Recompute each named block in backward instead of keeping its activations.
 
@@ -116,27 +91,59 @@ def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None
     gradient comparison by name) stay the same as without checkpointing.
     """
     for name in block_names:
-        block = model.get_submodule(name)
+        try:
+            block = model.get_submodule(name)
+        except AttributeError:
+            raise SpecError(f"checkpoint block {name!r} is not a submodule of the model") from None
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def add_conv_bias(model: torch.nn.Module) -> None:
-    """Give every bias-free convolution a zero-initialized bias: the redundant bias before BatchNorm."""
+def add_conv_bias(model: torch.nn.Module) -> int:
+    """Give every bias-free convolution a zero-initialized bias: the redundant bias before BatchNorm. Returns how many."""
+    added = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d) and module.bias is None:
             module.bias = torch.nn.Parameter(torch.zeros(module.out_channels))
+            added += 1
+    return added
 
 
-def fuse_pointwise(model: torch.nn.Module, how: str) -> None:
-    """Replace each module's ``pointwise`` function by its scripted or compiled version."""
+def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
+    """Replace each module's ``pointwise`` function by its scripted or compiled version. Returns how many."""
+    fused = 0
     for module in model.modules():
         fn = getattr(module, "pointwise", None)
         if fn is None:
             continue
-        if how == "script":
-            module.pointwise = torch.jit.script(fn)
-        else:
-            module.pointwise = torch.compile(fn)
+        module.pointwise = torch.jit.script(fn) if how == "script" else torch.compile(fn)
+        fused += 1
+    return fused
+
+
+def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
+    """The spec's optimizer with the implementation ``impl`` asks for, checked to have taken effect."""
+    kwargs = OPTIMIZER_IMPL_KWARGS.get(impl, {})
+    optimizer = spec.optimizer(params, **kwargs)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise SpecError(f"training spec {spec.name!r}: optimizer returned {type(optimizer).__name__}, "
+                        "expected a torch.optim.Optimizer")
+    for key, value in kwargs.items():
+        if bool(optimizer.defaults.get(key)) != value:
+            raise NotApplicable(f"{type(optimizer).__name__} did not take {key}={value} (its defaults say "
+                                f"{key}={optimizer.defaults.get(key)!r})")
+    return optimizer
+
+
+_SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def sdpa_context(backend: str | None):
+    """scaled_dot_product_attention restricted to one kernel family (a no-op context for None)."""
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
 
 
 @dataclass(frozen=True)
@@ -155,50 +162,52 @@ class InjectedFault:
 class Training:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
-    def __init__(self, config: TrainConfig, backend: Backend, profile: Profile, fault: InjectedFault | None = None):
+    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None):
         self.config = config = config.validate()
+        reason = spec_unmet(spec, config)
+        if reason:
+            raise NotApplicable(reason)
+        self.spec = spec
         self.fault = fault
         self._leaked: list[torch.Tensor] = []
         self.backend = backend
-        self.profile = profile
         self.device = backend.device
-        self.workload = get_workload(config.workload)
-        self.batch_size = config.resolved_batch_size(profile)  # per loader batch (micro-batch)
-        self.samples_per_step = config.samples_per_step(profile)
+        self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
+        self.samples_per_step = config.step_batch_size(spec)
+        self.synthetic = config.synthetic or (None if spec.dataset is not None else "host")
         self._closers = contextlib.ExitStack()
         torch.manual_seed(config.seed)
 
-        hwc = {"hwc": True} if config.channels_last_input else {}  # users' own datasets need not know the knob
-        self.dataset = self.workload.build_dataset(profile, config.uint8_transfer, config.seed, **hwc)
-        if config.parallel == "ddp":
-            import torch.distributed as dist
+        self.loader = None
+        if not self.synthetic:
+            dataset = spec.dataset(pixels=config.pixels) if config.pixels else spec.dataset()
+            if config.parallel == "ddp":
+                import torch.distributed as dist
 
-            if not dist.is_initialized() or dist.get_world_size() != config.world_size:
-                raise RuntimeError(f"parallel='ddp' needs an initialized process group of {config.world_size} ranks "
-                                   "(trainbench.distributed launches them)")
-            sampler = RankSampler(len(self.dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
-        else:
-            sampler = EndlessSampler(len(self.dataset), config.seed)
-        self.loader = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=config.num_workers,
-            pin_memory=config.pin_memory,
-            drop_last=True,
-            persistent_workers=config.num_workers > 0,
-        )
+                if not dist.is_initialized() or dist.get_world_size() != config.world_size:
+                    raise RuntimeError(f"parallel='ddp' needs an initialized process group of {config.world_size} ranks "
+                                       "(trainbench.distributed launches them)")
+                sampler = RankSampler(len(dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
+            else:
+                sampler = EndlessSampler(len(dataset), config.seed)
+            self.loader = DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
+                                     num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
+                                     persistent_workers=config.num_workers > 0)
 
-        model = self.workload.build_model(profile)
-        if config.conv_bias:
-            add_conv_bias(model)
+        model = spec.model()
+        if not isinstance(model, torch.nn.Module):
+            raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
+        if config.conv_bias and not add_conv_bias(model):
+            raise NotApplicable("the model has no bias-free convolution to give a bias")
         model = model.to(self.device)
         if config.channels_last:
+            if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+                raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
             model = model.to(memory_format=torch.channels_last)
         if config.checkpointing:
-            enable_checkpointing(model, self.workload.checkpoint_blocks(model))
-        if config.fuse_pointwise:
-            fuse_pointwise(model, config.fuse_pointwise)
+            enable_checkpointing(model, list(spec.checkpoint_blocks))
+        if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
+            raise NotApplicable("the model has no module with a `pointwise` function to fuse")
         model.train(config.eval_mode is None)
         self.model = model  # the plain module: parameter names, memory tracking, the optimizer
         wrapped = model
@@ -207,12 +216,13 @@ class Training:
         elif config.parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            wrapped = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            wrapped = DistributedDataParallel(model, device_ids=backend.ddp_device_ids())
         self.forward = torch.compile(wrapped) if config.compile else wrapped
-        self.criterion = self.workload.criterion().to(self.device)
-        self.optimizer = self.workload.optimizer(model.parameters(), config.optimizer_impl)
+        self.optimizer = build_optimizer(spec, model.parameters(), config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
         self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
+        self._normalize = spec.pixel_normalize()
+        self._loss_checked = False
 
         previous = set_cudnn_benchmark(config.cudnn_benchmark)
         self._closers.callback(set_cudnn_benchmark, previous)
@@ -220,7 +230,7 @@ class Training:
             self._closers.enter_context(_deterministic_algorithms())
         self._debug = self._closers.enter_context(_debug_api(config.debug))
 
-        # Called before every forward of the model: the memory tracker follows one forward of the
+        # Called before every loss computation: the memory tracker follows one forward of the
         # root module at a time, and a step may run several (accumulation, a loss computed twice).
         self.before_forward = None
         self.steps_done = 0
@@ -232,10 +242,9 @@ class Training:
     def batches(self) -> Iterator:
         """The live, endless batch iterator (created once; workers persist)."""
         if self._iterator is None:
-            if self.config.synthetic:
-                self._iterator = SyntheticBatches(self.dataset[0], self.batch_size, self.device,
-                                                  self.config.synthetic == "device", self.config.seed,
-                                                  vocab=getattr(self.dataset, "vocab", None))
+            if self.synthetic:
+                self._iterator = SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device",
+                                                  self.config.seed)
             else:
                 self._iterator = iter(self.loader)
         return self._iterator
@@ -246,29 +255,42 @@ class Training:
 
     def h2d_bytes(self, micro_batches: list) -> int:
         """Bytes one step's data crosses from the host to the device (none when made on the device)."""
-        return 0 if self.config.synthetic == "device" else batch_nbytes(micro_batches)
+        return 0 if self.synthetic == "device" else batch_nbytes(micro_batches)
 
-    def to_device(self, batch):
-        inputs, targets = batch
-        nb = self.config.non_blocking
-        inputs = inputs.to(self.device, non_blocking=nb)
-        targets = targets.to(self.device, non_blocking=nb)
+    def to_device(self, batch: Batch) -> Batch:
+        """Every tensor of the batch on the device; uint8 images normalized there, channels-last where asked."""
+        config = self.config
+        batch = batch_to_device(batch, self.device, config.non_blocking)
+        if config.uint8_transfer:
+            batch = map_tensors(self._pixels_on_device, batch)
+        if config.channels_last:
+            batch = map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
+                                if t.dim() == 4 and t.is_floating_point() else t, batch)
+        return batch
+
+    def _pixels_on_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A 4-D uint8 tensor is a batch of images: normalized on the device (NHWC seen as channels-last NCHW)."""
+        if t.dim() != 4 or t.dtype != torch.uint8:
+            return t
         if self.config.channels_last_input:
-            inputs = inputs.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels-last strides, no copy
-        if self.config.uint8_transfer:
-            inputs = normalize_uint8(inputs)
-        if self.config.channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return inputs, targets
+            t = t.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels-last strides, no copy
+        return self._normalize(t)
 
     # -- the step -------------------------------------------------------------------
     def _loss(self, batch) -> torch.Tensor:
-        inputs, targets = self.to_device(batch)
+        batch = self.to_device(batch)
         if self.before_forward is not None:
             self.before_forward()
-        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None):
-            outputs = self.forward(inputs)
-            return self.criterion(outputs, targets)
+        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
+                sdpa_context(self.config.sdpa_backend):
+            loss = self.spec.loss_fn(self.forward, batch)
+        if not self._loss_checked:
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+                what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned {what}, expected a scalar "
+                                "floating-point tensor")
+            self._loss_checked = True
+        return loss
 
     def zero_grad(self) -> None:
         mode = self.config.zero_grad
@@ -309,7 +331,7 @@ class Training:
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
-        started = time.perf_counter()
+        started = self.backend.clock()
         if self.config.eval_mode:
             loss = self.evaluate(micro_batches)
         else:
@@ -326,7 +348,7 @@ class Training:
             self._debug.step()
         self.steps_done += 1
         if self.fault is not None:
-            self._inject(time.perf_counter() - started)
+            self._inject(self.backend.clock() - started)
         return loss.detach()
 
     def _inject(self, step_seconds: float) -> None:
@@ -334,9 +356,7 @@ class Training:
         if fault.leak_mib:
             self._leaked.append(torch.empty(int(fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
         if fault.slowdown:
-            deadline = time.perf_counter() + fault.slowdown * step_seconds
-            while time.perf_counter() < deadline:  # busy-wait: sleep granularity is coarse for millisecond steps
-                pass
+            self.backend.busy_wait(fault.slowdown * step_seconds)
 
     def _track_loss(self, loss: torch.Tensor) -> None:
         """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
@@ -405,10 +425,9 @@ class _ProfilerLeftOn:
     """
 
     def __init__(self):
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import profile, schedule
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.profiler = profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
+        self.profiler = profile(activities=host_profiler_activities(), schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
                                 on_trace_ready=lambda prof: None, record_shapes=True, profile_memory=True)
 
     def step(self) -> None:

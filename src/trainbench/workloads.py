@@ -1,20 +1,27 @@
-"""Models and synthetic data: what is trained, independent of how it is optimized.
+"""The built-in workloads: training specs (``trainbench.spec``) like any user's, sized per device profile.
 
 The reference workload is the seeds': torchvision ResNet-18 with random weights on a
 FakeCIFAR dataset (uint8 32x32x3 images served as PIL images, resized), CrossEntropy
-and SGD(lr=0.001, momentum=0.9). Sizes come from a device *profile*: ``cpu`` keeps a
-case to seconds on two cores, ``gpu`` uses the seeds' sizes. Nothing is downloaded.
+and SGD(lr=0.001, momentum=0.9). Beside it: a transformer encoder classifier, the
+seeds' hand-written GELU MLP, a small MLP, a GPT-style decoder LM (causal SDPA, AdamW)
+and a Vision Transformer. Sizes come from a device *profile*: ``cpu`` keeps a case to
+seconds on two cores, ``gpu`` uses the seeds' sizes (GPT-2 small, ViT-B/16 at 224).
+Random weights and synthetic data: nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import Dataset
+
+from .spec import TrainingSpec, classification_loss
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,7 @@ PROFILES = {
 }
 
 
-def profile_for(kind: str) -> Profile:
-    """The default profile of a device kind (``cpu`` for the CPU, ``gpu`` for accelerators)."""
-    return PROFILES["cpu" if kind == "cpu" else "gpu"]
-
+# -- data ------------------------------------------------------------------------------------
 
 class FakeCIFAR(Dataset):
     """CIFAR-10-shaped random data served like torchvision's CIFAR10: (PIL image, int label).
@@ -71,13 +75,26 @@ class FakeTokens(Dataset):
     """Random token sequences with a class label, for the transformer workload."""
 
     def __init__(self, size: int, seq_len: int, vocab: int, seed: int = 0, num_classes: int = 10):
-        self.vocab = vocab
         gen = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(0, vocab, (size, seq_len), generator=gen)
         self.targets = torch.randint(0, num_classes, (size,), generator=gen)
 
     def __getitem__(self, index: int):
         return self.tokens[index], self.targets[index]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class FakeText(Dataset):
+    """Random token sequences for language modelling, served as ``{"input_ids": (seq_len + 1,)}``."""
+
+    def __init__(self, size: int, seq_len: int, vocab: int, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, vocab, (size, seq_len + 1), generator=gen)
+
+    def __getitem__(self, index: int):
+        return {"input_ids": self.tokens[index]}
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -94,20 +111,52 @@ class PILToHWCTensor:
         return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True))
 
 
-def image_transform(image_size: int, uint8: bool, hwc: bool = False):
-    """The seeds' transforms: float32 normalized on the host, or uint8 left for the device."""
+def image_transform(image_size: int, pixels: str | None = None):
+    """The seeds' transforms: float32 normalized on the host, or uint8 (CHW or HWC) left for the device."""
     import torchvision.transforms as T
 
     steps = [T.Resize(image_size)] if image_size != 32 else []
-    if hwc:
-        if not uint8:
-            raise ValueError("HWC batches are uint8: normalization happens on the device")
+    if pixels == "uint8_hwc":
         return T.Compose(steps + [PILToHWCTensor()])
-    if uint8:
-        # Keep 8-bit pixels: the copy to the device is 4x smaller; step.py normalizes there.
+    if pixels == "uint8":
+        # Keep 8-bit pixels: the copy to the device is 4x smaller; the step normalizes there.
         return T.Compose(steps + [T.PILToTensor()])
     return T.Compose(steps + [T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
 
+
+def _fake_cifar(image_size: int, dataset_size: int) -> Callable[..., Dataset]:
+    def dataset(pixels: str | None = None) -> Dataset:
+        return FakeCIFAR(dataset_size, transform=image_transform(image_size, pixels), seed=0)
+
+    return dataset
+
+
+def _random_images(image_size: int, num_classes: int = 10):
+    """Synthetic (images in [-1, 1), labels) batches, made where the generator lives."""
+
+    def batches(batch_size: int, gen: torch.Generator):
+        images = torch.rand((batch_size, 3, image_size, image_size), generator=gen, device=gen.device).mul_(2.0).sub_(1.0)
+        return images, torch.randint(0, num_classes, (batch_size,), generator=gen, device=gen.device)
+
+    return batches
+
+
+def _random_tokens(seq_len: int, vocab: int, num_classes: int = 10):
+    def batches(batch_size: int, gen: torch.Generator):
+        tokens = torch.randint(0, vocab, (batch_size, seq_len), generator=gen, device=gen.device)
+        return tokens, torch.randint(0, num_classes, (batch_size,), generator=gen, device=gen.device)
+
+    return batches
+
+
+def _random_text(seq_len: int, vocab: int):
+    def batches(batch_size: int, gen: torch.Generator):
+        return {"input_ids": torch.randint(0, vocab, (batch_size, seq_len + 1), generator=gen, device=gen.device)}
+
+    return batches
+
+
+# -- models ----------------------------------------------------------------------------------
 
 class TokenClassifier(nn.Module):
     """A small pre-norm transformer encoder with mean pooling and a linear head."""
@@ -125,53 +174,6 @@ class TokenClassifier(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
         return self.head(self.encoder(x).mean(dim=1))
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model, its data and its loss; sizes come from a profile."""
-
-    name: str
-    description: str
-    input_kind: str  # "image" (uint8 pixels available) or "tokens"
-    build_model: Callable[[Profile], nn.Module]
-    build_dataset: Callable[..., Dataset]  # (profile, uint8, seed, hwc=False)
-    lr: float = 0.001
-    momentum: float = 0.9
-    # Dotted names of the blocks gradient checkpointing recomputes (None: not supported).
-    checkpoint_blocks: Callable[[nn.Module], list[str]] | None = None
-    conv_bn: bool = False  # has convolutions followed by BatchNorm (the conv-bias case)
-    pointwise_block: bool = False  # has modules with a ``pointwise`` function to fuse (GeluMLP)
-
-    @property
-    def supports_uint8(self) -> bool:
-        return self.input_kind == "image"
-
-    def criterion(self) -> nn.Module:
-        return nn.CrossEntropyLoss()
-
-    def optimizer(self, params, impl: str | None = None) -> torch.optim.Optimizer:
-        """SGD as in the seeds; ``impl`` picks the update kernels (None: PyTorch's default for the device)."""
-        kwargs = {"loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}.get(impl, {})
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, **kwargs)
-
-
-def _resnet18(profile: Profile) -> nn.Module:
-    import torchvision
-
-    return torchvision.models.resnet18(weights=None, num_classes=10)
-
-
-def _fake_cifar(image_size_of: Callable[[Profile], int]):
-    def build(profile: Profile, uint8: bool, seed: int, hwc: bool = False) -> Dataset:
-        transform = image_transform(image_size_of(profile), uint8, hwc)
-        return FakeCIFAR(profile.dataset_size, transform=transform, seed=seed)
-
-    return build
-
-
-def _mlp(profile: Profile) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
@@ -200,79 +202,176 @@ class GeluMLP(nn.Module):
         return self.head(x)
 
 
-def _gelu_mlp(profile: Profile) -> nn.Module:
-    return GeluMLP()
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        # The attention kernel is PyTorch's choice (math, flash, memory-efficient), or a recipe's (sdpa_kernel).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
-def _resnet_blocks(model: nn.Module) -> list[str]:
-    return ["layer1", "layer2", "layer3", "layer4"]
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
 
 
-def _encoder_blocks(model: nn.Module) -> list[str]:
-    return [f"encoder.layers.{i}" for i in range(len(model.encoder.layers))]
+class GPT(nn.Module):
+    """A GPT-2-style decoder-only LM: token and position embeddings, pre-norm blocks, tied LM head."""
+
+    def __init__(self, vocab: int, d_model: int, layers: int, heads: int, seq_len: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head.weight = self.tokens.weight  # tied, as in GPT-2
+        for embedding in (self.tokens, self.positions):  # GPT-2's initialization: unit-variance logits blow up the loss
+            nn.init.normal_(embedding.weight, std=0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.tokens(ids) + self.positions(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
 
 
-_VOCAB = 1000
+def next_token_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """Cross-entropy of every position's logits (batch, seq, vocab) against the next token."""
+    ids = batch["input_ids"]
+    logits = model(ids[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
 
 
-def _transformer(profile: Profile) -> nn.Module:
+# -- the built-in specs ----------------------------------------------------------------------
+
+_SGD = functools.partial(torch.optim.SGD, lr=0.001, momentum=0.9)  # the seeds' optimizer
+_TOKEN_VOCAB = 1000
+
+
+def _resnet18(profile: Profile) -> TrainingSpec:
+    import torchvision
+
+    size = profile.image_size
+    return TrainingSpec(
+        name="resnet18",
+        description=f"torchvision ResNet-18 (random weights) on FakeCIFAR resized to {size} px, SGD momentum 0.9",
+        model=lambda: torchvision.models.resnet18(weights=None, num_classes=10),
+        loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=_fake_cifar(size, profile.dataset_size), batches=_random_images(size),
+        checkpoint_blocks=("layer1", "layer2", "layer3", "layer4"), pixels=("uint8", "uint8_hwc"))
+
+
+def _mlp(profile: Profile) -> TrainingSpec:
+    return TrainingSpec(
+        name="mlp", description="two-layer MLP on 32x32 FakeCIFAR (no resize): a step of well under a millisecond",
+        model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 10)),
+        loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=_fake_cifar(32, profile.dataset_size), batches=_random_images(32), pixels=("uint8", "uint8_hwc"))
+
+
+def _gelu_mlp(profile: Profile) -> TrainingSpec:
+    return TrainingSpec(
+        name="gelu_mlp",
+        description="MLP with the seeds' hand-written pointwise GELU on 32x32 FakeCIFAR: what fusion removes",
+        model=GeluMLP, loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=_fake_cifar(32, profile.dataset_size), batches=_random_images(32), pixels=("uint8", "uint8_hwc"))
+
+
+def _transformer(profile: Profile) -> TrainingSpec:
     heads = max(4, profile.d_model // 64)
-    return TokenClassifier(_VOCAB, profile.d_model, profile.layers, heads, profile.seq_len)
+    return TrainingSpec(
+        name="transformer", description="pre-norm transformer encoder classifier on random tokens, SGD momentum 0.9",
+        model=lambda: TokenClassifier(_TOKEN_VOCAB, profile.d_model, profile.layers, heads, profile.seq_len),
+        loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=lambda: FakeTokens(profile.dataset_size, profile.seq_len, _TOKEN_VOCAB, seed=0),
+        batches=_random_tokens(profile.seq_len, _TOKEN_VOCAB),
+        checkpoint_blocks=tuple(f"encoder.layers.{i}" for i in range(profile.layers)))
 
 
-def _tokens(profile: Profile, uint8: bool, seed: int, hwc: bool = False) -> Dataset:
-    return FakeTokens(profile.dataset_size, profile.seq_len, _VOCAB, seed=seed)
+# GPT sizes: a 2-layer toy on two CPU cores; GPT-2 small (124M parameters, 1024 tokens) on a GPU.
+_GPT_SIZES = {"cpu": {"vocab": 2048, "d_model": 128, "layers": 2, "heads": 4, "seq_len": 64, "batch": 16, "samples": 1024},
+              "gpu": {"vocab": 50304, "d_model": 768, "layers": 12, "heads": 12, "seq_len": 1024, "batch": 8,
+                      "samples": 2048}}
 
 
-WORKLOADS: dict[str, Workload] = {
-    w.name: w
-    for w in [
-        Workload(
-            "resnet18",
-            "torchvision ResNet-18 (random weights) on FakeCIFAR, Resize per profile, SGD momentum 0.9",
-            "image",
-            _resnet18,
-            _fake_cifar(lambda p: p.image_size),
-            checkpoint_blocks=_resnet_blocks,
-            conv_bn=True,
-        ),
-        Workload(
-            "mlp",
-            "two-layer MLP on 32x32 FakeCIFAR (no resize): a step of well under a millisecond",
-            "image",
-            _mlp,
-            _fake_cifar(lambda p: 32),
-        ),
-        Workload(
-            "transformer",
-            "pre-norm transformer encoder classifier on random tokens",
-            "tokens",
-            _transformer,
-            _tokens,
-            checkpoint_blocks=_encoder_blocks,
-        ),
-        Workload(
-            "gelu_mlp",
-            "MLP with the seeds' hand-written pointwise GELU on 32x32 FakeCIFAR: what fusion removes",
-            "image",
-            _gelu_mlp,
-            _fake_cifar(lambda p: 32),
-            pointwise_block=True,
-        ),
-    ]
+def _gpt(profile: Profile) -> TrainingSpec:
+    s = _GPT_SIZES[profile.name]
+    return TrainingSpec(
+        name="gpt",
+        description=(f"GPT-style decoder LM ({s['layers']} layers, d={s['d_model']}, {s['seq_len']} tokens, vocab "
+                     f"{s['vocab']}), causal scaled_dot_product_attention, next-token loss, AdamW"),
+        model=lambda: GPT(s["vocab"], s["d_model"], s["layers"], s["heads"], s["seq_len"]),
+        loss_fn=next_token_loss,
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-4, weight_decay=0.1),
+        batch_size=s["batch"],
+        dataset=lambda: FakeText(s["samples"], s["seq_len"], s["vocab"], seed=0),
+        batches=_random_text(s["seq_len"], s["vocab"]),
+        checkpoint_blocks=tuple(f"blocks.{i}" for i in range(s["layers"])))
+
+
+# ViT sizes: a 3-layer ViT on 32 px patches of 4 on the CPU; ViT-B/16 at 224 px on a GPU.
+_VIT_SIZES = {"cpu": {"image": 32, "patch": 4, "layers": 3, "heads": 4, "hidden": 128, "mlp": 256},
+              "gpu": {"image": 224, "patch": 16, "layers": 12, "heads": 12, "hidden": 768, "mlp": 3072}}
+
+
+def _vit(profile: Profile) -> TrainingSpec:
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    s = _VIT_SIZES[profile.name]
+    return TrainingSpec(
+        name="vit",
+        description=(f"torchvision VisionTransformer ({s['layers']} layers, hidden {s['hidden']}, patch {s['patch']}) on "
+                     f"FakeCIFAR at {s['image']} px, SGD momentum 0.9"),
+        model=lambda: VisionTransformer(s["image"], s["patch"], s["layers"], s["heads"], s["hidden"], s["mlp"],
+                                        num_classes=10),
+        loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=_fake_cifar(s["image"], profile.dataset_size), batches=_random_images(s["image"]),
+        checkpoint_blocks=tuple(f"encoder.layers.encoder_layer_{i}" for i in range(s["layers"])),
+        pixels=("uint8", "uint8_hwc"))
+
+
+WORKLOADS: dict[str, Callable[[Profile], TrainingSpec]] = {
+    "resnet18": _resnet18,
+    "mlp": _mlp,
+    "transformer": _transformer,
+    "gelu_mlp": _gelu_mlp,
+    "gpt": _gpt,
+    "vit": _vit,
 }
 
 
-def register_workload(workload: Workload) -> Workload:
-    """Make a workload of your own available to recipes, the fixture and asv by name."""
-    if workload.name in WORKLOADS and WORKLOADS[workload.name] is not workload:
-        raise ValueError(f"workload {workload.name!r} is already registered")
-    WORKLOADS[workload.name] = workload
-    return workload
+SpecSource = TrainingSpec | str | Callable[[Profile], TrainingSpec]
 
 
-def get_workload(name: str) -> Workload:
-    try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise KeyError(f"unknown workload {name!r}: expected one of {sorted(WORKLOADS)}") from None
+def resolve_spec(spec: SpecSource, profile: Profile) -> TrainingSpec:
+    """A concrete spec from a spec, a built-in workload's name, or a function of the profile returning a spec."""
+    if isinstance(spec, TrainingSpec):
+        return spec
+    if isinstance(spec, str):
+        try:
+            return WORKLOADS[spec](profile)
+        except KeyError:
+            raise KeyError(f"unknown workload {spec!r}: expected a TrainingSpec or one of {sorted(WORKLOADS)}") from None
+    if callable(spec):
+        resolved = spec(profile)
+        if not isinstance(resolved, TrainingSpec):
+            raise TypeError(f"{spec!r} returned {type(resolved).__name__}, expected a TrainingSpec")
+        return resolved
+    raise TypeError(f"expected a TrainingSpec, a workload name or a function of the profile, got {spec!r}")

@@ -1,0 +1,253 @@
+"""Runs one case: the decisions behind every number, free of pytest so that pytest and asv judge alike.
+
+``Runner.run`` takes a recipe and a training spec and
+
+1. says whether the case can run here, and if not why (``recipes.unmet``, then what only the
+   built model tells: ``NotApplicable``);
+2. resolves the case's baseline recipe, and measures the two **interleaved** (ABBA rounds,
+   both setups alive) when a ratio budget will judge them and neither flips process-wide
+   state; otherwise measures the case alone and, for a ratio budget, a fresh baseline right
+   after it (an earlier result serves only as an *unpaired* reference);
+3. dispatches DDP cases to rank processes (``trainbench.distributed``);
+4. runs the correctness guards against the baseline;
+5. checks the case's budget, and returns a ``CaseOutcome`` whose ``record()`` is the one
+   serialized form of the case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .budgets import Budgets, CaseBudget, Verdict, evaluate
+from .cases import Case
+from .device import Backend
+from .guards import GuardVerdict
+from .ladders import LADDERS
+from .measure import Measurement, MeasureSettings, measure_interleaved, run_rounds
+from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, unmet
+from .result import Result, case_record
+from .spec import TrainingSpec
+from .step import InjectedFault, Training
+from .workloads import Profile, SpecSource, resolve_spec
+
+
+def interleave_blocker(config: TrainConfig) -> str | None:
+    """Why a setup cannot be timed side by side with another in one process, or None.
+
+    DDP ranks are other processes; these knobs flip process-wide state, so the other
+    setup's rounds would run under them too.
+    """
+    if config.parallel == "ddp":
+        return "DDP ranks run in other processes"
+    for knob in ("cudnn_benchmark", "deterministic", "debug", "empty_cache"):
+        if getattr(config, knob):
+            return f"{knob} changes process-wide state"
+    return None
+
+
+@dataclass
+class CaseOutcome:
+    """What running a case gave: its result, its baseline, the checks and their failures."""
+
+    case: str
+    recipe: Recipe
+    result: Result | None = None
+    skipped: str | None = None
+    baseline_recipe: Recipe | None = None
+    baseline: Result | None = None
+    paired: bool = False  # the baseline's rounds were interleaved with the case's
+    budget: CaseBudget | None = None
+    budget_missing: str | None = None  # why no budget applies ("no budgets file ...", "no section ...")
+    budget_verdicts: list[Verdict] = field(default_factory=list)
+    guard_verdicts: list[GuardVerdict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    ladder: dict | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline is None or not self.baseline.samples_per_s or not self.result or not self.result.samples_per_s:
+            return None
+        return self.result.samples_per_s / self.baseline.samples_per_s
+
+    @property
+    def budget_status(self) -> str:
+        if self.budget is None:
+            return "FAIL" if any("no budget" in f for f in self.failures) else "none"
+        failed = sum(not v.ok for v in self.budget_verdicts)
+        return f"FAIL {failed}/{len(self.budget_verdicts)}" if failed else f"ok {len(self.budget_verdicts)}"
+
+    def record(self) -> dict:
+        """The case's serialized form (pytest-benchmark extra_info, asv, the gate, the report)."""
+        fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
+                        "speedup_vs_baseline": self.speedup, "paired": self.paired}
+        if self.budget is None:
+            fields["budget"] = {"status": "none", "reason": self.budget_missing}
+        else:
+            fields["budget"] = {
+                "status": "fail" if any(not v.ok for v in self.budget_verdicts) else "pass",
+                "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
+                "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
+                            "message": v.message} for v in self.budget_verdicts],
+            }
+        if self.guard_verdicts:
+            fields["guard"] = {
+                "baseline": self.baseline_recipe.name,
+                "checks": [{"kind": v.kind, "ok": v.ok, "max_rel_diff": v.max_rel_diff, "message": v.message,
+                            "rtol": self.recipe.loss_rtol if v.kind == "loss" else self.recipe.grad_rtol,
+                            "losses": v.losses, "baseline_losses": v.baseline_losses} for v in self.guard_verdicts],
+            }
+        if self.ladder is not None:
+            fields["ladder"] = self.ladder
+        return case_record(self.result, **fields)
+
+
+class Runner:
+    """Runs cases on one device and profile, keeping same-session baselines and guard references."""
+
+    def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
+                 require_budgets: bool = False):
+        self.backend = backend
+        self.caps = backend.caps()
+        self.profile = profile
+        self.settings = settings
+        self.fault = fault
+        self.require_budgets = require_budgets
+        self.results: dict[tuple, Result] = {}  # same-session baselines, by setup
+        self._trajectories: dict[tuple, list[float]] = {}  # baseline losses for the loss guard
+        self._ddp_grads: dict | None = None  # first-step gradients rank 0 recorded for the guard
+
+    # -- can it run? -------------------------------------------------------------------
+    def skip_reason(self, recipe: Recipe, spec: TrainingSpec, overrides: dict | None = None) -> str | None:
+        """Why this case cannot run here (device, spec), or None. An override that contradicts the recipe raises."""
+        config = recipe.config(self.profile, **(overrides or {}))
+        return unmet(recipe, self.caps, self.profile, spec, config)
+
+    # -- one case ------------------------------------------------------------------------
+    def run(self, recipe: Recipe | str, spec: SpecSource, *, baseline: Recipe | str | None = None,
+            budgets: Budgets | None = None, case: str | None = None, overrides: dict | None = None,
+            ladder: dict | None = None) -> CaseOutcome:
+        """Measure ``recipe`` on ``spec`` against ``baseline`` (default: the recipe's own), check it, and say how it went."""
+        recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+        spec = resolve_spec(spec, self.profile)
+        overrides = dict(overrides or {})
+        case = case or f"{spec.name}-{recipe.name}"
+        outcome = CaseOutcome(case, recipe, ladder=ladder)
+        base = baseline if baseline is not None else recipe.baseline
+        base = base if isinstance(base, Recipe) else get_recipe(base)
+        outcome.baseline_recipe = None if base.name == recipe.name else base
+
+        outcome.skipped = self.skip_reason(recipe, spec, overrides)
+        if outcome.skipped is None and outcome.baseline_recipe is not None:
+            reason = self.skip_reason(outcome.baseline_recipe, spec, overrides)
+            outcome.skipped = f"{recipe.name}: its baseline {reason}" if reason else None
+        if outcome.skipped:
+            return outcome
+        budgets = budgets or Budgets.empty()
+        outcome.budget, outcome.budget_missing = budgets.lookup(self.caps, case)
+        try:
+            self._measure_with_baseline(outcome, spec, overrides)
+        except NotApplicable as e:
+            outcome.skipped = f"{recipe.name}: {e}"
+            return outcome
+        if outcome.baseline_recipe is not None:
+            outcome.guard_verdicts = self._guard(outcome, spec, overrides)
+        self._check_budget(outcome)
+        return outcome
+
+    def run_case(self, case: Case, budgets: Budgets | None = None, **overrides) -> CaseOutcome:
+        """A suite case (``trainbench.cases``): a recipe on a built-in workload, or a ladder rung against rung 0."""
+        if case.ladder is None:
+            return self.run(case.recipe_name, case.workload, budgets=budgets, case=case.id, overrides=overrides)
+        ladder = LADDERS[case.ladder]
+        own = case.own_recipe()  # a rung needs what its own step needs; earlier steps it cannot run are left out
+        reason = unmet(own, self.caps, self.profile)
+        if reason:
+            return CaseOutcome(case.id, own, skipped=reason)
+        return self.run(ladder.rung_recipe(case.rung, self.caps, self.profile), case.workload,
+                        baseline=ladder.rung_recipe(0, self.caps, self.profile), budgets=budgets, case=case.id,
+                        overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile))
+
+    def _config(self, recipe: Recipe, overrides: dict) -> TrainConfig:
+        return recipe.config(self.profile, **overrides)
+
+    def _key(self, spec: TrainingSpec, recipe: Recipe, overrides: dict) -> tuple:
+        return (spec.name, recipe.name, tuple(sorted(overrides.items())))
+
+    def _measure_with_baseline(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict) -> None:
+        recipe, base = outcome.recipe, outcome.baseline_recipe
+        needs_ratio = outcome.budget is not None and outcome.budget.needs_baseline
+        config = self._config(recipe, overrides)
+        base_config = self._config(base, overrides) if base else None
+        if base and needs_ratio and not interleave_blocker(config) and not interleave_blocker(base_config):
+            outcome.result, outcome.baseline = self._measure_interleaved(outcome, spec, config, base_config)
+            outcome.paired = True
+            self.results.setdefault(self._key(spec, base, overrides), outcome.baseline)
+        else:
+            outcome.result = self._measure(recipe, spec, config, outcome.case, fault=self.fault,
+                                           want_grads=recipe.grad_rtol is not None)
+            if base and needs_ratio:  # a fresh baseline: one from minutes ago carries the machine's drift since
+                outcome.baseline = self._measure(base, spec, base_config, f"{spec.name}-{base.name}")
+                self.results[self._key(spec, base, overrides)] = outcome.baseline
+                outcome.result.notes.append(f"baseline {base.name} measured right after, not interleaved "
+                                            f"({interleave_blocker(config) or interleave_blocker(base_config)})")
+            elif base:
+                outcome.baseline = self.results.get(self._key(spec, base, overrides))
+        self.results[self._key(spec, recipe, overrides)] = outcome.result
+
+    def _measure_interleaved(self, outcome: CaseOutcome, spec: TrainingSpec, config: TrainConfig,
+                             base_config: TrainConfig) -> tuple[Result, Result]:
+        recipe, base, settings = outcome.recipe, outcome.baseline_recipe, self.settings
+        with Training(config, spec, self.backend, self.fault) as tc, Training(base_config, spec, self.backend) as tb:
+            mc = Measurement(tc, outcome.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
+            mb = Measurement(tb, f"{spec.name}-{base.name}", base.name, settings, base.extra_warmup_steps,
+                             self.profile.name)
+            result, baseline = measure_interleaved(mc, mb)
+        result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
+        return result, baseline
+
+    def _measure(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
+                 fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
+        if config.parallel == "ddp":
+            from .distributed import measure_ddp
+
+            result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
+                                        recipe.extra_warmup_steps, want_grads=want_grads)
+            if grads is not None:
+                self._ddp_grads = grads
+            return result
+        with Training(config, spec, self.backend, fault) as training:
+            m = Measurement(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
+            return m.run(run_rounds)
+
+    # -- checks ------------------------------------------------------------------------------
+    def _guard(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict) -> list[GuardVerdict]:
+        """The case must train what its baseline trains, within the recipe's tolerance (trainbench.guards)."""
+        from .guards import compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
+
+        recipe, base = outcome.recipe, outcome.baseline_recipe
+        config, base_config = self._config(recipe, overrides), self._config(base, overrides)
+        verdicts = []
+        if recipe.loss_rtol is not None:
+            key = self._key(spec, base, overrides)
+            if key not in self._trajectories:
+                self._trajectories[key] = loss_trajectory(base_config, spec, self.backend)
+            losses = loss_trajectory(config, spec, self.backend)
+            verdicts.append(compare_trajectories(losses, self._trajectories[key], recipe.loss_rtol))
+        if recipe.grad_rtol is not None:
+            base_grads = first_step_gradients(base_config, spec, self.backend)
+            if config.parallel == "ddp":  # recorded by rank 0 while the case was measured
+                grads = self._ddp_grads
+            else:
+                grads = first_step_gradients(config, spec, self.backend)
+            verdicts.append(compare_gradients(grads, base_grads, recipe.grad_rtol))
+        outcome.failures += [f"{outcome.case}: correctness guard ({v.kind}): {v.message}" for v in verdicts if not v.ok]
+        return verdicts
+
+    def _check_budget(self, outcome: CaseOutcome) -> None:
+        if outcome.budget is None:
+            if self.require_budgets:
+                outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
+            return
+        outcome.budget_verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
+        outcome.failures += [f"{outcome.case} [{outcome.budget.device_key}]: {v.message}"
+                             for v in outcome.budget_verdicts if not v.ok]

@@ -1,0 +1,137 @@
+"""The public training spec: what is trained, stated in plain Python, independent of how it is optimized.
+
+A ``TrainingSpec`` says how to build the model and the optimizer, how to compute the
+loss of a batch (``loss_fn(model, batch)``: any forward signature, any batch
+structure), where the data comes from (a ``Dataset`` for loader cases, a batch factory
+for synthetic ones) and how many samples a batch holds. Recipes (``trainbench.recipes``)
+change *how* it is trained; ``trainbench.step`` builds the training from a spec and a
+recipe's config. The built-in workloads (``trainbench.workloads``) are specs like any
+user's.
+
+Batches are any nest of tuples, lists, dicts and tensors: they move to the device
+leaf by leaf, and every tensor in them counts towards the bytes a step copies.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.data import Dataset
+
+Batch = Any  # a tensor, or any nest of tuples, lists and dicts of tensors (and other leaves)
+PIXEL_FORMATS = ("uint8", "uint8_hwc")
+
+
+class SpecError(ValueError):
+    """A spec that cannot be trained as given; the message names the spec and what was expected."""
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """A training, stated as a user states it.
+
+    - ``model()`` builds the ``nn.Module`` (random weights; it is moved to the device for you).
+    - ``optimizer(params, **impl)`` builds any ``torch.optim.Optimizer``. Give a class with its
+      arguments, e.g. ``functools.partial(torch.optim.AdamW, lr=1e-3)``, so the foreach/fused
+      recipes can pass ``foreach=``/``fused=``; a factory that takes only ``params`` still trains,
+      and those recipes are skipped with the reason.
+    - ``loss_fn(model, batch)`` returns the scalar loss of one batch already on the device.
+    - ``dataset()`` returns a ``torch.utils.data.Dataset`` (loader cases: workers, pinned memory),
+      and/or ``batches(batch_size, generator)`` returns one batch made with ``generator`` on its
+      device (synthetic cases; also the data path when no dataset is given).
+    - ``batch_size``: samples per batch (per optimizer step without accumulation).
+    - ``checkpoint_blocks``: dotted names of the submodules gradient checkpointing recomputes.
+    - ``pixels``: the formats ``dataset(pixels=...)`` can also serve (``"uint8"``: uint8 CHW images;
+      ``"uint8_hwc"``: uint8 HWC images): the uint8-transfer recipes copy those and normalize on
+      the device every 4-D uint8 tensor of a batch with ``normalize`` (default: as
+      ``T.Normalize(0.5, 0.5)`` after ``ToTensor``).
+    """
+
+    name: str
+    model: Callable[[], nn.Module]
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
+    optimizer: Callable[..., torch.optim.Optimizer]
+    batch_size: int
+    dataset: Callable[..., Dataset] | None = None
+    batches: Callable[[int, torch.Generator], Batch] | None = None
+    checkpoint_blocks: Sequence[str] = ()
+    pixels: Sequence[str] = ()
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        where = f"training spec {self.name!r}"
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "[]/ "):
+            raise SpecError(f"{where}: name must be a non-empty string without spaces, '/', '[' or ']'")
+        for field in ("model", "loss_fn", "optimizer"):
+            if not callable(getattr(self, field)):
+                raise SpecError(f"{where}: {field} must be callable, got {getattr(self, field)!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise SpecError(f"{where}: batch_size must be a positive int, got {self.batch_size!r}")
+        if self.dataset is None and self.batches is None:
+            raise SpecError(f"{where}: give a dataset (loader cases) or a batches factory (synthetic cases), or both")
+        unknown = set(self.pixels) - set(PIXEL_FORMATS)
+        if unknown:
+            raise SpecError(f"{where}: unknown pixel formats {sorted(unknown)}; expected some of {PIXEL_FORMATS}")
+        if isinstance(self.checkpoint_blocks, str):
+            raise SpecError(f"{where}: checkpoint_blocks must be a list of module names, got the string "
+                            f"{self.checkpoint_blocks!r}")
+
+    def optimizer_accepts(self, argument: str) -> bool:
+        """Whether ``optimizer`` takes ``argument`` (``foreach``, ``fused``) by keyword."""
+        return accepts_keyword(self.optimizer, argument)
+
+    def pixel_normalize(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.normalize or normalize_uint8
+
+
+def accepts_keyword(fn: Callable, argument: str) -> bool:
+    """Whether calling ``fn(..., argument=...)`` is allowed by its signature (a class: its constructor)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == argument and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.kind == p.VAR_KEYWORD
+               for p in parameters)
+
+
+def normalize_uint8(images: torch.Tensor) -> torch.Tensor:
+    """The seeds' on-device normalization of uint8 pixels: same values as ToTensor + Normalize(0.5, 0.5)."""
+    return (images.to(torch.float32) / 255.0 - 0.5) / 0.5
+
+
+def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``(inputs, targets)`` batches: cross-entropy of ``model(inputs)`` against integer class labels."""
+    inputs, targets = batch
+    if targets.is_floating_point():
+        raise SpecError("classification_loss needs integer class labels; got float targets "
+                        "(state a regression loss such as mse_loss in the spec instead)")
+    return nn.functional.cross_entropy(model(inputs), targets)
+
+
+# -- batches of any structure ---------------------------------------------------------------
+
+def tensors_of(batch: Batch) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def batch_nbytes(batch: Batch) -> int:
+    """Bytes of every tensor in ``batch`` (a nest of any structure, or a list of micro-batches)."""
+    return sum(t.nbytes for t in tensors_of(batch))
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
+    """``batch`` with ``fn`` applied to every tensor, structure kept (dicts, tuples, lists, namedtuples)."""
+    return tree_map(lambda leaf: fn(leaf) if isinstance(leaf, torch.Tensor) else leaf, batch)
+
+
+def batch_to_device(batch: Batch, device: torch.device, non_blocking: bool = False) -> Batch:
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
