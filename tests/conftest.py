@@ -31,3 +31,39 @@ def quick():
     """Just enough measurement to exercise every path."""
     return MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
                            memory_steps=1)
+
+
+@pytest.fixture
+def mlp(profile):
+    """The built-in two-layer MLP spec on the CPU profile."""
+    from trainbench.workloads import resolve_spec
+
+    return resolve_spec("mlp", profile)
+
+
+@pytest.fixture
+def training(cpu, profile):
+    """``training(recipe, workload="mlp", **overrides)``: the built setup of a recipe on a built-in workload."""
+    from trainbench.recipes import get_recipe
+    from trainbench.step import Training
+    from trainbench.workloads import resolve_spec
+
+    def build(recipe="baseline", workload="mlp", backend=None, **overrides):
+        config = get_recipe(recipe).config(profile, **overrides)
+        return Training(config, resolve_spec(workload, profile), backend or cpu)
+
+    return build
+
+
+@pytest.fixture
+def measured(training, profile, quick):
+    """``measured(recipe, workload="mlp", settings=quick, **overrides)``: the Result of the whole method."""
+    from trainbench.measure import measure
+    from trainbench.recipes import get_recipe
+
+    def run(recipe="baseline", workload="mlp", settings=None, **overrides):
+        with training(recipe, workload, **overrides) as setup:
+            return measure(setup, f"{workload}-{recipe}", recipe, settings or quick,
+                           get_recipe(recipe).extra_warmup_steps, profile.name)
+
+    return run

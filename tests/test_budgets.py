@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainbench.budgets import BudgetError, Budgets, evaluate
-from trainbench.device import CpuBackend
+from trainbench.device import CpuBackend, DeviceCaps
 from trainbench.result import Result
 
 
@@ -21,12 +21,8 @@ def result(samples_per_round_time=0.1, activations=10 * 2**20, ops=500, batch=16
                   ops_per_step=ops, flops_per_step=10**9, syncs_per_step=0, h2d_bytes_per_sample=100.0)
 
 
-class FakeGpu:
-    kind = "cuda"
-    name = "NVIDIA H100 80GB HBM3"
-
-    def budget_keys(self):
-        return [self.name, "sm_90", "cuda"]
+H100 = DeviceCaps("cuda", "NVIDIA H100 80GB HBM3", cuda=True, capability=(9, 0), gpu_count=1, bf16=True)
+CPU = CpuBackend(torch.device("cpu")).caps()
 
 
 def test_absolute_and_relative_budgets_pass_and_fail_with_one_line(tmp_path):
@@ -36,7 +32,7 @@ max_activation_mib = 8
 min_speedup = 1.5
 max_ops_per_step_ratio = 1.0
 """)
-    budget = Budgets.load(path).for_case(CpuBackend(torch.device("cpu")), "mlp-x")
+    budget = Budgets.load(path).for_case(CPU, "mlp-x")
     current = result(samples_per_round_time=0.1, activations=10 * 2**20, ops=450)
     baseline = result(samples_per_round_time=0.125, activations=10 * 2**20, ops=500)
     verdicts = {v.bound.key: v for v in evaluate(budget, current, baseline)}
@@ -67,11 +63,20 @@ def test_metric_not_measured_on_this_device_fails(tmp_path):
 def test_device_sections_fall_back_from_name_to_capability_to_cuda(tmp_path):
     path = write(tmp_path, '[sm_90."a"]\nmax_ops_per_step = 1\n[cuda."b"]\nmax_ops_per_step = 2\n[cpu."a"]\nmax_ops_per_step = 3\n')
     budgets = Budgets.load(path)
-    assert budgets.device_key(FakeGpu()) == "sm_90"
-    assert budgets.for_case(FakeGpu(), "a").bounds[0].limit == 1
-    assert budgets.for_case(FakeGpu(), "b") is None  # the most specific section present wins
-    assert budgets.device_key(CpuBackend(torch.device("cpu"))) == "cpu"
-    assert Budgets.load(write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')).device_key(FakeGpu()) is None
+    assert budgets.device_key(H100) == "sm_90"
+    assert budgets.for_case(H100, "a").bounds[0].limit == 1
+    assert budgets.for_case(H100, "b") is None  # the most specific section present wins
+    assert budgets.device_key(CPU) == "cpu"
+    assert Budgets.load(write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')).device_key(H100) is None
+
+
+def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
+    path = write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')
+    budgets = Budgets.load(path)
+    assert budgets.lookup(CPU, "b") == (None, f"no budget for b in [cpu] of {path}")
+    assert budgets.lookup(H100, "a") == (
+        None, f"no budget: {path} has no section for NVIDIA H100 80GB HBM3 (looked for [NVIDIA H100 80GB HBM3], [sm_90], [cuda])")
+    assert "no budgets file configured" in Budgets.empty().lookup(CPU, "a")[1]
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from trainbench.compare import CaseRun, CompareError, compare_case, parse_spec, verdict_json, verdict_table
+from trainbench.compare import CompareError, compare_case, parse_spec, verdict_json, verdict_table
+from trainbench.result import CaseRecord, RecordError
 
 QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=7", "--trainbench-steps-per-round=5",
          "--trainbench-min-warmup=3", "-p", "no:cacheprovider"]
@@ -14,7 +15,7 @@ def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)
     times = [t / 1e3 for t in step_ms]
     metrics = {"samples_per_s": samples * len(times) / sum(times), "step_time_ms": sorted(step_ms)[len(step_ms) // 2],
                "activation_mib": activation, "peak_memory_mib": 10.0}
-    return CaseRun(case, metrics, times, samples)
+    return CaseRecord(case, metrics, times, samples)
 
 
 # -- the specification ---------------------------------------------------------------
@@ -84,40 +85,66 @@ def test_verdict_json_and_table_name_every_comparison():
 
 
 def test_a_baseline_without_trainbench_data_is_a_clear_error():
-    with pytest.raises(CompareError, match="base.json: test_x: not a trainbench case"):
-        CaseRun.from_extra_info({"foo": 1}, "base.json: test_x")
+    with pytest.raises(RecordError, match="base.json: test_x: not a trainbench case"):
+        CaseRecord.read({"foo": 1}, "base.json: test_x")
+    with pytest.raises(RecordError, match="base.json: test_x: ops_per_step = 'lots': expected a number or null"):
+        CaseRecord.read({"case": "c", "samples_per_step": 16, "ops_per_step": "lots"}, "base.json: test_x")
 
 
 # -- the plugin: save, compare, plant regressions ----------------------------------------
 
-# A workload whose step is 20 ms of wall clock (a busy-wait on perf_counter, exact even when the VM is
-# descheduled) and little else: its timing is stable from session to session, so these tests check the
-# gate's logic end to end, not this machine's noise (measured separately, see the README).
+# A spec whose every step takes 20 ms (+-2%, in a fixed cycle) of a virtual clock that the inner test puts in
+# place of the backend's: its rounds are the same in every session whatever the machine's load, so these
+# tests check the gate's logic end to end, not this machine's noise (measured separately, see the README).
+# The planted slowdown waits on the same clock.
 CASE = """
-import time
+import functools
+import itertools
 
+import pytest
+import torch
 from torch import nn
 
-from trainbench.workloads import WORKLOADS, FakeTokens, Workload, register_workload
+from trainbench.device import CpuBackend
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.workloads import FakeTokens
 
 
-class Wait(nn.Module):
+class VirtualClock:
+    def __init__(self):
+        self.now = 0.0
+        self.jitter = itertools.cycle([1.0, 1.02, 0.99, 1.01, 0.98])
+
+    def read(self):
+        return self.now
+
+    def wait(self, seconds):
+        self.now += seconds
+
+
+CLOCK = VirtualClock()
+
+
+class Step(nn.Module):
     def forward(self, x):
-        deadline = time.perf_counter() + 0.020
-        while time.perf_counter() < deadline:
-            pass
+        CLOCK.now += 0.020 * next(CLOCK.jitter)
         return x
 
 
-if "steady" not in WORKLOADS:
-    register_workload(Workload(
-        name="steady", description="EmbeddingBag on tokens plus 20 ms of waiting", input_kind="tokens",
-        build_model=lambda profile: nn.Sequential(nn.EmbeddingBag(100, 8), Wait(), nn.Linear(8, 10)),
-        build_dataset=lambda profile, uint8, seed: FakeTokens(256, 8, 100, seed=seed)))
+SPEC = TrainingSpec(
+    name="steady", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), Step(), nn.Linear(8, 10)),
+    loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+    dataset=lambda: FakeTokens(256, 8, 100), batch_size=16)
+
+
+@pytest.fixture(autouse=True)
+def virtual_time(monkeypatch):
+    monkeypatch.setattr(CpuBackend, "clock", staticmethod(CLOCK.read))
+    monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
 
 
 def test_steady(train_bench):
-    train_bench("baseline", workload="steady")
+    train_bench("baseline", SPEC)
 """
 
 
@@ -136,11 +163,30 @@ def saved_baseline(pytester):
     _save(pytester).assert_outcomes(passed=1)
 
 
-def test_runs_are_stored_per_device(pytester):
+def test_runs_are_stored_where_pytest_benchmark_stores_them_with_the_device_in_machine_info(pytester):
+    from pytest_benchmark.utils import get_machine_id
+
     pytester.makepyfile(test_case=CASE)
     _save(pytester, "--benchmark-storage=store").assert_outcomes(passed=1)
-    [saved] = list((pytester.path / "store").rglob("0001_base.json"))
-    assert saved.parent.parent.name.startswith("cpu-")  # store/<device>/<OS-Python folder>/0001_base.json
+    saved = pytester.path / "store" / get_machine_id() / "0001_base.json"
+    assert json.loads(saved.read_text())["machine_info"]["trainbench"]["kind"] == "cpu"
+    listed = pytester.run("pytest-benchmark", "--storage", "store", "list")  # its own command line finds it
+    assert "0001_base.json" in listed.stdout.str()
+
+
+def test_a_bare_compare_takes_the_latest_run_of_this_device(pytester):
+    from pytest_benchmark.utils import get_machine_id
+
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    _save(pytester).assert_outcomes(passed=1)
+    [_, latest] = sorted((pytester.path / ".benchmarks" / get_machine_id()).glob("000*_base.json"))
+    data = json.loads(latest.read_text())
+    data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")  # the latest is a GPU's
+    latest.write_text(json.dumps(data))
+    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
@@ -176,13 +222,13 @@ def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester):
 
 @pytest.mark.usefixtures("saved_baseline")
 def test_comparing_with_another_device_is_refused_unless_asked(pytester):
-    [saved] = list((pytester.path / "results").rglob("0001_base.json")) or list(pytester.path.rglob("0001_base.json"))
+    [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")
     saved.write_text(json.dumps(data))
     refused = _compare(pytester)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines([("*would compare this * with NVIDIA H100 80GB HBM3 (cuda)*"
+    refused.stderr.fnmatch_lines([("*would compare this * (cpu) with NVIDIA H100 80GB HBM3 (cuda)*"
                                    "--trainbench-allow-cross-device*")])
     assert _compare(pytester, "--trainbench-allow-cross-device").ret == 0
 
@@ -202,8 +248,8 @@ def test_noise_study_counts_false_alarms_per_threshold(tmp_path, capsys):
 
     def run(path, step_ms):
         times = [t / 1e3 for t in step_ms]
-        info = {"case": "c", "batch_size": 16, "round_step_times_s": times,
-                "samples_per_s": 16 * len(times) / sum(times)}
+        info = {"case": "c", "samples_per_step": 16, "round_step_times_s": times,
+                "samples_per_s": 16 / sorted(times)[len(times) // 2]}
         path.write_text(json.dumps({"benchmarks": [{"name": "test_c", "extra_info": info}]}))
         return str(path)
 

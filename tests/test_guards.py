@@ -2,6 +2,7 @@
 
 import pytest
 
+from trainbench import spec as spec_module
 from trainbench import step as step_module
 from trainbench.guards import compare_trajectories, loss_trajectory
 from trainbench.recipes import get_recipe
@@ -16,42 +17,42 @@ def test_compare_trajectories_reports_the_worst_step():
 
 
 @pytest.mark.parametrize("recipe", ["uint8_transfer", "set_to_none", "multiprocess_loading", "amp_bf16"])
-def test_sound_recipes_train_the_same_model(cpu, profile, recipe):
+def test_sound_recipes_train_the_same_model(cpu, profile, mlp, recipe):
     r = get_recipe(recipe)
-    base = loss_trajectory(get_recipe("baseline").config(profile, workload="mlp"), cpu, profile)
-    mine = loss_trajectory(r.config(profile, workload="mlp"), cpu, profile)
+    base = loss_trajectory(get_recipe("baseline").config(profile), mlp, cpu)
+    mine = loss_trajectory(r.config(profile), mlp, cpu)
     assert compare_trajectories(mine, base, r.loss_rtol).ok
 
 
-def test_uint8_transfer_that_forgets_to_scale_fails_the_guard(cpu, profile, monkeypatch):
-    monkeypatch.setattr(step_module, "normalize_uint8", lambda images: (images.float() - 0.5) / 0.5)  # no /255
+def test_uint8_transfer_that_forgets_to_scale_fails_the_guard(cpu, profile, mlp, monkeypatch):
+    monkeypatch.setattr(spec_module, "normalize_uint8", lambda images: (images.float() - 0.5) / 0.5)  # no /255
     r = get_recipe("uint8_transfer")
-    base = loss_trajectory(get_recipe("baseline").config(profile, workload="mlp"), cpu, profile)
-    broken = loss_trajectory(r.config(profile, workload="mlp"), cpu, profile)
+    base = loss_trajectory(get_recipe("baseline").config(profile), mlp, cpu)
+    broken = loss_trajectory(r.config(profile), mlp, cpu)
     verdict = compare_trajectories(broken, base, r.loss_rtol)
     assert not verdict.ok and verdict.max_rel_diff > 0.01
 
 
-def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, monkeypatch):
+def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, mlp, monkeypatch):
     original = step_module.EndlessSampler.__init__
 
     def shifted_seed(self, length, seed=0):
         original(self, length, seed + 1)  # workers that read other samples than the baseline
 
-    base = loss_trajectory(get_recipe("baseline").config(profile, workload="mlp"), cpu, profile)
+    base = loss_trajectory(get_recipe("baseline").config(profile), mlp, cpu)
     monkeypatch.setattr(step_module.EndlessSampler, "__init__", shifted_seed)
     r = get_recipe("multiprocess_loading")
-    broken = loss_trajectory(r.config(profile, workload="mlp"), cpu, profile)
+    broken = loss_trajectory(r.config(profile), mlp, cpu)
     assert not compare_trajectories(broken, base, r.loss_rtol).ok
 
 
 def test_plugin_fails_a_case_whose_guard_fails(pytester):
     pytester.makepyfile(test_broken="""
-from trainbench import step as step_module
+from trainbench import spec
 
 def test_broken_uint8(train_bench, monkeypatch):
-    monkeypatch.setattr(step_module, "normalize_uint8", lambda images: images.float())
-    train_bench("uint8_transfer", workload="mlp")
+    monkeypatch.setattr(spec, "normalize_uint8", lambda images: images.float())
+    train_bench("uint8_transfer", "mlp")
 """)
     result = pytester.runpytest("--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
                                 "--trainbench-min-warmup=1", "-p", "no:cacheprovider")
@@ -64,8 +65,9 @@ def test_broken_uint8(train_bench, monkeypatch):
 
 def _grads(recipe_name, workload, cpu, profile, **overrides):
     from trainbench.guards import first_step_gradients
+    from trainbench.workloads import resolve_spec
 
-    return first_step_gradients(get_recipe(recipe_name).config(profile, workload=workload, **overrides), cpu, profile)
+    return first_step_gradients(get_recipe(recipe_name).config(profile, **overrides), resolve_spec(workload, profile), cpu)
 
 
 def _grad_verdict(recipe_name, workload, cpu, profile):
@@ -117,40 +119,18 @@ def test_a_missing_all_reduce_fails_the_ddp_gradient_guard(cpu, profile):
     assert not compare_gradients(first_half, one_process, get_recipe("ddp_gloo").grad_rtol).ok
 
 
-class _TinyLossWorkloads:
-    """A workload whose loss is scaled down so fp16 gradients underflow without a GradScaler."""
-
-    @staticmethod
-    def register():
-        from torch import nn
-
-        from trainbench.workloads import WORKLOADS, Workload, get_workload
-
-        class TinyLoss(nn.CrossEntropyLoss):
-            def forward(self, input, target):
-                return super().forward(input, target) * 1e-4
-
-        mlp = get_workload("mlp")
-
-        class TinyLossWorkload(Workload):
-            def criterion(self):
-                return TinyLoss()
-
-        workload = TinyLossWorkload("tiny_loss_mlp", "mlp with the loss scaled by 1e-4", "image", mlp.build_model,
-                                    mlp.build_dataset)
-        WORKLOADS.setdefault(workload.name, workload)
-        return workload.name
-
-
-def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu, profile):
+def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu, mlp):
     """The articles' AMP without GradScaler: fine on their loss scale, underflowing gradients on a small one."""
+    import dataclasses
+
     from trainbench.guards import compare_gradients, first_step_gradients
     from trainbench.recipes import TrainConfig
+    from trainbench.spec import classification_loss
 
-    name = _TinyLossWorkloads.register()
-    fp32 = first_step_gradients(TrainConfig(workload=name), cpu, profile)
-    scaled = first_step_gradients(TrainConfig(workload=name, amp="fp16", grad_scaler=True), cpu, profile)
-    unscaled = first_step_gradients(TrainConfig(workload=name, amp="fp16"), cpu, profile)
+    tiny = dataclasses.replace(mlp, name="tiny_loss_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * 1e-4)
+    fp32 = first_step_gradients(TrainConfig(), tiny, cpu)
+    scaled = first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), tiny, cpu)
+    unscaled = first_step_gradients(TrainConfig(amp="fp16"), tiny, cpu)
     rtol = get_recipe("amp_fp16_no_scaler").grad_rtol
     assert compare_gradients(scaled, fp32, rtol).ok
     verdict = compare_gradients(unscaled, fp32, rtol)

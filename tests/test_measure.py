@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from trainbench.device import CpuBackend
-from trainbench.measure import Measurement, MeasureSettings, measure, run_rounds
-from trainbench.recipes import TrainConfig, get_recipe
+from trainbench.measure import Measurement, MeasureSettings, run_rounds
+from trainbench.recipes import TrainConfig
 from trainbench.result import MIB, Result
 from trainbench.step import Training
 
@@ -36,10 +36,10 @@ def _log_each_step(training, log, entry):
     training.step = step
 
 
-def test_rounds_sync_only_at_round_boundaries(profile, quick):
+def test_rounds_sync_only_at_round_boundaries(mlp, quick):
     log = []
     backend = RecordingBackend(log)
-    with Training(TrainConfig(workload="mlp"), backend, profile) as training:
+    with Training(TrainConfig(), mlp, backend) as training:
         _log_each_step(training, log, lambda: "step")
         m = Measurement(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
@@ -51,13 +51,13 @@ def test_rounds_sync_only_at_round_boundaries(profile, quick):
     assert m.result.rounds == rounds and len(m.result.round_step_times_s) == rounds
 
 
-def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(profile, quick, cpu):
+def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, quick, cpu):
     # After one step under a TorchDispatchMode, torch 2.9 runs torch.compile'd code eagerly for
     # good: the allocator peaks and the profiler's call count must see the code as it was timed.
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     log = []
-    with Training(TrainConfig(workload="mlp"), cpu, profile) as training:
+    with Training(TrainConfig(), mlp, cpu) as training:
         _log_each_step(training, log, lambda: "mode" if _get_current_dispatch_mode() is not None else "as timed")
         m = Measurement(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
@@ -79,22 +79,24 @@ def test_run_rounds_divides_each_round_by_its_steps():
     assert len(calls) == 8
 
 
-def test_samples_per_s_is_samples_over_total_timed_seconds():
+def test_samples_per_s_and_step_time_come_from_the_same_median():
     r = Result("c", "mlp", "baseline", "cpu", batch_size=16, config={}, device={}, steps_per_round=5,
-               round_step_times_s=[0.010, 0.020, 0.030, 0.040])
-    # 4 rounds x 5 steps x 16 samples over (0.01+0.02+0.03+0.04) x 5 seconds
-    assert r.samples_per_s == pytest.approx(320 / 0.5)
+               round_step_times_s=[0.010, 0.020, 0.030, 0.100])  # one stalled round does not move either
     assert r.step_time_s == pytest.approx(0.025)
-    q1, _, q3 = statistics.quantiles([0.010, 0.020, 0.030, 0.040], n=4, method="inclusive")
+    assert r.samples_per_s == pytest.approx(16 / 0.025)
+    q1, _, q3 = statistics.quantiles([0.010, 0.020, 0.030, 0.100], n=4, method="inclusive")
     assert r.step_time_iqr_s == pytest.approx(q3 - q1)
     m = r.metrics()
-    assert m["samples_per_s"] == pytest.approx(640.0)
-    assert m["step_time_ms"] == pytest.approx(25.0)
+    assert m["samples_per_s"] == pytest.approx(640.0) and m["step_time_ms"] == pytest.approx(25.0)
+    assert m["samples_per_s"] * m["step_time_ms"] / 1e3 == pytest.approx(16)  # batch = rate x step time
+    ddp = Result("c", "mlp", "ddp_gloo", "cpu", batch_size=16, config={}, device={}, steps_per_round=5,
+                 round_step_times_s=[0.025], world_size=2)
+    assert ddp.samples_per_s == pytest.approx(32 / 0.025)  # every rank's samples
 
 
-def test_memory_breakdown_of_a_known_model(cpu, profile, quick):
-    small = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
-    large = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=32)
+def test_memory_breakdown_of_a_known_model(measured):
+    small = measured("baseline", batch_size=16)
+    large = measured("baseline", batch_size=32)
     bd = small.memory_breakdown_bytes
     # float32 parameters, one gradient each and one SGD momentum buffer each: exact.
     assert bd["params"] == MLP_PARAMS * 4
@@ -106,13 +108,13 @@ def test_memory_breakdown_of_a_known_model(cpu, profile, quick):
     assert rem == 0 and per_sample >= 256 * 4  # at least the hidden layer is kept per sample
     assert 0 <= bd["activations"] - 16 * per_sample < 64
     # Deterministic: a second run gives the same bytes.
-    again = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    again = measured("baseline", batch_size=16)
     assert again.memory_breakdown_bytes == bd
     assert small.metrics()["tracked_peak_mib"] == pytest.approx(bd["total"] / MIB)
 
 
-def test_flops_ops_and_bytes_of_a_known_model(cpu, profile, quick):
-    r = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+def test_flops_ops_and_bytes_of_a_known_model(measured):
+    r = measured("baseline", batch_size=16)
     b = 16
     forward = 2 * b * (3072 * 256 + 256 * 10)
     # backward: both weight gradients, and the input gradient of the second layer only
@@ -123,13 +125,13 @@ def test_flops_ops_and_bytes_of_a_known_model(cpu, profile, quick):
     assert r.syncs_per_step == 0
     assert r.ops_per_step > 0
 
-    u8 = measure(get_recipe("uint8_transfer"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    u8 = measured("uint8_transfer", batch_size=16)
     assert u8.h2d_bytes_per_sample == 3 * 32 * 32 + 8
 
 
-def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(cpu, profile, quick, monkeypatch):
+def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(measured, monkeypatch):
     # e.g. a loss recomputed for logging: the memory tracker must not stop at the second forward
-    once = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    once = measured("baseline", batch_size=16)
     single_loss = Training._loss
 
     def loss_computed_twice(self, batch):
@@ -137,7 +139,7 @@ def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(cpu,
         return single_loss(self, batch)
 
     monkeypatch.setattr(Training, "_loss", loss_computed_twice)
-    twice = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, batch_size=16)
+    twice = measured("baseline", batch_size=16)
     forward = 2 * 16 * (3072 * 256 + 256 * 10)
     assert twice.flops_per_step == once.flops_per_step + forward
     assert twice.ops_per_step > once.ops_per_step
@@ -145,24 +147,23 @@ def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(cpu,
     assert twice.memory_growth_bytes_per_step == 0
 
 
-def test_set_to_none_drops_one_zero_op_per_parameter(cpu, profile, quick):
-    zeros = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick)
-    none = measure(get_recipe("set_to_none"), cpu, profile, workload="mlp", settings=quick)
+def test_set_to_none_drops_one_zero_op_per_parameter(measured):
+    zeros = measured("baseline", "mlp")
+    none = measured("set_to_none", "mlp")
     assert zeros.top_ops.get("aten.zero_") == 4  # two weights, two biases
     assert "aten.zero_" not in none.top_ops
     assert none.ops_per_step < zeros.ops_per_step
 
 
-def test_grad_scaler_costs_a_host_sync_per_step(cpu, profile, quick):
-    r = measure(get_recipe("baseline"), cpu, profile, workload="mlp", settings=quick, amp="bf16",
-                grad_scaler=True)
+def test_grad_scaler_costs_a_host_sync_per_step(measured):
+    r = measured("baseline", "mlp", amp="bf16", grad_scaler=True)
     assert r.syncs_per_step >= 1  # GradScaler.step reads found_inf on the host
 
 
-def test_warmup_runs_recipe_extra_steps_and_reports_first_step(cpu, profile):
+def test_warmup_runs_recipe_extra_steps_and_reports_first_step(training):
     settings = MeasureSettings(min_warmup_steps=2, max_warmup_steps=2, steady_window=1, rounds=1,
                                steps_per_round=1, breakdown=False, work=False)
-    with Training(TrainConfig(workload="mlp"), cpu, profile) as training:
+    with training() as training:
         m = Measurement(training, "c", "r", settings, extra_warmup_steps=3)
         m.warm_up()
     assert m.result.warmup_steps == 5
@@ -170,8 +171,8 @@ def test_warmup_runs_recipe_extra_steps_and_reports_first_step(cpu, profile):
     assert not m.result.warmup_steady and m.result.notes  # never reached a steady window
 
 
-def test_endless_loader_survives_epoch_boundaries(cpu, profile):
-    with Training(TrainConfig(workload="mlp", batch_size=512), cpu, profile) as training:
+def test_endless_loader_survives_epoch_boundaries(training, profile):
+    with training(batch_size=512) as training:
         it = training.batches()
         steps = profile.dataset_size // 512 * 3  # three epochs on one iterator
         for _ in range(steps):
@@ -179,8 +180,8 @@ def test_endless_loader_survives_epoch_boundaries(cpu, profile):
             assert inputs.shape[0] == 512
 
 
-def test_multiprocess_loading_starts_persistent_workers(cpu, profile, quick):
-    r = measure(get_recipe("multiprocess_loading"), cpu, profile, workload="mlp", settings=quick)
+def test_multiprocess_loading_starts_persistent_workers(measured, quick):
+    r = measured("multiprocess_loading", "mlp")
     assert r.config["num_workers"] == 2
     assert r.samples_per_s > 0
     assert r.warmup_steps >= quick.min_warmup_steps
@@ -188,26 +189,26 @@ def test_multiprocess_loading_starts_persistent_workers(cpu, profile, quick):
 
 # -- signals the seed optimizations are judged by ----------------------------------------
 
-def _metrics(recipe, cpu, profile, quick, workload="mlp", **overrides):
-    return measure(get_recipe(recipe), cpu, profile, workload=workload, settings=quick, **overrides).metrics()
+@pytest.fixture
+def metrics_of(measured):
+    return lambda recipe, workload="mlp", **overrides: measured(recipe, workload, **overrides).metrics()
 
 
-def test_running_loss_kept_as_a_tensor_keeps_a_graph_per_step(cpu, profile, quick):
-    leak = _metrics("loss_leak", cpu, profile, quick)
-    fixed = _metrics("loss_detach", cpu, profile, quick)
+def test_running_loss_kept_as_a_tensor_keeps_a_graph_per_step(metrics_of):
+    leak = metrics_of("loss_leak")
+    fixed = metrics_of("loss_detach")
     assert leak["graph_nodes_growth_per_step"] >= 4  # the MLP's backward graph: linear, relu, linear, loss, ...
     assert fixed["graph_nodes_growth_per_step"] == 0
     assert fixed["memory_growth_mib_per_step"] == 0 and fixed["syncs_per_step"] == 0
 
 
-def test_item_every_step_syncs_every_step_and_every_n_once_per_n(cpu, profile, quick):
-    assert _metrics("loss_item", cpu, profile, quick)["syncs_per_step"] == 1
-    assert _metrics("loss_item_every_n", cpu, profile, quick)["syncs_per_step"] == pytest.approx(0.1)
+def test_item_every_step_syncs_every_step_and_every_n_once_per_n(metrics_of):
+    assert metrics_of("loss_item")["syncs_per_step"] == 1
+    assert metrics_of("loss_item_every_n")["syncs_per_step"] == pytest.approx(0.1)
 
 
-def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(cpu, profile, quick):
-    config = get_recipe("loss_item_every_n").config(profile, workload="mlp")
-    with Training(config, cpu, profile) as training:
+def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(training, quick):
+    with training("loss_item_every_n") as training:
         m = Measurement(training, "mlp-loss_item_every_n", "loss_item_every_n", quick)
         m.warm_up()
         batches = training.batches()
@@ -218,66 +219,62 @@ def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(cpu
             assert m.result.memory_growth_bytes_per_step == 0, offset
 
 
-def test_tensors_made_on_the_device_cross_no_bytes(cpu, profile, quick):
-    assert _metrics("host_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 3 * 32 * 32 * 4 + 8
-    assert _metrics("device_tensors", cpu, profile, quick)["h2d_bytes_per_sample"] == 0
+def test_tensors_made_on_the_device_cross_no_bytes(metrics_of):
+    assert metrics_of("host_tensors")["h2d_bytes_per_sample"] == 3 * 32 * 32 * 4 + 8
+    assert metrics_of("device_tensors")["h2d_bytes_per_sample"] == 0
 
 
-def test_evaluation_without_autograd_keeps_no_graph(cpu, profile, quick):
-    autograd = _metrics("eval_autograd", cpu, profile, quick)
-    no_grad = _metrics("eval_no_grad", cpu, profile, quick)
-    inference = _metrics("eval_inference_mode", cpu, profile, quick)
+def test_evaluation_without_autograd_keeps_no_graph(metrics_of):
+    autograd = metrics_of("eval_autograd")
+    no_grad = metrics_of("eval_no_grad")
+    inference = metrics_of("eval_inference_mode")
     assert inference["ops_per_step"] <= no_grad["ops_per_step"] < autograd["ops_per_step"]
     assert no_grad["grad_mib"] in (0, None)
     # On a deep net the graph's saved activations dominate the forward's peak.
-    deep_autograd = _metrics("eval_autograd", cpu, profile, quick, workload="resnet18")
-    deep_no_grad = _metrics("eval_no_grad", cpu, profile, quick, workload="resnet18")
+    deep_autograd = metrics_of("eval_autograd", "resnet18")
+    deep_no_grad = metrics_of("eval_no_grad", "resnet18")
     assert deep_no_grad["activation_mib"] < 0.5 * deep_autograd["activation_mib"]
 
 
-def test_a_forward_that_never_runs_backward_is_not_a_leak(cpu, profile, quick):
+def test_a_forward_that_never_runs_backward_is_not_a_leak(metrics_of):
     # MemTracker's module hooks keep such a graph alive; growth is counted without them, and the
     # breakdown tracks one step, so evaluation graphs neither show as growth nor pile up in the peak.
-    evaluation = _metrics("eval_autograd", cpu, profile, quick, workload="resnet18")
-    training = _metrics("baseline", cpu, profile, quick, workload="resnet18")
+    evaluation = metrics_of("eval_autograd", "resnet18")
+    training = metrics_of("baseline", "resnet18")
     assert evaluation["memory_growth_mib_per_step"] == 0
     assert evaluation["graph_nodes_growth_per_step"] == 0
     # one forward's saved activations, as in training (not several steps' worth)
     assert evaluation["activation_mib"] == pytest.approx(training["activation_mib"], rel=0.05)
 
 
-def test_foreach_and_fused_optimizers_dispatch_fewer_ops(cpu, profile, quick):
-    loop = _metrics("optimizer_loop", cpu, profile, quick)["ops_per_step"]
-    assert _metrics("optimizer_foreach", cpu, profile, quick)["ops_per_step"] < loop
-    assert _metrics("optimizer_fused", cpu, profile, quick)["ops_per_step"] < loop
+def test_foreach_and_fused_optimizers_dispatch_fewer_ops(metrics_of):
+    loop = metrics_of("optimizer_loop")["ops_per_step"]
+    assert metrics_of("optimizer_foreach")["ops_per_step"] < loop
+    assert metrics_of("optimizer_fused")["ops_per_step"] < loop
 
 
-def test_anomaly_detection_adds_host_syncs(cpu, profile, quick):
-    assert _metrics("anomaly_detection", cpu, profile, quick)["syncs_per_step"] > 0
+def test_anomaly_detection_adds_host_syncs(metrics_of):
+    assert metrics_of("anomaly_detection")["syncs_per_step"] > 0
 
 
-def test_accumulation_counts_every_micro_batch_as_samples(cpu, profile, quick):
-    r = measure(get_recipe("grad_accumulation"), cpu, profile, workload="mlp", settings=quick)
-    assert r.batch_size == 64 and r.config["batch_size"] == 16 and r.config["accumulation_steps"] == 4
+def test_accumulation_counts_every_micro_batch_as_samples(measured):
+    r = measured("grad_accumulation", "mlp")
+    assert r.batch_size == 64 and r.config["batch_multiplier"] == 4 and r.config["accumulation_steps"] == 4
     assert r.h2d_bytes_per_sample == 3 * 32 * 32 * 4 + 8
 
 
-def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(cpu, profile):
+def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
     from trainbench.step import add_conv_bias
-    from trainbench.workloads import get_workload
+    from trainbench.workloads import resolve_spec
 
-    model = get_workload("resnet18").build_model(profile)
+    model = resolve_spec("resnet18", profile).model()
     before = sum(p.numel() for p in model.parameters())
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     add_conv_bias(model)
     assert sum(p.numel() for p in model.parameters()) - before == sum(c.out_channels for c in convs)
 
 
-def test_config_rejects_knobs_that_do_not_fit_the_workload():
-    from trainbench.recipes import TrainConfig
-
-    with pytest.raises(ValueError, match="checkpointing needs a workload with checkpoint blocks; 'mlp'"):
-        TrainConfig(workload="mlp", checkpointing=True).validate()
+def test_config_rejects_knob_combinations_that_make_no_sense():
     with pytest.raises(ValueError, match="world_size > 1 goes with parallel='ddp'"):
         TrainConfig(world_size=2).validate()
     with pytest.raises(ValueError, match="channels_last_input needs uint8_transfer"):

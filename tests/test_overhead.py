@@ -17,10 +17,10 @@ REPETITIONS = 41  # pairs of adjacent rounds
 ROUNDS, STEPS_PER_ROUND = 1, 20
 
 
-def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, profile):
+def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, mlp):
     settings = MeasureSettings(min_warmup_steps=20, max_warmup_steps=20, rounds=ROUNDS,
                                steps_per_round=STEPS_PER_ROUND, breakdown=False, work=False)
-    with Training(TrainConfig(workload="mlp", zero_grad="set_to_none"), cpu, profile) as training:
+    with Training(TrainConfig(zero_grad="set_to_none"), mlp, cpu) as training:
         batches = training.batches()
         harness = Measurement(training, "mlp-baseline", "baseline", settings)
         harness.warm_up()

@@ -13,7 +13,7 @@ from trainbench.plugin import recipe_params
 
 @pytest.mark.parametrize("recipe", recipe_params("baseline", "set_to_none", "pinned_memory", "amp_fp16"))
 def test_mlp(train_bench, recipe):
-    train_bench(recipe, workload="mlp")
+    train_bench(recipe, "mlp")
 """
 
 
@@ -21,25 +21,26 @@ def budgets(pytester, text):
     return str(pytester.makefile(".toml", budgets=text))
 
 
-def test_markers_are_listed(pytester):
+def test_markers_are_listed_and_namespaced(pytester):
     result = pytester.runpytest("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.gpu:*", "@pytest.mark.min_gpus(n):*",
-                                 "@pytest.mark.min_capability(major, minor):*", "@pytest.mark.slow:*"])
+    result.stdout.fnmatch_lines(["@pytest.mark.trainbench_gpu(what=...):*", "@pytest.mark.trainbench_min_gpus(n):*",
+                                 "@pytest.mark.trainbench_min_capability(major, minor):*", "@pytest.mark.trainbench_slow:*"])
+    assert "@pytest.mark.slow:" not in result.stdout.str() and "@pytest.mark.gpu:" not in result.stdout.str()
 
 
 def test_gpu_cases_are_collected_and_skipped_with_a_reason(pytester):
     pytester.makepyfile(test_m="""
 import pytest
 
-@pytest.mark.gpu
+@pytest.mark.trainbench_gpu
 def test_needs_gpu():
     pass
 
-@pytest.mark.min_gpus(2)
+@pytest.mark.trainbench_min_gpus(2)
 def test_needs_two():
     pass
 
-@pytest.mark.slow
+@pytest.mark.trainbench_slow
 def test_slow():
     pass
 """)
@@ -48,6 +49,23 @@ def test_slow():
     result = pytester.runpytest("-rs", "--trainbench-device=cpu")
     result.assert_outcomes(skipped=3)
     result.stdout.fnmatch_lines(["*needs a CUDA device; this run uses cpu*", "*slow case: run with --trainbench-slow*"])
+
+
+def test_a_projects_own_slow_and_gpu_markers_are_left_alone(pytester):
+    pytester.makeini("[pytest]\nmarkers =\n    slow: the project's own\n    gpu: the project's own\n")
+    pytester.makepyfile(test_own="""
+import pytest
+
+@pytest.mark.slow
+def test_slow():
+    pass
+
+@pytest.mark.gpu
+def test_gpu():
+    pass
+""")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.runpytest("-m", "slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
 
 
 def test_budgets_pass_fail_and_gpu_recipes_skip(pytester):
@@ -90,10 +108,14 @@ def test_case_without_budget_runs_and_says_so(pytester):
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("-k", "baseline", *QUICK)
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
-    result.stdout.fnmatch_lines(["*mlp-baseline: no budget for *; nothing was checked*"])
+    result.stdout.fnmatch_lines(["*mlp-baseline: no budget: no budgets file configured*; nothing was checked*"])
+    pytester.makefile(".toml", budgets='[cuda."mlp-baseline"]\nmax_ops_per_step = 1\n')
+    other_device = pytester.runpytest("-k", "baseline", *QUICK)
+    other_device.assert_outcomes(passed=1, deselected=3, warnings=1)
+    other_device.stdout.fnmatch_lines(["*mlp-baseline: no budget: *budgets.toml has no section for * (looked for [[]cpu[]])*"])
     strict = pytester.runpytest("-k", "baseline", "--trainbench-require-budgets", *QUICK)
     strict.assert_outcomes(failed=1, deselected=3)
-    strict.stdout.fnmatch_lines(["*mlp-baseline: no budget for * (--trainbench-require-budgets)*", "*trainbench summary*",
+    strict.stdout.fnmatch_lines(["*mlp-baseline: no budget* (--trainbench-require-budgets)*", "*trainbench summary*",
                                  "mlp-baseline * FAIL"])
 
 
@@ -127,29 +149,75 @@ def test_cuda_requested_without_cuda_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*device 'cuda' requested but torch.cuda.is_available() is False*"])
 
 
-def test_own_workload_and_recipe_as_in_the_readme(pytester):
-    pytester.makepyfile(test_own="""
+OWN = """
+import functools
+
 import torch
 from torch import nn
 from trainbench.recipes import Recipe
-from trainbench.workloads import FakeTokens, Workload, register_workload
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.workloads import FakeTokens
 
-register_workload(Workload(
+SPEC = TrainingSpec(
     name="my_bag_of_words",
-    description="EmbeddingBag classifier on random tokens",
-    input_kind="tokens",
-    build_model=lambda profile: nn.Sequential(nn.EmbeddingBag(1000, 64), nn.Linear(64, 10)),
-    build_dataset=lambda profile, uint8, seed: FakeTokens(512, 32, 1000, seed=seed),
-))
+    model=lambda: nn.Sequential(nn.EmbeddingBag(1000, 64), nn.Linear(64, 10)),
+    loss_fn=classification_loss,
+    optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+    dataset=lambda: FakeTokens(512, 32, 1000),
+    batch_size=16,
+)
+BIG_BATCH = Recipe("big_batch", "4x batch", {"batch_multiplier": 4})
+"""
 
-BIG_BATCH = Recipe("big_batch", "4x batch", {"batch_size": 64})
 
+def test_own_spec_and_recipe(pytester):
+    pytester.makepyfile(test_own=OWN + """
 def test_mine(train_bench):
-    result = train_bench(BIG_BATCH, workload="my_bag_of_words")
+    result = train_bench(BIG_BATCH, SPEC)
     assert result.batch_size == 64
     assert result.memory_breakdown_bytes["params"] == (1000 * 64 + 64 * 10 + 10) * 4
 """)
-    path = budgets(pytester, '[cpu."my_bag_of_words-big_batch"]\nmin_gflops_per_sample_ratio = 0.99\nmax_gflops_per_sample_ratio = 1.01\n')
-    result = pytester.runpytest(f"--trainbench-budgets={path}", *QUICK)
+    pytester.makefile(".toml", budgets='[cpu."my_bag_of_words-big_batch"]\nmin_gflops_per_sample_ratio = 0.99\n'
+                                       'max_gflops_per_sample_ratio = 1.01\n')
+    result = pytester.runpytest(*QUICK)  # budgets.toml beside the test is found without options
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*my_bag_of_words-big_batch*ok 2*"])
+
+
+def test_the_command_line_and_the_ini_override_the_budgets_beside_the_tests(pytester):
+    pytester.makepyfile(test_own=OWN + "\ndef test_mine(train_bench):\n    train_bench('baseline', SPEC)\n")
+    pytester.makefile(".toml", budgets='[cpu."my_bag_of_words-baseline"]\nmax_ops_per_step = 1\n')
+    pytester.runpytest(*QUICK).assert_outcomes(failed=1)
+    other = pytester.makefile(".toml", other='[cpu."my_bag_of_words-baseline"]\nmax_ops_per_step = 100000\n')
+    pytester.runpytest(f"--trainbench-budgets={other}", *QUICK).assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\ntrainbench_budgets = other.toml\n")
+    pytester.runpytest(*QUICK).assert_outcomes(passed=1)
+
+
+def test_an_override_composes_with_the_recipe_or_is_refused(pytester):
+    pytester.makepyfile(test_own=OWN + """
+def test_composes(train_bench):
+    assert train_bench("larger_batch", SPEC, batch_size=8).batch_size == 32  # 4x the overridden batch
+
+def test_cancels(train_bench):
+    train_bench(BIG_BATCH, SPEC, batch_multiplier=1)
+""")
+    result = pytester.runpytest(*QUICK)
+    result.assert_outcomes(passed=1, failed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*the override batch_multiplier=1 would cancel recipe 'big_batch'*batch_multiplier=4*"])
+
+
+def test_a_recipe_that_cannot_apply_to_a_spec_is_skipped_with_what_is_missing(pytester):
+    pytester.makepyfile(test_own=OWN + """
+import pytest
+
+@pytest.mark.parametrize("recipe", ["checkpointing", "uint8_transfer", "device_tensors", "channels_last"])
+def test_mine(train_bench, recipe):
+    train_bench(recipe, SPEC)
+""")
+    result = pytester.runpytest("-rs", *QUICK)
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines(["*checkpointing: the spec names no checkpoint_blocks*",
+                                 "*uint8_transfer: the spec's dataset serves no uint8 pixels*",
+                                 "*device_tensors: the spec has no batches factory*",
+                                 "*channels_last: the model has no 2-D convolution*"])

@@ -1,14 +1,15 @@
 """The ladder report (``python -m trainbench report``) on synthetic pytest-benchmark runs."""
 
-import dataclasses
 import json
 import os
 
 import pytest
 
 from trainbench.__main__ import main
+from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
 from trainbench.report import ReportError, device_slug, ladder_runs, write_ladder_report
+from trainbench.workloads import PROFILES
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
               "torch": "2.14.1+cpu", "cpu_model": "Example CPU 9000", "cpu_threads": 2, "cpu_capability": "AVX2",
@@ -19,17 +20,13 @@ MISSING = ("ladder000", 5)
 
 def ladder_benchmark(ladder, rung: int, samples_per_s: float, device: dict) -> dict:
     """One benchmark entry shaped like the plugin's (TrainBench.case and _report)."""
-    step = ladder.steps[rung]
     case = f"resnet18-{ladder.rung_name(rung)}"
     info = {
         "case": case, "workload": "resnet18", "recipe": ladder.rung_name(rung), "profile": "cpu", "batch_size": 16,
         "samples_per_s": samples_per_s, "step_time_ms": 16_000 / samples_per_s, "step_time_iqr_ms": 1.25,
         "peak_memory_mib": 100.0 + 10 * rung, "tracked_peak_mib": 100.0 + 10 * rung, "activation_mib": 50.0,
         "device": device,
-        "ladder": {"name": ladder.name, "title": ladder.title, "source": ladder.source, "rung": rung,
-                   "label": step.label, "applied": " + ".join(s.label for s in ladder.steps[: rung + 1]),
-                   "article": dataclasses.asdict(step.article), "article_summary": ladder.article_summary,
-                   "rungs": [s.label for s in ladder.steps]},
+        "ladder": ladder.rung_info(rung, DeviceCaps.from_identity(device), PROFILES["cpu"]),
     }
     if rung:
         info["speedup_vs_baseline"] = samples_per_s / 100.0
@@ -97,7 +94,7 @@ def test_table_rows_show_this_machine_next_to_the_article(report):
 def test_missing_rung_says_why_and_keeps_the_article_figures(report):
     _, _, md = report
     pinning = table_row(md, "5. Memory Pinning")
-    assert pinning[1] == "not run on this device (needs a CUDA GPU)"
+    assert pinning[1] == "not run on this device (needs a CUDA device; this run uses cpu (Example CPU 9000))"
     assert pinning[2:6] == ["", "", "", ""]
     assert pinning[9:11] == ["1381.6", "5.05x"]  # 505% of the article's baseline
 
@@ -125,7 +122,8 @@ def test_slow_and_gpu_rungs_get_their_reasons(tmp_path):
     assert missing, "ladder003 should have a GPU-only and a slow rung"
     lr = next(lr for lr in ladder_runs(synthetic_run(missing)) if lr.ladder.name == "ladder003")
     reasons = {r.step.label: r.not_run_reason for r in lr.rungs if r.measured is None}
-    assert reasons == {"pinned memory": "needs a CUDA GPU", "torch.compile": "slow case: run with --trainbench-slow"}
+    assert reasons == {"pinned memory": "needs a CUDA device; this run uses cpu (Example CPU 9000)",
+                       "torch.compile": "slow case: run with --trainbench-slow"}
 
 
 def test_gpu_caption_names_cuda_and_cudnn(tmp_path):

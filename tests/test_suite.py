@@ -6,33 +6,17 @@ import pytest
 
 from trainbench.budgets import Budgets
 from trainbench.cases import SUITE, all_cases, ladder_cases
+from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
 from trainbench.recipes import RECIPES
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
 GPU_SECTIONS = ("cuda", "sm_70")
-
-
-class _Cpu:
-    kind = "cpu"
-
-    def budget_keys(self):
-        return ["cpu"]
-
-
-class _Gpu:
-    kind = "cuda"
-
-    def __init__(self, key):
-        self.key = key
-
-    def budget_keys(self):
-        return [self.key]
+CPU = DeviceCaps("cpu", "a CPU", bf16=True)
 
 
 def _needs_gpu(case) -> bool:
-    req = case.own_recipe().requires
-    return bool(req.cuda or req.min_capability or req.min_gpus)
+    return case.own_recipe().requires.needs_cuda
 
 
 def test_case_ids_are_unique():
@@ -49,9 +33,9 @@ def test_every_optimization_is_a_case_somewhere():
 @pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.id)
 def test_every_case_has_a_budget_for_the_devices_it_runs_on(case):
     if _needs_gpu(case):
-        assert any(BUDGETS.for_case(_Gpu(k), case.id) for k in GPU_SECTIONS), f"{case.id}: no GPU budget"
+        assert any(BUDGETS.sections.get(k, {}).get(case.id) for k in GPU_SECTIONS), f"{case.id}: no GPU budget"
     elif case.id not in {f"{w}-baseline" for w in SUITE}:
-        budget = BUDGETS.for_case(_Cpu(), case.id)
+        budget = BUDGETS.for_case(CPU, case.id)
         assert budget is not None and budget.bounds, f"{case.id}: no CPU budget"
 
 
@@ -75,7 +59,7 @@ def test_ladders_are_cumulative_and_carry_the_articles_figures():
 
 def test_a_rung_the_device_cannot_run_is_left_out_of_later_rungs(cpu, profile):
     ladder = LADDERS["ladder000"]
-    rung = ladder.rung_recipe(4, cpu, profile)  # multi-process loading, after AMP, batch and uint8
+    rung = ladder.rung_recipe(4, cpu.caps(), profile)  # multi-process loading, after AMP, batch and uint8
     assert rung.changes["num_workers"] and rung.changes["uint8_transfer"]
     full = ladder.rung_recipe(5)  # pinned memory needs a GPU: on the CPU rung 5 is skipped
     assert full.requires.cuda and not rung.requires.cuda

@@ -26,8 +26,11 @@ def case_ids() -> list[str]:
     return [case.id for case in all_cases() if not pattern or re.search(pattern, case.id)]
 
 
-def _not_taken(case: Case, selected: re.Pattern | None, pattern: str | None) -> str | None:
-    """Why this run leaves ``case`` out (slow, not selected); what the device cannot run the runner says."""
+def _not_taken(case: Case, runner, selected: re.Pattern | None, pattern: str | None) -> str | None:
+    """Why this run leaves ``case`` out: the device cannot run it, it is slow, or not selected."""
+    reason = runner.case_skip_reason(case)
+    if reason:
+        return f"{case.id}: {reason}"
     if case.own_recipe().slow and os.environ.get(SLOW_ENV) != "1":
         return f"{case.id}: slow case: set {SLOW_ENV}=1"
     if selected is not None and not selected.search(case.id):
@@ -55,7 +58,7 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     results, burned_in = {}, False
     runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name])
     for case in all_cases():
-        reason = _not_taken(case, selected, pattern)
+        reason = _not_taken(case, runner, selected, pattern)
         if reason:
             results[case.id] = {"skip": reason}
             continue

@@ -353,6 +353,7 @@ class TrainBench:
         try:
             outcome = self.state.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
         except ValueError as e:  # an override that cancels the recipe, a spec that cannot be trained
+            self.benchmark._mode = "trainbench: failed before measuring"  # not pytest-benchmark's "fixture not used"
             pytest.fail(f"trainbench: {e}", pytrace=False)
         return self._finish(outcome)
 

@@ -154,15 +154,18 @@ class Runner:
         self._check_budget(outcome)
         return outcome
 
+    def case_skip_reason(self, case: Case) -> str | None:
+        """Why this device cannot run a suite case, known without building it (a rung needs what its own step needs)."""
+        return unmet(case.own_recipe(), self.caps, self.profile)
+
     def run_case(self, case: Case, budgets: Budgets | None = None, **overrides) -> CaseOutcome:
         """A suite case (``trainbench.cases``): a recipe on a built-in workload, or a ladder rung against rung 0."""
         if case.ladder is None:
             return self.run(case.recipe_name, case.workload, budgets=budgets, case=case.id, overrides=overrides)
-        ladder = LADDERS[case.ladder]
-        own = case.own_recipe()  # a rung needs what its own step needs; earlier steps it cannot run are left out
-        reason = unmet(own, self.caps, self.profile)
+        reason = self.case_skip_reason(case)
         if reason:
-            return CaseOutcome(case.id, own, skipped=reason)
+            return CaseOutcome(case.id, case.own_recipe(), skipped=reason)
+        ladder = LADDERS[case.ladder]
         return self.run(ladder.rung_recipe(case.rung, self.caps, self.profile), case.workload,
                         baseline=ladder.rung_recipe(0, self.caps, self.profile), budgets=budgets, case=case.id,
                         overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile))
