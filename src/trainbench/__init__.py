@@ -1,3 +1,22 @@
-"""trainbench: measured, budgeted PyTorch training steps as pytest benchmarks."""
+"""trainbench: measured, budgeted PyTorch training steps as pytest benchmarks.
+
+The public API (imported lazily: the pytest plugin loads this package in every session,
+and a session that runs no trainbench case should not pay for importing torch):
+
+- ``TrainingSpec``: a training stated in plain Python (``trainbench.spec``);
+- ``Recipe``: an optimization as a change to the training config (``trainbench.recipes``);
+- ``classification_loss``: the loss of ``(inputs, class labels)`` batches, for specs that want it.
+"""
 
 __version__ = "0.1.0"
+
+_PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes"}
+__all__ = ["Recipe", "TrainingSpec", "classification_loss"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+    raise AttributeError(f"module 'trainbench' has no attribute {name!r}")

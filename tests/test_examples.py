@@ -1,0 +1,43 @@
+"""The examples are users' own trainings: each runs as a test, with its own budgets, through the public API only."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainbench.device import CpuBackend
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
+         "--trainbench-min-warmup=1", "-p", "no:cacheprovider", "-rs", "-W", "error::trainbench.plugin.NoBudgetWarning"]
+BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
+
+
+@pytest.mark.parametrize("example, passed, skipped", [
+    ("language_model", 5 if BF16 else 4, 0 if BF16 else 1),  # amp_bf16 needs a CPU with bf16
+    ("contrastive", 4, 0),
+    ("regression", 3, 1),  # optimizer_fused: plain SGD built by a lambda takes no fused=
+])
+def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped):
+    for path in (EXAMPLES / example).iterdir():
+        if path.is_file():
+            shutil.copy(path, pytester.path / path.name)
+    result = pytester.runpytest(*QUICK)
+    result.assert_outcomes(passed=passed, skipped=skipped)
+    summary = result.stdout.str().split("trainbench summary", 1)[1]
+    assert " none" not in summary and "FAIL" not in summary  # every measured case had its budget, and met it
+
+
+@pytest.mark.parametrize("example", ["language_model", "contrastive", "regression"])
+def test_example_is_short_and_uses_the_public_api_only(example):
+    [test_file] = (EXAMPLES / example).glob("test_*.py")
+    source = test_file.read_text()
+    imports = re.findall(r"^(?:from|import) (\S+)", source, flags=re.MULTILINE)
+    assert [name for name in imports if name.startswith("trainbench")] == ["trainbench"]  # from trainbench import ...
+    assert "monkeypatch" not in source
+    spec_and_test = source[source.index("SPEC = "):]
+    code = [line for line in spec_and_test.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 20, f"{test_file.name}: {len(code)} lines of spec and test"
+    assert (EXAMPLES / example / "budgets.toml").is_file()
