@@ -402,7 +402,7 @@ RECIPES: dict[str, Recipe] = {
                baseline="eval_autograd", loss_rtol=1e-6),
         Recipe("eval_inference_mode", "evaluation under torch.inference_mode(): no autograd, no version counters",
                {"eval_mode": "inference_mode"}, baseline="eval_no_grad", loss_rtol=1e-6),
-        Recipe("empty_cache", "torch.cuda.empty_cache() after every step: lower reserved memory, paid in cudaMalloc",
+        Recipe("empty_cache", "the CUDA caching allocator emptied after every step: lower reserved memory, paid in cudaMalloc",
                {"empty_cache": True}, _GPU, loss_rtol=1e-6),
         # -- compute -----------------------------------------------------------------
         Recipe(
