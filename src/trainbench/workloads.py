@@ -306,7 +306,7 @@ def _transformer(profile: Profile) -> TrainingSpec:
 
 
 # GPT sizes: a 2-layer toy on two CPU cores; GPT-2 small (124M parameters, 1024 tokens) on a GPU.
-_GPT_SIZES = {"cpu": {"vocab": 2048, "d_model": 128, "layers": 2, "heads": 4, "seq_len": 64, "batch": 16, "samples": 1024},
+_GPT_SIZES = {"cpu": {"vocab": 1024, "d_model": 128, "layers": 2, "heads": 4, "seq_len": 64, "batch": 8, "samples": 1024},
               "gpu": {"vocab": 50304, "d_model": 768, "layers": 12, "heads": 12, "seq_len": 1024, "batch": 8,
                       "samples": 2048}}
 
@@ -326,8 +326,8 @@ def _gpt(profile: Profile) -> TrainingSpec:
         checkpoint_blocks=tuple(f"blocks.{i}" for i in range(s["layers"])))
 
 
-# ViT sizes: a 3-layer ViT on 32 px patches of 4 on the CPU; ViT-B/16 at 224 px on a GPU.
-_VIT_SIZES = {"cpu": {"image": 32, "patch": 4, "layers": 3, "heads": 4, "hidden": 128, "mlp": 256},
+# ViT sizes: a 3-layer ViT on 32 px images in 16 patches on the CPU; ViT-B/16 at 224 px on a GPU.
+_VIT_SIZES = {"cpu": {"image": 32, "patch": 8, "layers": 3, "heads": 4, "hidden": 128, "mlp": 256},
               "gpu": {"image": 224, "patch": 16, "layers": 12, "heads": 12, "hidden": 768, "mlp": 3072}}
 
 
