@@ -221,3 +221,30 @@ def test_mine(train_bench, recipe):
                                  "*uint8_transfer: the spec's dataset serves no uint8 pixels*",
                                  "*device_tensors: the spec has no batches factory*",
                                  "*channels_last: the model has no 2-D convolution*"])
+
+
+PLAIN = """
+def test_plain(benchmark):
+    benchmark(sum, range(100))
+"""
+
+
+def _saved(pytester, *args):
+    result = pytester.runpytest("--benchmark-autosave", "--benchmark-save=plain", "-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=1)
+    return sorted(str(p.relative_to(pytester.path)) for p in (pytester.path / ".benchmarks").rglob("*.json"))
+
+
+def test_plain_pytest_benchmark_tests_store_and_compare_as_without_trainbench(pytester):
+    import json
+
+    pytester.makepyfile(test_plain=PLAIN)
+    without = _saved(pytester, "-p", "no:trainbench")
+    with_plugin = sorted(set(_saved(pytester)) - set(without))
+    assert [p.replace("0001", "0002") for p in without] == with_plugin  # same folder, the next number
+    machine_info = [json.loads((pytester.path / p).read_text())["machine_info"] for p in with_plugin + without]
+    assert all("trainbench" not in info for info in machine_info)  # the plugin adds nothing to a plain run
+    compared = pytester.runpytest("--benchmark-compare", "-p", "no:cacheprovider")
+    compared.assert_outcomes(passed=1)
+    assert "(0002_plain)" in compared.stdout.str()  # pytest-benchmark's own choice: the latest run
+    assert "trainbench summary" not in compared.stdout.str() and "trainbench compare" not in compared.stdout.str()
