@@ -155,6 +155,13 @@ class Backend:
     def empty_cache(self) -> None:
         """Return cached allocator blocks to the device (no-op without a caching allocator)."""
 
+    def release_memory(self) -> None:
+        """Free what dropped objects still hold (cycles included) and return cached blocks to the device."""
+        import gc
+
+        gc.collect()
+        self.empty_cache()
+
     def capability(self) -> tuple[int, int] | None:
         return None
 

@@ -62,7 +62,7 @@ DEFAULT_SETTINGS = {
 }
 
 
-GROWTH_STEPS = 3  # steps after the first over which live memory growth is measured
+GROWTH_STEPS = 2  # steps after the first over which live memory growth is measured (x log_every)
 
 
 class _LiveStorages(TorchDispatchMode):
@@ -366,6 +366,24 @@ class Measurement:
         if self.backend.counts_kernels:
             self.result.kernels_per_step = sum(1 for e in events if self.backend.is_device_event(e))
 
+    def rewarm(self) -> None:
+        """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
+        for _ in range(self.settings.min_warmup_steps):
+            self.timed_step()
+
+    # The fields the memory and work passes fill: exact functions of code and shapes (allocator
+    # peaks nearly so), the same whenever the same setup is measured in one process.
+    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "memory_breakdown_bytes",
+                   "memory_growth_bytes_per_step", "graph_nodes_growth_per_step", "flops_per_step", "ops_per_step",
+                   "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "top_ops",
+                   "peak_tflops")
+
+    def reuse_passes(self, earlier: Result) -> None:
+        """Take the memory and work figures of an earlier measurement of the same setup instead of re-running them."""
+        for name in self.PASS_FIELDS:
+            setattr(self.result, name, getattr(earlier, name))
+        self.result.notes.append("memory and work figures from this setup's earlier measurement in the session")
+
     def finish(self) -> Result:
         if self._last_loss is not None:
             self.result.final_loss = float(self._last_loss)  # one sync, after all timing
@@ -384,24 +402,22 @@ def measure(training: Training, case: str, recipe_name: str, settings: MeasureSe
     return Measurement(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
 
 
-def measure_interleaved(case: Measurement, baseline: Measurement) -> tuple[Result, Result]:
-    """Measure a case and its baseline with their timed rounds interleaved (ABBA order).
+def interleave_rounds(case: Measurement, baseline: Measurement) -> None:
+    """Time a case's and its (already warm) baseline's rounds interleaved, in ABBA order.
 
     A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
     on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
     both sides under the same conditions, so the ratio of the two is what a same-session
-    budget should judge. Memory and work passes are deterministic and run one after the other.
+    budget should judge. The memory and work passes are not timed: the runner runs them
+    with one setup alive at a time, so allocator peaks are each setup's own.
     """
-    baseline.warm_up()
     case.warm_up()
+    baseline.rewarm()
     for m in (case, baseline):
         m.result.round_step_times_s, m.result.data_wait_s, m._wait_s = [], 0.0, 0.0
     for r in range(case.settings.rounds):
         for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
             m.time_one_round()
-    for m in (case, baseline):
-        m.measure_after_timing()
-    return case.finish(), baseline.finish()
 
 
 def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:

@@ -23,7 +23,7 @@ from .cases import Case
 from .device import Backend
 from .guards import GuardVerdict
 from .ladders import LADDERS
-from .measure import Measurement, MeasureSettings, measure_interleaved, run_rounds
+from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
 from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, unmet
 from .result import Result, case_record
 from .spec import TrainingSpec
@@ -144,13 +144,13 @@ class Runner:
             return outcome
         budgets = budgets or Budgets.empty()
         outcome.budget, outcome.budget_missing = budgets.lookup(self.caps, case)
-        try:
+        try:  # what only the built model tells (for the case or its baseline) skips the case
             self._measure_with_baseline(outcome, spec, overrides)
+            if outcome.baseline_recipe is not None:
+                outcome.guard_verdicts = self._guard(outcome, spec, overrides)
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome
-        if outcome.baseline_recipe is not None:
-            outcome.guard_verdicts = self._guard(outcome, spec, overrides)
         self._check_budget(outcome)
         return outcome
 
@@ -182,7 +182,7 @@ class Runner:
         config = self._config(recipe, overrides)
         base_config = self._config(base, overrides) if base else None
         if base and needs_ratio and not interleave_blocker(config) and not interleave_blocker(base_config):
-            outcome.result, outcome.baseline = self._measure_interleaved(outcome, spec, config, base_config)
+            outcome.result, outcome.baseline = self._measure_interleaved(outcome, spec, config, base_config, overrides)
             outcome.paired = True
             self.results.setdefault(self._key(spec, base, overrides), outcome.baseline)
         else:
@@ -198,13 +198,35 @@ class Runner:
         self.results[self._key(spec, recipe, overrides)] = outcome.result
 
     def _measure_interleaved(self, outcome: CaseOutcome, spec: TrainingSpec, config: TrainConfig,
-                             base_config: TrainConfig) -> tuple[Result, Result]:
+                             base_config: TrainConfig, overrides: dict) -> tuple[Result, Result]:
+        """Both setups alive while their rounds alternate; each one's memory and work measured with it alone.
+
+        The baseline's passes run before the case is built (or come from its earlier measurement in
+        this session), the case's after the baseline is freed: a CUDA allocator peak is one setup's own.
+        """
         recipe, base, settings = outcome.recipe, outcome.baseline_recipe, self.settings
-        with Training(config, spec, self.backend, self.fault) as tc, Training(base_config, spec, self.backend) as tb:
-            mc = Measurement(tc, outcome.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
+        earlier = self.results.get(self._key(spec, base, overrides))
+        tb = Training(base_config, spec, self.backend)
+        try:
             mb = Measurement(tb, f"{spec.name}-{base.name}", base.name, settings, base.extra_warmup_steps,
                              self.profile.name)
-            result, baseline = measure_interleaved(mc, mb)
+            mb.warm_up()
+            if earlier is not None:
+                mb.reuse_passes(earlier)
+            else:
+                mb.measure_after_timing()
+            with Training(config, spec, self.backend, self.fault) as tc:
+                mc = Measurement(tc, outcome.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
+                interleave_rounds(mc, mb)
+                baseline = mb.finish()
+                tb.close()
+                del tb, mb  # the baseline's tensors go before the case's memory is measured
+                self.backend.release_memory()
+                mc.measure_after_timing()
+                result = mc.finish()
+        finally:
+            if "tb" in locals():
+                tb.close()
         result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
         return result, baseline
 
