@@ -88,3 +88,11 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
         run = tmp_path / "r.json"
         run.write_text(json.dumps({"machine_info": {}, "benchmarks": [{"extra_info": {"case": "x"}}]}))
         calibrate(run, tmp_path / "new.toml")
+
+
+def test_only_a_paired_speed_up_is_calibrated():
+    from trainbench.calibrate import bounds_for
+
+    paired = bounds_for({"speedup_vs_baseline": 1.4, "paired": True}, gpu=False, margin=0.1, speed_margin=0.3)
+    unpaired = bounds_for({"speedup_vs_baseline": 1.4, "paired": False}, gpu=False, margin=0.1, speed_margin=0.3)
+    assert paired["min_speedup"] == pytest.approx(0.98) and "min_speedup" not in unpaired

@@ -1,8 +1,8 @@
 """DDP over gloo: two rank processes on the CPU, the path a GPU nightly takes with NCCL."""
 
-import pytest
-
 import dataclasses
+
+import pytest
 
 from trainbench.distributed import measure_ddp
 from trainbench.guards import compare_gradients, first_step_gradients

@@ -163,8 +163,8 @@ def test_grad_scaler_costs_a_host_sync_per_step(measured):
 def test_warmup_runs_recipe_extra_steps_and_reports_first_step(training):
     settings = MeasureSettings(min_warmup_steps=2, max_warmup_steps=2, steady_window=1, rounds=1,
                                steps_per_round=1, breakdown=False, work=False)
-    with training() as training:
-        m = Measurement(training, "c", "r", settings, extra_warmup_steps=3)
+    with training() as setup:
+        m = Measurement(setup, "c", "r", settings, extra_warmup_steps=3)
         m.warm_up()
     assert m.result.warmup_steps == 5
     assert m.result.first_step_s > 0
@@ -172,8 +172,8 @@ def test_warmup_runs_recipe_extra_steps_and_reports_first_step(training):
 
 
 def test_endless_loader_survives_epoch_boundaries(training, profile):
-    with training(batch_size=512) as training:
-        it = training.batches()
+    with training(batch_size=512) as setup:
+        it = setup.batches()
         steps = profile.dataset_size // 512 * 3  # three epochs on one iterator
         for _ in range(steps):
             inputs, _ = next(it)
@@ -208,13 +208,13 @@ def test_item_every_step_syncs_every_step_and_every_n_once_per_n(metrics_of):
 
 
 def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(training, quick):
-    with training("loss_item_every_n") as training:
-        m = Measurement(training, "mlp-loss_item_every_n", "loss_item_every_n", quick)
+    with training("loss_item_every_n") as setup:
+        m = Measurement(setup, "mlp-loss_item_every_n", "loss_item_every_n", quick)
         m.warm_up()
-        batches = training.batches()
+        batches = setup.batches()
         for offset in range(4):  # start the growth window at different points of the N-step cycle
             for _ in range(offset):
-                training.step(training.fetch(batches))
+                setup.step(setup.fetch(batches))
             m.measure_memory()
             assert m.result.memory_growth_bytes_per_step == 0, offset
 

@@ -3,7 +3,7 @@
 ``python -m trainbench calibrate RUN_JSON`` turns every case of a saved run into budget
 keys for the run's device section (``cpu``, or the GPU's name): deterministic signals
 get ``max_<metric> = measured x (1 + margin)``, the GPU allocator peaks the same, and
-the same-session speed-up ``min_speedup = measured x (1 - speed_margin)``. Keys it does
+the same-session speed-up, where it was paired, ``min_speedup = measured x (1 - speed_margin)``. Keys it does
 not calibrate (notes, hand-written ratios, ``compare_fail``) are kept; other devices'
 sections are never touched. It prints a unified diff and writes only with ``--write``,
 atomically, after checking that the result still parses as a budgets file.
@@ -71,7 +71,9 @@ def bounds_for(info: dict, gpu: bool, margin: float, speed_margin: float) -> dic
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             keys[f"max_{metric}"] = _round_up(max(0.0, value * (1 + margin)))  # <= 0 measured: budget 0
     speedup = info.get("speedup_vs_baseline")
-    if isinstance(speedup, (int, float)) and speedup > 0:
+    # Only a paired speed-up (rounds interleaved with the baseline's; records before pairing was
+    # recorded count as paired) is free of the drift between two cases measured minutes apart.
+    if isinstance(speedup, (int, float)) and speedup > 0 and info.get("paired", True):
         keys["min_speedup"] = max(0.01, _round_down(speedup * (1 - speed_margin)))
     return keys
 

@@ -220,12 +220,12 @@ class Runner:
                 interleave_rounds(mc, mb)
                 baseline = mb.finish()
                 tb.close()
-                del tb, mb  # the baseline's tensors go before the case's memory is measured
+                tb = mb = None  # the baseline's tensors go before the case's memory is measured
                 self.backend.release_memory()
                 mc.measure_after_timing()
                 result = mc.finish()
         finally:
-            if "tb" in locals():
+            if tb is not None:
                 tb.close()
         result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
         return result, baseline
