@@ -271,7 +271,8 @@ class Measurement:
         training = self.training
         # Steps that sync every N (loss_history="item", log_every=N) hold a pending sum between
         # syncs: compare two steps at the same point of that cycle.
-        steps = GROWTH_STEPS * training.config.log_every
+        n = training.config.log_every
+        steps = -(-GROWTH_STEPS // n) * n  # GROWTH_STEPS, rounded up to whole cycles
         # Batches are fetched outside the counter: loader internals are not the step's memory.
         # Each is dropped after its step, so only what the step itself keeps can grow.
         pending = [training.fetch(self._batches) for _ in range(steps + 1)]
