@@ -241,10 +241,11 @@ class Measurement:
         FLOP and op counts): after one step under a dispatch mode, torch 2.9 runs a
         ``torch.compile``d function eagerly for good (2.14 keeps it compiled).
         """
-        self.measure_peaks()
-        self.count_calls()
-        self.measure_memory()
-        self.count_work()
+        for name, run in (("peaks", self.measure_peaks), ("calls", self.count_calls), ("memory", self.measure_memory),
+                          ("work", self.count_work)):
+            started = time.perf_counter()
+            run()
+            self.result.phase_seconds[name] = time.perf_counter() - started
 
     # -- 3. memory ----------------------------------------------------------------
     def measure_peaks(self) -> None:

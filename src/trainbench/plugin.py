@@ -350,9 +350,12 @@ class TrainBench:
     def __call__(self, recipe, spec, baseline=None, **overrides):
         """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
         against ``baseline`` (default: the recipe's own); ``overrides`` set config knobs (e.g. ``batch_size=8``)."""
+        from .recipes import ConfigError
+        from .spec import SpecError
+
         try:
             outcome = self.state.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
-        except ValueError as e:  # an override that cancels the recipe, a spec that cannot be trained
+        except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
             self.benchmark._mode = "trainbench: failed before measuring"  # not pytest-benchmark's "fixture not used"
             pytest.fail(f"trainbench: {e}", pytrace=False)
         return self._finish(outcome)

@@ -32,6 +32,10 @@ PARALLEL_MODES = (None, "dp", "ddp")
 SDPA_BACKENDS = (None, "math", "flash", "efficient")
 
 
+class ConfigError(ValueError):
+    """Knobs that make no sense together, or an override that would cancel a recipe's knob."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides how one training step runs. Defaults are the seeds' baseline."""
@@ -78,15 +82,15 @@ class TrainConfig:
         """Knob values and combinations that make sense whatever the spec (``unmet`` checks the spec's side)."""
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+            raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
         for name in ("num_workers",):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+                raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         for name in ("accumulation_steps", "log_every", "world_size", "batch_multiplier"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         for name, allowed in [("amp", (None,) + AMP_DTYPES), ("zero_grad", ZERO_GRAD_MODES),
                               ("optimizer_impl", OPTIMIZER_IMPLS), ("debug", DEBUG_MODES),
                               ("loss_history", LOSS_HISTORY_MODES), ("eval_mode", EVAL_MODES),
@@ -94,17 +98,17 @@ class TrainConfig:
                               ("parallel", PARALLEL_MODES), ("dist_backend", (None, "gloo", "nccl")),
                               ("sdpa_backend", SDPA_BACKENDS)]:
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.grad_scaler and self.amp is None:
-            raise ValueError("grad_scaler=True needs amp set: gradient scaling only exists for mixed precision")
+            raise ConfigError("grad_scaler=True needs amp set: gradient scaling only exists for mixed precision")
         if self.channels_last_input and not self.uint8_transfer:
-            raise ValueError("channels_last_input needs uint8_transfer: the NHWC batch is normalized on the device")
+            raise ConfigError("channels_last_input needs uint8_transfer: the NHWC batch is normalized on the device")
         if self.eval_mode and (self.accumulation_steps > 1 or self.loss_history == "tensor" or self.grad_scaler):
-            raise ValueError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
+            raise ConfigError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
         if self.synthetic and (self.num_workers or self.pin_memory or self.uint8_transfer or self.channels_last_input):
-            raise ValueError("synthetic batches bypass the DataLoader: loader knobs (workers, pinning, uint8) do not apply")
+            raise ConfigError("synthetic batches bypass the DataLoader: loader knobs (workers, pinning, uint8) do not apply")
         if (self.world_size > 1) != (self.parallel == "ddp"):
-            raise ValueError(f"world_size > 1 goes with parallel='ddp' (one process per rank); got parallel={self.parallel!r}, "
+            raise ConfigError(f"world_size > 1 goes with parallel='ddp' (one process per rank); got parallel={self.parallel!r}, "
                              f"world_size={self.world_size}")
         return self
 
@@ -116,7 +120,7 @@ class TrainConfig:
         """Samples per loader batch: the step's batch, or one micro-batch of it under accumulation."""
         step, k = self.step_batch_size(spec), self.accumulation_steps
         if step % k:
-            raise ValueError(f"a batch of {step} does not split into {k} equal micro-batches")
+            raise ConfigError(f"a batch of {step} does not split into {k} equal micro-batches")
         return step // k
 
     @property
@@ -206,7 +210,7 @@ class Recipe:
     def __post_init__(self):
         unknown = set(self.changes) - _CONFIG_FIELDS
         if unknown:
-            raise ValueError(f"recipe {self.name!r} changes unknown knobs {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
+            raise ConfigError(f"recipe {self.name!r} changes unknown knobs {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
 
     def changes_for(self, profile: Profile) -> dict[str, Any]:
         return {k: (v.pick(profile) if isinstance(v, ByProfile) else v) for k, v in self.changes.items()}
@@ -219,11 +223,11 @@ class Recipe:
         """
         unknown = set(overrides) - _CONFIG_FIELDS
         if unknown:
-            raise ValueError(f"unknown override {sorted(unknown)}; known knobs: {sorted(_CONFIG_FIELDS)}")
+            raise ConfigError(f"unknown override {sorted(unknown)}; known knobs: {sorted(_CONFIG_FIELDS)}")
         values = self.changes_for(profile)
         for key, value in overrides.items():
             if key in values and values[key] != value:
-                raise ValueError(f"the override {key}={value!r} would cancel recipe {self.name!r}'s {key}={values[key]!r}; "
+                raise ConfigError(f"the override {key}={value!r} would cancel recipe {self.name!r}'s {key}={values[key]!r}; "
                                  "drop the override, or state that value in the spec or a recipe of your own")
         values.update(overrides)
         return dataclasses.replace(base or TrainConfig(), **values).validate()

@@ -100,6 +100,7 @@ class Result:
     peak_tflops: float | None = None
     final_loss: float | None = None
     notes: list[str] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
 
     # -- derived timing -------------------------------------------------------------
     @property
@@ -207,6 +208,7 @@ def case_record(result: Result, **case_fields) -> dict:
         "final_loss": result.final_loss,
         "device": result.device,
         "notes": result.notes,
+        "phase_seconds": result.phase_seconds,
         **case_fields,
     }
 

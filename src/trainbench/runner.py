@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .budgets import Budgets, CaseBudget, Verdict, evaluate
@@ -147,7 +148,9 @@ class Runner:
         try:  # what only the built model tells (for the case or its baseline) skips the case
             self._measure_with_baseline(outcome, spec, overrides)
             if outcome.baseline_recipe is not None:
+                started = time.perf_counter()
                 outcome.guard_verdicts = self._guard(outcome, spec, overrides)
+                outcome.result.phase_seconds["guard"] = time.perf_counter() - started
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from .spec import TrainingSpec, classification_loss
+from .spec import SpecError, TrainingSpec, classification_loss
 
 
 @dataclass(frozen=True)
@@ -365,13 +365,12 @@ def resolve_spec(spec: SpecSource, profile: Profile) -> TrainingSpec:
     if isinstance(spec, TrainingSpec):
         return spec
     if isinstance(spec, str):
-        try:
-            return WORKLOADS[spec](profile)
-        except KeyError:
-            raise KeyError(f"unknown workload {spec!r}: expected a TrainingSpec or one of {sorted(WORKLOADS)}") from None
+        if spec not in WORKLOADS:
+            raise SpecError(f"unknown workload {spec!r}: expected a TrainingSpec or one of {sorted(WORKLOADS)}")
+        return WORKLOADS[spec](profile)
     if callable(spec):
         resolved = spec(profile)
         if not isinstance(resolved, TrainingSpec):
-            raise TypeError(f"{spec!r} returned {type(resolved).__name__}, expected a TrainingSpec")
+            raise SpecError(f"{spec!r} returned {type(resolved).__name__}, expected a TrainingSpec")
         return resolved
-    raise TypeError(f"expected a TrainingSpec, a workload name or a function of the profile, got {spec!r}")
+    raise SpecError(f"expected a TrainingSpec, a workload name or a function of the profile, got {spec!r}")
