@@ -92,7 +92,11 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
 
 def test_only_a_paired_speed_up_is_calibrated():
     from trainbench.calibrate import bounds_for
+    from trainbench.result import CaseRecord
 
-    paired = bounds_for({"speedup_vs_baseline": 1.4, "paired": True}, gpu=False, margin=0.1, speed_margin=0.3)
-    unpaired = bounds_for({"speedup_vs_baseline": 1.4, "paired": False}, gpu=False, margin=0.1, speed_margin=0.3)
+    def record(paired):
+        return CaseRecord.read({"case": "c", "samples_per_step": 16, "speedup_vs_baseline": 1.4, "paired": paired}, "c")
+
+    paired = bounds_for(record(True), gpu=False, margin=0.1, speed_margin=0.3)
+    unpaired = bounds_for(record(False), gpu=False, margin=0.1, speed_margin=0.3)
     assert paired["min_speedup"] == pytest.approx(0.98) and "min_speedup" not in unpaired

@@ -195,11 +195,15 @@ def test_load_errors_are_report_errors(tmp_path):
 
 def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs():
     from trainbench.report import LadderRun, RungResult
+    from trainbench.result import CaseRecord
+
+    def record(**info):
+        return CaseRecord.read({"case": "c", "samples_per_step": 16, **info}, "c")
 
     ladder = LADDERS["ladder000"]
-    rungs = [RungResult(0, ladder.steps[0], {"samples_per_s": 100.0}),
-             RungResult(1, ladder.steps[1], {"samples_per_s": 150.0, "speedup_vs_baseline": 1.2}),
-             RungResult(2, ladder.steps[2], {"samples_per_s": 300.0})]
+    rungs = [RungResult(0, ladder.steps[0], record(samples_per_s=100.0)),
+             RungResult(1, ladder.steps[1], record(samples_per_s=150.0, speedup_vs_baseline=1.2)),
+             RungResult(2, ladder.steps[2], record(samples_per_s=300.0))]
     lr = LadderRun(ladder, rungs)
     assert lr.relative(0) == 1.0
     assert lr.relative(1) == 1.2  # paired with rung 0, not 150 / 100

@@ -20,7 +20,7 @@ from .budgets import BudgetError, Budgets
 from .device import DeviceCaps
 from .files import write_text_atomic
 from .report import ReportError, load_run, run_device
-from .result import METRICS, deterministic_metrics
+from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
 
 # Deterministic signals: exact functions of code and shapes, calibrated with the tight margin.
 DETERMINISTIC_KEYS = tuple(deterministic_metrics())
@@ -63,17 +63,17 @@ def _round_down(value: float) -> float:
     return math.floor(value * 100 + 1e-9) / 100  # 1.4 x 0.7 is 0.97999...: not a reason to drop a step
 
 
-def bounds_for(info: dict, gpu: bool, margin: float, speed_margin: float) -> dict[str, float | int]:
-    """The calibrated budget keys of one case from its ``extra_info``."""
+def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float) -> dict[str, float | int]:
+    """The calibrated budget keys of one case from its stored record."""
     keys: dict[str, float | int] = {}
     for metric in DETERMINISTIC_KEYS + (GPU_MEMORY_KEYS if gpu else ()):
-        value = info.get(metric)
+        value = record.metrics.get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             keys[f"max_{metric}"] = _round_up(max(0.0, value * (1 + margin)))  # <= 0 measured: budget 0
-    speedup = info.get("speedup_vs_baseline")
-    # Only a paired speed-up (rounds interleaved with the baseline's; records before pairing was
+    speedup = record.speedup_vs_baseline
+    # Only a paired speed-up (rounds interleaved with the baseline's; records from before pairing was
     # recorded count as paired) is free of the drift between two cases measured minutes apart.
-    if isinstance(speedup, (int, float)) and speedup > 0 and info.get("paired", True):
+    if speedup is not None and speedup > 0 and record.paired is not False:
         keys["min_speedup"] = max(0.01, _round_down(speedup * (1 - speed_margin)))
     return keys
 
@@ -101,17 +101,22 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
     cases = 0
     for bench in run["benchmarks"]:
         info = bench.get("extra_info") or {}
-        case = info.get("case")
-        if not case:
-            continue
-        bounds = bounds_for(info, DeviceCaps.from_identity(device).cuda, margin, speed_margin)
+        if not info.get("case"):
+            continue  # a plain pytest-benchmark test in the same run
+        try:
+            record = CaseRecord.read(info, f"{run_path}: {bench.get('name')}")
+        except RecordError as e:
+            raise CalibrationError(str(e)) from None
+        case = record.case
+        bounds = bounds_for(record, DeviceCaps.from_identity(device).cuda, margin, speed_margin)
         if not bounds:
             continue
         cases += 1
         entry = section.get(case)
         if entry is None:
             entry = section[case] = tomlkit.table()
-            entry["note"] = f"calibrated from {Path(run_path).name}: {info.get('samples_per_s') or 0:.1f} samples/s"
+            entry["note"] = (f"calibrated from {Path(run_path).name}: "
+                             f"{record.metrics.get('samples_per_s') or 0:.1f} samples/s")
         for name, value in bounds.items():
             entry[name] = value
     new_text = tomlkit.dumps(doc)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_text_atomic
+from .result import CaseRecord, RecordError
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
     from .ladders import Ladder, LadderStep
@@ -70,11 +71,18 @@ class RungResult:
 
     index: int
     step: LadderStep
-    measured: dict | None  # the benchmark's extra_info
+    measured: CaseRecord | None  # the rung's stored record
     not_run_reason: str = ""
 
     def value(self, metric: str) -> float | None:
-        return None if self.measured is None else self.measured.get(metric)
+        """A metric of ``trainbench.result.METRICS``, or ``speedup_vs_baseline`` / ``batch_size``."""
+        if self.measured is None:
+            return None
+        if metric == "speedup_vs_baseline":
+            return self.measured.speedup_vs_baseline
+        if metric == "batch_size":
+            return self.measured.samples_per_step
+        return self.measured.metrics.get(metric)
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class LadderRun:
     def left_out_steps(self) -> list[str]:
         """Steps the run's rungs climbed without (each rung records them)."""
         for rung in reversed(self.rungs):
-            left_out = ((rung.measured or {}).get("ladder") or {}).get("left_out")
+            left_out = ((rung.measured.ladder if rung.measured else None) or {}).get("left_out")
             if isinstance(left_out, list) and left_out:
                 return [str(step) for step in left_out]
         return []
@@ -188,7 +196,7 @@ def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:
     """Every ladder with at least one rung in ``run``, in ``LADDERS`` order, each with all its rungs."""
     from .ladders import LADDERS
 
-    measured: dict[str, dict[int, dict]] = {}
+    measured: dict[str, dict[int, CaseRecord]] = {}
     for bench in run["benchmarks"]:
         info = bench.get("extra_info") if isinstance(bench, dict) else None
         rung = (info or {}).get("ladder")
@@ -196,7 +204,10 @@ def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:
             continue
         index = rung.get("rung")
         if isinstance(index, int) and 0 <= index < len(LADDERS[rung["name"]].steps):
-            measured.setdefault(rung["name"], {})[index] = info
+            try:
+                measured.setdefault(rung["name"], {})[index] = CaseRecord.read(info, f"{path}: {bench.get('name')}")
+            except RecordError as e:
+                raise ReportError(path, str(e).removeprefix(f"{path}: ")) from None
     if not measured:
         raise ReportError(path, f"no ladder cases in the run; expected benchmarks with extra_info['ladder'] "
                                 f"for one of {sorted(LADDERS)} (run benchmarks/test_recipes.py::test_ladder)")

@@ -222,7 +222,7 @@ class CaseRecord:
     round_step_times_s: list[float]
     samples_per_step: int
     speedup_vs_baseline: float | None = None
-    paired: bool = False  # the speed-up comes from rounds interleaved with the baseline's
+    paired: bool | None = None  # the speed-up comes from rounds interleaved with the baseline's (None: not recorded)
     profile: str | None = None
     ladder: dict | None = None
     device: dict | None = None
@@ -251,7 +251,9 @@ class CaseRecord:
         if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
             raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a number or null")
         ladder = info.get("ladder")
-        return cls(info["case"], metrics, [float(t) for t in rounds], samples, speedup, bool(info.get("paired")),
+        paired = info.get("paired")
+        return cls(info["case"], metrics, [float(t) for t in rounds], samples, speedup,
+                   bool(paired) if paired is not None else None,
                    info.get("profile"), ladder if isinstance(ladder, dict) else None,
                    info.get("device") if isinstance(info.get("device"), dict) else None, info)
 
