@@ -171,7 +171,8 @@ class Measurement:
         self._wait_s += time.perf_counter() - t0
         self._last_loss = self.training.step(micro_batches)
 
-    def warm_up(self) -> None:
+    def warm_up(self, settle: bool = True) -> None:
+        """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
         s, timer = self.settings, self.backend.timer
         start = timer()
         self.timed_step()
@@ -181,7 +182,7 @@ class Measurement:
             self.timed_step()
             done += 1
         previous, steady = None, False
-        while not s.fixed_warmup and done + s.steady_window <= max(s.max_warmup_steps, done):
+        while settle and not s.fixed_warmup and done + s.steady_window <= max(s.max_warmup_steps, done):
             t0 = timer()
             for _ in range(s.steady_window):
                 self.timed_step()
@@ -196,6 +197,8 @@ class Measurement:
         self.result.warmup_s = timer() - start
         if s.fixed_warmup:
             self.result.notes.append(f"fixed warm-up of {done} steps (ranks step in lockstep)")
+        elif not settle:
+            self.result.notes.append(f"warm-up of {done} steps: this setup settled when measured earlier in the session")
         elif not steady:
             self.result.notes.append(
                 f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})"

@@ -213,7 +213,7 @@ class Runner:
         try:
             mb = Measurement(tb, f"{spec.name}-{base.name}", base.name, settings, base.extra_warmup_steps,
                              self.profile.name)
-            mb.warm_up()
+            mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             if earlier is not None:
                 mb.reuse_passes(earlier)
             else:
