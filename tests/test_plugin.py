@@ -248,3 +248,8 @@ def test_plain_pytest_benchmark_tests_store_and_compare_as_without_trainbench(py
     compared.assert_outcomes(passed=1)
     assert "(0002_plain)" in compared.stdout.str()  # pytest-benchmark's own choice: the latest run
     assert "trainbench summary" not in compared.stdout.str() and "trainbench compare" not in compared.stdout.str()
+
+
+def test_a_session_without_trainbench_cases_does_not_import_torch(pytester):
+    pytester.makepyfile(test_plain='def test_x():\n    import sys\n    assert "torch" not in sys.modules\n')
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
