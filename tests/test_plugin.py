@@ -253,3 +253,11 @@ def test_plain_pytest_benchmark_tests_store_and_compare_as_without_trainbench(py
 def test_a_session_without_trainbench_cases_does_not_import_torch(pytester):
     pytester.makepyfile(test_plain='def test_x():\n    import sys\n    assert "torch" not in sys.modules\n')
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_a_malformed_budgets_file_beside_the_tests_stops_the_run_before_any_case(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    path = pytester.makefile(".toml", budgets='[cpu."mlp-baseline"]\nmax_bogus = 1\n')
+    result = pytester.runpytest(*QUICK)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_bogus'*"])
