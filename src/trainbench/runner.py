@@ -198,7 +198,8 @@ class Runner:
                                             f"({interleave_blocker(config) or interleave_blocker(base_config)})")
             elif base:
                 outcome.baseline = self.results.get(self._key(spec, base, overrides))
-        self.results[self._key(spec, recipe, overrides)] = outcome.result
+        if self.fault is None:  # a planted regression must not become another case's baseline
+            self.results[self._key(spec, recipe, overrides)] = outcome.result
 
     def _measure_interleaved(self, outcome: CaseOutcome, spec: TrainingSpec, config: TrainConfig,
                              base_config: TrainConfig, overrides: dict) -> tuple[Result, Result]:
