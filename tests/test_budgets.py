@@ -60,20 +60,28 @@ def test_metric_not_measured_on_this_device_fails(tmp_path):
     assert not verdict.ok and "not measured on this device" in verdict.message
 
 
-def test_device_sections_fall_back_from_name_to_capability_to_cuda(tmp_path):
-    path = write(tmp_path, '[sm_90."a"]\nmax_ops_per_step = 1\n[cuda."b"]\nmax_ops_per_step = 2\n[cpu."a"]\nmax_ops_per_step = 3\n')
+def test_device_sections_fall_through_per_case_from_name_to_capability_to_cuda(tmp_path):
+    path = write(tmp_path, '[sm_90."a"]\nmax_ops_per_step = 1\n[cuda."a"]\nmax_ops_per_step = 9\n'
+                           '[cuda."b"]\nmax_ops_per_step = 2\n[cpu."a"]\nmax_ops_per_step = 3\n')
     budgets = Budgets.load(path)
-    assert budgets.device_key(H100) == "sm_90"
-    assert budgets.for_case(H100, "a").bounds[0].limit == 1
-    assert budgets.for_case(H100, "b") is None  # the most specific section present wins
-    assert budgets.device_key(CPU) == "cpu"
-    assert Budgets.load(write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')).device_key(H100) is None
+    assert budgets.device_keys(H100) == ["sm_90", "cuda"]
+    assert budgets.for_case(H100, "a").bounds[0].limit == 1  # the most specific entry for the case
+    assert budgets.for_case(H100, "b").bounds[0].limit == 2  # [sm_90] has no "b": [cuda]'s holds
+    assert budgets.device_keys(CPU) == ["cpu"] and budgets.for_case(CPU, "a").bounds[0].limit == 3
+    assert Budgets.load(write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')).device_keys(H100) == []
+
+
+def test_gate_thresholds_merge_from_cuda_to_the_gpus_own_section(tmp_path):
+    path = write(tmp_path, '[cuda."*"]\ncompare_fail = "samples_per_s:10%,peak_memory:5%"\n'
+                           '[sm_90."*"]\ncompare_fail = "samples_per_s:3%"\n')
+    thresholds = Budgets.load(path).compare_thresholds(H100, "a")
+    assert thresholds["samples_per_s"] == pytest.approx(0.03) and thresholds["peak_memory_mib"] == pytest.approx(0.05)
 
 
 def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
     path = write(tmp_path, '[cpu."a"]\nmax_ops_per_step = 3\n')
     budgets = Budgets.load(path)
-    assert budgets.lookup(CPU, "b") == (None, f"no budget for b in [cpu] of {path}")
+    assert budgets.lookup(CPU, "b") == (None, f"no budget for b in [cpu] of {path}")  # every section present, named
     assert budgets.lookup(H100, "a") == (
         None, f"no budget: {path} has no section for NVIDIA H100 80GB HBM3 (looked for [NVIDIA H100 80GB HBM3], [sm_90], [cuda])")
     assert "no budgets file configured" in Budgets.empty().lookup(CPU, "a")[1]
@@ -111,3 +119,4 @@ def test_the_shipped_budgets_file_parses():
     budgets = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
     assert "resnet18-baseline" in budgets.sections["cpu"]
     assert budgets.sections["sm_70"]["resnet18-amp_fp16"].needs_baseline
+

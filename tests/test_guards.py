@@ -135,3 +135,15 @@ def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu,
     assert compare_gradients(scaled, fp32, rtol).ok
     verdict = compare_gradients(unscaled, fp32, rtol)
     assert not verdict.ok, verdict.message
+
+
+def test_a_nan_loss_or_gradient_fails_the_guard():
+    import torch
+
+    from trainbench.guards import compare_gradients
+
+    assert not compare_trajectories([1.0, float("nan")], [1.0, 1.0], rtol=0.5).ok
+    assert not compare_trajectories([float("nan"), 1.0], [1.0, 1.0], rtol=0.5).ok
+    base = {"w": torch.ones(3), "b": torch.ones(1)}
+    verdict = compare_gradients({"w": torch.tensor([1.0, float("nan"), 1.0]), "b": torch.ones(1)}, base, rtol=1.0)
+    assert not verdict.ok and "(w)" in verdict.message

@@ -8,10 +8,13 @@ from trainbench.budgets import Budgets
 from trainbench.cases import SUITE, all_cases, ladder_cases
 from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
-from trainbench.recipes import RECIPES
+from trainbench.recipes import RECIPES, unmet
+from trainbench.workloads import PROFILES
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
-GPU_SECTIONS = ("cuda", "sm_70")
+# A V100 (sm_70 has its own section) and an H100 (only [cuda] applies), each with 8 GPUs.
+GPUS = (DeviceCaps("cuda", "Tesla V100-SXM2-16GB", cuda=True, capability=(7, 0), gpu_count=8, bf16=False),
+        DeviceCaps("cuda", "NVIDIA H100 80GB HBM3", cuda=True, capability=(9, 0), gpu_count=8, bf16=True))
 CPU = DeviceCaps("cpu", "a CPU", bf16=True)
 
 
@@ -33,7 +36,9 @@ def test_every_optimization_is_a_case_somewhere():
 @pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.id)
 def test_every_case_has_a_budget_for_the_devices_it_runs_on(case):
     if _needs_gpu(case):
-        assert any(BUDGETS.sections.get(k, {}).get(case.id) for k in GPU_SECTIONS), f"{case.id}: no GPU budget"
+        for gpu in GPUS:  # the merged view each GPU sees: its own sections, then [cuda]
+            if unmet(case.own_recipe(), gpu, PROFILES["gpu"]) is None:
+                assert BUDGETS.for_case(gpu, case.id) is not None, f"{case.id}: no budget on {gpu.name}"
     elif case.id not in {f"{w}-baseline" for w in SUITE}:
         budget = BUDGETS.for_case(CPU, case.id)
         assert budget is not None and budget.bounds, f"{case.id}: no CPU budget"

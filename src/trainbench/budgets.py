@@ -156,33 +156,38 @@ class Budgets:
                 sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail, path)
         return sections
 
-    def device_key(self, caps: DeviceCaps) -> str | None:
-        """The first of the device's classes that this file has a section for."""
-        return next((k for k in caps.budget_keys if k in self.sections), None)
+    def device_keys(self, caps: DeviceCaps) -> list[str]:
+        """The device's classes this file has a section for, most specific first."""
+        return [k for k in caps.budget_keys if k in self.sections]
 
     def for_case(self, caps: DeviceCaps, case: str) -> CaseBudget | None:
         return self.lookup(caps, case)[0]
 
     def lookup(self, caps: DeviceCaps, case: str) -> tuple[CaseBudget | None, str | None]:
-        """The case's budget on this device, or None and why none applies (which file and sections were looked at)."""
+        """The case's budget on this device, or None and why none applies (which file and sections were looked at).
+
+        Per case, the most specific section that has an entry for it: a GPU's name, then its
+        capability, then ``cuda``; so ``[sm_70]`` entries never hide the ``[cuda]`` ones of other cases.
+        """
         if self.path is None:
             return None, ("no budget: no budgets file configured (put a budgets.toml beside the tests or above them, "
                           "or pass --trainbench-budgets)")
-        key = self.device_key(caps)
-        tried = ", ".join(f"[{k}]" for k in caps.budget_keys)
-        if key is None:
+        keys = self.device_keys(caps)
+        if not keys:
+            tried = ", ".join(f"[{k}]" for k in caps.budget_keys)
             return None, f"no budget: {self.path} has no section for {caps.name} (looked for {tried})"
-        budget = self.sections[key].get(case)
+        budget = next((self.sections[k][case] for k in keys if case in self.sections[k]), None)
         if budget is None:
-            return None, f"no budget for {case} in [{key}] of {self.path}"
+            return None, f"no budget for {case} in {', '.join(f'[{k}]' for k in keys)} of {self.path}"
         return budget, None
 
     def compare_thresholds(self, caps: DeviceCaps, case: str) -> dict[str, float]:
-        """Gate thresholds this file sets for ``case``: the device's ``"*"`` entry, then the case's own."""
-        key = self.device_key(caps)
+        """Gate thresholds this file sets for ``case``: each section's ``"*"`` entry then the case's own, the most
+        specific section last (so it wins)."""
         thresholds: dict[str, float] = {}
-        for entry in (self.sections[key].get("*"), self.sections[key].get(case)) if key else ():
-            thresholds.update((entry.compare_fail or {}) if entry else {})
+        for key in reversed(self.device_keys(caps)):
+            for entry in (self.sections[key].get("*"), self.sections[key].get(case)):
+                thresholds.update((entry.compare_fail or {}) if entry else {})
         return thresholds
 
 

@@ -257,7 +257,9 @@ class CudaBackend(Backend):
         return torch.cuda.device_count()
 
     def supports_bf16(self) -> bool:
-        return torch.cuda.is_bf16_supported()
+        # Native bf16 only: by default PyTorch also counts emulation (V100, T4), where amp_bf16 would
+        # measure emulated kernels.
+        return torch.cuda.is_bf16_supported(including_emulation=False)
 
     @property
     def name(self) -> str:

@@ -14,6 +14,7 @@ Two checks, both from the same seeded weights on the same seeded samples:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,8 @@ def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, s
 
 def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardVerdict:
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, baseline, strict=True)]
+    # A NaN or infinite loss is the worst difference there is (max() would pass over a NaN).
+    diffs = [d if math.isfinite(d) else math.inf for d in diffs]
     worst = max(diffs)
     step = diffs.index(worst)
     message = (
@@ -75,6 +78,8 @@ def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.
     worst, worst_name = 0.0, ""
     for name, base in baseline.items():
         err = float(torch.linalg.vector_norm(grads[name] - base) / torch.linalg.vector_norm(base).clamp_min(1e-30))
+        if not math.isfinite(err):
+            err = math.inf  # a NaN gradient (fp16 overflow, a broken kernel) fails; err > worst would skip it
         if err > worst:
             worst, worst_name = err, name
     message = (f"first-step gradients vs baseline over {len(baseline)} parameters: worst relative error {worst:.3g} "
