@@ -88,3 +88,9 @@ def test_an_optimizer_that_ignores_fused_is_not_applicable(cpu):
 def test_accumulation_needs_micro_batches_that_divide_the_batch():
     with pytest.raises(ValueError, match="a batch of 4 does not split into 3 equal micro-batches"):
         TrainConfig(accumulation_steps=3).loader_batch_size(NESTED)
+
+
+def test_ddp_needs_a_dataset_to_shard(profile):
+    from trainbench.recipes import get_recipe, spec_unmet
+
+    assert "DDP shards a Dataset" in spec_unmet(NESTED, get_recipe("ddp_gloo").config(profile))

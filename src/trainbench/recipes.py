@@ -250,6 +250,8 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
         return "the spec names no checkpoint_blocks to recompute"
     if (config.num_workers or config.pin_memory or config.uint8_transfer) and spec.dataset is None:
         return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
+    if config.parallel == "ddp" and (spec.dataset is None or config.synthetic):
+        return "DDP shards a Dataset across its ranks (each rank its slice of every global batch); the spec has none"
     if config.synthetic and spec.batches is None:
         return "the spec has no batches factory to make synthetic batches with"
     for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
