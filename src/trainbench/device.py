@@ -8,6 +8,7 @@ every device.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -339,6 +340,7 @@ def get_backend(spec: str | None = None) -> Backend:
     raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
+@functools.lru_cache(maxsize=1)  # read once: every measurement records the device identity
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -350,6 +352,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)  # one NVML call or nvidia-smi run per process, not one per measurement
 def _nvidia_driver_version() -> str | None:
     try:
         import pynvml  # optional

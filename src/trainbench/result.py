@@ -5,7 +5,7 @@ reads it back for the gate, the report and calibration)."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 MIB = 2**20
 
@@ -168,10 +168,6 @@ class Result:
             "aten_calls_per_step": self.aten_calls_per_step,
             "kernels_per_step": self.kernels_per_step,
         }
-
-    def to_dict(self) -> dict:
-        """JSON-ready: the raw record plus every derived metric."""
-        return {**asdict(self), "metrics": self.metrics()}
 
 
 # -- the serialized form of a measured case ------------------------------------------------------

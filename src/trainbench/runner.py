@@ -59,6 +59,7 @@ class CaseOutcome:
     paired: bool = False  # the baseline's rounds were interleaved with the case's
     budget: CaseBudget | None = None
     budget_missing: str | None = None  # why no budget applies ("no budgets file ...", "no section ...")
+    budget_required: bool = False  # a missing budget fails the case (--trainbench-require-budgets)
     budget_verdicts: list[Verdict] = field(default_factory=list)
     guard_verdicts: list[GuardVerdict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -73,7 +74,7 @@ class CaseOutcome:
     @property
     def budget_status(self) -> str:
         if self.budget is None:
-            return "FAIL" if any("no budget" in f for f in self.failures) else "none"
+            return "FAIL" if self.budget_required else "none"
         failed = sum(not v.ok for v in self.budget_verdicts)
         return f"FAIL {failed}/{len(self.budget_verdicts)}" if failed else f"ok {len(self.budget_verdicts)}"
 
@@ -275,6 +276,7 @@ class Runner:
     def _check_budget(self, outcome: CaseOutcome) -> None:
         if outcome.budget is None:
             if self.require_budgets:
+                outcome.budget_required = True
                 outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
             return
         outcome.budget_verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
