@@ -1,5 +1,7 @@
 # make bench: run the benchmark suite on this machine (CUDA if present, else the CPU profile)
 # make test:  run the library and plugin tests
+# make gpu-smoke: one case per CUDA path and self-checks of the measurement on this GPU (skips without CUDA)
+# make doctor: check this machine before a run (CUDA, driver, /dev/shm, device memory, timing distortions)
 # make report: run the seeds' two ladders (torch.compile included) and render results/report/<device>/
 # All create .venv and install the project on first use.
 
@@ -11,7 +13,7 @@ BENCH_ARGS ?=
 TEST_ARGS ?=
 BIN := $(VENV)/bin
 
-.PHONY: install bench test report clean
+.PHONY: install bench test report gpu-smoke doctor clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +28,13 @@ bench: install
 
 test: install
 	$(BIN)/python -m pytest tests -rs $(TEST_ARGS)
+
+gpu-smoke: install
+	$(BIN)/python -m trainbench doctor
+	$(BIN)/python -m pytest smoke -rs $(BENCH_ARGS)
+
+doctor: install
+	$(BIN)/python -m trainbench doctor
 
 report: install
 	$(BIN)/python -m pytest benchmarks -k test_ladder --trainbench-slow -rs --benchmark-save=ladders $(BENCH_ARGS)

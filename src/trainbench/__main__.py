@@ -151,6 +151,33 @@ def _add_releases(subparsers) -> None:
     parser.set_defaults(handler=_releases)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from .doctor import doctor_record, format_checks, run_checks
+
+    checks = run_checks(args.device, args.expect_cuda)
+    for line in format_checks(checks):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doctor_record(checks)["checks"], f, indent=2)
+    return 1 if doctor_record(checks)["blockers"] else 0
+
+
+def _add_doctor(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="check this machine before a benchmark run (exit status 1 on a blocker)",
+        description="One line per check: STATUS  name: message, STATUS one of ok, info, warn, FAIL. "
+                    "Exit status 1 when any check FAILs (the run would crash or measure nothing meaningful).")
+    parser.add_argument("--device", default="auto", help="the device the run will use: auto, cpu, cuda or cuda:N "
+                                                         "(a CUDA device implies --expect-cuda)")
+    parser.add_argument("--expect-cuda", action="store_true",
+                        help="a GPU must be usable (also set by TRAINBENCH_EXPECT_CUDA=1)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the checks as JSON to PATH")
+    parser.set_defaults(handler=_doctor)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -158,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(subparsers)
     _add_noise(subparsers)
     _add_releases(subparsers)
+    _add_doctor(subparsers)
     return parser
 
 

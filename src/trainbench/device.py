@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -18,25 +19,44 @@ from dataclasses import dataclass
 
 import torch
 
-# Dense peak throughput in TFLOP/s per GPU model and compute dtype, from the vendors'
-# data sheets (no sparsity). Used for MFU; a GPU missing here simply reports no MFU.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "V100": {"fp32": 15.7, "fp16": 125.0},
-    "T4": {"fp32": 8.1, "fp16": 65.0},
-    "A10G": {"fp32": 31.2, "fp16": 125.0, "bf16": 125.0},
-    "L4": {"fp32": 30.3, "fp16": 121.0, "bf16": 121.0},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
-}
+# Dense peak tensor/vector throughput in TFLOP/s per GPU model and form factor, from NVIDIA's
+# data sheets (halved where a sheet quotes 2:4 sparsity). A GPU is matched by the whole name
+# torch.cuda.get_device_name() gives, most specific pattern first: "L4" must not match
+# "L40S", nor "H100" an "H100 PCIe", nor "V100" a "V100S". A GPU missing here reports no MFU.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    (r"\bV100S\b", {"fp32": 16.4, "fp16": 130.0}),
+    (r"\bV100\b.*\bPCIE\b", {"fp32": 14.0, "fp16": 112.0}),
+    (r"\bV100\b", {"fp32": 15.7, "fp16": 125.0}),  # SXM2 / SXM3
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
+    (r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),  # SXM4 and PCIe alike
+    (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
+    (r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0}),
+    (r"\bH100\b.*\bPCIe\b", {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0}),
+    (r"\bH100\b.*\bNVL\b", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
+    (r"\bH100\b", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),  # SXM5 ("H100 80GB HBM3")
+    (r"\bH200\b.*\bNVL\b", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
+    (r"\bH200\b", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),  # SXM
+]
 
 
 def peak_tflops(device_name: str, dtype: str) -> float | None:
-    """Peak TFLOP/s of a known GPU for ``dtype`` ("fp32", "tf32", "fp16", "bf16")."""
-    for model, peaks in PEAK_TFLOPS.items():
-        if model in device_name:
+    """Peak dense TFLOP/s of a known GPU for ``dtype`` ("fp32", "tf32", "fp16", "bf16"), else None."""
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
             return peaks.get(dtype)
     return None
+
+
+def compute_precision(amp: str | None, tf32_matmul: bool, tf32_cudnn: bool, capability: tuple[int, int] | None) -> str:
+    """The precision whose peak bounds a step: the autocast dtype, else TF32 where fp32 matmuls or
+    convolutions may use it (cuDNN does by default on sm_80+), else fp32. Against the highest peak
+    the step may reach, MFU stays below 1."""
+    if amp:
+        return amp
+    if (tf32_matmul or tf32_cudnn) and capability is not None and capability >= (8, 0):
+        return "tf32"
+    return "fp32"
 
 
 @dataclass(frozen=True)
@@ -127,17 +147,39 @@ class Backend:
 
         return [ProfilerActivity.CPU]
 
-    def is_device_event(self, event) -> bool:
-        """A profiler event that is a kernel on this device (none on the CPU)."""
+    def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
+        """The precision a step with autocast dtype ``amp`` computes in, and this device's peak
+        dense TFLOP/s for it (None where unknown: no MFU)."""
+        return (amp or "fp32"), None
+
+    def is_device_kernel(self, event) -> bool:
+        """A profiler event that is a compute kernel on this device (none on the CPU)."""
         return False
 
-    def peak_tflops(self, dtype: str) -> float | None:
-        """Peak dense TFLOP/s for MFU; None where unknown."""
-        return None
+    def blocking_copy(self, src: torch.Tensor, dst_device: torch.device, non_blocking: bool) -> bool:
+        """Whether copying ``src`` to ``dst_device`` makes the host wait for the device (a sync)."""
+        return False
+
+    def elapsed_since(self, started: float) -> float:
+        """Wall seconds since ``started`` (a ``clock`` reading) including the device work queued since."""
+        self.synchronize()
+        return self.clock() - started
 
     def ddp_device_ids(self) -> list[int] | None:
         """``device_ids`` for DistributedDataParallel (None: the module's device, as on the CPU)."""
         return None
+
+    def fresh_process_reason(self, config) -> str | None:
+        """Why a setup with ``config`` must be measured in a new process on this device, or None."""
+        return None
+
+    def fresh_process_env(self, config) -> dict[str, str]:
+        """Environment a fresh process for ``config`` starts with (set before the device libraries start)."""
+        return {}
+
+    def parallel_device_ids(self, count: int) -> list[int]:
+        """The device indices a multi-device case uses (DataParallel replicas, DDP ranks)."""
+        raise RuntimeError(f"{self.kind} has no multi-device data parallelism")
 
     def rank_device_spec(self, rank: int) -> str:
         """The device a rank process of a one-machine process group trains on."""
@@ -155,6 +197,14 @@ class Backend:
 
     def empty_cache(self) -> None:
         """Return cached allocator blocks to the device (no-op without a caching allocator)."""
+
+    def reserved_bytes(self) -> int | None:
+        """Memory the allocator holds now (None without a caching allocator)."""
+        return None
+
+    def total_memory_bytes(self) -> int | None:
+        """The device's memory, where cases must fit in it (None: host memory, not checked)."""
+        return None
 
     def release_memory(self) -> None:
         """Free what dropped objects still hold (cycles included) and return cached blocks to the device."""
@@ -233,12 +283,19 @@ class CudaBackend(Backend):
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         super().__init__(device)
+        unsupported = unsupported_arch(self.capability(), torch.cuda.get_arch_list())
+        if unsupported:
+            raise RuntimeError(f"{device} ({self.name}): {unsupported}")
+        # The current device is where every later context, pinned-memory thread and cache goes:
+        # left at 0, a run on cuda:1 would also create a context and hold memory on GPU 0.
+        torch.cuda.set_device(self.device)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
     def reset_peak_memory(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+        torch.cuda.reset_accumulated_memory_stats(self.device)  # num_alloc_retries counts from here, not process start
 
     def peak_memory(self) -> PeakMemory:
         stats = torch.cuda.memory_stats(self.device)
@@ -250,6 +307,26 @@ class CudaBackend(Backend):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def reserved_bytes(self) -> int | None:
+        return torch.cuda.memory_reserved(self.device)
+
+    def time_sleep_kernel(self, seconds: float) -> tuple[float, float]:
+        """A spin kernel of about ``seconds``, timed by ``timer`` (what every round reads) and by CUDA events.
+
+        A self-check of the timing: the two must agree, or round times do not measure device work.
+        """
+        cycles = int(seconds * torch.cuda.get_device_properties(self.device).clock_rate * 1e3)  # clock_rate: kHz
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        started = self.timer()
+        start_event.record()
+        torch.cuda._sleep(cycles)
+        end_event.record()
+        timer_s = self.timer() - started
+        return timer_s, start_event.elapsed_time(end_event) / 1e3
+
+    def total_memory_bytes(self) -> int | None:
+        return torch.cuda.get_device_properties(self.device).total_memory
 
     def capability(self) -> tuple[int, int]:
         return tuple(torch.cuda.get_device_capability(self.device))
@@ -275,17 +352,43 @@ class CudaBackend(Backend):
 
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
-    def is_device_event(self, event) -> bool:
-        return event.device_type == torch.autograd.DeviceType.CUDA
+    def is_device_kernel(self, event) -> bool:
+        return is_cuda_kernel_event(event)
 
-    def peak_tflops(self, dtype: str) -> float | None:
-        return peak_tflops(self.name, dtype)
+    def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
+        precision = compute_precision(amp, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                                      self.capability())
+        return precision, peak_tflops(self.name, precision)
+
+    def blocking_copy(self, src: torch.Tensor, dst_device: torch.device, non_blocking: bool) -> bool:
+        return is_blocking_copy(src.device.type, dst_device.type, non_blocking, src.device.type == "cpu" and src.is_pinned())
 
     def ddp_device_ids(self) -> list[int] | None:
         return [self.device.index]
 
+    def fresh_process_reason(self, config) -> str | None:
+        if config.cudnn_benchmark:
+            return ("cuDNN's plan cache lives as long as the process and its key ignores the benchmark flag: after "
+                    "any earlier convolution the autotuner would not run, and the ratio would be ~1.0")
+        if config.deterministic:
+            return "cuBLAS reads CUBLAS_WORKSPACE_CONFIG (needed for deterministic matmuls) once, when it starts"
+        return None
+
+    def fresh_process_env(self, config) -> dict[str, str]:
+        if config.deterministic:  # the smaller of the two settings PyTorch documents as deterministic
+            given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+            return {"CUBLAS_WORKSPACE_CONFIG": given if given in (":4096:8", ":16:8") else ":4096:8"}
+        return {}
+
+    def parallel_device_ids(self, count: int) -> list[int]:
+        """The ``count`` GPUs a multi-GPU case uses, starting at this one: DataParallel and DDP ranks use the same."""
+        total = self.device_count()
+        if count > total:
+            raise RuntimeError(f"{count} GPUs needed, {total} present")
+        return [(self.device.index + i) % total for i in range(count)]
+
     def rank_device_spec(self, rank: int) -> str:
-        return f"cuda:{rank}"
+        return f"cuda:{self.parallel_device_ids(rank + 1)[rank]}"
 
     def identity(self) -> dict:
         ident = super().identity()
@@ -304,6 +407,67 @@ class CudaBackend(Backend):
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def unsupported_arch(capability: tuple[int, int], arch_list: list[str]) -> str | None:
+    """Why this torch build has no kernels for a GPU of ``capability``, or None when it has.
+
+    A build runs on its own ``sm_XY`` targets, on later GPUs of the same major version
+    (binary compatibility), and JIT-compiles ``compute_XY`` PTX for any GPU at least that new.
+    """
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        number = number.rstrip("af")  # sm_90a, sm_100f: architecture-specific variants
+        if not number.isdigit():
+            continue
+        built = (int(number[:-1]), int(number[-1]))
+        if kind == "sm" and built[0] == major and built[1] <= minor:
+            return None
+        if kind == "compute" and built <= (major, minor):
+            return None
+    return (f"this torch build ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
+            f"{' '.join(arch_list) or 'no GPU'}, none that runs on sm_{major}{minor}: install a wheel built for "
+            "this GPU (see the README's GPU runner section)")
+
+
+def is_cuda_kernel_event(event) -> bool:
+    """A compute kernel in a CUDA profile: not a memcpy, a memset or a user annotation's GPU range."""
+    if event.device_type != torch.autograd.DeviceType.CUDA or getattr(event, "is_user_annotation", False):
+        return False
+    return not event.name.startswith(("Memcpy", "Memset", "cudaMemcpy", "cudaMemset"))
+
+
+def is_blocking_copy(src_type: str, dst_type: str, non_blocking: bool, src_pinned: bool) -> bool:
+    """A copy between host and GPU that the host waits for: any copy to the host (the host reads
+    the result), and a host-to-GPU copy unless it is non_blocking from pinned memory (a pageable
+    source is staged by the driver, which returns only when the copy is done)."""
+    if src_type == dst_type or "cuda" not in (src_type, dst_type):
+        return False
+    if dst_type == "cpu":
+        return True
+    return not (non_blocking and src_pinned)
+
+
+def cuda_runtime() -> dict:
+    """What this process's torch build and driver offer, for ``doctor``: never raises."""
+    info: dict = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "arch_list": [], "available": False,
+                  "devices": [], "driver": None, "error": None}
+    if torch.version.cuda is None:
+        return info
+    try:
+        info["arch_list"] = torch.cuda.get_arch_list()
+        info["driver"] = _nvidia_driver_version()
+        info["available"] = torch.cuda.is_available()
+        for index in range(torch.cuda.device_count() if info["available"] else 0):
+            props = torch.cuda.get_device_properties(index)
+            capability = (props.major, props.minor)
+            info["devices"].append({"index": index, "name": props.name, "capability": capability,
+                                    "total_memory_bytes": props.total_memory,
+                                    "unsupported": unsupported_arch(capability, info["arch_list"])})
+    except Exception as e:  # noqa: BLE001 - a broken driver raises many kinds; doctor reports it as it is
+        info["error"] = f"{type(e).__name__}: {e}"
+    return info
 
 
 def host_profiler_activities() -> list:

@@ -1,4 +1,9 @@
-"""Data-parallel cases: launch one process per rank, measure in all, report rank 0.
+"""Cases measured in other processes: DDP ranks, and setups that need a fresh interpreter.
+
+``measure_in_fresh_process`` measures one setup in a new interpreter, for what a device
+keeps per process (cuDNN's plan cache, cuBLAS's workspace setting) and would carry from
+one case into the next.
+
 
 ``measure_ddp`` spawns ``world_size`` processes (fresh interpreters: CUDA and forked
 torch state do not mix), joins them into a process group (gloo on the CPU, NCCL on
@@ -23,6 +28,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -70,9 +76,12 @@ def load_spec(reference: str, profile: Profile) -> TrainingSpec:
 
 
 def _worker(rank: int, job: dict, out_dir: str) -> None:
+    # Before anything starts CUDA: e.g. cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it starts.
+    os.environ.update(job["env"])
     import torch.distributed as dist
 
     from .device import get_backend
+    from .guards import loss_trajectory
     from .step import Training
 
     out = Path(out_dir)
@@ -83,8 +92,12 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
         if job["threads"]:
             torch.set_num_threads(job["threads"])
         backend = get_backend(job["rank_devices"][rank])
-        dist_backend = config.dist_backend or backend.default_dist_backend
-        dist.init_process_group(dist_backend, init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world)
+        distributed = config.parallel == "ddp"
+        if distributed:
+            dist_backend = config.dist_backend or backend.default_dist_backend
+            # NCCL bound to this rank's GPU up front (no guessing from the current device, no context on GPU 0).
+            dist.init_process_group(dist_backend, init_method=f"file://{out / 'rendezvous'}", rank=rank,
+                                    world_size=world, device_id=backend.device if dist_backend == "nccl" else None)
         profile = PROFILES[job["profile"]]
         spec = load_spec(job["spec"], profile)
         settings = MeasureSettings(**job["settings"])
@@ -98,54 +111,96 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
                     np.savez(out / "grads.npz", **grads)
             m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
             result = m.run()
+        if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
+            (out / "losses.json").write_text(json.dumps(loss_trajectory(config, spec, backend)))
         if rank == 0:
             tmp = out / "result.json.tmp"
             tmp.write_text(json.dumps(dataclasses.asdict(result)))
             os.replace(tmp, out / "result.json")
-        dist.destroy_process_group()
+        if distributed:
+            dist.destroy_process_group()
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
+
+
+def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
+         case: str, recipe_name: str, extra_warmup_steps: int, **extra) -> dict:
+    return {
+        "config": dataclasses.asdict(config),
+        "spec": spec_reference(spec),
+        "sys_path": list(sys.path),
+        "rank_devices": [backend.rank_device_spec(rank) if config.parallel == "ddp" else str(backend.device)
+                         for rank in range(config.world_size)],
+        "threads": backend.rank_threads(config.world_size) if config.parallel == "ddp" else torch.get_num_threads(),
+        "profile": profile.name,
+        "settings": dataclasses.asdict(settings),
+        "case": case,
+        "recipe": recipe_name,
+        "extra_warmup_steps": extra_warmup_steps,
+        "want_grads": False,
+        "want_losses": False,
+        "env": {},
+        **extra,
+    }
+
+
+def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
+    """Run ``_worker`` in ``nprocs`` new interpreters; returns the folder they wrote to (caller removes it)."""
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    backend.release_memory()  # the parent's cached blocks would share the GPU with the new processes
+    out_dir = tempfile.mkdtemp(prefix="trainbench-proc-")
+    context = mp.spawn(_worker, args=(job, out_dir), nprocs=nprocs, join=False)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    try:
+        while not context.join(timeout=max(1.0, deadline - time.monotonic())):  # returns as each process exits
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise RuntimeError(f"still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
+    except (RuntimeError, ProcessException) as e:
+        errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise RuntimeError(f"{job['case']}: {what} failed:\n{errors or e}") from None
+    return Path(out_dir)
 
 
 def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
                 case: str, recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False
                 ) -> tuple[Result, dict[str, torch.Tensor] | None]:
     """Run ``config`` (parallel="ddp") in ``config.world_size`` processes; rank 0's Result and gradients."""
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
-
     settings = dataclasses.replace(settings, fixed_warmup=True)
-    job = {
-        "config": dataclasses.asdict(config),
-        "spec": spec_reference(spec),
-        "sys_path": list(sys.path),
-        "rank_devices": [backend.rank_device_spec(rank) for rank in range(config.world_size)],
-        "threads": backend.rank_threads(config.world_size),
-        "profile": profile.name,
-        "settings": dataclasses.asdict(settings),
-        "case": case,
-        "recipe": recipe_name,
-        "extra_warmup_steps": extra_warmup_steps,
-        "want_grads": want_grads,
-    }
-    with tempfile.TemporaryDirectory(prefix="trainbench-ddp-") as out_dir:
-        context = mp.spawn(_worker, args=(job, out_dir), nprocs=config.world_size, join=False)
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        try:
-            while not context.join(timeout=max(1.0, deadline - time.monotonic())):  # returns as each rank exits
-                if time.monotonic() > deadline:
-                    for process in context.processes:
-                        process.kill()
-                    raise RuntimeError(f"ranks still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
-        except (RuntimeError, ProcessException) as e:
-            errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
-            raise RuntimeError(f"{case}: a DDP rank failed:\n{errors or e}") from None
-        out = Path(out_dir)
-        fields = json.loads((out / "result.json").read_text())
-        result = Result(**fields)
+    job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
+    out = _launch(job, config.world_size, backend, "a DDP rank")
+    try:
+        result = Result(**json.loads((out / "result.json").read_text()))
         grads = None
         if want_grads:
             with np.load(out / "grads.npz", allow_pickle=False) as npz:
                 grads = {name: torch.from_numpy(npz[name]) for name in npz.files}
         return result, grads
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def measure_in_fresh_process(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile,
+                             settings: MeasureSettings, case: str, recipe_name: str, extra_warmup_steps: int = 0,
+                             env: dict[str, str] | None = None, want_losses: bool = False
+                             ) -> tuple[Result, list[float] | None]:
+    """Measure one setup in a new interpreter: no plan cache, autotuning result or library state of earlier cases.
+
+    Returns its Result and, with ``want_losses``, the loss guard's trajectory run in that process too.
+    """
+    job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps,
+               want_losses=want_losses, env=dict(env or {}))
+    out = _launch(job, 1, backend, "the fresh process")
+    try:
+        result = Result(**json.loads((out / "result.json").read_text()))
+        losses = json.loads((out / "losses.json").read_text()) if want_losses else None
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    result.notes.append("measured in a fresh process" + (f" ({', '.join(f'{k}={v}' for k, v in env.items())})"
+                                                           if env else ""))
+    return result, losses

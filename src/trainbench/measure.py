@@ -109,19 +109,30 @@ def run_rounds(step: Callable[[], None], rounds: int, steps_per_round: int, time
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts every aten op dispatched; ``_local_scalar_dense`` is a host-device sync."""
+    """Counts every aten op dispatched, and the host-device syncs among them: ``_local_scalar_dense``
+    (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``)."""
 
-    def __init__(self):
+    def __init__(self, backend: Backend):
         super().__init__()
+        self.backend = backend
         self.ops: Counter[str] = Counter()
+        self.blocking_copies = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if name == "aten._to_copy" and kwargs.get("device") is not None:
+            self.blocking_copies += self.backend.blocking_copy(args[0], torch.device(kwargs["device"]),
+                                                               bool(kwargs.get("non_blocking", False)))
+        elif name == "aten.copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            self.blocking_copies += self.backend.blocking_copy(args[1], args[0].device, bool(non_blocking))
+        return func(*args, **kwargs)
 
     @property
     def syncs(self) -> int:
-        return self.ops["aten._local_scalar_dense"]
+        return self.ops["aten._local_scalar_dense"] + self.blocking_copies
 
 
 _MEMTRACKER_CATEGORIES = {
@@ -244,8 +255,15 @@ class Measurement:
         FLOP and op counts): after one step under a dispatch mode, torch 2.9 runs a
         ``torch.compile``d function eagerly for good (2.14 keeps it compiled).
         """
-        for name, run in (("peaks", self.measure_peaks), ("calls", self.count_calls), ("memory", self.measure_memory),
-                          ("work", self.count_work)):
+        passes = [("peaks", self.measure_peaks), ("calls", self.count_calls), ("memory", self.measure_memory),
+                  ("work", self.count_work)]
+        if self.training.config.parallel == "dp":
+            # DataParallel runs its replicas in threads of its own: dispatch modes (growth, MemTracker, FLOP and op
+            # counts) see only the main thread's share, and the tracker's module hooks race between them.
+            passes = passes[:2]
+            self.result.notes.append("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads "
+                                     "are invisible to dispatch modes); allocator peaks are the first GPU's")
+        for name, run in passes:
             started = time.perf_counter()
             run()
             self.result.phase_seconds[name] = time.perf_counter() - started
@@ -255,6 +273,9 @@ class Measurement:
         """Allocator peaks of a few steps as timed (CUDA; the CPU backend reports none)."""
         backend = self.backend
         backend.synchronize()
+        # What earlier cases (and dropped objects awaiting the collector) left in the cache would
+        # otherwise be part of this case's reserved peak, which would then depend on the order of cases.
+        backend.release_memory()
         backend.reset_peak_memory()
         for _ in range(self.settings.memory_steps):
             self.timed_step()
@@ -263,12 +284,14 @@ class Measurement:
         self.result.peak_allocated_bytes = peak.allocated_bytes
         self.result.peak_reserved_bytes = peak.reserved_bytes
         self.result.alloc_retries = peak.alloc_retries
+        # What the step leaves reserved for the next one: the figure empty_cache lowers (its in-step peak it cannot).
+        self.result.reserved_between_steps_bytes = backend.reserved_bytes()
 
     def measure_memory(self) -> None:
         """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""
         self._measure_growth()
         if self.settings.breakdown:
-            self.result.memory_breakdown_bytes = self._tracked_breakdown()
+            self.result.memory_breakdown_bytes = self.tracked_breakdown()
 
     def _measure_growth(self) -> None:
         """Live tensor memory and kept autograd nodes added per step, over GROWTH_STEPS steps (x log_every) after a first."""
@@ -295,7 +318,7 @@ class Measurement:
         self.result.memory_growth_bytes_per_step = (live_after[1] - live_after[0]) / steps
         self.result.graph_nodes_growth_per_step = (nodes_after[1] - nodes_after[0]) / steps
 
-    def _tracked_breakdown(self) -> dict[str, int]:
+    def tracked_breakdown(self) -> dict[str, int]:
         """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
         from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -334,7 +357,7 @@ class Measurement:
         self.result.h2d_bytes_per_sample = training.h2d_bytes(steps[0]) / training.samples_per_step
         if not self.settings.work:
             return
-        counter = _OpCounter()
+        counter = _OpCounter(self.backend)
         flops = FlopCounterMode(display=False)
         with flops, counter:
             for micro_batches in steps:
@@ -344,7 +367,7 @@ class Measurement:
         self.result.ops_per_step = sum(counter.ops.values()) / n
         self.result.syncs_per_step = counter.syncs / n
         self.result.top_ops = {op: count / n for op, count in counter.ops.most_common(15)}
-        self.result.peak_tflops = self.backend.peak_tflops(self.training.config.amp or "fp32")
+        self.result.peak_precision, self.result.peak_tflops = self.backend.mfu_peak(self.training.config.amp)
 
     def count_calls(self) -> None:
         """aten calls and device kernels of one step, from PyTorch's profiler.
@@ -369,7 +392,7 @@ class Measurement:
         events = prof.events()
         self.result.aten_calls_per_step = sum(1 for e in events if e.name.startswith("aten::"))
         if self.backend.counts_kernels:
-            self.result.kernels_per_step = sum(1 for e in events if self.backend.is_device_event(e))
+            self.result.kernels_per_step = sum(1 for e in events if self.backend.is_device_kernel(e))
 
     def rewarm(self) -> None:
         """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
@@ -378,10 +401,10 @@ class Measurement:
 
     # The fields the memory and work passes fill: exact functions of code and shapes (allocator
     # peaks nearly so), the same whenever the same setup is measured in one process.
-    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "memory_breakdown_bytes",
+    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "reserved_between_steps_bytes", "memory_breakdown_bytes",
                    "memory_growth_bytes_per_step", "graph_nodes_growth_per_step", "flops_per_step", "ops_per_step",
                    "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "top_ops",
-                   "peak_tflops")
+                   "peak_tflops", "peak_precision")
 
     def reuse_passes(self, earlier: Result) -> None:
         """Take the memory and work figures of an earlier measurement of the same setup instead of re-running them."""

@@ -9,6 +9,7 @@ imports no torch and stores its pytest-benchmark runs exactly as without the plu
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class SessionState:
     device_spec: str
     profile_name: str
     run_slow: bool
+    predict_memory: bool
     require_budgets: bool
     settings_overrides: dict
     budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
@@ -45,6 +47,8 @@ class SessionState:
     comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
     rows: list[dict] = field(default_factory=list)  # one per measured case, for the summary and the gate
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
+    expect_cuda: bool = False
+    doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
     _backend: object = None
     _runner: object = None
 
@@ -65,7 +69,8 @@ class SessionState:
 
             name = self.backend.profile_name if self.profile_name == "auto" else self.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **self.settings_overrides)
-            self._runner = Runner(self.backend, PROFILES[name], settings, self.fault, self.require_budgets)
+            self._runner = Runner(self.backend, PROFILES[name], settings, self.fault, self.require_budgets,
+                                  predict=self.predict_memory)
         return self._runner
 
     def budgets(self, path: Path | None):
@@ -88,6 +93,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("trainbench", "trainbench: measured PyTorch training steps")
     group.addoption("--trainbench-device", default="auto",
                     help="device to train on: auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+    group.addoption("--trainbench-expect-cuda", action="store_true",
+                    help="fail before any case unless a usable CUDA GPU is there (also TRAINBENCH_EXPECT_CUDA=1): a GPU "
+                         "job never measures the CPU profile by mistake")
     group.addoption("--trainbench-profile", default="auto", choices=["auto", "cpu", "gpu"],
                     help="size profile of the built-in workloads (default: from the device)")
     group.addoption("--trainbench-budgets", default=None,
@@ -96,6 +104,9 @@ def pytest_addoption(parser):
     group.addoption("--trainbench-require-budgets", action="store_true",
                     help="fail a case that has no budget for this device instead of warning")
     group.addoption("--trainbench-slow", action="store_true", help="also run cases marked trainbench_slow")
+    group.addoption("--trainbench-no-predict", action="store_true",
+                    help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
+                         "TRAINBENCH_PREDICT_MEMORY=0); its budgets then fail as missing metrics")
     group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
     group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
     group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
@@ -132,9 +143,12 @@ def pytest_configure(config):
         device_spec=device_spec,
         profile_name=config.getoption("--trainbench-profile"),
         run_slow=config.getoption("--trainbench-slow"),
+        predict_memory=not (config.getoption("--trainbench-no-predict")
+                            or os.environ.get("TRAINBENCH_PREDICT_MEMORY", "").strip() == "0"),
         require_budgets=config.getoption("--trainbench-require-budgets"),
         settings_overrides=overrides,
         budgets_override=_budgets_override(config),
+        expect_cuda=config.getoption("--trainbench-expect-cuda"),
     )
     if device_spec not in ("", "auto"):
         try:  # an explicit device that is not there is a set-up error, not a skip
@@ -226,6 +240,8 @@ def _compare_with_this_device(config, state: SessionState) -> None:
 
 def pytest_collection_modifyitems(config, items):
     state = config.stash[_STATE]
+    if any("train_bench" in getattr(item, "fixturenames", ()) for item in items):
+        _check_runner(state)
     for item in items:
         reason = _marker_skip_reason(item, state)
         if reason:
@@ -234,6 +250,20 @@ def pytest_collection_modifyitems(config, items):
             path = state.budgets_override or _discover_budgets(Path(item.path), Path(config.rootpath))
             state.budgets(path)  # loaded (and checked) at collection: a broken file stops the run before any case
             item.stash[_BUDGETS_PATH] = path
+
+
+def _check_runner(state: SessionState) -> None:
+    """``python -m trainbench doctor``'s checks, once, before the first trainbench case: a blocker (CUDA expected
+    and missing, a GPU the build has no kernels for, too little /dev/shm...) stops the session; every check is
+    recorded in the saved run's machine info."""
+    from .doctor import doctor_record, format_checks, run_checks
+
+    checks = run_checks(state.device_spec, expect_cuda=state.expect_cuda)
+    state.doctor = doctor_record(checks)
+    blockers = [line for check, line in zip(checks, format_checks(checks)) if check.status == "FAIL"]
+    if blockers and not os.environ.get("TRAINBENCH_IGNORE_DOCTOR"):
+        raise pytest.UsageError("trainbench: the runner is not ready (python -m trainbench doctor shows every "
+                                "check; TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
 
 
 def _marker_skip_reason(item, state: SessionState) -> str | None:
@@ -262,7 +292,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
     state = config.stash.get(_STATE, None)
     if state is not None and state.rows:
-        machine_info["trainbench"] = state.backend.identity()
+        machine_info["trainbench"] = {**state.backend.identity(), "doctor": state.doctor}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -277,7 +307,10 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
         machine_info.pop("trainbench", None)
         return
     state = config.stash[_STATE]
-    machine_info["trainbench"] = state.backend.identity()
+    # The doctor's record tells how this run's machine was set up (free /dev/shm, warnings), not which device
+    # it is: the compared run's own record stands in, so pytest-benchmark compares device identities only.
+    machine_info["trainbench"] = {**state.backend.identity(), "doctor": compared_benchmark["machine_info"]["trainbench"]
+                                  .get("doctor")}
     mine = _device_of(machine_info)
     if mine != theirs and not config.getoption("--trainbench-allow-cross-device"):
         raise pytest.UsageError(
@@ -374,7 +407,9 @@ class TrainBench:
 
         self.state.rows.append({
             "case": outcome.case, "metrics": outcome.result.metrics(), "speedup": outcome.speedup,
-            "paired": outcome.paired, "budget": outcome.budget_status + (" +guard FAIL" if any(
+            "paired": outcome.paired,
+            "prediction_checked": ((outcome.result.predicted_memory or {}).get("check") or {}).get("matches"),
+            "budget": outcome.budget_status + (" +guard FAIL" if any(
                 not v.ok for v in outcome.guard_verdicts) else ""),
             "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
             "compare_fail": self.budgets.compare_thresholds(self.state.runner.caps, outcome.case)})
@@ -419,11 +454,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("=", "trainbench summary")
     backend = state.backend
     terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.runner.profile.name}")
+    for check in (state.doctor or {}).get("checks", []):
+        if check["status"] in ("warn", "FAIL"):
+            terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
     for line in summary_table(state.rows):
         terminalreporter.write_line(line)
     if any(row["speedup"] is not None and not row["paired"] for row in state.rows):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
                                     "(no ratio budget asked for interleaving), so machine drift is in the ratio")
+    mismatched = [row["case"] for row in state.rows if row.get("prediction_checked") is False]
+    if any(row["metrics"].get("predicted_gpu_peak_mib") is not None for row in state.rows):
+        terminalreporter.write_line(
+            "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
+            "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
+                                             f"breakdown: {', '.join(mismatched)}" if mismatched else
+                                             "; each case's own setup predicted exactly as measured"))
     if state.comparison is not None:
         _write_comparison(terminalreporter, state)
 

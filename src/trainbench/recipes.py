@@ -75,6 +75,7 @@ class TrainConfig:
     # -- scale
     parallel: str | None = None  # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank
     world_size: int = 1  # processes under "ddp" (batch_size is per process)
+    replicas: int = 1  # GPUs under "dp": the one process's batch is scattered over them
     dist_backend: str | None = None  # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
     seed: int = 0
 
@@ -87,7 +88,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
-        for name in ("accumulation_steps", "log_every", "world_size", "batch_multiplier"):
+        for name in ("accumulation_steps", "log_every", "world_size", "batch_multiplier", "replicas"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
@@ -110,6 +111,9 @@ class TrainConfig:
         if (self.world_size > 1) != (self.parallel == "ddp"):
             raise ConfigError(f"world_size > 1 goes with parallel='ddp' (one process per rank); got parallel={self.parallel!r}, "
                              f"world_size={self.world_size}")
+        if (self.replicas > 1) != (self.parallel == "dp"):
+            raise ConfigError(f"replicas > 1 goes with parallel='dp' (one process, several GPUs); got "
+                             f"parallel={self.parallel!r}, replicas={self.replicas}")
         return self
 
     def step_batch_size(self, spec: TrainingSpec) -> int:
@@ -259,6 +263,30 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
             return (f"the spec's optimizer factory takes no {argument}= argument "
                     "(give the class with its arguments, e.g. functools.partial(torch.optim.AdamW, lr=1e-3))")
     return None
+
+
+# The knobs of the data path: recipes turning one are measured with the loader as the seeds ran it.
+DATA_PATH_KNOBS = ("num_workers", "pin_memory", "non_blocking", "uint8_transfer", "channels_last_input", "synthetic")
+
+
+def judging_overrides(recipe: Recipe, baseline: Recipe, profile: Profile, spec: TrainingSpec,
+                      overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Knobs a case and its baseline both get so that their ratio measures the recipe, not the loader.
+
+    On a GPU the seeds' baseline waits on image decoding in the main process (~38 ms a batch
+    against a ~10 ms step on an H100), so a compute recipe (AMP, channels-last, autotuning...)
+    judged against it measures ~1.0x whatever it does. Compute recipes are judged with both
+    sides on device-side synthetic batches (``Profile.compute_data``); data-path recipes, and
+    specs without a batch factory (or a DDP case, which shards a Dataset), keep the loader.
+    """
+    if profile.compute_data is None or "synthetic" in overrides:
+        return {}
+    if any(knob in r.changes for r in (recipe, baseline) for knob in DATA_PATH_KNOBS):
+        return {}
+    extra = {"synthetic": profile.compute_data}
+    if any(spec_unmet(spec, r.config(profile, **overrides, **extra)) for r in (recipe, baseline)):
+        return {}
+    return extra
 
 
 def unmet(recipe: Recipe, caps: DeviceCaps, profile: Profile, spec: TrainingSpec | None = None,
@@ -470,7 +498,7 @@ RECIPES: dict[str, Recipe] = {
             grad_rtol=1e-4,  # the all-reduce averages two half-batch means: fp32 sums in another order
         ),
         Recipe("data_parallel", "nn.DataParallel: one process scatters twice the spec's batch over 2 GPUs",
-               {"parallel": "dp", "batch_multiplier": 2}, _TWO_GPUS, reference=True),
+               {"parallel": "dp", "replicas": 2, "batch_multiplier": 2}, _TWO_GPUS, reference=True),
         Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, the spec's batch each (vs DataParallel). "
                "Unguarded: ResNet-18's BatchNorm statistics are per GPU in both, computed on other splits",
                {"parallel": "ddp", "world_size": 2, "dist_backend": "nccl"}, _TWO_GPUS, baseline="data_parallel"),

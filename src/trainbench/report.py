@@ -27,7 +27,8 @@ def _fmt(value, spec: str) -> str:
 
 def summary_table(rows: list[dict]) -> list[str]:
     """One line per case: throughput, step time, memory, work and the budget verdict."""
-    header = ["case", "samples/s", "step ms (IQR)", "peak MiB", "act MiB", "GFLOP/sample", "vs base", "budget"]
+    header = ["case", "samples/s", "step ms (IQR)", "peak MiB", "act MiB", "GPU pred MiB", "GFLOP/sample", "vs base",
+              "budget"]
     body = []
     for row in rows:
         m = row["metrics"]
@@ -37,6 +38,7 @@ def summary_table(rows: list[dict]) -> list[str]:
             f"{_fmt(m['step_time_ms'], '.1f')} ({_fmt(m['step_time_iqr_ms'], '.1f')})",
             _fmt(m["peak_memory_mib"], ".1f"),
             _fmt(m["activation_mib"], ".1f"),
+            _fmt(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if row.get("prediction_checked") is not False else "!"),
             _fmt(m["gflops_per_sample"], ".3f"),
             "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x" + ("" if row.get("paired") else "~"),
             row["budget"],

@@ -35,6 +35,9 @@ METRICS: dict[str, Metric] = {
                               group="memory", stable_on_gpu=True),
     "peak_reserved_mib": Metric("MiB", False, False, "CUDA caching-allocator reserved peak", group="memory",
                                 stable_on_gpu=True),
+    "reserved_between_steps_mib": Metric("MiB", False, False, "CUDA allocator reserved memory after a step (what "
+                                         "other processes cannot use between steps)", group="memory",
+                                         stable_on_gpu=True),
     "alloc_retries": Metric("", False, False, "CUDA allocator retries (cudaFree + retry) during the memory pass",
                             group="memory"),
     "tracked_peak_mib": Metric("MiB", False, True, "peak of live tensors seen by the memory tracker", group="memory"),
@@ -43,6 +46,10 @@ METRICS: dict[str, Metric] = {
     "optimizer_state_mib": Metric("MiB", False, True, "optimizer state at the tracked peak", group="memory"),
     "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak", group="memory"),
     "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak", group="memory"),
+    "predicted_gpu_peak_mib": Metric("MiB", False, True, "tracked tensor peak of the GPU profile's setup, predicted "
+                                     "under FakeTensorMode (no compute)", group="memory"),
+    "predicted_gpu_activation_mib": Metric("MiB", False, True, "activations at the predicted GPU-profile peak",
+                                           group="memory"),
     "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)",
                                          group="memory"),
     "graph_nodes_growth_per_step": Metric("", False, True, "autograd nodes kept alive per step by a running loss",
@@ -86,7 +93,11 @@ class Result:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     alloc_retries: int | None = None
+    reserved_between_steps_bytes: int | None = None
     memory_breakdown_bytes: dict[str, int] = field(default_factory=dict)
+    # The GPU profile's breakdown predicted under FakeTensorMode (trainbench.predict): profile, device,
+    # breakdown_bytes, and a reason where it could not be predicted.
+    predicted_memory: dict | None = None
     memory_growth_bytes_per_step: float | None = None
     graph_nodes_growth_per_step: float | None = None
     # work
@@ -98,6 +109,7 @@ class Result:
     kernels_per_step: int | None = None
     top_ops: dict[str, float] = field(default_factory=dict)
     peak_tflops: float | None = None
+    peak_precision: str | None = None  # the precision whose peak MFU divides by (tf32 where fp32 may use it)
     final_loss: float | None = None
     notes: list[str] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
@@ -133,6 +145,7 @@ class Result:
     def metrics(self) -> dict[str, float | None]:
         """Every metric in ``METRICS`` (None where this device or run did not produce it)."""
         bd = self.memory_breakdown_bytes
+        predicted = (self.predicted_memory or {}).get("breakdown_bytes") or {}
         step = self.step_time_s
         tracked_peak = bd.get("total")
         peak = self.peak_allocated_bytes if self.peak_allocated_bytes is not None else tracked_peak
@@ -152,6 +165,7 @@ class Result:
             "mfu": achieved / self.peak_tflops if achieved and self.peak_tflops else None,
             "peak_memory_mib": mib(peak),
             "peak_reserved_mib": mib(self.peak_reserved_bytes),
+            "reserved_between_steps_mib": mib(self.reserved_between_steps_bytes),
             "alloc_retries": self.alloc_retries,
             "tracked_peak_mib": mib(tracked_peak),
             "param_mib": mib(bd.get("params")),
@@ -159,6 +173,8 @@ class Result:
             "optimizer_state_mib": mib(bd.get("optimizer_state")),
             "activation_mib": mib(bd.get("activations")),
             "temporary_mib": mib(bd.get("temporaries")),
+            "predicted_gpu_peak_mib": mib(predicted.get("total")),
+            "predicted_gpu_activation_mib": mib(predicted.get("activations")),
             "memory_growth_mib_per_step": mib(self.memory_growth_bytes_per_step),
             "graph_nodes_growth_per_step": self.graph_nodes_growth_per_step,
             "gflops_per_sample": self.flops_per_step / self.batch_size / 1e9 if self.flops_per_step is not None else None,
@@ -194,6 +210,7 @@ def case_record(result: Result, **case_fields) -> dict:
         "samples_per_step": result.samples_per_step,
         "config": result.config,
         "memory_breakdown_bytes": result.memory_breakdown_bytes,
+        "predicted_memory": result.predicted_memory,
         "memory_growth_bytes_per_step": result.memory_growth_bytes_per_step,
         "top_ops": result.top_ops,
         "flops_per_step": result.flops_per_step,

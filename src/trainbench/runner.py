@@ -25,7 +25,7 @@ from .device import Backend
 from .guards import GuardVerdict
 from .ladders import LADDERS
 from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
-from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, unmet
+from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, judging_overrides, unmet
 from .result import Result, case_record
 from .spec import TrainingSpec
 from .step import InjectedFault, Training
@@ -64,6 +64,7 @@ class CaseOutcome:
     guard_verdicts: list[GuardVerdict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     ladder: dict | None = None
+    fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
 
     @property
     def speedup(self) -> float | None:
@@ -107,8 +108,9 @@ class Runner:
     """Runs cases on one device and profile, keeping same-session baselines and guard references."""
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
-                 require_budgets: bool = False):
+                 require_budgets: bool = False, predict: bool = True):
         self.backend = backend
+        self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.predict)
         self.caps = backend.caps()
         self.profile = profile
         self.settings = settings
@@ -127,21 +129,33 @@ class Runner:
     # -- one case ------------------------------------------------------------------------
     def run(self, recipe: Recipe | str, spec: SpecSource, *, baseline: Recipe | str | None = None,
             budgets: Budgets | None = None, case: str | None = None, overrides: dict | None = None,
-            ladder: dict | None = None) -> CaseOutcome:
-        """Measure ``recipe`` on ``spec`` against ``baseline`` (default: the recipe's own), check it, and say how it went."""
+            ladder: dict | None = None, gpu_recipe: Recipe | None = None) -> CaseOutcome:
+        """Measure ``recipe`` on ``spec`` against ``baseline`` (default: the recipe's own), check it, and say how it went.
+
+        ``gpu_recipe``: what the case runs on a GPU where that differs from ``recipe`` (a ladder rung that
+        leaves out a GPU-only step here); its memory is the one predicted for the GPU profile.
+        """
         recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
+        source, user_overrides = spec, dict(overrides or {})
         spec = resolve_spec(spec, self.profile)
-        overrides = dict(overrides or {})
+        overrides = dict(user_overrides)
         case = case or f"{spec.name}-{recipe.name}"
         outcome = CaseOutcome(case, recipe, ladder=ladder)
         base = baseline if baseline is not None else recipe.baseline
         base = base if isinstance(base, Recipe) else get_recipe(base)
         outcome.baseline_recipe = None if base.name == recipe.name else base
+        judged_on = {}
+        if ladder is None and outcome.baseline_recipe is not None:  # a ladder climbs from its loader-bound rung 0
+            judged_on = judging_overrides(recipe, outcome.baseline_recipe, self.profile, spec, overrides)
+            overrides = {**judged_on, **overrides}
 
         outcome.skipped = self.skip_reason(recipe, spec, overrides)
         if outcome.skipped is None and outcome.baseline_recipe is not None:
             reason = self.skip_reason(outcome.baseline_recipe, spec, overrides)
             outcome.skipped = f"{recipe.name}: its baseline {reason}" if reason else None
+        for r in (recipe, outcome.baseline_recipe):  # both must fit: they are built side by side
+            if outcome.skipped is None and r is not None:
+                outcome.skipped = self.memory_skip_reason(r, spec, overrides)
         if outcome.skipped:
             return outcome
         budgets = budgets or Budgets.empty()
@@ -155,8 +169,66 @@ class Runner:
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome
+        if self.predict and outcome.result.world_size == 1:
+            started = time.perf_counter()
+            outcome.result.predicted_memory = self._predicted_memory(
+                gpu_recipe or recipe, outcome.baseline_recipe if ladder is None else None, source, user_overrides,
+                self._config(recipe, overrides), spec, outcome.result)
+            outcome.result.phase_seconds["predict"] = time.perf_counter() - started
+        if judged_on:
+            outcome.result.notes.append(
+                f"judged against {base.name} with both on {judged_on['synthetic']}-side synthetic batches: the "
+                "loader-bound baseline's data path would hide (or fake) a compute change")
         self._check_budget(outcome)
         return outcome
+
+    def memory_skip_reason(self, recipe: Recipe, spec: TrainingSpec, overrides: dict) -> str | None:
+        """Why a case would run out of this device's memory, from its predicted tensor peak, or None.
+
+        Compiled and parallel setups are predicted without compilation and as one process of the
+        same batch: close enough to tell that a 24 GiB setup will not fit a 16 GiB GPU.
+        """
+        total = self.backend.total_memory_bytes()
+        if total is None:
+            return None
+        from .predict import HEADROOM, predict_memory, without_unpredictable
+
+        config = without_unpredictable(self._config(recipe, overrides))
+        predicted = predict_memory(config, spec, self.backend).get("breakdown_bytes")
+        if predicted and predicted["total"] * HEADROOM > total:
+            return (f"{recipe.name}: needs ~{predicted['total'] * HEADROOM / 2**30:.1f} GiB (predicted tensor peak "
+                    f"{predicted['total'] / 2**30:.1f} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
+                    f"{self.backend.name} has {total / 2**30:.1f} GiB")
+        return None
+
+    def _predicted_memory(self, gpu_recipe: Recipe, base: Recipe | None, source: SpecSource, user_overrides: dict,
+                          config: TrainConfig, spec: TrainingSpec, result: Result) -> dict:
+        """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
+        the prediction of the setup just measured against its measured breakdown (and allocator peak)."""
+        from .predict import predict_memory
+        from .recipes import ConfigError
+        from .workloads import PROFILES
+
+        gpu = PROFILES["gpu"]
+        try:
+            gpu_spec = resolve_spec(source, gpu)
+            judged = judging_overrides(gpu_recipe, base, gpu, gpu_spec, user_overrides) if base else {}
+            gpu_config = gpu_recipe.config(gpu, **{**judged, **user_overrides})
+        except ConfigError as e:
+            return {"profile": "gpu", "reason": f"no GPU-profile setup: {e}"}
+        predicted = {"profile": "gpu", **predict_memory(gpu_config, gpu_spec, self.backend)}
+        if "breakdown_bytes" not in predicted:
+            return predicted
+        here = predicted if self.profile.name == "gpu" and gpu_config == config else predict_memory(config, spec,
+                                                                                                    self.backend)
+        measured = result.memory_breakdown_bytes
+        if "breakdown_bytes" in here and measured:
+            differences = {k: [here["breakdown_bytes"].get(k, 0), v] for k, v in measured.items()
+                           if here["breakdown_bytes"].get(k, 0) != v}
+            predicted["check"] = {"profile": self.profile.name, "predicted_total": here["breakdown_bytes"]["total"],
+                                  "measured_total": measured.get("total"), "matches": not differences,
+                                  "differences": differences, "peak_allocated_bytes": result.peak_allocated_bytes}
+        return predicted
 
     def case_skip_reason(self, case: Case) -> str | None:
         """Why this device cannot run a suite case, known without building it (a rung needs what its own step needs)."""
@@ -170,9 +242,13 @@ class Runner:
         if reason:
             return CaseOutcome(case.id, case.own_recipe(), skipped=reason)
         ladder = LADDERS[case.ladder]
+        from .predict import NOMINAL_GPU
+        from .workloads import PROFILES
+
         return self.run(ladder.rung_recipe(case.rung, self.caps, self.profile), case.workload,
                         baseline=ladder.rung_recipe(0, self.caps, self.profile), budgets=budgets, case=case.id,
-                        overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile))
+                        overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile),
+                        gpu_recipe=ladder.rung_recipe(case.rung, NOMINAL_GPU, PROFILES["gpu"]))
 
     def _config(self, recipe: Recipe, overrides: dict) -> TrainConfig:
         return recipe.config(self.profile, **overrides)
@@ -185,7 +261,10 @@ class Runner:
         needs_ratio = outcome.budget is not None and outcome.budget.needs_baseline
         config = self._config(recipe, overrides)
         base_config = self._config(base, overrides) if base else None
-        if base and needs_ratio and not interleave_blocker(config) and not interleave_blocker(base_config):
+        fresh = self.backend.fresh_process_reason(config)
+        if fresh:
+            self._measure_fresh(outcome, spec, config, base_config, fresh)
+        elif base and needs_ratio and not interleave_blocker(config) and not interleave_blocker(base_config):
             outcome.result, outcome.baseline = self._measure_interleaved(outcome, spec, config, base_config, overrides)
             outcome.paired = True
             self.results.setdefault(self._key(spec, base, overrides), outcome.baseline)
@@ -235,6 +314,24 @@ class Runner:
         result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
         return result, baseline
 
+    def _measure_fresh(self, outcome: CaseOutcome, spec: TrainingSpec, config: TrainConfig,
+                       base_config: TrainConfig | None, reason: str) -> None:
+        """The case and its baseline, each in a new process (``Backend.fresh_process_reason`` says why)."""
+        from .distributed import measure_in_fresh_process
+
+        recipe, base = outcome.recipe, outcome.baseline_recipe
+        want_losses = base is not None and recipe.loss_rtol is not None
+        outcome.result, losses = measure_in_fresh_process(
+            config, spec, self.backend, self.profile, self.settings, outcome.case, recipe.name,
+            recipe.extra_warmup_steps, env=self.backend.fresh_process_env(config), want_losses=want_losses)
+        outcome.result.notes.append(f"why a fresh process: {reason}")
+        if base is not None:
+            outcome.baseline, base_losses = measure_in_fresh_process(
+                base_config, spec, self.backend, self.profile, self.settings, f"{spec.name}-{base.name}", base.name,
+                base.extra_warmup_steps, env=self.backend.fresh_process_env(base_config), want_losses=want_losses)
+            if want_losses:
+                outcome.fresh_losses = (losses, base_losses)
+
     def _measure(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
                  fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
         if config.parallel == "ddp":
@@ -257,7 +354,9 @@ class Runner:
         recipe, base = outcome.recipe, outcome.baseline_recipe
         config, base_config = self._config(recipe, overrides), self._config(base, overrides)
         verdicts = []
-        if recipe.loss_rtol is not None:
+        if recipe.loss_rtol is not None and outcome.fresh_losses is not None:
+            verdicts.append(compare_trajectories(*outcome.fresh_losses, recipe.loss_rtol))
+        elif recipe.loss_rtol is not None:
             key = self._key(spec, base, overrides)
             if key not in self._trajectories:
                 self._trajectories[key] = loss_trajectory(base_config, spec, self.backend)

@@ -150,8 +150,9 @@ def sdpa_context(backend: str | None):
 class InjectedFault:
     """A regression planted on purpose, to prove that a regression gate catches it.
 
-    ``slowdown``: after each step, wait that fraction of the step's host time (exact on
-    the CPU; on a GPU the host time of an asynchronous step is its launch time).
+    ``slowdown``: after each step, wait for the device, then hold the host that fraction of
+    the step's wall time (on a GPU the sync itself costs the overlap of one step with the next,
+    so the planted slowdown is at least the fraction asked for).
     ``leak_mib``: keep that many MiB allocated on the device per step, never freed.
     """
 
@@ -199,11 +200,11 @@ class Training:
             raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
         if config.conv_bias and not add_conv_bias(model):
             raise NotApplicable("the model has no bias-free convolution to give a bias")
-        model = model.to(self.device)
+        model = module_to(model, self.device)
         if config.channels_last:
             if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
-            model = model.to(memory_format=torch.channels_last)
+            model = module_to(model, memory_format=torch.channels_last)
         if config.checkpointing:
             enable_checkpointing(model, list(spec.checkpoint_blocks))
         if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
@@ -212,7 +213,9 @@ class Training:
         self.model = model  # the plain module: parameter names, memory tracking, the optimizer
         wrapped = model
         if config.parallel == "dp":
-            wrapped = torch.nn.DataParallel(model)
+            # The same GPUs as the DDP case, starting at this one (by default DataParallel takes every GPU, from 0).
+            device_ids = backend.parallel_device_ids(config.replicas)
+            wrapped = torch.nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
         elif config.parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -331,32 +334,43 @@ class Training:
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
+        if not self.config.deterministic:
+            return self._step(micro_batches)
+        try:
+            return self._step(micro_batches)
+        except RuntimeError as e:
+            if "deterministic" not in str(e):
+                raise
+            raise NotApplicable(f"an op of the model has no deterministic kernel here: {str(e).splitlines()[0]}") from e
+
+    def _step(self, micro_batches: list) -> torch.Tensor:
         started = self.backend.clock()
         if self.config.eval_mode:
             loss = self.evaluate(micro_batches)
         else:
             loss = self.forward_backward(micro_batches)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            self.optimizer_step()
         self._track_loss(loss)
         if self.config.empty_cache:
             self.backend.empty_cache()
         if self._debug is not None:
             self._debug.step()
         self.steps_done += 1
-        if self.fault is not None:
-            self._inject(self.backend.clock() - started)
+        if self.fault is not None and self.fault.slowdown:
+            # The whole step, device work included: on a GPU the host's share is only the launches,
+            # and a wait of a fraction of that would hide behind the queued kernels.
+            self.backend.busy_wait(self.fault.slowdown * self.backend.elapsed_since(started))
+        if self.fault is not None and self.fault.leak_mib:
+            self._leaked.append(torch.empty(int(self.fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
         return loss.detach()
 
-    def _inject(self, step_seconds: float) -> None:
-        fault = self.fault
-        if fault.leak_mib:
-            self._leaked.append(torch.empty(int(fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
-        if fault.slowdown:
-            self.backend.busy_wait(fault.slowdown * step_seconds)
+    def optimizer_step(self) -> None:
+        """The update, through the GradScaler where there is one (it skips a step whose gradients overflowed)."""
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
 
     def _track_loss(self, loss: torch.Tensor) -> None:
         """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
@@ -395,6 +409,10 @@ class Training:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._closers.close()
+        if self.config.compile or self.config.fuse_pointwise == "compile":
+            # Dynamo's caches and guards outlive the model: a later case would reuse or recompile them
+            # (a new batch size recompiles with a dynamic batch dimension). Each compiled case starts clean.
+            torch._dynamo.reset()
 
     def __enter__(self) -> Training:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self
@@ -403,11 +421,41 @@ class Training:
         self.close()
 
 
+def module_to(model: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """``model.to(...)``, also for a model built under FakeTensorMode (trainbench.predict).
+
+    ``Module.to`` swaps a fake parameter with its converted copy, which fails while the fake
+    mode holds a weak reference to it; new Parameters in place of the old do the same job
+    before any optimizer has seen them.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not any(isinstance(p, FakeTensor) for p in model.parameters()):
+        return model.to(*args, **kwargs)
+    def convert(t: torch.Tensor) -> torch.Tensor:  # as Module.to: a memory format applies to 4-D and 5-D tensors only
+        return t.to(*args, **(kwargs if t.dim() in (4, 5) else {k: v for k, v in kwargs.items() if k != "memory_format"}))
+
+    converted: dict[int, torch.nn.Parameter] = {}  # one new Parameter per old one: tied weights stay tied
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    if id(param) not in converted:
+                        converted[id(param)] = torch.nn.Parameter(convert(param), requires_grad=param.requires_grad)
+                    module._parameters[name] = converted[id(param)]
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = convert(buffer)
+    return model
+
+
 @contextlib.contextmanager
 def _deterministic_algorithms():
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.backends.cudnn.deterministic)
-    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where an op has no deterministic kernel
+    # Fail, not warn, where an op has no deterministic kernel: a warning would let the case measure
+    # nondeterministic kernels under the name "deterministic" (the step reports it as not applicable).
+    torch.use_deterministic_algorithms(True, warn_only=False)
     torch.backends.cudnn.deterministic = True
     try:
         yield

@@ -1,0 +1,404 @@
+"""``python -m trainbench doctor``: is this machine fit to benchmark on, before an hour of runner time says no.
+
+Each check is a small function of plain inputs (the ``cuda_runtime()`` dict, byte counts,
+an environment) returning ``Check`` lines, so tests hand them fake machines. ``FAIL`` is a
+blocker (a run would crash or measure nothing meaningful), ``warn`` distorts the numbers,
+``info`` is context a reader of the results needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import host
+from .device import _cpu_model, cuda_runtime, get_backend
+
+STATUSES = ("ok", "info", "warn", "FAIL")
+MiB = 1 << 20
+GiB = 1 << 30
+
+# Oldest driver branch each CUDA major version runs on under minor-version compatibility (NVIDIA's CUDA
+# compatibility table); each toolkit also ships its own, newer driver (12.6: R560), which a few features need.
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+WHEELS_BY_DRIVER = ("cu130 and cu132 wheels need driver >= 580 for CUDA 13.x, cu126 runs on >= 525 under CUDA 12.x "
+                    "minor-version compatibility: see NVIDIA's CUDA compatibility table")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # one of STATUSES
+    message: str
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.name!r}: status must be one of {STATUSES}, got {self.status!r}")
+
+
+# -- CUDA -----------------------------------------------------------------------------------
+
+def expects_cuda(flag: bool, device_spec: str | None, environ: Mapping[str, str]) -> bool:
+    """A run that must use a GPU: asked on the command line, by TRAINBENCH_EXPECT_CUDA=1, or by naming a CUDA device."""
+    return bool(flag or environ.get("TRAINBENCH_EXPECT_CUDA", "").strip() == "1"
+                or str(device_spec or "").startswith("cuda"))
+
+
+def _release(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def torch_pkgs(torch_version: str, wheel: str) -> str:
+    """The Makefile's reinstall line for this torch release built for ``wheel`` (e.g. "cu126")."""
+    from importlib import metadata
+
+    packages = [f"torch=={_release(torch_version)}"]
+    try:
+        packages.append(f"torchvision=={_release(metadata.version('torchvision'))}")
+    except metadata.PackageNotFoundError:
+        pass
+    return f'make clean install TORCH_PKGS="{" ".join(packages)} --index-url https://download.pytorch.org/whl/{wheel}"'
+
+
+def _driver_major(driver: str | None) -> int | None:
+    head = (driver or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _cuda_major(torch_cuda: str | None) -> int | None:
+    head = (torch_cuda or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _wheel_for(capability: tuple[int, int]) -> str:
+    """A wheel whose arch list covers ``capability``: only the CUDA 12 builds still carry pre-Turing GPUs (sm_70)."""
+    return "cu126" if tuple(capability) < (7, 5) else "cu130"
+
+
+def check_cuda(runtime: dict, expect_cuda: bool, environ: Mapping[str, str] | None = None,
+               gpus_used: bool = True) -> list[Check]:
+    """The torch build, whether CUDA works, each GPU's arch against the build and the driver, from ``cuda_runtime()``.
+
+    A GPU the build has no kernels for blocks a run that uses the GPUs (``gpus_used``), else it is a warning.
+    """
+    environ = {} if environ is None else environ
+    torch_version, torch_cuda = runtime.get("torch") or "?", runtime.get("torch_cuda")
+    driver, error = runtime.get("driver"), runtime.get("error")
+    devices = runtime.get("devices") or []
+    available = bool(runtime.get("available")) and bool(devices)
+    arch_list = runtime.get("arch_list") or []
+    checks = [Check("torch", "info", f"torch {torch_version}, " + (
+        f"CUDA {torch_cuda} build for {' '.join(arch_list) or 'unknown archs'}" if torch_cuda else "CPU-only build"))]
+
+    if torch_cuda is None:
+        if expect_cuda:
+            checks.append(Check("cuda", "FAIL", f"CUDA expected, but torch {torch_version} is a CPU-only build: install "
+                                                f"a CUDA build: {torch_pkgs(torch_version, 'cu130')} ({WHEELS_BY_DRIVER})"))
+        else:
+            checks.append(Check("cuda", "info", "CPU-only torch build: measuring the CPU profile"))
+        return checks
+
+    if available:
+        names = ", ".join(f"cuda:{d['index']} {d['name']}" for d in devices)
+        checks.append(Check("cuda", "ok", f"{len(devices)} GPU(s): {names}"))
+    else:
+        reason, fix = _why_no_gpu(torch_version, torch_cuda, driver, error, environ)
+        if expect_cuda:
+            checks.append(Check("cuda", "FAIL", f"CUDA expected, but {reason}: {fix}"))
+        else:
+            checks.append(Check("cuda", "info", f"{reason}; not expected: measuring the CPU profile"))
+
+    for d in devices:
+        capability = tuple(d["capability"])
+        arch = f"sm_{capability[0]}{capability[1]}"
+        if d.get("unsupported"):
+            fix = torch_pkgs(torch_version, _wheel_for(capability))
+            checks.append(Check(f"gpu{d['index']}_arch", "FAIL" if gpus_used else "warn",
+                                f"{d['name']} ({arch}): {d['unsupported']}; e.g. {fix}"))
+        else:
+            checks.append(Check(f"gpu{d['index']}_arch", "ok", f"{d['name']} ({arch}) has kernels in this build"))
+
+    if driver:
+        checks.append(Check("driver", "info", f"NVIDIA driver {driver}"))
+    elif available:
+        checks.append(Check("driver", "warn", "NVIDIA driver version unknown (neither pynvml nor nvidia-smi answered): "
+                                              "results will not record it; install nvidia-ml-py or put nvidia-smi on PATH"))
+    else:
+        checks.append(Check("driver", "info", "no NVIDIA driver found"))
+    return checks
+
+
+def _why_no_gpu(torch_version: str, torch_cuda: str, driver: str | None, error: str | None,
+                environ: Mapping[str, str]) -> tuple[str, str]:
+    """Why a CUDA build sees no GPU, and what to do about it."""
+    reason = f"this CUDA {torch_cuda} build (torch {torch_version}) sees no usable GPU"
+    if error:
+        reason += f" ({error})"
+    wheel_fix = f"pick the wheel for your driver: {torch_pkgs(torch_version, 'cu126')} ({WHEELS_BY_DRIVER})"
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return f"{reason}: CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset it"
+    if driver is None:
+        return (f"{reason} and no NVIDIA driver answered (NVML, nvidia-smi)",
+                "install the driver; in a container pass the GPUs in (docker run --gpus all)")
+    have, need = _driver_major(driver), MIN_DRIVER.get(_cuda_major(torch_cuda) or 0)
+    if have is not None and need is not None and have < need:
+        return (f"{reason}: driver {driver} is older than CUDA {torch_cuda} needs (>= {need})",
+                f"upgrade the driver, or {wheel_fix}")
+    if have is not None and need is not None:
+        return (f"{reason} with driver {driver} (new enough for CUDA {torch_cuda})",
+                "check that nvidia-smi lists the GPU, and in a container that it is passed in (docker run --gpus all)")
+    return (f"{reason} with driver {driver}",
+            f"check nvidia-smi; if the driver is older than the wheel's CUDA needs, {wheel_fix}")
+
+
+def select_device(device_spec: str | None, runtime: dict) -> tuple[Check, bool]:
+    """The device a run with ``--device device_spec`` would measure, and whether it is a GPU (no CUDA context made)."""
+    spec = device_spec or "auto"
+    devices = runtime.get("devices") or []
+    available = bool(runtime.get("available")) and bool(devices)
+    if spec == "auto":
+        if available:
+            return Check("device", "ok", f"auto: cuda:{devices[0]['index']} ({devices[0]['name']}), gpu profile"), True
+        return Check("device", "ok", f"auto: cpu ({_cpu_model()}), cpu profile"), False
+    if spec.startswith("cuda"):  # parsed as torch.device does; the GPU itself is looked up in the runtime, not opened
+        import torch
+
+        try:
+            index = torch.device(spec).index or 0
+        except RuntimeError as e:
+            return Check("device", "FAIL", f"--device {spec!r}: {e}; expected auto, cpu, cuda or cuda:N"), False
+        if not available:
+            return Check("device", "FAIL", f"{spec} requested, but no GPU is usable (see the cuda check)"), False
+        if index >= len(devices):
+            return Check("device", "FAIL", f"{spec} requested, but only {len(devices)} CUDA device(s) exist: "
+                                           f"pick cuda:0..cuda:{len(devices) - 1}"), False
+        return Check("device", "ok", f"{spec} ({devices[index]['name']}), gpu profile"), True
+    try:
+        backend = get_backend(spec)
+    except (RuntimeError, ValueError) as e:
+        return Check("device", "FAIL", f"--device {spec!r}: {e}"), False
+    uses_gpu = backend.caps().cuda
+    return Check("device", "ok", f"{spec} ({backend.name}), {backend.caps().profile_name} profile"), uses_gpu
+
+
+def check_device_memory(devices: list[dict], needed_bytes: int | None, case_id: str | None = None) -> list[Check]:
+    """Each GPU's memory against what the largest case needs (``needed_bytes``; None: not predicted)."""
+    checks = []
+    what = f"the largest case{f' ({case_id})' if case_id else ''}"
+    for d in devices:
+        total = d["total_memory_bytes"]
+        name = f"gpu{d['index']}_memory"
+        have = f"{d['name']} has {total / GiB:.1f} GiB"
+        if needed_bytes is None:
+            checks.append(Check(name, "info", f"{have}; what {what} needs is not predicted"))
+        elif total < needed_bytes:
+            checks.append(Check(name, "FAIL", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB: it would run out of "
+                                              "memory; use a larger GPU or deselect that case (-k)"))
+        elif total < needed_bytes * 1.1:
+            checks.append(Check(name, "warn", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB: under 10% headroom "
+                                              "for the CUDA context and fragmentation"))
+        else:
+            checks.append(Check(name, "ok", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB"))
+    return checks
+
+
+# The suite's heaviest setups on the GPU profile (the largest batches, fp32): the device-memory check
+# predicts these few rather than every case (a second or more each).
+HEAVIEST_CASES = ("resnet18-ladder003-4_uint8_transfer", "transformer-larger_batch", "gpt-larger_batch",
+                  "vit-larger_batch")
+
+
+def largest_predicted_memory(backend) -> tuple[str, int] | None:
+    """(case id, bytes) of the heaviest GPU-profile setup's predicted tensor peak times the runner's headroom,
+    under FakeTensorMode on ``backend``'s device; None when none could be predicted."""
+    from .cases import all_cases
+    from .predict import HEADROOM, predict_memory, without_unpredictable
+    from .workloads import PROFILES, resolve_spec
+
+    profile, caps = PROFILES["gpu"], backend.caps()
+    best = None
+    for case in all_cases():
+        if case.id not in HEAVIEST_CASES:
+            continue
+        config = without_unpredictable(case.recipe(caps, profile).config(profile))
+        predicted = predict_memory(config, resolve_spec(case.workload, profile), backend).get("breakdown_bytes")
+        if predicted and (best is None or predicted["total"] > best[1]):
+            best = (case.id, int(predicted["total"] * HEADROOM))
+    return best
+
+
+# -- shared memory --------------------------------------------------------------------------
+
+def _sample_nbytes(sample) -> int:
+    """Bytes one sample adds to a collated batch: tensors and arrays as they are, Python numbers as 8-byte tensors."""
+    from torch.utils._pytree import tree_flatten
+
+    total = 0
+    for leaf in tree_flatten(sample)[0]:
+        if hasattr(leaf, "nbytes"):  # torch.Tensor, numpy.ndarray
+            total += int(leaf.nbytes)
+        elif isinstance(leaf, int | float):  # default_collate makes int64 / float64 tensors of them
+            total += 8
+    return total
+
+
+@functools.lru_cache(maxsize=4)  # the datasets are seeded: the answer only changes with the suite
+def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] | None:
+    """The suite case whose DataLoader workers hold the most shared memory on ``profile_name``:
+    (case id, bytes of one loader batch, worker processes over all ranks), None when no case uses workers.
+
+    Builds datasets and one sample each, never a model. ``caps`` (a ``DeviceCaps``) leaves out
+    cases the device cannot run; without it every case counts.
+    """
+    from .cases import all_cases
+    from .recipes import spec_unmet, unmet
+    from .workloads import PROFILES, resolve_spec
+
+    profile = PROFILES[profile_name]
+    samples: dict[tuple[str, str | None], int] = {}
+    best: tuple[int, str, int, int] | None = None
+    for case in all_cases():
+        recipe = case.recipe(caps, profile)
+        config = recipe.config(profile)
+        if config.num_workers <= 0 or config.synthetic:
+            continue
+        spec = resolve_spec(case.workload, profile)
+        if spec.dataset is None or spec_unmet(spec, config) or (caps is not None and unmet(recipe, caps, profile)):
+            continue
+        key = (case.workload, config.pixels)
+        if key not in samples:
+            dataset = spec.dataset(pixels=config.pixels) if config.pixels else spec.dataset()
+            samples[key] = _sample_nbytes(dataset[0])
+        batch_bytes = samples[key] * config.loader_batch_size(spec)
+        workers = config.num_workers * config.world_size  # each rank starts its own workers
+        needed = host.shm_needed_bytes(batch_bytes, workers)
+        if best is None or needed > best[0]:
+            best = (needed, case.id, batch_bytes, workers)
+    return None if best is None else best[1:]
+
+
+def check_shm(free_bytes: int | None, largest: tuple[str, int, int] | None, profile_name: str,
+              path: str = "/dev/shm") -> Check:
+    """Shared memory against the largest worker batch: too little and DataLoader workers die with a bus error."""
+    if largest is None:
+        return Check("shm", "ok", f"no {profile_name}-profile case uses DataLoader workers")
+    case_id, batch_bytes, workers = largest
+    needed = host.shm_needed_bytes(batch_bytes, workers)
+    figures = (f"{needed / MiB:.0f} MiB needed by {case_id} ({workers} workers x 2 prefetched + 1 batch of "
+               f"{batch_bytes / MiB:.1f} MiB)")
+    if free_bytes is None:
+        return Check("shm", "info", f"{path} not found, free shared memory unknown; {figures}")
+    if free_bytes < needed:
+        size = max(1, -(-2 * needed // GiB))  # twice the need, in whole GiB
+        return Check("shm", "FAIL", f"{path} has {free_bytes / MiB:.0f} MiB free, {figures}: DataLoader workers would die "
+                                    f"with a bus error (Docker's default is 64 MiB): docker run --shm-size={size}g, "
+                                    "or --ipc=host")
+    return Check("shm", "ok", f"{path} has {free_bytes / MiB:.0f} MiB free, {figures}")
+
+
+# -- environment and host -------------------------------------------------------------------
+
+def check_cublas(config: str | None) -> Check:
+    """CUBLAS_WORKSPACE_CONFIG: it changes cuBLAS's workspace for every case, and makes matmuls deterministic."""
+    if config is None:
+        return Check("cublas_workspace", "info", "CUBLAS_WORKSPACE_CONFIG unset: the deterministic case sets :4096:8 "
+                                                 "in its own fresh process")
+    return Check("cublas_workspace", "info", f"CUBLAS_WORKSPACE_CONFIG={config}: every case's cuBLAS runs with it (the "
+                                             "deterministic case keeps :4096:8 or :16:8, else sets :4096:8)")
+
+
+def check_timing(distortions: list[tuple[str, str]], uses_cuda: bool) -> list[Check]:
+    """A warning per distorting setting; CUDA_LAUNCH_BLOCKING on a GPU run is a blocker: every number would be wrong."""
+    if not distortions:
+        return [Check("timing", "ok", "no debug mode, profiler, distorting variable or thread oversubscription")]
+    return [Check(f"timing:{name}", "FAIL" if name == "CUDA_LAUNCH_BLOCKING" and uses_cuda else "warn", message)
+            for name, message in distortions]
+
+
+def check_cpu(model: str, usable: int, torch_threads: int, capability: str, governors: dict[str, int],
+              quota: float | None) -> list[Check]:
+    """The CPU as results record it, and whether its clocks or a cgroup quota vary what it delivers."""
+    checks = [Check("cpu", "info", f"{model}: {usable} usable cores, torch uses {torch_threads} threads, "
+                                   f"{capability} kernels")]
+    if quota is not None and quota < min(usable, torch_threads):
+        checks.append(Check("cpu_quota", "warn", f"a cgroup quota allows {quota:g} cores' time to {torch_threads} torch "
+                                                 f"threads: they are throttled; set OMP_NUM_THREADS={max(1, int(quota))}"))
+    if not governors:
+        checks.append(Check("cpu_governor", "info", "frequency governor not readable (VM or container): clock scaling "
+                                                    "unknown"))
+        return checks
+    total = sum(governors.values())
+    other = {g: n for g, n in governors.items() if g != "performance"}
+    if other:
+        listed = ", ".join(f"{n} {g}" for g, n in sorted(other.items()))
+        checks.append(Check("cpu_governor", "warn", f"{listed} of {total} cores not 'performance': clocks follow load; "
+                                                    "sudo cpupower frequency-set -g performance"))
+    else:
+        checks.append(Check("cpu_governor", "ok", f"all {total} cores 'performance'"))
+    return checks
+
+
+def _profiler_running() -> bool:
+    import torch
+
+    return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+
+
+# -- all checks -----------------------------------------------------------------------------
+
+def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Mapping[str, str] | None = None,
+               shm_path: str = "/dev/shm", runtime: dict | None = None) -> list[Check]:
+    """Every check for a run on ``device_spec`` (``runtime``: a ``cuda_runtime()`` dict, read here when None)."""
+    import torch
+
+    environ = os.environ if environ is None else environ
+    runtime = cuda_runtime() if runtime is None else runtime
+    device_check, uses_cuda = select_device(device_spec, runtime)
+    checks = check_cuda(runtime, expects_cuda(expect_cuda, device_spec, environ), environ, gpus_used=uses_cuda)
+    checks.append(device_check)
+    profile_name = "gpu" if uses_cuda else "cpu"
+
+    try:
+        largest = largest_worker_batch(profile_name)
+    except Exception as e:  # noqa: BLE001 - a suite being edited must not hide the other checks
+        checks.append(Check("shm", "warn", f"could not size the worker batches of the {profile_name} profile: "
+                                           f"{type(e).__name__}: {e}"))
+    else:
+        checks.append(check_shm(host.shm_free_bytes(shm_path), largest, profile_name, shm_path))
+    if uses_cuda:
+        checks += _device_memory_checks(device_spec, runtime)
+
+    checks.append(check_cublas(host.cublas_workspace_config(environ)))
+    usable = host.usable_cpus()
+    checks += check_timing(host.timing_distortions(environ, torch.is_anomaly_enabled(), _profiler_running(),
+                                                   torch.get_num_threads(), usable), uses_cuda)
+    checks += check_cpu(_cpu_model(), usable, torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(),
+                        host.cpu_governors(), host.cgroup_cpu_quota())
+    return checks
+
+
+def _device_memory_checks(device_spec: str, runtime: dict) -> list[Check]:
+    from .device import get_backend
+
+    try:
+        largest = largest_predicted_memory(get_backend(device_spec))
+    except Exception as e:  # noqa: BLE001 - the other checks still say what they found
+        return [Check("gpu_memory", "warn", f"could not predict the largest case: {type(e).__name__}: {e}")]
+    case_id, needed = largest if largest else (None, None)
+    return check_device_memory(runtime.get("devices") or [], needed, case_id)
+
+
+def format_checks(checks: list[Check]) -> list[str]:
+    """One line per check: ``STATUS  name: message``."""
+    return [f"{c.status:<4}  {c.name}: {c.message}" for c in checks]
+
+
+def doctor_record(checks: list[Check]) -> dict:
+    """A JSON-able summary for saved machine info: every check, and how many blockers and warnings."""
+    return {"checks": [dataclasses.asdict(c) for c in checks],
+            "blockers": sum(c.status == "FAIL" for c in checks),
+            "warnings": sum(c.status == "warn" for c in checks)}

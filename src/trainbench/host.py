@@ -1,0 +1,132 @@
+"""Host-side facts a benchmark run depends on: shared memory, cores, frequency governors, distorting settings.
+
+Pure functions of what they are given (paths, an environment, counts) so ``doctor`` and its
+tests can hand them fake inputs. Nothing here touches a GPU or imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+# Environment variables that change what a timing measures, and why. A variable counts when set
+# to a true value ("1", "true", "yes", "on").
+DISTORTING_ENV: dict[str, str] = {
+    "CUDA_LAUNCH_BLOCKING": "serializes every kernel launch: the host waits for each kernel, nothing overlaps, "
+                            "every step time is wrong; unset it",
+    "TORCH_SHOW_CPP_STACKTRACES": "every C++ error or warning torch raises, also those it catches itself, collects a "
+                                  "stack trace; unset it",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": "disables the caching allocator: every allocation and free goes to the driver "
+                                      "(cudaMalloc/cudaFree), and memory figures are not the allocator's; unset it",
+    "TORCH_CUDNN_V8_API_DISABLED": "falls back to cuDNN's legacy API where the build still has it: other convolution "
+                                   "algorithms than a default run; unset it",
+    "TORCH_COMPILE_DEBUG": "torch.compile writes a debug folder for every compiled graph: compile times inflate; unset it",
+}
+
+_TRUE = {"1", "true", "yes", "on", "y"}
+
+
+def _is_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in _TRUE
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int | None:
+    """Free bytes of the shared-memory mount DataLoader workers hand batches through (None: not Linux, or no mount)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2) -> int:
+    """Shared memory a DataLoader with ``num_workers`` workers can hold at once.
+
+    Each worker collates its batches into shared memory and keeps up to ``prefetch_factor``
+    of them in flight; the main process holds one more while the step consumes it.
+    """
+    if num_workers <= 0:
+        return 0
+    return batch_bytes * (num_workers * prefetch_factor + 1)
+
+
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number and number > 0 else None
+
+
+def timing_distortions(environ: Mapping[str, str], anomaly_enabled: bool, profiler_enabled: bool, torch_threads: int,
+                       cpu_count: int) -> list[tuple[str, str]]:
+    """(name, why) for each setting of this process that makes timings measure something else than training."""
+    found = [(name, f"{name}={environ[name]}: {why}") for name, why in DISTORTING_ENV.items() if _is_true(environ.get(name))]
+
+    def add(name: str, message: str) -> None:
+        found.append((name, message))
+
+    if anomaly_enabled:
+        add("anomaly_mode", "autograd anomaly detection is on for the whole process (set_detect_anomaly): every backward "
+                            "op records a traceback and checks for NaN; turn it off")
+    if profiler_enabled:
+        add("profiler", "a profiler is running: every op is recorded; stop it before measuring")
+    omp = environ.get("OMP_NUM_THREADS")
+    if omp is not None:
+        threads = _positive_int(omp)
+        if threads is None:
+            add("OMP_NUM_THREADS", f"OMP_NUM_THREADS={omp!r} is not a positive integer: set it to the usable cores "
+                                   f"({cpu_count}) or unset it")
+        elif threads > cpu_count:
+            add("OMP_NUM_THREADS", f"OMP_NUM_THREADS={threads} on {cpu_count} usable cores: OpenMP threads contend for "
+                                   f"cores (oversubscription); set it to {cpu_count} or unset it")
+    if torch_threads > cpu_count:
+        add("torch_threads", f"torch uses {torch_threads} threads on {cpu_count} usable cores: they contend for cores "
+                             f"(oversubscription); set OMP_NUM_THREADS={cpu_count}")
+    elif torch_threads * 2 < cpu_count:
+        add("torch_threads", f"torch uses {torch_threads} threads of {cpu_count} usable cores: CPU numbers measure a "
+                             "fraction of this machine; raise OMP_NUM_THREADS if that is not meant")
+    return found
+
+
+def cpu_governors(root: str = "/sys/devices/system/cpu") -> dict[str, int]:
+    """How many cores use each cpufreq scaling governor (empty where unreadable: VMs, containers, not Linux)."""
+    counts: Counter[str] = Counter()
+    for path in Path(root).glob("cpu[0-9]*/cpufreq/scaling_governor"):
+        try:
+            counts[path.read_text().strip()] += 1
+        except OSError:
+            continue
+    return dict(counts)
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity mask, which containers and taskset narrow), else all."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """Cores' worth of CPU time a cgroup v2 quota allows (``docker --cpus``, Kubernetes limits), None when unlimited.
+
+    The affinity mask still shows every core under a quota: more threads than the quota are throttled.
+    """
+    try:
+        parts = Path(path).read_text().split()  # "max 100000" or "<quota> <period>" in microseconds
+    except OSError:
+        return None
+    if len(parts) != 2 or not parts[0].isdigit() or not parts[1].isdigit() or int(parts[1]) == 0:
+        return None
+    quota, period = parts
+    return int(quota) / int(period)
+
+
+def cublas_workspace_config(environ: Mapping[str, str]) -> str | None:
+    """CUBLAS_WORKSPACE_CONFIG as set for this process (None: unset)."""
+    return environ.get("CUBLAS_WORKSPACE_CONFIG") or None

@@ -1,0 +1,283 @@
+"""``python -m trainbench doctor``: each check against fake machines, and the command's exit status."""
+
+import json
+
+import pytest
+import torch
+
+from trainbench import doctor, host
+from trainbench.__main__ import main
+from trainbench.device import unsupported_arch
+from trainbench.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
+
+CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def runtime(torch_cuda="13.0", available=True, devices=(), driver="580.65.06", error=None, arch_list=CU130_ARCHS):
+    """A ``cuda_runtime()`` dict of a machine that is not this one."""
+    return {"torch": "2.14.1+cu130" if torch_cuda else "2.14.1+cpu", "torch_cuda": torch_cuda,
+            "arch_list": list(arch_list) if torch_cuda else [], "available": available, "devices": list(devices),
+            "driver": driver, "error": error}
+
+
+def gpu(index=0, name="NVIDIA H100 80GB HBM3", capability=(9, 0), memory=80 * GiB, arch_list=CU130_ARCHS):
+    return {"index": index, "name": name, "capability": capability, "total_memory_bytes": memory,
+            "unsupported": unsupported_arch(capability, arch_list)}
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def blockers(checks):
+    return [c for c in checks if c.status == "FAIL"]
+
+
+# -- CUDA situations ----------------------------------------------------------------------------------
+
+def test_a_driver_too_old_for_the_wheel_blocks_an_expected_gpu_run_and_names_the_wheel_for_it():
+    checks = by_name(check_cuda(runtime(available=False, driver="550.54.15"), expect_cuda=True))
+    cuda = checks["cuda"]
+    assert cuda.status == "FAIL"
+    assert "driver 550.54.15 is older than CUDA 13.0 needs (>= 580)" in cuda.message
+    assert "--index-url https://download.pytorch.org/whl/cu126" in cuda.message and "torch==2.14.1" in cuda.message
+    assert checks["driver"] == Check("driver", "info", "NVIDIA driver 550.54.15")
+
+
+def test_a_recent_driver_is_not_blamed():
+    cuda = by_name(check_cuda(runtime(available=False, driver="580.65.06"), expect_cuda=True))["cuda"]
+    assert cuda.status == "FAIL" and "is older than" not in cuda.message and "new enough for CUDA 13.0" in cuda.message
+
+
+def test_no_gpu_where_none_is_expected_measures_the_cpu_profile():
+    checks = check_cuda(runtime(available=False, driver=None), expect_cuda=False)
+    assert not blockers(checks)
+    assert by_name(checks)["cuda"].status == "info" and "CPU profile" in by_name(checks)["cuda"].message
+
+
+def test_no_driver_at_all_says_to_pass_the_gpus_into_the_container():
+    cuda = by_name(check_cuda(runtime(available=False, driver=None), expect_cuda=True))["cuda"]
+    assert cuda.status == "FAIL" and "--gpus all" in cuda.message
+
+
+def test_hidden_gpus_are_named_as_the_cause():
+    cuda = by_name(check_cuda(runtime(available=False), True, {"CUDA_VISIBLE_DEVICES": ""}))["cuda"]
+    assert cuda.status == "FAIL" and "CUDA_VISIBLE_DEVICES" in cuda.message
+
+
+def test_a_v100_on_a_cu130_build_is_a_blocker_naming_the_cu126_wheel():
+    v100 = gpu(name="Tesla V100-SXM2-16GB", capability=(7, 0), memory=16 * GiB)
+    checks = by_name(check_cuda(runtime(devices=[v100]), expect_cuda=True))
+    assert checks["cuda"].status == "ok"
+    arch = checks["gpu0_arch"]
+    assert arch.status == "FAIL"
+    assert "sm_70" in arch.message and "whl/cu126" in arch.message
+
+
+def test_an_unsupported_gpu_the_run_does_not_use_only_warns():
+    v100 = gpu(name="Tesla V100-SXM2-16GB", capability=(7, 0))
+    assert by_name(check_cuda(runtime(devices=[v100]), False, gpus_used=False))["gpu0_arch"].status == "warn"
+
+
+def test_a_supported_gpu_passes():
+    checks = check_cuda(runtime(devices=[gpu()]), expect_cuda=True)
+    assert not blockers(checks)
+    assert by_name(checks)["gpu0_arch"].status == "ok"
+    assert "NVIDIA H100 80GB HBM3" in by_name(checks)["cuda"].message
+
+
+def test_a_cpu_only_build_blocks_only_a_run_that_expects_cuda():
+    expected = by_name(check_cuda(runtime(torch_cuda=None, available=False, driver=None), expect_cuda=True))["cuda"]
+    assert expected.status == "FAIL" and "CPU-only" in expected.message and "whl/cu130" in expected.message
+    assert not blockers(check_cuda(runtime(torch_cuda=None, available=False, driver=None), expect_cuda=False))
+
+
+def test_an_unknown_driver_on_a_gpu_machine_warns():
+    assert by_name(check_cuda(runtime(devices=[gpu()], driver=None), True))["driver"].status == "warn"
+
+
+def test_cuda_is_expected_from_the_flag_the_environment_or_a_cuda_device():
+    assert not doctor.expects_cuda(False, "auto", {})
+    assert not doctor.expects_cuda(False, "cpu", {"TRAINBENCH_EXPECT_CUDA": "0"})
+    assert doctor.expects_cuda(True, "auto", {})
+    assert doctor.expects_cuda(False, "auto", {"TRAINBENCH_EXPECT_CUDA": "1"})
+    assert doctor.expects_cuda(False, "cuda:1", {})
+
+
+def test_the_device_a_run_would_use():
+    two = runtime(devices=[gpu(0), gpu(1)])
+    assert doctor.select_device("auto", two)[1] is True
+    assert doctor.select_device("auto", runtime(available=False))[1] is False
+    assert doctor.select_device("cuda:1", two) == (Check("device", "ok", "cuda:1 (NVIDIA H100 80GB HBM3), gpu profile"), True)
+    assert doctor.select_device("cuda:2", two)[0].status == "FAIL"
+    assert doctor.select_device("cuda", runtime(available=False))[0].status == "FAIL"
+    assert doctor.select_device("cpu", two)[1] is False
+    assert doctor.select_device("tpu", two)[0].status == "FAIL"
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+def test_device_memory_against_a_predicted_need():
+    devices = [gpu(memory=16 * GiB)]
+    assert check_device_memory(devices, None)[0].status == "info"
+    assert check_device_memory(devices, 20 * GiB, "gpt-larger_batch")[0].status == "FAIL"
+    assert "gpt-larger_batch" in check_device_memory(devices, 20 * GiB, "gpt-larger_batch")[0].message
+    assert check_device_memory(devices, int(15.5 * GiB))[0].status == "warn"
+    assert check_device_memory(devices, 8 * GiB)[0].status == "ok"
+
+
+def test_shared_memory_needed_by_workers():
+    assert host.shm_needed_bytes(10 * MiB, num_workers=0) == 0
+    assert host.shm_needed_bytes(10 * MiB, num_workers=8) == 170 * MiB  # 8 workers x 2 prefetched + the one in use
+    assert host.shm_needed_bytes(10 * MiB, num_workers=2, prefetch_factor=4) == 90 * MiB
+
+
+def test_too_little_shared_memory_is_a_blocker_with_the_docker_fix():
+    largest = ("resnet18-multiprocess_loading", 20 * MiB, 8)
+    short = check_shm(64 * MiB, largest, "gpu")
+    assert short.status == "FAIL"
+    assert "bus error" in short.message and "--shm-size=1g" in short.message and "--ipc=host" in short.message
+    assert check_shm(1 * GiB, largest, "gpu").status == "ok"
+    assert check_shm(None, largest, "gpu").status == "info"
+    assert check_shm(0, None, "cpu").status == "ok"
+
+
+def test_shm_free_bytes_reads_the_mount(tmp_path):
+    assert host.shm_free_bytes(str(tmp_path / "missing")) is None
+    free = host.shm_free_bytes(str(tmp_path))
+    assert free is None or free > 0  # None only off Linux
+
+
+def test_the_largest_worker_batch_is_what_its_loader_collates():
+    from torch.utils.data import DataLoader
+
+    from trainbench.cases import all_cases
+    from trainbench.spec import batch_nbytes
+    from trainbench.workloads import PROFILES, resolve_spec
+
+    case_id, batch_bytes, workers = doctor.largest_worker_batch("cpu")
+    assert workers > 0
+    profile = PROFILES["cpu"]
+    case = next(c for c in all_cases() if c.id == case_id)
+    config = case.recipe(None, profile).config(profile)
+    spec = resolve_spec(case.workload, profile)
+    dataset = spec.dataset(pixels=config.pixels) if config.pixels else spec.dataset()
+    batch = next(iter(DataLoader(dataset, batch_size=config.loader_batch_size(spec))))
+    assert batch_bytes == batch_nbytes(batch)
+
+
+def test_the_gpu_profile_outgrows_dockers_default_shared_memory():
+    case_id, batch_bytes, workers = doctor.largest_worker_batch("gpu")
+    assert host.shm_needed_bytes(batch_bytes, workers) > 64 * MiB
+    assert check_shm(64 * MiB, (case_id, batch_bytes, workers), "gpu").status == "FAIL"
+
+
+# -- environment and host ----------------------------------------------------------------------------
+
+def test_timing_distortions_from_the_environment_and_process_state():
+    clean = host.timing_distortions({}, anomaly_enabled=False, profiler_enabled=False, torch_threads=2, cpu_count=2)
+    assert clean == []
+    env = {"CUDA_LAUNCH_BLOCKING": "1", "TORCH_SHOW_CPP_STACKTRACES": "0", "PYTORCH_NO_CUDA_MEMORY_CACHING": "true"}
+    names = [n for n, _ in host.timing_distortions(env, True, True, 2, 2)]
+    assert names == ["CUDA_LAUNCH_BLOCKING", "PYTORCH_NO_CUDA_MEMORY_CACHING", "anomaly_mode", "profiler"]
+
+
+def test_threads_over_or_far_under_the_cores():
+    over = dict(host.timing_distortions({"OMP_NUM_THREADS": "16"}, False, False, 16, 4))
+    assert "oversubscription" in over["torch_threads"] and "OMP_NUM_THREADS=16" in over["OMP_NUM_THREADS"]
+    under = dict(host.timing_distortions({}, False, False, 1, 16))
+    assert "fraction" in under["torch_threads"]
+    assert host.timing_distortions({}, False, False, 8, 16) == []  # physical cores of 16 hyperthreads
+    assert "OMP_NUM_THREADS" in dict(host.timing_distortions({"OMP_NUM_THREADS": "all"}, False, False, 2, 2))
+
+
+def test_launch_blocking_blocks_a_gpu_run_and_warns_on_the_cpu():
+    distortions = host.timing_distortions({"CUDA_LAUNCH_BLOCKING": "1"}, False, False, 2, 2)
+    assert [c.status for c in check_timing(distortions, uses_cuda=True)] == ["FAIL"]
+    assert [c.status for c in check_timing(distortions, uses_cuda=False)] == ["warn"]
+    assert check_timing([], uses_cuda=True)[0].status == "ok"
+
+
+def test_cpu_governors_counted_from_sysfs(tmp_path):
+    for cpu, governor in [(0, "performance"), (1, "powersave"), (2, "powersave")]:
+        folder = tmp_path / f"cpu{cpu}" / "cpufreq"
+        folder.mkdir(parents=True)
+        (folder / "scaling_governor").write_text(governor + "\n")
+    (tmp_path / "cpufreq").mkdir()  # not a core
+    governors = host.cpu_governors(str(tmp_path))
+    assert governors == {"performance": 1, "powersave": 2}
+    assert host.cpu_governors(str(tmp_path / "missing")) == {}
+    by = by_name(doctor.check_cpu("AMD EPYC", 3, 3, "AVX512", governors, None))
+    assert by["cpu_governor"].status == "warn" and "2 powersave of 3" in by["cpu_governor"].message
+    assert by_name(doctor.check_cpu("x", 3, 3, "AVX2", {"performance": 3}, None))["cpu_governor"].status == "ok"
+    assert by_name(doctor.check_cpu("x", 3, 3, "AVX2", {}, None))["cpu_governor"].status == "info"
+
+
+def test_a_cgroup_quota_under_the_threads_warns(tmp_path):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("200000 100000\n")
+    assert host.cgroup_cpu_quota(str(cpu_max)) == 2.0
+    cpu_max.write_text("max 100000\n")
+    assert host.cgroup_cpu_quota(str(cpu_max)) is None
+    assert host.cgroup_cpu_quota(str(tmp_path / "missing")) is None
+    assert by_name(doctor.check_cpu("x", 16, 16, "AVX2", {}, 2.0))["cpu_quota"].status == "warn"
+    assert "cpu_quota" not in by_name(doctor.check_cpu("x", 16, 16, "AVX2", {}, 16.0))
+
+
+def test_cublas_workspace_config_is_reported():
+    assert host.cublas_workspace_config({}) is None
+    assert host.cublas_workspace_config({"CUBLAS_WORKSPACE_CONFIG": ":16:8"}) == ":16:8"
+    assert ":16:8" in doctor.check_cublas(":16:8").message
+    assert ":4096:8" in doctor.check_cublas(None).message
+
+
+def test_record_counts_blockers_and_warnings():
+    checks = [Check("a", "ok", "x"), Check("b", "warn", "y"), Check("c", "FAIL", "z"), Check("d", "FAIL", "w")]
+    record = doctor.doctor_record(checks)
+    assert record["blockers"] == 2 and record["warnings"] == 1
+    assert record["checks"][2] == {"name": "c", "status": "FAIL", "message": "z"}
+    assert json.loads(json.dumps(record)) == record
+    assert doctor.format_checks(checks[:1] + checks[2:3]) == ["ok    a: x", "FAIL  c: z"]
+    with pytest.raises(ValueError, match="status"):
+        Check("e", "error", "not a status")
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def quiet_env(monkeypatch):
+    """This machine without settings a CI runner may carry that would change the verdict."""
+    for name in [*host.DISTORTING_ENV, "TRAINBENCH_EXPECT_CUDA", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(available=False, driver=None))
+
+
+def test_doctor_on_a_machine_without_a_gpu_passes_and_reports_the_cpu(quiet_env, capsys, tmp_path):
+    out = tmp_path / "doctor.json"
+    assert main(["doctor", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.split(" ", 1)[0] in ("ok", "info", "warn") for line in lines)
+    assert any(line.startswith("info  cuda:") and "CPU profile" in line for line in lines)
+    assert any(line.startswith("info  cpu:") and f"torch uses {torch.get_num_threads()} threads" in line for line in lines)
+    written = json.loads(out.read_text())
+    assert [c["name"] for c in written][:2] == ["torch", "cuda"] and len(written) == len(lines)
+
+
+@pytest.mark.parametrize("argv, env", [(["doctor", "--expect-cuda"], {}), (["doctor", "--device", "cuda"], {}),
+                                       (["doctor"], {"TRAINBENCH_EXPECT_CUDA": "1"})])
+def test_doctor_expecting_cuda_without_a_gpu_fails(quiet_env, monkeypatch, capsys, argv, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 1
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
+    assert failed[0].startswith("FAIL  cuda: CUDA expected, but ") and "--gpus all" in failed[0]
+
+
+def test_doctor_for_the_cpu_of_this_machine_passes(monkeypatch, capsys):
+    # The real runtime: with --device cpu no GPU matter blocks, and the CPU profile needs a few MiB of /dev/shm.
+    monkeypatch.delenv("TRAINBENCH_EXPECT_CUDA", raising=False)
+    assert main(["doctor", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if line.startswith("FAIL")]
+    assert any(line.startswith("ok    device: cpu (") and "cpu profile" in line for line in lines)
