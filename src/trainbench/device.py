@@ -382,10 +382,7 @@ class CudaBackend(Backend):
 
     def parallel_device_ids(self, count: int) -> list[int]:
         """The ``count`` GPUs a multi-GPU case uses, starting at this one: DataParallel and DDP ranks use the same."""
-        total = self.device_count()
-        if count > total:
-            raise RuntimeError(f"{count} GPUs needed, {total} present")
-        return [(self.device.index + i) % total for i in range(count)]
+        return parallel_devices(self.device.index, count, self.device_count())
 
     def rank_device_spec(self, rank: int) -> str:
         return f"cuda:{self.parallel_device_ids(rank + 1)[rank]}"
@@ -407,6 +404,13 @@ class CudaBackend(Backend):
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def parallel_devices(first: int, count: int, total: int) -> list[int]:
+    """``count`` device indices from ``first`` on, wrapping around: a run on cuda:1 of two GPUs uses [1, 0]."""
+    if count > total:
+        raise RuntimeError(f"{count} GPUs needed, {total} present")
+    return [(first + i) % total for i in range(count)]
 
 
 def unsupported_arch(capability: tuple[int, int], arch_list: list[str]) -> str | None:
