@@ -100,3 +100,15 @@ def test_only_a_paired_speed_up_is_calibrated():
     paired = bounds_for(record(True), gpu=False, margin=0.1, speed_margin=0.3)
     unpaired = bounds_for(record(False), gpu=False, margin=0.1, speed_margin=0.3)
     assert paired["min_speedup"] == pytest.approx(0.98) and "min_speedup" not in unpaired
+
+
+def test_calibration_can_be_limited_to_named_metrics(tmp_path):
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text(EXISTING)
+    run = make_run(tmp_path)
+    result = calibrate(run, budgets, margin=0.02, only=("activation_mib",))
+    assert "+max_activation_mib = 0.765" in result.diff
+    keys = [line for line in result.diff.splitlines() if line[:5] in ("+max_", "-max_", "+min_", "-min_")]
+    assert keys == ["+max_activation_mib = 0.765"] * 2  # both cases, nothing else
+    with pytest.raises(CalibrationError, match="samples_per_s: not calibrated"):
+        calibrate(run, budgets, only=("samples_per_s",))

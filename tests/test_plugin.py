@@ -149,6 +149,44 @@ def test_cuda_requested_without_cuda_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*device 'cuda' requested but torch.cuda.is_available() is False*"])
 
 
+def test_a_gpu_job_that_finds_no_gpu_fails_before_any_case(pytester, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    pytester.makepyfile(test_cases=CASES)
+    result = pytester.runpytest("--trainbench-expect-cuda", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*the runner is not ready*", "FAIL  cuda: CUDA expected*"])
+    monkeypatch.setenv("TRAINBENCH_EXPECT_CUDA", "1")  # what a GPU job's environment says instead
+    assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_the_doctors_checks_are_saved_with_the_run(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *QUICK)
+    result.assert_outcomes(passed=1, deselected=3, warnings=1)
+    doctor = json.loads((pytester.path / "out.json").read_text())["machine_info"]["trainbench"]["doctor"]
+    assert doctor["blockers"] == 0
+    names = {check["name"] for check in doctor["checks"]}
+    assert {"cuda", "shm", "timing", "cpu"} <= names
+
+
+def test_the_gpu_smoke_run_skips_with_its_reason_without_cuda(pytester):
+    import shutil
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    shutil.copy(Path(__file__).parents[1] / "smoke" / "test_gpu_smoke.py", pytester.path / "test_gpu_smoke.py")
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 20 and "passed" not in outcomes and "failed" not in outcomes
+    result.stdout.fnmatch_lines(["*GPU smoke: needs a CUDA device; this run uses cpu*"])
+
+
 OWN = """
 import functools
 

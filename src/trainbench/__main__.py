@@ -50,7 +50,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         margin = parse_fraction(args.margin, "--margin")
         speed_margin = parse_fraction(args.speed_margin, "--speed-margin")
         run_path = args.run_json if args.run_json is not None else latest_run()
-        result = calibrate(run_path, args.budgets, margin, speed_margin)
+        only = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else None
+        result = calibrate(run_path, args.budgets, margin, speed_margin, only)
     except (CalibrationError, CompareError, ReportError) as e:
         print(f"trainbench calibrate: {e}", file=sys.stderr)
         return 2
@@ -77,6 +78,9 @@ def _add_calibrate(subparsers) -> None:
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file to update")
     parser.add_argument("--margin", default="10%", help="headroom over deterministic signals (default 10%%)")
     parser.add_argument("--speed-margin", default="30%", help="headroom under measured speed-ups (default 30%%)")
+    parser.add_argument("--metrics", default=None, metavar="LIST",
+                        help="calibrate only these metrics' keys, comma-separated ('speedup' for min_speedup), "
+                             "e.g. predicted_gpu_peak_mib,predicted_gpu_activation_mib")
     parser.add_argument("--write", action="store_true", help="write the file (default: show the diff only)")
     parser.set_defaults(handler=_calibrate)
 

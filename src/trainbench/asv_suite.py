@@ -56,7 +56,7 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     budgets = Budgets.load(budgets_path) if budgets_path else Budgets.empty()
     selected = re.compile(pattern) if pattern else None
     results, burned_in = {}, False
-    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name])
+    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name], predict=True)
     for case in all_cases():
         reason = _not_taken(case, runner, selected, pattern)
         if reason:

@@ -63,26 +63,37 @@ def _round_down(value: float) -> float:
     return math.floor(value * 100 + 1e-9) / 100  # 1.4 x 0.7 is 0.97999...: not a reason to drop a step
 
 
-def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float) -> dict[str, float | int]:
-    """The calibrated budget keys of one case from its stored record."""
+def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float,
+               only: tuple[str, ...] | None = None) -> dict[str, float | int]:
+    """The calibrated budget keys of one case from its stored record (``only``: these metrics, "speedup" for
+    min_speedup)."""
     keys: dict[str, float | int] = {}
     for metric in DETERMINISTIC_KEYS + (GPU_MEMORY_KEYS if gpu else ()):
+        if only is not None and metric not in only:
+            continue
         value = record.metrics.get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             keys[f"max_{metric}"] = _round_up(max(0.0, value * (1 + margin)))  # <= 0 measured: budget 0
     speedup = record.speedup_vs_baseline
     # Only a paired speed-up (rounds interleaved with the baseline's; records from before pairing was
     # recorded count as paired) is free of the drift between two cases measured minutes apart.
-    if speedup is not None and speedup > 0 and record.paired is not False:
+    if speedup is not None and speedup > 0 and record.paired is not False and (only is None or "speedup" in only):
         keys["min_speedup"] = max(0.01, _round_down(speedup * (1 - speed_margin)))
     return keys
 
 
 def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.10,
-              speed_margin: float = 0.30) -> Calibration:
-    """What calibration would change in ``budgets_path`` for the device of ``run_path`` (nothing is written)."""
+              speed_margin: float = 0.30, only: tuple[str, ...] | None = None) -> Calibration:
+    """What calibration would change in ``budgets_path`` for the device of ``run_path`` (nothing is written).
+
+    ``only``: calibrate just these metrics' keys (and ``min_speedup`` if it names "speedup"), e.g. a new metric.
+    """
     import tomlkit
 
+    unknown = sorted(set(only or ()) - set(DETERMINISTIC_KEYS + GPU_MEMORY_KEYS + ("speedup",)))
+    if unknown:
+        raise CalibrationError(f"--metrics {','.join(unknown)}: not calibrated metrics; expected some of "
+                               f"{', '.join(DETERMINISTIC_KEYS + GPU_MEMORY_KEYS)}, speedup")
     try:
         run = load_run(run_path)
     except ReportError as e:
@@ -108,7 +119,7 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
         except RecordError as e:
             raise CalibrationError(str(e)) from None
         case = record.case
-        bounds = bounds_for(record, DeviceCaps.from_identity(device).cuda, margin, speed_margin)
+        bounds = bounds_for(record, DeviceCaps.from_identity(device).cuda, margin, speed_margin, only)
         if not bounds:
             continue
         cases += 1

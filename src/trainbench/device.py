@@ -422,13 +422,18 @@ def unsupported_arch(capability: tuple[int, int], arch_list: list[str]) -> str |
     major, minor = capability
     for arch in arch_list:
         kind, _, number = arch.partition("_")
-        number = number.rstrip("af")  # sm_90a, sm_100f: architecture-specific variants
-        if not number.isdigit():
+        variant = number[-1] if number[-1:] in ("a", "f") else ""
+        number = number.rstrip("af")
+        if kind not in ("sm", "compute") or not number.isdigit():
             continue
         built = (int(number[:-1]), int(number[-1]))
-        if kind == "sm" and built[0] == major and built[1] <= minor:
-            return None
-        if kind == "compute" and built <= (major, minor):
+        if variant == "a":  # sm_90a / compute_90a: that GPU only
+            runs = built == (major, minor)
+        elif kind == "sm" or variant == "f":  # SASS and family code: later minors of the same major
+            runs = built[0] == major and built[1] <= minor
+        else:  # portable PTX: JIT-compiled for any GPU at least that new
+            runs = built <= (major, minor)
+        if runs:
             return None
     return (f"this torch build ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
             f"{' '.join(arch_list) or 'no GPU'}, none that runs on sm_{major}{minor}: install a wheel built for "
@@ -443,13 +448,13 @@ def is_cuda_kernel_event(event) -> bool:
 
 
 def is_blocking_copy(src_type: str, dst_type: str, non_blocking: bool, src_pinned: bool) -> bool:
-    """A copy between host and GPU that the host waits for: any copy to the host (the host reads
-    the result), and a host-to-GPU copy unless it is non_blocking from pinned memory (a pageable
-    source is staged by the driver, which returns only when the copy is done)."""
+    """A copy between host and GPU that the host waits for: a blocking copy to the host, and a
+    host-to-GPU copy unless it is non_blocking from pinned memory (a pageable source is staged by
+    the driver, which returns only when the copy is done)."""
     if src_type == dst_type or "cuda" not in (src_type, dst_type):
         return False
-    if dst_type == "cpu":
-        return True
+    if dst_type == "cpu":  # non_blocking to the host copies into pinned memory without waiting
+        return not non_blocking
     return not (non_blocking and src_pinned)
 
 

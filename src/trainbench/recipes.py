@@ -281,7 +281,8 @@ def judging_overrides(recipe: Recipe, baseline: Recipe, profile: Profile, spec: 
     """
     if profile.compute_data is None or "synthetic" in overrides:
         return {}
-    if any(knob in r.changes for r in (recipe, baseline) for knob in DATA_PATH_KNOBS):
+    if any(knob in r.changes for r in (recipe, baseline) for knob in DATA_PATH_KNOBS) or any(
+            overrides.get(knob) for knob in DATA_PATH_KNOBS):  # a loader the caller asked for stays
         return {}
     extra = {"synthetic": profile.compute_data}
     if any(spec_unmet(spec, r.config(profile, **overrides, **extra)) for r in (recipe, baseline)):

@@ -273,7 +273,7 @@ def _run_caption(run: dict) -> str:
 # -- markdown --------------------------------------------------------------------------------------
 
 _TABLE_HEADER = ["Optimization", "Batch", "Peak memory (MiB)", "Step time ms (median ± IQR)", "Samples/s", "Rel. to base",
-                 "Article batch", "Article memory GB", "Article step ms", "Article samples/s", "Article rel. to base",
+                 "Predicted GPU batch", "Predicted GPU tensor peak GB", "Article batch", "Article memory GB", "Article step ms", "Article samples/s", "Article rel. to base",
                  "Article note"]
 
 
@@ -283,11 +283,15 @@ def _cell(text) -> str:
 
 def ladder_table(lr: LadderRun) -> list[str]:
     """Markdown table: every rung, this machine's figures and the article's side by side."""
-    lines = ["| " + " | ".join(_TABLE_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * 10 + ["---"]) + "|"]
+    lines = ["| " + " | ".join(_TABLE_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * 12 + ["---"]) + "|"]
     for rung in lr.rungs:
         art = rung.step.article
         article = [_num(art.batch_size, "d"), _num(art.memory_gb, ".2f"), _num(art.step_time_ms, ".1f"),
                    _num(art.samples_per_s, "g"), _times(lr.article_relative(rung.index)), art.note]
+        predicted = (rung.measured.raw.get("predicted_memory") or {}) if rung.measured is not None else {}
+        peak = (predicted.get("breakdown_bytes") or {}).get("total")
+        gpu = [_num(predicted.get("batch_size"), "d"),
+               _num(peak / 1e9 if peak else None, ".2f") if peak or not predicted.get("reason") else "not predicted"]
         if rung.measured is None:
             why = "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else "")
             mine = [why, "", "", "", ""]
@@ -296,7 +300,8 @@ def ladder_table(lr: LadderRun) -> list[str]:
             mine = [_num(rung.value("batch_size"), "d"), _num(rung.value("peak_memory_mib")),
                     DASH if step_ms is None else f"{step_ms:.1f}" + ("" if iqr_ms is None else f" ± {iqr_ms:.1f}"),
                     _num(rung.value("samples_per_s")), _times(lr.relative(rung.index))]
-        lines.append("| " + " | ".join(_cell(c) for c in [f"{rung.index}. {rung.step.label}", *mine, *article]) + " |")
+        lines.append("| " + " | ".join(_cell(c) for c in [f"{rung.index}. {rung.step.label}", *mine, *gpu, *article])
+                     + " |")
     return lines
 
 
@@ -320,7 +325,11 @@ def ladder_markdown(run: dict, ladders: list[LadderRun], plot_names: dict[str, s
     """The whole ``ladders.md``: run caption, then per ladder its table, summary and plot link."""
     method = ("Rel. to base is each rung's speed-up over rung 0 timed in interleaved rounds (both alive, "
               "alternating), so slow spells of a shared machine fall on both sides; the samples/s column is each "
-              "rung's own rounds and the ratio of two such columns can differ from it.")
+              "rung's own rounds and the ratio of two such columns can differ from it. The predicted GPU columns are "
+              "the rung at the GPU profile (224 px, the articles' batches) under FakeTensorMode: the tensor peak only, "
+              "below what a GPU reports by the caching allocator's cache, cuDNN/cuBLAS workspaces and the CUDA context "
+              "(an empty CUDA context alone is ~0.3-0.5 GB); the articles do not say which figure they print. "
+              "Predicted on a CPU runner, backward saves what CPU kernels save.")
     out = ["# Optimization ladders on this device", "", _run_caption(run), "", method, ""]
     for lr in ladders:
         ladder = lr.ladder

@@ -108,7 +108,7 @@ class Runner:
     """Runs cases on one device and profile, keeping same-session baselines and guard references."""
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
-                 require_budgets: bool = False, predict: bool = True):
+                 require_budgets: bool = False, predict: bool = False):
         self.backend = backend
         self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.predict)
         self.caps = backend.caps()

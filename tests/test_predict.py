@@ -1,0 +1,183 @@
+"""Memory predicted under FakeTensorMode (trainbench.predict): the same breakdown the measurement tracks, from fake
+tensors, at sizes this machine need not hold; and the setups it cannot fake, said with a reason instead of a crash."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from trainbench.measure import Measurement, MeasureSettings
+from trainbench.predict import predict_memory, unpredictable, without_unpredictable
+from trainbench.recipes import get_recipe
+from trainbench.runner import Runner
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.step import Training, module_to
+from trainbench.workloads import PROFILES, resolve_spec
+
+MIB = 2**20
+
+
+def _measured_breakdown(config, spec, backend, steps=3):
+    """The tracked breakdown as the runner measures it: after real steps (gradients and optimizer state exist)."""
+    with Training(config, spec, backend) as training:
+        measurement = Measurement(training, "measured", "measured", MeasureSettings(), 0, "cpu")
+        for _ in range(steps):
+            measurement.timed_step()
+        return measurement.tracked_breakdown()
+
+
+@pytest.mark.parametrize(("workload", "recipe"), [
+    ("resnet18", "baseline"),
+    ("resnet18", "set_to_none"),
+    ("resnet18", "checkpointing"),
+    ("resnet18", "uint8_transfer"),
+    ("gpt", "baseline"),  # tied embedding and LM head, AdamW
+    ("transformer", "grad_accumulation"),
+    ("mlp", "eval_no_grad"),
+])
+def test_the_prediction_is_the_measured_breakdown(workload, recipe, cpu, profile):
+    config, spec = get_recipe(recipe).config(profile), resolve_spec(workload, profile)
+    predicted = predict_memory(config, spec, cpu)
+    assert predicted.keys() == {"device", "batch_size", "breakdown_bytes"}, predicted.get("reason")
+    assert predicted["device"] == "cpu" and predicted["batch_size"] == config.step_batch_size(spec)
+    measured = _measured_breakdown(config, spec, cpu)
+    assert measured["total"] > 0 and measured["params"] > 0
+    assert predicted["breakdown_bytes"] == measured
+
+
+@pytest.mark.parametrize(("recipe", "why"), [
+    ("compile", "compiled code"),
+    ("fuse_pointwise_script", "compiled code"),
+    ("fuse_pointwise_compile", "compiled code"),
+    ("anomaly_detection", "anomaly mode"),
+    ("profiler_left_on", "the profiler"),
+    ("ddp_gloo", "data parallelism"),
+    ("data_parallel", "data parallelism"),
+])
+def test_a_setup_fake_tensors_cannot_run_is_not_predicted_but_said_why(recipe, why, cpu, profile, mlp, monkeypatch):
+    monkeypatch.setattr(Training, "__init__", lambda *a, **k: pytest.fail("built a setup it cannot predict"))
+    config = get_recipe(recipe).config(profile)
+    assert unpredictable(config).startswith(why)
+    assert predict_memory(config, mlp, cpu) == {"reason": unpredictable(config)}
+
+
+@pytest.mark.parametrize("recipe", ["compile", "fuse_pointwise_script", "anomaly_detection", "profiler_left_on",
+                                    "ddp_gloo", "data_parallel"])
+def test_without_unpredictable_keeps_the_rest_of_the_setup(recipe, profile):
+    config = get_recipe(recipe).config(profile)
+    nearest = without_unpredictable(config).validate()
+    assert unpredictable(nearest) is None
+    assert (nearest.compile, nearest.fuse_pointwise, nearest.parallel, nearest.debug) == (False, None, None, None)
+    assert (nearest.world_size, nearest.replicas, nearest.dist_backend) == (1, 1, None)
+    assert nearest.step_batch_size(resolve_spec("mlp", profile)) == config.step_batch_size(resolve_spec("mlp", profile))
+
+
+def test_without_unpredictable_keeps_knobs_fake_tensors_can_run(profile):
+    for recipe in ("baseline", "amp_bf16", "checkpointing", "emit_nvtx", "larger_batch"):
+        config = get_recipe(recipe).config(profile)
+        assert unpredictable(config) is None and without_unpredictable(config) == config
+
+
+def _branching_loss(model, batch):
+    loss = classification_loss(model, batch)
+    if loss > 0:  # a question about the data: fake tensors have none
+        return loss
+    return -loss
+
+
+def _random_features(batch_size, gen):
+    return (torch.randn(batch_size, 8, generator=gen, device=gen.device),
+            torch.randint(0, 2, (batch_size,), generator=gen, device=gen.device))
+
+
+BRANCHING = TrainingSpec(name="branching", model=lambda: nn.Linear(8, 2), loss_fn=_branching_loss,
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.01), batch_size=4, batches=_random_features)
+
+
+def test_a_step_that_asks_the_data_a_question_is_not_predicted_but_said_why(cpu, profile):
+    prediction = predict_memory(get_recipe("baseline").config(profile), BRANCHING, cpu)
+    assert list(prediction) == ["reason"]
+    assert prediction["reason"].startswith("FakeTensorMode could not run the step: ")
+    assert "data-dependent" in prediction["reason"]
+    # the same setup trains for real
+    assert _measured_breakdown(get_recipe("baseline").config(profile), BRANCHING, cpu, steps=1)["total"] > 0
+
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+        self.head = nn.Linear(4, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_fake_model_moved_keeps_its_tied_weights_tied():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = _Tied()
+        before = model.embed.weight
+        assert isinstance(before, FakeTensor)
+        moved = module_to(model, "cpu", dtype=torch.float64)
+    assert moved is model
+    assert model.head.weight is model.embed.weight and model.embed.weight is not before  # one new Parameter
+    assert isinstance(model.embed.weight, nn.Parameter) and isinstance(model.embed.weight, FakeTensor)
+    assert model.embed.weight.dtype == torch.float64 and model.embed.weight.requires_grad
+    assert len(list(model.parameters())) == 1
+
+
+def test_a_fake_model_in_channels_last_converts_4d_tensors_only():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+        module_to(model, memory_format=torch.channels_last)  # BatchNorm's 1-D buffers and biases stay as they are
+    conv, bn = model
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+    assert conv.bias.shape == (8,) and bn.running_mean.shape == (8,) and bn.num_batches_tracked.dim() == 0
+
+
+def test_a_real_model_is_moved_by_module_to_itself():
+    model = _Tied()
+    weight = model.embed.weight
+    assert module_to(model, "cpu") is model and model.embed.weight is weight  # Module.to: nothing to move
+
+
+def test_the_runner_records_the_gpu_profiles_prediction_and_checks_the_method_on_the_run(cpu, profile, quick):
+    outcome = Runner(cpu, profile, quick, predict=True).run("baseline", "mlp")
+    predicted = outcome.result.predicted_memory
+    assert predicted["profile"] == "gpu" and predicted["device"] == "cpu"
+    gpu = PROFILES["gpu"]
+    assert predicted["batch_size"] == gpu.batch_size
+    # the same MLP on both profiles: its parameters, gradients and SGD momentum are shape-determined
+    param_bytes = 4 * sum(p.numel() for p in resolve_spec("mlp", gpu).model().parameters())
+    breakdown = predicted["breakdown_bytes"]
+    assert breakdown["params"] == breakdown["grads"] == breakdown["optimizer_state"] == param_bytes
+    assert breakdown["total"] == sum(v for k, v in breakdown.items() if k != "total")  # the split of one peak
+    # the check: the prediction of the setup just measured (CPU profile) against what was measured
+    check = predicted["check"]
+    assert check["profile"] == "cpu" and check["matches"] is True and check["differences"] == {}
+    assert check["predicted_total"] == check["measured_total"] == outcome.result.memory_breakdown_bytes["total"]
+    assert outcome.result.metrics()["predicted_gpu_peak_mib"] == breakdown["total"] / MIB
+    assert outcome.record()["predicted_gpu_peak_mib"] == breakdown["total"] / MIB > 0
+    assert outcome.record()["predicted_memory"] == predicted
+    assert "predict" in outcome.result.phase_seconds
+
+
+def test_a_runner_told_not_to_predict_records_no_prediction(cpu, profile, quick):
+    outcome = Runner(cpu, profile, quick, predict=False).run("baseline", "mlp")
+    assert outcome.result.predicted_memory is None and outcome.record()["predicted_gpu_peak_mib"] is None
+
+
+def test_the_gpu_profile_predicts_more_activations_in_proportion_to_its_inputs(cpu):
+    cpu_profile, gpu = PROFILES["cpu"], PROFILES["gpu"]
+    small, large = (predict_memory(get_recipe("baseline").config(p), resolve_spec("resnet18", p), cpu)["breakdown_bytes"]
+                    for p in (cpu_profile, gpu))
+    for same_model in ("params", "grads", "optimizer_state", "buffers"):
+        assert large[same_model] == small[same_model]
+    assert large["total"] > small["total"]
+    # 32 images of 224 px against 16 of 64 px: the inputs, and every activation with them, grow ~24.5x
+    input_ratio = (gpu.batch_size * gpu.image_size**2) / (cpu_profile.batch_size * cpu_profile.image_size**2)
+    assert input_ratio > 5
+    assert 0.8 * input_ratio < large["activations"] / small["activations"] <= 1.05 * input_ratio
