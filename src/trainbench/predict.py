@@ -82,6 +82,27 @@ class _OneSampleBatches:
         return default_collate([self.sample] * self.batch_size)
 
 
+@contextlib.contextmanager
+def _no_weight_init():
+    """``torch.nn.init``'s in-place initializers as no-ops while a fake model is built.
+
+    Fake weights have no values to initialize, and some initializers test values (``trunc_normal_``
+    resamples until none lies outside its bounds), which fake tensors cannot answer.
+    """
+    import torch.nn.init as init
+
+    names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")
+             and callable(getattr(init, name))]
+    saved = {name: getattr(init, name) for name in names}
+    try:
+        for name in names:
+            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
+
+
 class _PredictedTraining(Training):
     """A ``Training`` whose data never comes from a real loader and whose steps never ask the data a question."""
 
@@ -120,7 +141,9 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
         with mode, contextlib.ExitStack() as stack:
-            training = stack.enter_context(_PredictedTraining(config, spec, backend))
+            with _no_weight_init():
+                training = _PredictedTraining(config, spec, backend)
+            stack.enter_context(training)
             measurement = Measurement(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
             for _ in range(steps):
