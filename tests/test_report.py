@@ -30,6 +30,11 @@ def ladder_benchmark(ladder, rung: int, samples_per_s: float, device: dict) -> d
     }
     if rung:
         info["speedup_vs_baseline"] = samples_per_s / 100.0
+    if rung == 2:  # the GPU profile's memory as trainbench.predict records it (batch 128 at 224 px)
+        info["predicted_memory"] = {"profile": "gpu", "device": "cpu", "batch_size": 128,
+                                    "breakdown_bytes": {"total": 3_210_000_000, "activations": 2_600_000_000}}
+    if rung == 1:
+        info["predicted_memory"] = {"profile": "gpu", "reason": "compiled code ..."}
     return {"name": f"test_ladder[{case}]", "fullname": f"benchmarks/test_recipes.py::test_ladder[{case}]",
             "group": ladder.name, "stats": {"median": 1.0}, "extra_info": info}
 
@@ -84,11 +89,13 @@ def test_table_rows_show_this_machine_next_to_the_article(report):
     assert "| Optimization | Batch | Peak memory (MiB) | Step time ms (median ± IQR) | Samples/s | Rel. to base |" in md
     base = table_row(md, "0. Base_Model")
     assert base[1:6] == ["16", "100.0", "160.0 ± 1.2", "100.0", "1.00x"]
-    assert base[6:11] == ["32", "2.51", "117.1", "273.5", "1.00x"]
-    # rung 2 runs at 2x rung 0's samples/s
+    assert base[6:8] == ["—", "—"]  # no prediction recorded
+    assert base[8:13] == ["32", "2.51", "117.1", "273.5", "1.00x"]
+    # rung 2 runs at 2x rung 0's samples/s; its predicted GPU tensor peak sits next to the article's memory
     bigger = table_row(md, "2. Increase Batch Size")
     assert bigger[5] == "2.00x"
-    assert bigger[6:11] == ["128", "4.95", "232.1", "551.5", "2.02x"]
+    assert bigger[6:13] == ["128", "3.21", "128", "4.95", "232.1", "551.5", "2.02x"]
+    assert table_row(md, "1. Automatic Mixed Precision")[6:8] == ["—", "not predicted"]
 
 
 def test_missing_rung_says_why_and_keeps_the_article_figures(report):
@@ -96,13 +103,13 @@ def test_missing_rung_says_why_and_keeps_the_article_figures(report):
     pinning = table_row(md, "5. Memory Pinning")
     assert pinning[1] == "not run on this device (needs a CUDA device; this run uses cpu (Example CPU 9000))"
     assert pinning[2:6] == ["", "", "", ""]
-    assert pinning[9:11] == ["1381.6", "5.05x"]  # 505% of the article's baseline
+    assert pinning[11:13] == ["1381.6", "5.05x"]  # 505% of the article's baseline
 
 
 def test_article_rungs_without_figures_show_a_dash_and_the_note(report):
     _, _, md = report
     set_to_none = table_row(md, "5. set_to_none")
-    assert set_to_none[9:12] == ["—", "—", "no meaningful change"]
+    assert set_to_none[11:14] == ["—", "—", "no meaningful change"]
 
 
 def test_summary_line_compares_this_machine_with_the_article(report):
