@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -141,7 +142,9 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
         with mode, contextlib.ExitStack() as stack:
-            with _no_weight_init():
+            with _no_weight_init(), warnings.catch_warnings():
+                # The loader is never iterated here: its worker count suits the GPU runner, not this one.
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
                 training = _PredictedTraining(config, spec, backend)
             stack.enter_context(training)
             measurement = Measurement(training, "predicted", "predicted", MeasureSettings(), 0, "")
