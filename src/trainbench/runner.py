@@ -169,7 +169,7 @@ class Runner:
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome
-        if self.predict and outcome.result.world_size == 1:
+        if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             outcome.result.predicted_memory = self._predicted_memory(
                 gpu_recipe or recipe, outcome.baseline_recipe if ladder is None else None, source, user_overrides,
