@@ -37,7 +37,7 @@ def _runner(device: str = "cuda"):
 
     settings = MeasureSettings(min_warmup_steps=5, max_warmup_steps=40, steady_window=3, steady_tolerance=0.10,
                                rounds=4, steps_per_round=5, memory_steps=2)
-    return Runner(get_backend(device), PROFILES["gpu"], settings)
+    return Runner(get_backend(device), PROFILES["gpu"], settings, predict=True)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,8 @@ def _check_outcome(outcome) -> None:
     assert result.samples_per_s and result.samples_per_s > 0
     assert all(t > 0 for t in result.round_step_times_s)
     if result.world_size == 1 and result.config.get("parallel") is None:
-        assert result.kernels_per_step and result.kernels_per_step > 0, "the profiler saw no kernel"
+        if result.config.get("debug") != "profiler":  # a second profiler cannot start: no count, by design
+            assert result.kernels_per_step and result.kernels_per_step > 0, "the profiler saw no kernel"
         assert result.peak_allocated_bytes and result.peak_allocated_bytes > 0
     assert result.final_loss is not None and math.isfinite(result.final_loss)
     mfu = result.metrics()["mfu"]
@@ -73,9 +74,14 @@ def test_multi_gpu_path(runner, workload, recipe):
 
 @pytest.mark.trainbench_min_gpus(2)
 def test_a_case_on_the_second_gpu():
-    second = _runner("cuda:1")
-    assert second.backend.device.index == 1
-    _check_outcome(second.run("amp_fp16", "resnet18"))
+    from trainbench.device import get_backend
+
+    try:
+        second = _runner("cuda:1")
+        assert second.backend.device.index == 1
+        _check_outcome(second.run("amp_fp16", "resnet18"))
+    finally:
+        get_backend("cuda:0")  # the current device back to GPU 0 for the tests after this one
 
 
 # -- self-checks of the method ---------------------------------------------------------------
@@ -130,7 +136,7 @@ def test_grad_scaler_and_guard_gradients_are_finite(runner):
         scale = t.scaler.get_scale()
     assert math.isfinite(scale) and scale > 0
     outcome = runner.run("amp_fp16", "resnet18")
-    grads = [v for v in outcome.guard_verdicts if v.kind == "gradient"]
+    grads = [v for v in outcome.guard_verdicts if v.kind == "gradients"]
     assert grads and all(math.isfinite(v.max_rel_diff) for v in grads)
 
 
