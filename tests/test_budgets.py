@@ -99,6 +99,10 @@ def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
         ('cpu = 1\n', r"\[cpu\] must be a table of cases"),
         ('[cpu\n', r"not valid TOML"),
         ('[cpu."mlp-x"]\nnote = 3\n', r"note = 3: expected a string"),
+        ('[cpuu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[cpuu\].*did you mean \[cpu\]\?"),
+        ('[gpu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[gpu\]: expected cpu, cuda, sm_"),
+        ('[cpu."mlp-x"]\nmax_peak_memory_mib = -5\n', r"max_peak_memory_mib = -5: expected a value >= 0"),
+        ('[cpu."mlp-x"]\nmin_ops_per_step = -100\n', r"min_ops_per_step = -100: expected a value >= 0"),
     ],
 )
 def test_malformed_files_name_the_file_and_entry(tmp_path, text, expected):
@@ -120,3 +124,9 @@ def test_the_shipped_budgets_file_parses():
     assert "resnet18-baseline" in budgets.sections["cpu"]
     assert budgets.sections["sm_70"]["resnet18-amp_fp16"].needs_baseline
 
+
+
+def test_gpu_names_capabilities_and_cuda_are_device_sections(tmp_path):
+    path = write(tmp_path, '["NVIDIA H100 80GB HBM3"."mlp-x"]\nmax_ops_per_step = 3\n[sm_120."mlp-x"]\n'
+                           'max_ops_per_step = 3\n[cuda."mlp-x"]\nmax_ops_per_step = 3\n')
+    assert set(Budgets.load(path).sections) == {"NVIDIA H100 80GB HBM3", "sm_120", "cuda"}

@@ -260,3 +260,60 @@ def test_noise_study_counts_false_alarms_per_threshold(tmp_path, capsys):
     out = capsys.readouterr().out
     # pairs in run order: a->b is 13% slower (an alarm at 10%); b->c is faster (not an alarm); nothing reaches 20%
     assert "false-alarm rate: 1/3 = 33.3% at 10%, 0/3 = 0.0% at 20%" in out
+
+
+# -- the gate fails closed -------------------------------------------------------------------------
+
+def test_a_significance_level_outside_0_1_is_refused(pytester):
+    pytester.makepyfile(test_case=CASE)
+    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-compare-alpha=-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainbench-compare-alpha must be between 0 and 1*got -1.0*"])
+
+
+def test_a_gate_without_a_comparison_is_refused(pytester):
+    pytester.makepyfile(test_case=CASE)
+    result = pytester.runpytest("--trainbench-compare-fail=samples_per_s:10%", *QUICK)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainbench-compare-fail gates a comparison, but no --benchmark-compare*"])
+
+
+def test_a_gate_with_no_saved_run_stops_before_any_case(pytester):
+    pytester.makepyfile(test_case=CASE)
+    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no baseline run to compare with:*no saved runs*--benchmark-save*"])
+    assert "test_steady PASSED" not in result.stdout.str() and not (pytester.path / "verdict.json").exists()
+
+
+@pytest.mark.parametrize(("content", "problem"), [("", "empty file"), ('{"machine_info": {', "not valid JSON"),
+                                                  ('{"machine_info": {}}', "no benchmarks list")])
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_broken_baseline_fails_the_gate_naming_the_file(pytester, content, problem):
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    saved.write_text(content)
+    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*no baseline run to compare with: *0001_base.json: {problem}*"])
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_case_the_baseline_lacks_fails_a_gate_unless_new_cases_are_allowed(pytester):
+    pytester.makepyfile(test_other=CASE.replace("def test_steady", "def test_other"))
+    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*FAIL steady-baseline: not in the baseline run (new case; nothing compared*"])
+    assert json.loads((pytester.path / "verdict.json").read_text())["failed"]
+    allowed = _compare(pytester, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-new-cases")
+    assert allowed.ret == 0, allowed.stdout.str()
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_gated_metric_the_baseline_lacks_fails(pytester):
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    data["benchmarks"][0]["extra_info"]["ops_per_step"] = None
+    saved.write_text(json.dumps(data))
+    result = _compare(pytester, "--trainbench-compare-fail=ops_per_step:0%")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*FAIL steady-baseline ops_per_step: not measured in the baseline run*"])

@@ -18,7 +18,9 @@ for any metric in ``trainbench.result.METRICS``; ``min_speedup`` is
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +118,7 @@ class Budgets:
     def _parse(raw: dict, path: Path) -> dict[str, dict[str, CaseBudget]]:
         sections: dict[str, dict[str, CaseBudget]] = {}
         for device_key, cases in raw.items():
+            _check_device_key(device_key, path)
             if not isinstance(cases, dict):
                 raise BudgetError(f"{path}: [{device_key}] must be a table of cases, got {type(cases).__name__}")
             sections[device_key] = {}
@@ -151,6 +154,9 @@ class Budgets:
                         raise BudgetError(f"{where} {key} = {value!r}: expected a finite number")
                     if relative and value <= 0:
                         raise BudgetError(f"{where} {key} = {value!r}: expected a ratio > 0")
+                    if not relative and value < 0:
+                        raise BudgetError(f"{where} {key} = {value!r}: expected a value >= 0 ({metric} is never "
+                                          "negative, so the bound could only always fail or always pass)")
                     bounds.append(Bound(metric, bound, relative, float(value), key))
                 _check_consistent(bounds, where)
                 sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail, path)
@@ -189,6 +195,16 @@ class Budgets:
             for entry in (self.sections[key].get("*"), self.sections[key].get(case)):
                 thresholds.update((entry.compare_fail or {}) if entry else {})
         return thresholds
+
+
+def _check_device_key(key: str, path: Path) -> None:
+    """A section is ``cpu``, ``cuda``, ``sm_<XY>`` or a GPU's full name; a typo is an error, not a silent skip."""
+    if key in ("cpu", "cuda") or re.fullmatch(r"sm_\d{2,3}", key) or " " in key.strip():
+        return
+    close = difflib.get_close_matches(key, ["cpu", "cuda", "sm_70", "sm_80", "sm_90"], n=1, cutoff=0.6)
+    hint = f"; did you mean [{close[0]}]?" if close else ""
+    raise BudgetError(f"{path}: unknown device section [{key}]: expected cpu, cuda, sm_<major><minor> or a GPU's full "
+                      f"name as torch.cuda.get_device_name() gives it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
 
 
 def _check_consistent(bounds: list[Bound], where: str) -> None:

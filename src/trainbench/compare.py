@@ -86,7 +86,9 @@ class MetricComparison:
     def describe(self) -> str:
         """One line: case, metric, baseline, current, change, statistics, verdict."""
         if self.verdict == "missing":
-            return f"{self.case} {self.metric}: not measured in one of the runs (baseline {self.baseline}, now {self.current})"
+            side = "the baseline run" if self.baseline is None else "this run"
+            return (f"{self.case} {self.metric}: not measured in {side} (baseline {_num(self.baseline)}, now "
+                    f"{_num(self.current)}): nothing to compare")
         stats = ""
         if self.ci is not None:
             stats = f", 95% CI {self.ci[0] - 1:+.1%}..{self.ci[1] - 1:+.1%}, p={self.p_value:.3g}"
@@ -153,12 +155,14 @@ def _read(info: dict, where: str) -> CaseRecord:
 
 
 def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA) -> tuple[dict, list[MetricComparison]]:
+         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False) -> tuple[dict, list[MetricComparison]]:
     """Compare this session's cases with a stored run: the verdict (JSON-ready) and its comparisons.
 
     ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets
     file's thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark.
-    ``thresholds`` None means no gate: the default thresholds are shown, nothing fails.
+    ``thresholds`` None means no gate: the default thresholds are shown, nothing fails. A gate fails
+    closed: a gated metric measured on one side only, and a case the baseline lacks (unless
+    ``allow_new_cases``), fail it, since nothing was compared.
     """
     comparisons, errors, new_cases = [], [], []
     for row in cases:
@@ -176,8 +180,9 @@ def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, th
         limits.update(row.get("compare_fail") or {})
         comparisons += compare_case(current, base, limits, alpha)
     verdict = verdict_json(comparisons, baseline_path, device)
-    verdict.update(gated=thresholds is not None, new_cases=new_cases, errors=errors)
-    verdict["failed"] = bool(errors) or (thresholds is not None and verdict["failed"])
+    verdict.update(gated=thresholds is not None, new_cases=new_cases, new_cases_allowed=allow_new_cases, errors=errors)
+    unchecked = verdict["counts"]["missing"] > 0 or (new_cases and not allow_new_cases)
+    verdict["failed"] = bool(errors) or (thresholds is not None and (verdict["failed"] or unchecked))
     return verdict, comparisons
 
 

@@ -118,6 +118,9 @@ def pytest_addoption(parser):
                     help="significance level of the one-sided rank test on timed metrics (default 0.05)")
     group.addoption("--trainbench-compare-json", default=None, metavar="PATH",
                     help="write the compare verdict of every case and metric as JSON")
+    group.addoption("--trainbench-allow-new-cases", action="store_true",
+                    help="with --trainbench-compare-fail: a case the baseline run does not have passes the gate "
+                         "(default: it fails, since nothing was compared)")
     group.addoption("--trainbench-allow-cross-device", action="store_true",
                     help="allow --benchmark-compare against a run made on another device")
     group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
@@ -192,6 +195,14 @@ def _gate_options(config):
         slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
     except CompareError as e:
         raise pytest.UsageError(f"trainbench: {e}") from None
+    alpha = config.getoption("--trainbench-compare-alpha")
+    if not 0 < alpha < 1:
+        raise pytest.UsageError(f"trainbench: --trainbench-compare-alpha must be between 0 and 1 (a significance "
+                                f"level, e.g. 0.05), got {alpha}")
+    if gate is not None and not config.getoption("benchmark_compare", None):
+        raise pytest.UsageError("trainbench: --trainbench-compare-fail gates a comparison, but no --benchmark-compare "
+                                "was given: add --benchmark-compare (the latest saved run of this device) or "
+                                "--benchmark-compare=NNNN")
     leak = config.getoption("--trainbench-inject-leak-mib")
     if leak < 0:
         raise pytest.UsageError(f"trainbench: --trainbench-inject-leak-mib must be >= 0, got {leak}")
@@ -319,6 +330,48 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
             "(a bare --benchmark-compare picks the latest one), or pass --trainbench-allow-cross-device.")
 
 
+def pytest_sessionstart(session):
+    """A gated comparison with no baseline pytest-benchmark could load stops here, before any case runs:
+    pytest-benchmark only warns ("Can't compare", "Failed to load") and the gate would pass unchecked."""
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    bench_session = getattr(config, "_benchmarksession", None)
+    if state is None or state.compare_fail is None or bench_session is None or bench_session.compared_mapping:
+        return
+    raise pytest.UsageError("trainbench: --trainbench-compare-fail: no baseline run to compare with: "
+                            + _why_no_baseline(config.getoption("benchmark_storage"), bench_session.compare))
+
+
+def _why_no_baseline(storage: str, compare) -> str:
+    """What is wrong with the runs ``--benchmark-compare`` would have loaded, one line."""
+    from pytest_benchmark.utils import get_machine_id
+
+    if "://" in storage and not storage.startswith("file://"):
+        return f"{storage} returned no run{'' if compare is True else f' matching {compare!r}'}"
+    folder = Path(storage.removeprefix("file://")) / get_machine_id()
+    runs = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"), key=lambda p: p.name)
+    if compare is not True:
+        runs = [r for r in runs if r.name.startswith(str(compare)) or r.stem == str(compare)]
+    else:
+        runs = runs[-1:]
+    if not runs:
+        what = "no saved runs" if compare is True else f"no saved run matching {compare!r}"
+        return f"{folder}: {what}; save one first with --benchmark-save=NAME on the baseline code"
+    problems = []
+    for run in runs:
+        try:
+            text = run.read_text(encoding="utf-8")
+            data = json.loads(text) if text.strip() else None
+            if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+                problems.append(f"{run}: {'empty file' if data is None else 'no benchmarks list'}; expected a "
+                                "pytest-benchmark run (--benchmark-save)")
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(f"{run}: cannot read it ({e})")
+        except ValueError as e:
+            problems.append(f"{run}: not valid JSON ({e}; truncated?)")
+    return "; ".join(problems) or f"{runs[-1]}: pytest-benchmark could not load it"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     """With --benchmark-compare: compare every case with the baseline run; fail on a gated regression."""
@@ -332,7 +385,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     path, baseline = list(bench_session.compared_mapping.items())[-1]
     state.comparison, state.comparisons = gate(state.rows, baseline, str(path), state.backend.identity(),
-                                               state.compare_fail, config.getoption("--trainbench-compare-alpha"))
+                                               state.compare_fail, config.getoption("--trainbench-compare-alpha"),
+                                               allow_new_cases=config.getoption("--trainbench-allow-new-cases"))
     json_path = config.getoption("--trainbench-compare-json")
     if json_path:
         from .files import write_json_atomic
@@ -483,10 +537,15 @@ def _write_comparison(terminalreporter, state: SessionState) -> None:
     for line in verdict_table(comparisons):
         terminalreporter.write_line(line)
     for case in verdict["new_cases"]:
-        terminalreporter.write_line(f"{case}: not in the baseline run (new case)")
+        failing = verdict["gated"] and not verdict["new_cases_allowed"]
+        terminalreporter.write_line(f"{'FAIL ' if failing else ''}{case}: not in the baseline run (new case"
+                                    + ("; nothing compared: --trainbench-allow-new-cases lets it pass)" if failing
+                                       else ")"), red=failing)
     for error in verdict["errors"]:
         terminalreporter.write_line(f"ERROR {error}", red=True)
     for c in comparisons:
+        if c.verdict == "missing" and verdict["gated"]:
+            terminalreporter.write_line("FAIL " + c.describe(), red=True)
         if c.verdict == "regressed":
             terminalreporter.write_line(("REGRESSION " if verdict["gated"] else "regressed (not gated): ") + c.describe(),
                                         red=verdict["gated"])
