@@ -299,3 +299,50 @@ def test_a_malformed_budgets_file_beside_the_tests_stops_the_run_before_any_case
     result = pytester.runpytest(*QUICK)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_bogus'*"])
+
+
+OOM = """
+import functools
+
+import torch
+from torch import nn
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.workloads import FakeTokens
+
+CALLS = [0]
+
+
+def loss_that_runs_out_of_memory(model, batch):
+    CALLS[0] += 1
+    if CALLS[0] > 3:  # past the first steps, as a batch that grows its activations would
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (planted)")
+    return classification_loss(model, batch)
+
+
+def spec(loss):
+    return TrainingSpec(name="bag", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
+                        loss_fn=loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                        dataset=lambda: FakeTokens(256, 8, 100), batch_size=16)
+
+
+def test_a_oom(train_bench):
+    train_bench("baseline", spec(loss_that_runs_out_of_memory))
+
+
+def test_b_after(train_bench):
+    train_bench("baseline", spec(classification_loss))
+"""
+
+
+def test_out_of_memory_fails_that_case_alone_and_is_kept_in_the_run(pytester):
+    pytester.makepyfile(test_oom=OOM)
+    result = pytester.runpytest("--benchmark-json=out.json", *QUICK)
+    result.assert_outcomes(passed=1, failed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*trainbench: bag-baseline: out of memory at batch 16: CUDA out of memory. Tried to "
+                                 "allocate 20.00 GiB (planted)*"])
+    result.stdout.fnmatch_lines(["*trainbench summary*", "*FAILED bag-baseline: out of memory at batch 16*"])
+    assert "Traceback" not in result.stdout.str() and "fixture was not used" not in result.stdout.str()
+    data = json.loads((pytester.path / "out.json").read_text())
+    assert [b["name"] for b in data["benchmarks"]] == ["test_b_after"]
+    (failed,) = data["trainbench_failed_cases"]
+    assert failed["case"] == "bag-baseline" and "out of memory at batch 16" in failed["error"]

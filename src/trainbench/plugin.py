@@ -46,6 +46,7 @@ class SessionState:
     comparison: dict | None = None  # the verdict (JSON-ready), filled at session end when --benchmark-compare ran
     comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
     rows: list[dict] = field(default_factory=list)  # one per measured case, for the summary and the gate
+    failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     expect_cuda: bool = False
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
@@ -299,6 +300,13 @@ def _marker_skip_reason(item, state: SessionState) -> str | None:
     return f"{what}: {reason}" if what and reason else reason
 
 
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    """Cases that failed before they had a result are in the saved run too, with why (they have no timing)."""
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.failed_cases:
+        output_json["trainbench_failed_cases"] = list(state.failed_cases)
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):
     """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
     state = config.stash.get(_STATE, None)
@@ -454,6 +462,11 @@ class TrainBench:
     def _finish(self, outcome):
         if outcome.skipped:
             pytest.skip(outcome.skipped)
+        if outcome.error is not None:  # no result to time or store: listed in the summary and the saved run
+            self.state.failed_cases.append({"case": outcome.case, "fullname": self.benchmark.fullname,
+                                            "error": outcome.error})
+            self.benchmark._mode = "trainbench: failed before measuring"  # not pytest-benchmark's "fixture not used"
+            pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
         self._replay_rounds(outcome.result.round_step_times_s, outcome.result.steps_per_round)
         record = outcome.record()
         self.benchmark.extra_info.update(record)
@@ -501,7 +514,7 @@ def train_bench(request, benchmark) -> TrainBench:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE, None)
-    if state is None or not state.rows:
+    if state is None or not (state.rows or state.failed_cases):
         return
     from .report import summary_table
 
@@ -513,6 +526,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
     for line in summary_table(state.rows):
         terminalreporter.write_line(line)
+    for failed in state.failed_cases:
+        terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
     if any(row["speedup"] is not None and not row["paired"] for row in state.rows):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
                                     "(no ratio budget asked for interleaving), so machine drift is in the ratio")

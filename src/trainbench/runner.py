@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from .budgets import Budgets, CaseBudget, Verdict, evaluate
 from .cases import Case
 from .device import Backend
@@ -64,6 +66,7 @@ class CaseOutcome:
     guard_verdicts: list[GuardVerdict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     ladder: dict | None = None
+    error: str | None = None  # the case failed before it had a result (out of memory)
     fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
 
     @property
@@ -169,6 +172,12 @@ class Runner:
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome
+        except torch.OutOfMemoryError as e:
+            # This case alone fails; what it held goes back before the next case measures its peaks.
+            outcome.result = outcome.baseline = None
+            outcome.error = self._out_of_memory(outcome.case, self._config(recipe, overrides), spec, e)
+            outcome.failures.append(outcome.error)
+            return outcome
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             outcome.result.predicted_memory = self._predicted_memory(
@@ -181,6 +190,18 @@ class Runner:
                 "loader-bound baseline's data path would hide (or fake) a compute change")
         self._check_budget(outcome)
         return outcome
+
+    def _out_of_memory(self, case: str, config: TrainConfig, spec: TrainingSpec, error: Exception) -> str:
+        """One line for an out-of-memory case, after giving back what it held."""
+        peak = self.backend.peak_memory().allocated_bytes
+        self.backend.release_memory()
+        total = self.backend.total_memory_bytes()
+        figures = ", ".join(part for part in (
+            f"peak so far {peak / 2**30:.2f} GiB" if peak is not None else "",
+            f"device total {total / 2**30:.2f} GiB" if total is not None else "") if part)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (f"{case}: out of memory at batch {config.step_batch_size(spec)}"
+                + (f" ({figures})" if figures else "") + f": {first[:200]}")
 
     def memory_skip_reason(self, recipe: Recipe, spec: TrainingSpec, overrides: dict) -> str | None:
         """Why a case would run out of this device's memory, from its predicted tensor peak, or None.
