@@ -338,8 +338,8 @@ def test_out_of_memory_fails_that_case_alone_and_is_kept_in_the_run(pytester):
     pytester.makepyfile(test_oom=OOM)
     result = pytester.runpytest("--benchmark-json=out.json", *QUICK)
     result.assert_outcomes(passed=1, failed=1, warnings=1)
-    result.stdout.fnmatch_lines(["*trainbench: bag-baseline: out of memory at batch 16: CUDA out of memory. Tried to "
-                                 "allocate 20.00 GiB (planted)*"])
+    result.stdout.fnmatch_lines([("*trainbench: bag-baseline: out of memory at batch 16: CUDA out of memory. Tried to "
+                                 "allocate 20.00 GiB (planted)*")])
     result.stdout.fnmatch_lines(["*trainbench summary*", "*FAILED bag-baseline: out of memory at batch 16*"])
     assert "Traceback" not in result.stdout.str() and "fixture was not used" not in result.stdout.str()
     data = json.loads((pytester.path / "out.json").read_text())

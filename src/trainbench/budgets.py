@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .device import DeviceCaps
+from .device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
 from .result import METRICS, Result
 
 if sys.version_info >= (3, 11):
@@ -199,12 +198,12 @@ class Budgets:
 
 def _check_device_key(key: str, path: Path) -> None:
     """A section is ``cpu``, ``cuda``, ``sm_<XY>`` or a GPU's full name; a typo is an error, not a silent skip."""
-    if key in ("cpu", "cuda") or re.fullmatch(r"sm_\d{2,3}", key) or " " in key.strip():
+    if is_budget_section(key):
         return
-    close = difflib.get_close_matches(key, ["cpu", "cuda", "sm_70", "sm_80", "sm_90"], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, BUDGET_SECTION_EXAMPLES, n=1, cutoff=0.6)
     hint = f"; did you mean [{close[0]}]?" if close else ""
     raise BudgetError(f"{path}: unknown device section [{key}]: expected cpu, cuda, sm_<major><minor> or a GPU's full "
-                      f"name as torch.cuda.get_device_name() gives it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
+                      f"name as PyTorch reports it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
 
 
 def _check_consistent(bounds: list[Bound], where: str) -> None:

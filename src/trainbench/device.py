@@ -95,6 +95,16 @@ class DeviceCaps:
         return keys + ["cuda"]
 
 
+# Budget-file sections a typo is most likely meant for ("did you mean").
+BUDGET_SECTION_EXAMPLES = ["cpu", "cuda", "sm_70", "sm_80", "sm_90"]
+
+
+def is_budget_section(key: str) -> bool:
+    """A budgets-file section some device answers to (``DeviceCaps.budget_keys``): ``cpu``, ``cuda``,
+    ``sm_<major><minor>``, or a GPU's full name (which always has a space, "Tesla T4", "NVIDIA L4")."""
+    return key in ("cpu", "cuda") or re.fullmatch(r"sm_\d{2,3}", key) is not None or " " in key.strip()
+
+
 @dataclass(frozen=True)
 class PeakMemory:
     """Allocator peaks since the last reset (None where the device has no allocator stats)."""

@@ -25,8 +25,6 @@ import dataclasses
 import warnings
 from collections.abc import Iterator
 
-import torch
-
 from .device import Backend, DeviceCaps
 from .recipes import TrainConfig
 from .spec import TrainingSpec
@@ -90,7 +88,7 @@ def _no_weight_init():
     Fake weights have no values to initialize, and some initializers test values (``trunc_normal_``
     resamples until none lies outside its bounds), which fake tensors cannot answer.
     """
-    import torch.nn.init as init
+    from torch.nn import init
 
     names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")
              and callable(getattr(init, name))]
