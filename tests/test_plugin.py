@@ -1,6 +1,7 @@
 """The pytest plugin, driven through inner pytest sessions (pytester)."""
 
 import json
+import time
 
 import pytest
 
@@ -346,3 +347,40 @@ def test_out_of_memory_fails_that_case_alone_and_is_kept_in_the_run(pytester):
     assert [b["name"] for b in data["benchmarks"]] == ["test_b_after"]
     (failed,) = data["trainbench_failed_cases"]
     assert failed["case"] == "bag-baseline" and "out of memory at batch 16" in failed["error"]
+
+
+HUNG = """
+import functools
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+from trainbench.spec import TrainingSpec, classification_loss
+
+
+class Hangs(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(3600)  # a dataset that never returns (a stuck network read, a deadlocked transform)
+
+
+SPEC = TrainingSpec(name="hung", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
+                    loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                    dataset=Hangs, batch_size=4)
+
+
+def test_hung(train_bench):
+    train_bench("multiprocess_loading", SPEC, loader_timeout_s=1)
+"""
+
+
+def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester):
+    pytester.makepyfile(test_hung=HUNG)
+    started = time.monotonic()
+    result = pytester.runpytest(*QUICK)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*hung-multiprocess_loading: no progress for 1 s in the DataLoader*"])
+    assert time.monotonic() - started < 120  # not forever: the limit, then the workers are shut down

@@ -44,6 +44,7 @@ class TrainConfig:
     batch_size: int | None = None  # samples per optimizer step before batch_multiplier (None: the spec's)
     batch_multiplier: int = 1  # a larger batch: the step trains batch_size x this many samples
     num_workers: int = 0
+    loader_timeout_s: float = 300.0  # with workers: a batch that takes longer fails the case (a hung dataset)
     pin_memory: bool = False
     non_blocking: bool = False
     uint8_transfer: bool = False  # copy uint8 pixels, normalize on the device
@@ -100,6 +101,9 @@ class TrainConfig:
                               ("sdpa_backend", SDPA_BACKENDS)]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if isinstance(self.loader_timeout_s, bool) or not isinstance(self.loader_timeout_s, (int, float)) \
+                or not self.loader_timeout_s > 0:
+            raise ConfigError(f"loader_timeout_s must be a number of seconds > 0, got {self.loader_timeout_s!r}")
         if self.grad_scaler and self.amp is None:
             raise ConfigError("grad_scaler=True needs amp set: gradient scaling only exists for mixed precision")
         if self.channels_last_input and not self.uint8_transfer:

@@ -178,6 +178,15 @@ class Runner:
             outcome.error = self._out_of_memory(outcome.case, self._config(recipe, overrides), spec, e)
             outcome.failures.append(outcome.error)
             return outcome
+        except RuntimeError as e:
+            if "DataLoader timed out" not in str(e):  # torch's message for a worker batch past `timeout`
+                raise
+            outcome.result = outcome.baseline = None
+            outcome.error = (f"{outcome.case}: no progress for {self._config(recipe, overrides).loader_timeout_s:g} s "
+                             "in the DataLoader (a worker did not deliver a batch: a hung dataset or transform); "
+                             "loader_timeout_s sets the limit")
+            outcome.failures.append(outcome.error)
+            return outcome
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             outcome.result.predicted_memory = self._predicted_memory(

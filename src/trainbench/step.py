@@ -193,7 +193,8 @@ class Training:
                 sampler = EndlessSampler(len(dataset), config.seed)
             self.loader = DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
                                      num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
-                                     persistent_workers=config.num_workers > 0)
+                                     persistent_workers=config.num_workers > 0,
+                                     timeout=config.loader_timeout_s if config.num_workers else 0)
 
         model = spec.model()
         if not isinstance(model, torch.nn.Module):
