@@ -66,6 +66,8 @@ class _Cases:
         entry = cache[case]
         if "skip" in entry:
             raise NotImplementedError(entry["skip"])  # asv: skipped, shown as n/a
+        if "error" in entry:
+            raise RuntimeError(entry["error"])  # asv: failed (out of memory, a hung loader)
         if entry.get("guard_failures"):
             raise RuntimeError("; ".join(entry["guard_failures"]))  # asv: failed
         self.metrics = entry["metrics"]

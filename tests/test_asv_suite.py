@@ -79,3 +79,10 @@ def test_every_track_reports_a_known_metric_with_a_unit():
     deterministic = {name for name, metric in METRICS.items() if metric.deterministic}
     assert deterministic <= {t.metric for t in tracks["Memory"] + tracks["Work"]}
     assert all(not METRICS[t.metric].deterministic for t in tracks["Speed"])
+
+
+def test_a_case_that_failed_without_a_result_fails_its_tracks_with_the_reason():
+    module = _asv_module()
+    cache = {"mlp-baseline": {"error": "mlp-baseline: out of memory at batch 16: planted"}}
+    with pytest.raises(RuntimeError, match="out of memory at batch 16"):
+        module.Memory().setup(cache, "mlp-baseline")

@@ -39,7 +39,7 @@ def _not_taken(case: Case, runner, selected: re.Pattern | None, pattern: str | N
 
 
 def measure_all(pattern: str | None = None, budgets_path: Path | str | None = None) -> dict[str, dict]:
-    """Every case id -> {"metrics", "device", "guard_failures"} or {"skip": reason}.
+    """Every case id -> {"metrics", "device", "guard_failures"}, {"skip": reason} or {"error": why it failed}.
 
     ``pattern`` defaults to $TRAINBENCH_ASV_CASES; ``budgets_path`` (the suite's budgets file)
     decides, as in pytest, which cases are timed interleaved with their baseline.
@@ -70,6 +70,9 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
             burned_in = True
         if outcome.skipped:
             results[case.id] = {"skip": f"{case.id}: {outcome.skipped}"}
+            continue
+        if outcome.error is not None:  # out of memory, a hung loader: its tracks fail with the reason
+            results[case.id] = {"error": outcome.error}
             continue
         results[case.id] = {"metrics": outcome.result.metrics(), "device": outcome.result.device,
                             "speedup_vs_baseline": outcome.speedup, "paired": outcome.paired,
