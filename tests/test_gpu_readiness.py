@@ -482,3 +482,18 @@ def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_
     # the step's start, its work, then (with the fault) the device drained before the elapsed time is read:
     # a fraction of the whole step, not of the host's share of it
     assert log == [("clock", 0.0), "optimizer step", *after_the_update]
+
+
+def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile, quick):
+    from trainbench.measure import Measurement
+
+    with step.Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
+        # DataParallel needs 2 GPUs; the pass selection only reads the config, so the CPU setup stands in.
+        training.config = dataclasses.replace(training.config, parallel="dp", replicas=2)
+        m = Measurement(training, "mlp-data_parallel", "data_parallel", quick)
+        m.warm_up(settle=False)
+        m.measure_after_timing()
+    assert set(m.result.phase_seconds) == {"peaks", "calls"}
+    assert m.result.memory_breakdown_bytes == {} and m.result.flops_per_step is None
+    assert m.result.aten_calls_per_step > 0  # the profiler sees every thread
+    assert any("DataParallel: no memory breakdown" in note for note in m.result.notes)
