@@ -317,3 +317,23 @@ def test_a_gated_metric_the_baseline_lacks_fails(pytester):
     result = _compare(pytester, "--trainbench-compare-fail=ops_per_step:0%")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*FAIL steady-baseline ops_per_step: not measured in the baseline run*"])
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_baseline_with_other_thread_settings_is_refused_unless_asked(pytester):
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    data["machine_info"]["trainbench"]["cpu_threads"] = 1  # the baseline ran with OMP_NUM_THREADS=1
+    saved.write_text(json.dumps(data))
+    refused = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*compare runs made with other settings (cpu_threads 1 there, * here)*"])
+    assert _compare(pytester, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-cross-device").ret == 0
+
+
+def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    load = json.loads(saved.read_text())["machine_info"]["trainbench"]["doctor"]["load_average"]
+    assert len(load["start"]) == len(load["end"]) == 3 and all(value >= 0 for value in load["start"] + load["end"])

@@ -252,6 +252,7 @@ class Backend:
             "torch_git": getattr(torch.version, "git_version", None),
             "cpu_model": _cpu_model(),
             "cpu_threads": torch.get_num_threads(),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "python": platform.python_version(),
         }
@@ -407,6 +408,8 @@ class CudaBackend(Backend):
             total_memory_bytes=props.total_memory,
             multiprocessors=props.multi_processor_count,
             tensor_cores=self.capability() >= (7, 0),
+            cuda_matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+            cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
             gpu_count=self.device_count(),
         )
         return ident

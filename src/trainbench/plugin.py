@@ -123,7 +123,8 @@ def pytest_addoption(parser):
                     help="with --trainbench-compare-fail: a case the baseline run does not have passes the gate "
                          "(default: it fails, since nothing was compared)")
     group.addoption("--trainbench-allow-cross-device", action="store_true",
-                    help="allow --benchmark-compare against a run made on another device")
+                    help="allow --benchmark-compare against a run made on another device, or with other thread "
+                         "or float-precision settings")
     group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
                     help="plant a regression to prove the gate: wait this fraction (e.g. 20%%) of every timed step")
     group.addoption("--trainbench-inject-leak-mib", type=float, default=0.0, metavar="MIB",
@@ -215,6 +216,10 @@ def _gate_options(config):
     return gate, fault
 
 
+# Settings recorded with a run's device identity that change what is measured as much as the device does.
+SETUP_KEYS = ("cpu_threads", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32")
+
+
 def _device_of(machine_info: dict | None) -> tuple | None:
     info = (machine_info or {}).get("trainbench")
     return (info.get("kind"), info.get("name")) if isinstance(info, dict) else None
@@ -272,6 +277,8 @@ def _check_runner(state: SessionState) -> None:
 
     checks = run_checks(state.device_spec, expect_cuda=state.expect_cuda)
     state.doctor = doctor_record(checks)
+    if hasattr(os, "getloadavg"):  # a busy machine is the first suspect when numbers move; the end is added at save
+        state.doctor["load_average"] = {"start": list(os.getloadavg())}
     blockers = [line for check, line in zip(checks, format_checks(checks)) if check.status == "FAIL"]
     if blockers and not os.environ.get("TRAINBENCH_IGNORE_DOCTOR"):
         raise pytest.UsageError("trainbench: the runner is not ready (python -m trainbench doctor shows every "
@@ -311,6 +318,8 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
     state = config.stash.get(_STATE, None)
     if state is not None and state.rows:
+        if state.doctor and "load_average" in state.doctor:
+            state.doctor["load_average"]["end"] = list(os.getloadavg())
         machine_info["trainbench"] = {**state.backend.identity(), "doctor": state.doctor}
 
 
@@ -336,6 +345,14 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
             f"trainbench: --benchmark-compare would compare this {mine[1]} ({mine[0]}) with {theirs[1]} ({theirs[0]}); "
             "numbers from different devices are not comparable. Compare with a run of this device "
             "(a bare --benchmark-compare picks the latest one), or pass --trainbench-allow-cross-device.")
+    stored = compared_benchmark["machine_info"]["trainbench"]
+    differ = [f"{key} {stored[key]!r} there, {value!r} here" for key, value in machine_info["trainbench"].items()
+              if key in SETUP_KEYS and key in stored and stored[key] != value]
+    if differ and not config.getoption("--trainbench-allow-cross-device"):
+        raise pytest.UsageError(
+            "trainbench: --benchmark-compare would compare runs made with other settings (" + "; ".join(differ)
+            + "): thread counts and float precision change every number (e.g. OMP_NUM_THREADS=1 halves CPU "
+            "throughput). Rerun with the baseline's settings, or pass --trainbench-allow-cross-device.")
 
 
 def pytest_sessionstart(session):
@@ -521,6 +538,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_sep("=", "trainbench summary")
     backend = state.backend
     terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.runner.profile.name}")
+    load = (state.doctor or {}).get("load_average")
+    if load:
+        terminalreporter.write_line(f"load average (1 min): {load['start'][0]:.2f} at start, "
+                                    f"{os.getloadavg()[0]:.2f} now, on {os.cpu_count()} CPUs")
     for check in (state.doctor or {}).get("checks", []):
         if check["status"] in ("warn", "FAIL"):
             terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
