@@ -337,3 +337,35 @@ def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     load = json.loads(saved.read_text())["machine_info"]["trainbench"]["doctor"]["load_average"]
     assert len(load["start"]) == len(load["end"]) == 3 and all(value >= 0 for value in load["start"] + load["end"])
+
+
+INTERRUPTED = CASE + """
+
+def test_z_terminated(train_bench):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)  # a cancelled CI job, mid-session
+    train_bench("baseline", SPEC)
+"""
+
+
+def test_sigterm_keeps_the_finished_cases_marked_incomplete_and_never_as_the_next_baseline(pytester):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    pytester.makepyfile(test_case=CASE)
+    _save(pytester).assert_outcomes(passed=1)  # 0001: complete
+    pytester.makepyfile(test_case=INTERRUPTED)
+    interrupted = pytester.runpytest("--benchmark-save=base", *QUICK, no_reraise_ctrlc=True)
+    assert interrupted.ret == pytest.ExitCode.INTERRUPTED
+    assert signal.getsignal(signal.SIGTERM) is before  # restored when the session ended
+    [first, second] = sorted(pytester.path.rglob("000*_base.json"))
+    kept = json.loads(second.read_text())
+    assert kept["trainbench_incomplete"] is True
+    assert [b["name"] for b in kept["benchmarks"]] == ["test_steady"]  # the case that finished before SIGTERM
+    assert "trainbench_incomplete" not in json.loads(first.read_text())
+    pytester.makepyfile(test_case=CASE)
+    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*"])

@@ -164,6 +164,14 @@ def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
         errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
         shutil.rmtree(out_dir, ignore_errors=True)
         raise RuntimeError(f"{job['case']}: {what} failed:\n{errors or e}") from None
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: no rank outlives it, no temp folder stays
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+        for process in context.processes:
+            process.join(timeout=10)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     return Path(out_dir)
 
 

@@ -49,6 +49,8 @@ class SessionState:
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     expect_cuda: bool = False
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
+    previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
     _backend: object = None
     _runner: object = None
@@ -87,6 +89,9 @@ class SessionState:
 
 
 _STATE = pytest.StashKey[SessionState]()
+# pytest_keyboard_interrupt gets no config: the state of the session running now.
+_SESSION_STATE: list[SessionState] = []
+INCOMPLETE_KEY = "trainbench_incomplete"
 _BUDGETS_PATH = pytest.StashKey[Path | None]()
 
 
@@ -155,6 +160,7 @@ def pytest_configure(config):
         budgets_override=_budgets_override(config),
         expect_cuda=config.getoption("--trainbench-expect-cuda"),
     )
+    _SESSION_STATE[:] = [state]
     if device_spec not in ("", "auto"):
         try:  # an explicit device that is not there is a set-up error, not a skip
             state.backend  # noqa: B018
@@ -240,17 +246,21 @@ def _compare_with_this_device(config, state: SessionState) -> None:
 
     folder = Path(storage.removeprefix("file://")) / get_machine_id()
     runs = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"), key=lambda p: p.name)
-    devices = {}
+    devices, incomplete = {}, set()
     for run in runs:
         try:
-            devices[run] = _device_of(json.loads(run.read_text(encoding="utf-8")).get("machine_info"))
+            data = json.loads(run.read_text(encoding="utf-8"))
+            devices[run] = _device_of(data.get("machine_info"))
+            if data.get(INCOMPLETE_KEY):
+                incomplete.add(run)
         except (OSError, ValueError, AttributeError):
             devices[run] = None  # pytest-benchmark reports an unreadable run itself
     if not runs or devices[runs[-1]] is None:
         return  # a plain pytest-benchmark run (or none): its usual behaviour
     mine = (state.backend.kind, state.backend.name)
-    if devices[runs[-1]] != mine:
-        same_device = [run for run in runs if devices[run] == mine]
+    if devices[runs[-1]] != mine or runs[-1] in incomplete:
+        # An interrupted run is never the baseline of a bare compare (name it to compare with it anyway).
+        same_device = [run for run in runs if devices[run] == mine and run not in incomplete]
         if same_device:
             config.option.benchmark_compare = str(same_device[-1])
 
@@ -259,6 +269,7 @@ def pytest_collection_modifyitems(config, items):
     state = config.stash[_STATE]
     if any("train_bench" in getattr(item, "fixturenames", ()) for item in items):
         _check_runner(state)
+        _stop_cleanly_on_sigterm(state)
     for item in items:
         reason = _marker_skip_reason(item, state)
         if reason:
@@ -267,6 +278,38 @@ def pytest_collection_modifyitems(config, items):
             path = state.budgets_override or _discover_budgets(Path(item.path), Path(config.rootpath))
             state.budgets(path)  # loaded (and checked) at collection: a broken file stops the run before any case
             item.stash[_BUDGETS_PATH] = path
+
+
+def _stop_cleanly_on_sigterm(state: SessionState) -> None:
+    """SIGTERM (a CI job cancelled, a timeout) ends the session as Ctrl-C does: the case running stops, its
+    setup closes (loader workers end), and the cases already measured are saved, marked incomplete.
+    Without this, the default action kills the process with nothing written."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    state.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_keyboard_interrupt(excinfo):
+    state = _SESSION_STATE[0] if _SESSION_STATE else None
+    if state is not None:
+        state.interrupted = True
+
+
+def pytest_unconfigure(config):
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.previous_sigterm is not None:
+        import signal
+
+        signal.signal(signal.SIGTERM, state.previous_sigterm)
+    if _SESSION_STATE and _SESSION_STATE[0] is state:
+        _SESSION_STATE.clear()
 
 
 def _check_runner(state: SessionState) -> None:
@@ -312,6 +355,8 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     state = config.stash.get(_STATE, None)
     if state is not None and state.failed_cases:
         output_json["trainbench_failed_cases"] = list(state.failed_cases)
+    if state is not None and state.interrupted:
+        output_json[INCOMPLETE_KEY] = True  # kept, but a bare --benchmark-compare never takes it as the baseline
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
