@@ -271,8 +271,7 @@ def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] |
             continue
         key = (case.workload, config.pixels)
         if key not in samples:
-            dataset = spec.dataset(pixels=config.pixels) if config.pixels else spec.dataset()
-            samples[key] = _sample_nbytes(dataset[0])
+            samples[key] = _sample_nbytes(spec.make_dataset(config.pixels)[0])
         batch_bytes = samples[key] * config.loader_batch_size(spec)
         workers = config.num_workers * config.world_size  # each rank starts its own workers
         needed = host.shm_needed_bytes(batch_bytes, workers)

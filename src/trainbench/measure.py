@@ -401,8 +401,9 @@ class Measurement:
 
     # The fields the memory and work passes fill: exact functions of code and shapes (allocator
     # peaks nearly so), the same whenever the same setup is measured in one process.
-    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "reserved_between_steps_bytes", "memory_breakdown_bytes",
-                   "memory_growth_bytes_per_step", "graph_nodes_growth_per_step", "flops_per_step", "ops_per_step",
+    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "reserved_between_steps_bytes",
+                   "memory_breakdown_bytes", "memory_growth_bytes_per_step", "graph_nodes_growth_per_step",
+                   "flops_per_step", "ops_per_step",
                    "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "top_ops",
                    "peak_tflops", "peak_precision")
 

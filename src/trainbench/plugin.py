@@ -240,12 +240,10 @@ def _compare_with_this_device(config, state: SessionState) -> None:
     storage = config.getoption("benchmark_storage", None)
     if config.getoption("benchmark_compare", None) is not True or not storage:
         return
-    if "://" in storage and not storage.startswith("file://"):
+    saved = _saved_runs(storage)
+    if saved is None:
         return  # elasticsearch keys runs by machine_info itself
-    from pytest_benchmark.utils import get_machine_id
-
-    folder = Path(storage.removeprefix("file://")) / get_machine_id()
-    runs = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"), key=lambda p: p.name)
+    _, runs = saved
     devices, incomplete = {}, set()
     for run in runs:
         try:
@@ -412,14 +410,22 @@ def pytest_sessionstart(session):
                             + _why_no_baseline(config.getoption("benchmark_storage"), bench_session.compare))
 
 
-def _why_no_baseline(storage: str, compare) -> str:
-    """What is wrong with the runs ``--benchmark-compare`` would have loaded, one line."""
+def _saved_runs(storage: str) -> tuple[Path, list[Path]] | None:
+    """pytest-benchmark's folder of runs for this machine and its runs, oldest first (None: not file storage)."""
+    if "://" in storage and not storage.startswith("file://"):
+        return None
     from pytest_benchmark.utils import get_machine_id
 
-    if "://" in storage and not storage.startswith("file://"):
-        return f"{storage} returned no run{'' if compare is True else f' matching {compare!r}'}"
     folder = Path(storage.removeprefix("file://")) / get_machine_id()
-    runs = sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"), key=lambda p: p.name)
+    return folder, sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json"), key=lambda p: p.name)
+
+
+def _why_no_baseline(storage: str, compare) -> str:
+    """What is wrong with the runs ``--benchmark-compare`` would have loaded, one line."""
+    saved = _saved_runs(storage)
+    if saved is None:
+        return f"{storage} returned no run{'' if compare is True else f' matching {compare!r}'}"
+    folder, runs = saved
     if compare is not True:
         runs = [r for r in runs if r.name.startswith(str(compare)) or r.stem == str(compare)]
     else:

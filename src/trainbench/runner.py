@@ -107,6 +107,14 @@ class CaseOutcome:
         return case_record(self.result, **fields)
 
 
+def _failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:
+    """A case that ended before it had a result: no numbers, one line saying why."""
+    outcome.result = outcome.baseline = None
+    outcome.error = error
+    outcome.failures.append(error)
+    return outcome
+
+
 class Runner:
     """Runs cases on one device and profile, keeping same-session baselines and guard references."""
 
@@ -114,6 +122,7 @@ class Runner:
                  require_budgets: bool = False, predict: bool = False):
         self.backend = backend
         self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.predict)
+        self._predictions: dict[tuple, dict] = {}  # by (profile, spec, config): ladders and the GPU memory gate repeat
         self.caps = backend.caps()
         self.profile = profile
         self.settings = settings
@@ -174,19 +183,15 @@ class Runner:
             return outcome
         except torch.OutOfMemoryError as e:
             # This case alone fails; what it held goes back before the next case measures its peaks.
-            outcome.result = outcome.baseline = None
-            outcome.error = self._out_of_memory(outcome.case, self._config(recipe, overrides), spec, e)
-            outcome.failures.append(outcome.error)
-            return outcome
+            return _failed_without_result(outcome, self._out_of_memory(outcome.case, self._config(recipe, overrides),
+                                                                       spec, e))
         except RuntimeError as e:
             if "DataLoader timed out" not in str(e):  # torch's message for a worker batch past `timeout`
                 raise
-            outcome.result = outcome.baseline = None
-            outcome.error = (f"{outcome.case}: no progress for {self._config(recipe, overrides).loader_timeout_s:g} s "
-                             "in the DataLoader (a worker did not deliver a batch: a hung dataset or transform); "
-                             "loader_timeout_s sets the limit")
-            outcome.failures.append(outcome.error)
-            return outcome
+            return _failed_without_result(outcome, (
+                f"{outcome.case}: no progress for {self._config(recipe, overrides).loader_timeout_s:g} s in the "
+                "DataLoader (a worker did not deliver a batch: a hung dataset or transform); loader_timeout_s sets "
+                "the limit"))
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             outcome.result.predicted_memory = self._predicted_memory(
@@ -221,10 +226,10 @@ class Runner:
         total = self.backend.total_memory_bytes()
         if total is None:
             return None
-        from .predict import HEADROOM, predict_memory, without_unpredictable
+        from .predict import HEADROOM, without_unpredictable
 
         config = without_unpredictable(self._config(recipe, overrides))
-        predicted = predict_memory(config, spec, self.backend).get("breakdown_bytes")
+        predicted = self._predict(self.profile.name, config, spec).get("breakdown_bytes")
         if predicted and predicted["total"] * HEADROOM > total:
             return (f"{recipe.name}: needs ~{predicted['total'] * HEADROOM / 2**30:.1f} GiB (predicted tensor peak "
                     f"{predicted['total'] / 2**30:.1f} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
@@ -235,7 +240,6 @@ class Runner:
                           config: TrainConfig, spec: TrainingSpec, result: Result) -> dict:
         """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
         the prediction of the setup just measured against its measured breakdown (and allocator peak)."""
-        from .predict import predict_memory
         from .recipes import ConfigError
         from .workloads import PROFILES
 
@@ -246,11 +250,10 @@ class Runner:
             gpu_config = gpu_recipe.config(gpu, **{**judged, **user_overrides})
         except ConfigError as e:
             return {"profile": "gpu", "reason": f"no GPU-profile setup: {e}"}
-        predicted = {"profile": "gpu", **predict_memory(gpu_config, gpu_spec, self.backend)}
+        predicted = {"profile": "gpu", **self._predict("gpu", gpu_config, gpu_spec)}
         if "breakdown_bytes" not in predicted:
             return predicted
-        here = predicted if self.profile.name == "gpu" and gpu_config == config else predict_memory(config, spec,
-                                                                                                    self.backend)
+        here = self._predict(self.profile.name, config, spec)
         measured = result.memory_breakdown_bytes
         if "breakdown_bytes" in here and measured:
             differences = {k: [here["breakdown_bytes"].get(k, 0), v] for k, v in measured.items()
@@ -259,6 +262,15 @@ class Runner:
                                   "measured_total": measured.get("total"), "matches": not differences,
                                   "differences": differences, "peak_allocated_bytes": result.peak_allocated_bytes}
         return predicted
+
+    def _predict(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> dict:
+        """``predict.predict_memory``, once per setup in a session (a second or more each)."""
+        from .predict import predict_memory
+
+        key = (profile_name, spec.name, config)
+        if key not in self._predictions:
+            self._predictions[key] = predict_memory(config, spec, self.backend)
+        return self._predictions[key]
 
     def case_skip_reason(self, case: Case) -> str | None:
         """Why this device cannot run a suite case, known without building it (a rung needs what its own step needs)."""

@@ -88,6 +88,10 @@ class TrainingSpec:
         """Whether ``optimizer`` takes ``argument`` (``foreach``, ``fused``) by keyword."""
         return accepts_keyword(self.optimizer, argument)
 
+    def make_dataset(self, pixels: str | None = None) -> Dataset:
+        """The spec's dataset, serving ``pixels`` (a format of ``self.pixels``) where asked, its own samples otherwise."""
+        return self.dataset(pixels=pixels) if pixels else self.dataset()
+
     def pixel_normalize(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.normalize or normalize_uint8
 

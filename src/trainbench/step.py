@@ -181,7 +181,7 @@ class Training:
 
         self.loader = None
         if not self.synthetic:
-            dataset = spec.dataset(pixels=config.pixels) if config.pixels else spec.dataset()
+            dataset = spec.make_dataset(config.pixels)
             if config.parallel == "ddp":
                 import torch.distributed as dist
 
@@ -335,12 +335,10 @@ class Training:
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
-        if not self.config.deterministic:
-            return self._step(micro_batches)
         try:
             return self._step(micro_batches)
         except RuntimeError as e:
-            if "deterministic" not in str(e):
+            if not self.config.deterministic or "deterministic" not in str(e):
                 raise
             raise NotApplicable(f"an op of the model has no deterministic kernel here: {str(e).splitlines()[0]}") from e
 
