@@ -55,11 +55,49 @@ def test_a_consistent_20_percent_slowdown_regresses_and_says_so():
     assert "regressed (threshold 5.0%)" in line
 
 
-def test_a_change_beyond_the_threshold_that_noise_explains_is_noisy():
+def test_a_change_beyond_the_threshold_that_noise_explains_is_inconclusive():
     base = run_of(step_ms=(10, 14, 8, 12, 9, 15, 11))
     cur = run_of(step_ms=(11, 15, 9, 14, 10, 16, 12))  # ~8% slower, rounds overlap
     [c] = compare_case(cur, base, {"step_time_ms": 0.05})
-    assert c.verdict == "noisy" and c.p_value >= 0.05
+    assert c.verdict == "inconclusive" and c.p_value >= 0.05
+    assert "not significant over the rounds (p=" in c.reason and c.describe().endswith(c.reason)
+
+
+def _loaded(record: CaseRecord, other_cpus: float) -> CaseRecord:
+    load = {"cpus": 2, "seconds": 10.0, "other_cpus": other_cpus, "load_average_1m": [3.9, 4.1]}
+    return CaseRecord(record.case, record.metrics, record.round_step_times_s, record.samples_per_step,
+                      raw={"machine_load": load})
+
+
+def test_a_significant_slowdown_on_a_busy_machine_is_inconclusive_and_fails_only_a_strict_gate():
+    slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
+    [busy] = compare_case(_loaded(slow, 1.1), run_of(), {"samples_per_s": 0.05})
+    assert busy.verdict == "inconclusive" and busy.p_value < 0.01
+    assert busy.reason == "busy machine: other processes used 1.10 of 2 CPUs while it ran, load average 3.90 -> 4.10"
+    [quiet] = compare_case(_loaded(slow, 0.05), run_of(), {"samples_per_s": 0.05})
+    assert quiet.verdict == "regressed"  # a quiet machine's slowdown stands
+    [faster] = compare_case(_loaded(run_of(step_ms=[7.0] * 7), 1.1), run_of(), {"samples_per_s": 0.05})
+    assert faster.verdict == "improved"  # a busy machine only makes runs slower
+
+    from trainbench.compare import gate
+
+    rows = [{"fullname": "t", "record": _loaded(slow, 1.1)}]
+    baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
+                                     "samples_per_s": run_of().metrics["samples_per_s"],
+                                     "round_step_times_s": run_of().round_step_times_s}}}
+    lenient, _ = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05})
+    strict, _ = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05}, strict=True)
+    assert lenient["counts"]["inconclusive"] == 1 and not lenient["failed"]
+    assert strict["failed"] and strict["strict"]
+
+
+def test_an_unchanged_median_against_a_baseline_scattered_beyond_the_threshold_is_inconclusive():
+    base = run_of(step_ms=(10, 14, 8, 12, 9, 15, 11))  # IQR/median ~36%
+    [c] = compare_case(run_of(step_ms=(11, 11, 11, 11, 11, 11, 11)), base, {"step_time_ms": 0.10})
+    assert c.verdict == "inconclusive"
+    assert c.reason.startswith("baseline too noisy for a 10% gate: IQR/median ") and "(rounds 8..15)" in c.reason
+    [ok] = compare_case(run_of(step_ms=(11, 11, 11, 11, 11, 11, 11)), base, {"step_time_ms": 0.50})
+    assert ok.verdict == "unchanged"  # a 50% gate is supported by the same rounds
 
 
 def test_faster_rounds_are_an_improvement():
@@ -106,6 +144,7 @@ import torch
 from torch import nn
 
 from trainbench.device import CpuBackend
+from trainbench.host import LoadMeter
 from trainbench.spec import TrainingSpec, classification_loss
 from trainbench.workloads import FakeTokens
 
@@ -140,6 +179,9 @@ SPEC = TrainingSpec(
 @pytest.fixture(autouse=True)
 def virtual_time(monkeypatch):
     monkeypatch.setattr(CpuBackend, "clock", staticmethod(CLOCK.read))
+    # The machine is virtual too: a quiet one, whatever else runs beside these tests.
+    monkeypatch.setattr(LoadMeter, "stop", lambda self: {"cpus": 2, "seconds": 1.0, "other_cpus": 0.0,
+                                                          "load_average_1m": [1.0, 1.0]})
     monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
 
 

@@ -59,6 +59,8 @@ class Verdict:
     measured: float | None
     ok: bool
     message: str
+    # A timed bound missed on rounds that cannot show it (noise, a busy machine): why (trainbench.noise).
+    inconclusive: str | None = None
 
 
 @dataclass(frozen=True)

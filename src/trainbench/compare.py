@@ -6,11 +6,14 @@ present in both runs and each gated metric:
 - **timed metrics** (samples/s, step time) are compared over the rounds of both runs:
   the change of the medians, a one-sided Mann-Whitney U test that the current rounds
   are worse (better), and a bootstrap confidence interval of the ratio. A change beyond
-  the threshold is a regression only if it is also significant; otherwise it is *noisy*;
+  the threshold is a regression only if it is also significant and neither run was
+  measured on a busy machine (``trainbench.noise``); otherwise it is *inconclusive*, as is
+  an unchanged median against a baseline whose rounds scatter more than the threshold;
 - **deterministic metrics** (memory breakdown, FLOPs, bytes, ops, syncs) and single-value
   metrics are compared as values against the threshold (0% = exactly).
 
-Verdicts: improved / unchanged / regressed / noisy (beyond the threshold, not significant).
+Verdicts: improved / unchanged / regressed / inconclusive (with its reason) / missing. Inconclusive
+verdicts pass the gate, reported, unless it is strict (``strict``: then they fail it too).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .noise import baseline_too_noisy, busy_reason, median_ratio_interval
 from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
 
 ALIASES = {"peak_memory": "peak_memory_mib", "step_time": "step_time_ms", "memory": "tracked_peak_mib"}
@@ -75,9 +79,10 @@ class MetricComparison:
     current: float | None
     change: float | None  # relative change, signed as measured (+ = larger value)
     threshold: float
-    verdict: str  # improved | unchanged | regressed | noisy | missing
+    verdict: str  # improved | unchanged | regressed | inconclusive | missing
     p_value: float | None = None  # one-sided test in the direction of the change
     ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
+    reason: str | None = None  # why inconclusive
 
     @property
     def unit(self) -> str:
@@ -93,7 +98,8 @@ class MetricComparison:
         if self.ci is not None:
             stats = f", 95% CI {self.ci[0] - 1:+.1%}..{self.ci[1] - 1:+.1%}, p={self.p_value:.3g}"
         return (f"{self.case} {self.metric}: {_num(self.baseline)} -> {_num(self.current)} {self.unit} "
-                f"({self.change:+.1%}{stats}) {self.verdict} (threshold {self.threshold:.1%})")
+                f"({self.change:+.1%}{stats}) {self.verdict} (threshold {self.threshold:.1%})"
+                + (f": {self.reason}" if self.reason else ""))
 
 
 def _num(value) -> str:
@@ -117,13 +123,20 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
     cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
     if metric in TIMED_METRICS and len(cur_rounds) >= 3 and len(base_rounds) >= 3:
         p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
-        if worse > threshold:
-            verdict, p = ("regressed" if p_worse < alpha else "noisy"), p_worse
-        elif -worse > threshold:
-            verdict, p = ("improved" if p_better < alpha else "noisy"), p_better
+        reason = None
+        if worse > threshold or -worse > threshold:
+            p = p_worse if worse > 0 else p_better
+            verdict = "regressed" if worse > 0 else "improved"
+            if p >= alpha:
+                reason = f"beyond the threshold but not significant over the rounds (p={p:.3g} >= {alpha:g})"
+            elif verdict == "regressed":  # a slower run on a loaded machine says nothing about the code
+                reason = "; ".join(r for r in (busy_reason(current.machine_load), busy_reason(baseline.machine_load))
+                                   if r) or None
         else:
             verdict, p = "unchanged", min(p_worse, p_better)
-        return MetricComparison(current.case, metric, base, cur, change, threshold, verdict, p, ci)
+            reason = baseline_too_noisy(metric, base_rounds, threshold)
+        return MetricComparison(current.case, metric, base, cur, change, threshold,
+                                "inconclusive" if reason else verdict, p, ci, reason)
     slack = max(threshold, EXACT)
     verdict = "regressed" if worse > slack else "improved" if -worse > slack else "unchanged"
     return MetricComparison(current.case, metric, base, cur, change, threshold, verdict)
@@ -131,20 +144,13 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
 
 def _round_statistics(cur: list[float], base: list[float], higher_is_better: bool):
     """One-sided Mann-Whitney p-values (worse, better) and a bootstrap CI of median(cur) / median(base)."""
-    import numpy as np
     from scipy import stats
 
     worse_side = "less" if higher_is_better else "greater"
     better_side = "greater" if higher_is_better else "less"
     p_worse = float(stats.mannwhitneyu(cur, base, alternative=worse_side).pvalue)
     p_better = float(stats.mannwhitneyu(cur, base, alternative=better_side).pvalue)
-
-    def ratio(c, b, axis=-1):
-        return np.median(c, axis=axis) / np.median(b, axis=axis)
-
-    boot = stats.bootstrap((np.asarray(cur), np.asarray(base)), ratio, vectorized=True, paired=False,
-                           n_resamples=2000, method="percentile", rng=np.random.default_rng(0))
-    return p_worse, p_better, (float(boot.confidence_interval.low), float(boot.confidence_interval.high))
+    return p_worse, p_better, median_ratio_interval(cur, base, paired=False)
 
 
 def _read(info: dict, where: str) -> CaseRecord:
@@ -155,14 +161,16 @@ def _read(info: dict, where: str) -> CaseRecord:
 
 
 def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False) -> tuple[dict, list[MetricComparison]]:
+         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, strict: bool = False
+         ) -> tuple[dict, list[MetricComparison]]:
     """Compare this session's cases with a stored run: the verdict (JSON-ready) and its comparisons.
 
     ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets
     file's thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark.
     ``thresholds`` None means no gate: the default thresholds are shown, nothing fails. A gate fails
     closed: a gated metric measured on one side only, and a case the baseline lacks (unless
-    ``allow_new_cases``), fail it, since nothing was compared.
+    ``allow_new_cases``), fail it, since nothing was compared. ``strict``: an inconclusive timed
+    verdict (noise, a busy machine) fails it too.
     """
     comparisons, errors, new_cases = [], [], []
     for row in cases:
@@ -180,8 +188,10 @@ def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, th
         limits.update(row.get("compare_fail") or {})
         comparisons += compare_case(current, base, limits, alpha)
     verdict = verdict_json(comparisons, baseline_path, device)
-    verdict.update(gated=thresholds is not None, new_cases=new_cases, new_cases_allowed=allow_new_cases, errors=errors)
-    unchecked = verdict["counts"]["missing"] > 0 or (new_cases and not allow_new_cases)
+    verdict.update(gated=thresholds is not None, new_cases=new_cases, new_cases_allowed=allow_new_cases, errors=errors,
+                   strict=strict)
+    unchecked = (verdict["counts"]["missing"] > 0 or (new_cases and not allow_new_cases)
+                 or (strict and verdict["counts"]["inconclusive"] > 0))
     verdict["failed"] = bool(errors) or (thresholds is not None and (verdict["failed"] or unchecked))
     return verdict, comparisons
 
@@ -189,7 +199,7 @@ def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, th
 def verdict_json(comparisons: list[MetricComparison], baseline_path: str, current_device: dict) -> dict:
     """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
     counts = {v: sum(1 for c in comparisons if c.verdict == v)
-              for v in ("regressed", "noisy", "improved", "unchanged", "missing")}
+              for v in ("regressed", "inconclusive", "improved", "unchanged", "missing")}
     return {
         "baseline": baseline_path,
         "device": current_device,

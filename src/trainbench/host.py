@@ -130,3 +130,69 @@ def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
 def cublas_workspace_config(environ: Mapping[str, str]) -> str | None:
     """CUBLAS_WORKSPACE_CONFIG as set for this process (None: unset)."""
     return environ.get("CUBLAS_WORKSPACE_CONFIG") or None
+
+
+def busy_cpu_seconds(cpus: set[int], stat_text: str) -> float | None:
+    """CPU seconds the given cores have spent busy since boot, from ``/proc/stat`` text (None: no such lines).
+
+    Busy = user + nice + system + irq + softirq + steal (guest time is already inside user).
+    """
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, found = 0, False
+    for line in stat_text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
+            continue
+        fields = [int(x) for x in rest.split()]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        total += user + nice + system + irq + softirq + steal
+        found = True
+    return total / tick if found else None
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds this process and its waited-for children (loader workers, rank processes) have used."""
+    import resource
+
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+class LoadMeter:
+    """How much of this process's cores *other* processes used while something ran, and the load average.
+
+    Others' CPU = the cores' busy time (``/proc/stat``) minus this process tree's own (``getrusage``),
+    over the wall time: a CPU hog beside a run shows as ~1 CPU of 2, the run's own threads and loader
+    workers not at all (they are waited for before ``stop``). Off Linux only the load average is kept.
+    """
+
+    def __init__(self, stat_path: str = "/proc/stat", clock=None):
+        import time
+
+        self._stat_path = stat_path
+        self._clock = clock or time.monotonic
+        self._cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(usable_cpus()))
+        self._start: tuple | None = None
+
+    def _read(self) -> tuple[float, float | None, float, list[float] | None]:
+        try:
+            busy = busy_cpu_seconds(self._cpus, Path(self._stat_path).read_text())
+        except OSError:
+            busy = None
+        load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        return self._clock(), busy, own_cpu_seconds(), load
+
+    def start(self) -> LoadMeter:
+        self._start = self._read()
+        return self
+
+    def stop(self) -> dict:
+        """{"cpus", "seconds", "other_cpus" (None off Linux), "load_average_1m": [start, end]}."""
+        (t0, busy0, own0, load0), (t1, busy1, own1, load1) = self._start, self._read()
+        wall = max(t1 - t0, 1e-9)
+        other = None
+        if busy0 is not None and busy1 is not None:
+            other = max(0.0, ((busy1 - busy0) - (own1 - own0)) / wall)
+        return {"cpus": len(self._cpus), "seconds": round(wall, 3),
+                "other_cpus": None if other is None else round(other, 3),
+                "load_average_1m": [load0[0], load1[0]] if load0 and load1 else None}

@@ -32,6 +32,11 @@ class NoBudgetWarning(UserWarning):
     """A case ran with no budget for this device: nothing was checked."""
 
 
+class InconclusiveTimingWarning(UserWarning):
+    """A timed budget missed on rounds that cannot show the miss (noise, a busy machine), measured twice:
+    reported, not failed (``--trainbench-strict-timing`` fails it)."""
+
+
 @dataclass
 class SessionState:
     device_spec: str
@@ -39,6 +44,7 @@ class SessionState:
     run_slow: bool
     predict_memory: bool
     require_budgets: bool
+    strict_timing: bool
     settings_overrides: dict
     budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
     compare_fail: dict | None = None  # the regression gate (trainbench.compare.parse_spec)
@@ -47,6 +53,7 @@ class SessionState:
     comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
     rows: list[dict] = field(default_factory=list)  # one per measured case, for the summary and the gate
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
+    inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     expect_cuda: bool = False
     interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
@@ -73,7 +80,7 @@ class SessionState:
             name = self.backend.profile_name if self.profile_name == "auto" else self.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **self.settings_overrides)
             self._runner = Runner(self.backend, PROFILES[name], settings, self.fault, self.require_budgets,
-                                  predict=self.predict_memory)
+                                  predict=self.predict_memory, strict_timing=self.strict_timing)
         return self._runner
 
     def budgets(self, path: Path | None):
@@ -109,6 +116,9 @@ def pytest_addoption(parser):
                          f"{BUDGETS_FILE} nearest to each test file)")
     group.addoption("--trainbench-require-budgets", action="store_true",
                     help="fail a case that has no budget for this device instead of warning")
+    group.addoption("--trainbench-strict-timing", action="store_true",
+                    help="fail timed checks that are inconclusive (rounds too noisy to judge, or other processes "
+                         "loading the machine) instead of reporting them: for dedicated benchmark machines")
     group.addoption("--trainbench-slow", action="store_true", help="also run cases marked trainbench_slow")
     group.addoption("--trainbench-no-predict", action="store_true",
                     help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
@@ -156,6 +166,7 @@ def pytest_configure(config):
         predict_memory=not (config.getoption("--trainbench-no-predict")
                             or os.environ.get("TRAINBENCH_PREDICT_MEMORY", "").strip() == "0"),
         require_budgets=config.getoption("--trainbench-require-budgets"),
+        strict_timing=config.getoption("--trainbench-strict-timing"),
         settings_overrides=overrides,
         budgets_override=_budgets_override(config),
         expect_cuda=config.getoption("--trainbench-expect-cuda"),
@@ -462,7 +473,8 @@ def pytest_sessionfinish(session, exitstatus):
     path, baseline = list(bench_session.compared_mapping.items())[-1]
     state.comparison, state.comparisons = gate(state.rows, baseline, str(path), state.backend.identity(),
                                                state.compare_fail, config.getoption("--trainbench-compare-alpha"),
-                                               allow_new_cases=config.getoption("--trainbench-allow-new-cases"))
+                                               allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
+                                               strict=state.strict_timing)
     json_path = config.getoption("--trainbench-compare-json")
     if json_path:
         from .files import write_json_atomic
@@ -548,6 +560,9 @@ class TrainBench:
                 not v.ok for v in outcome.guard_verdicts) else ""),
             "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
             "compare_fail": self.budgets.compare_thresholds(self.state.runner.caps, outcome.case)})
+        for line in outcome.inconclusive:
+            self.state.inconclusive.append(line)
+            warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
         if outcome.budget is None and not self.state.require_budgets:
             warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),
                           stacklevel=3)
@@ -600,6 +615,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(line)
     for failed in state.failed_cases:
         terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
+    for line in state.inconclusive:
+        terminalreporter.write_line(f"INCONCLUSIVE {line} (measured twice; not failed: --trainbench-strict-timing "
+                                    "fails it)", yellow=True)
     if any(row["speedup"] is not None and not row["paired"] for row in state.rows):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
                                     "(no ratio budget asked for interleaving), so machine drift is in the ratio")
@@ -631,6 +649,10 @@ def _write_comparison(terminalreporter, state: SessionState) -> None:
     for error in verdict["errors"]:
         terminalreporter.write_line(f"ERROR {error}", red=True)
     for c in comparisons:
+        if c.verdict == "inconclusive":
+            strict = verdict["gated"] and verdict.get("strict")
+            terminalreporter.write_line(("FAIL (strict) " if strict else "INCONCLUSIVE ") + c.describe(),
+                                        red=strict, yellow=not strict)
         if c.verdict == "missing" and verdict["gated"]:
             terminalreporter.write_line("FAIL " + c.describe(), red=True)
         if c.verdict == "regressed":

@@ -112,6 +112,8 @@ class Result:
     peak_precision: str | None = None  # the precision whose peak MFU divides by (tf32 where fp32 may use it)
     final_loss: float | None = None
     notes: list[str] = field(default_factory=list)
+    # Other processes' CPU use and the load average while the case was measured (trainbench.host.LoadMeter).
+    machine_load: dict | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
 
     # -- derived timing -------------------------------------------------------------
@@ -221,6 +223,7 @@ def case_record(result: Result, **case_fields) -> dict:
         "final_loss": result.final_loss,
         "device": result.device,
         "notes": result.notes,
+        "machine_load": result.machine_load,
         "phase_seconds": result.phase_seconds,
         **case_fields,
     }
@@ -269,6 +272,11 @@ class CaseRecord:
                    bool(paired) if paired is not None else None,
                    info.get("profile"), ladder if isinstance(ladder, dict) else None,
                    info.get("device") if isinstance(info.get("device"), dict) else None, info)
+
+    @property
+    def machine_load(self) -> dict | None:
+        load = self.raw.get("machine_load")
+        return load if isinstance(load, dict) else None
 
     def per_round(self, metric: str) -> list[float]:
         """A timed metric round by round (step time in ms, samples/s)."""

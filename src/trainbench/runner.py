@@ -79,8 +79,18 @@ class CaseOutcome:
     def budget_status(self) -> str:
         if self.budget is None:
             return "FAIL" if self.budget_required else "none"
-        failed = sum(not v.ok for v in self.budget_verdicts)
-        return f"FAIL {failed}/{len(self.budget_verdicts)}" if failed else f"ok {len(self.budget_verdicts)}"
+        failed = sum(not v.ok and v.inconclusive is None for v in self.budget_verdicts)
+        unsure = sum(v.inconclusive is not None for v in self.budget_verdicts)
+        n = len(self.budget_verdicts)
+        if failed:
+            return f"FAIL {failed}/{n}"
+        return f"ok {n - unsure}, {unsure} inconclusive" if unsure else f"ok {n}"
+
+    @property
+    def inconclusive(self) -> list[str]:
+        """One line per timed budget the rounds could not judge (noise, a busy machine)."""
+        return [f"{self.case} [{self.budget.device_key}]: inconclusive: {v.message}: {v.inconclusive}"
+                for v in self.budget_verdicts if v.inconclusive is not None]
 
     def record(self) -> dict:
         """The case's serialized form (pytest-benchmark extra_info, asv, the gate, the report)."""
@@ -90,10 +100,11 @@ class CaseOutcome:
             fields["budget"] = {"status": "none", "reason": self.budget_missing}
         else:
             fields["budget"] = {
-                "status": "fail" if any(not v.ok for v in self.budget_verdicts) else "pass",
+                "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.budget_verdicts) else
+                           "inconclusive" if any(v.inconclusive for v in self.budget_verdicts) else "pass"),
                 "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
                 "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
-                            "message": v.message} for v in self.budget_verdicts],
+                            "message": v.message, "inconclusive": v.inconclusive} for v in self.budget_verdicts],
             }
         if self.guard_verdicts:
             fields["guard"] = {
@@ -119,8 +130,13 @@ class Runner:
     """Runs cases on one device and profile, keeping same-session baselines and guard references."""
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
-                 require_budgets: bool = False, predict: bool = False):
+                 require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
+                 remeasure_inconclusive: int = 1):
         self.backend = backend
+        # A timed budget the rounds cannot judge is measured again (at most this many times), then reported as
+        # inconclusive; ``strict_timing`` fails it instead.
+        self.strict_timing = strict_timing
+        self.remeasure_inconclusive = remeasure_inconclusive
         self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.predict)
         self._predictions: dict[tuple, dict] = {}  # by (profile, spec, config): ladders and the GPU memory gate repeat
         self.caps = backend.caps()
@@ -173,7 +189,7 @@ class Runner:
         budgets = budgets or Budgets.empty()
         outcome.budget, outcome.budget_missing = budgets.lookup(self.caps, case)
         try:  # what only the built model tells (for the case or its baseline) skips the case
-            self._measure_with_baseline(outcome, spec, overrides)
+            self._measure_loaded(outcome, spec, overrides)
             if outcome.baseline_recipe is not None:
                 started = time.perf_counter()
                 outcome.guard_verdicts = self._guard(outcome, spec, overrides)
@@ -203,7 +219,38 @@ class Runner:
                 f"judged against {base.name} with both on {judged_on['synthetic']}-side synthetic batches: the "
                 "loader-bound baseline's data path would hide (or fake) a compute change")
         self._check_budget(outcome)
+        for attempt in range(self.remeasure_inconclusive):
+            if not outcome.inconclusive:
+                break
+            self._remeasure(outcome, spec, overrides, attempt + 1)
         return outcome
+
+    def _measure_loaded(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict) -> None:
+        """Measure the case and its baseline, recording what other processes used of the machine meanwhile."""
+        from .host import LoadMeter
+
+        meter = LoadMeter().start()
+        self._measure_with_baseline(outcome, spec, overrides)
+        load = meter.stop()
+        for result in (outcome.result, outcome.baseline):  # a baseline from earlier in the session keeps its own
+            if result is not None and result.machine_load is None:
+                result.machine_load = load
+
+    def _remeasure(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict, attempt: int) -> None:
+        """Measure an inconclusive case again (timing, memory and work) and judge it on the new measurement.
+
+        The guard verdicts and the GPU prediction do not depend on timing and are kept."""
+        why = "; ".join(dict.fromkeys(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive))
+        first = outcome.result
+        lines = {f"{outcome.case} [{outcome.budget.device_key}]: {v.message}" for v in outcome.budget_verdicts}
+        outcome.failures = [f for f in outcome.failures if f not in lines]
+        self._measure_loaded(outcome, spec, overrides)
+        outcome.result.predicted_memory = first.predicted_memory
+        outcome.result.phase_seconds.update({k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")})
+        outcome.result.notes.append(
+            f"measured again (attempt {attempt + 1}): the first measurement's timed budgets were inconclusive ({why}; "
+            f"{first.samples_per_s or 0:.4g} samples/s, rounds {', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")
+        self._check_budget(outcome)
 
     def _out_of_memory(self, case: str, config: TrainConfig, spec: TrainingSpec, error: Exception) -> str:
         """One line for an out-of-memory case, after giving back what it held."""
@@ -420,6 +467,24 @@ class Runner:
                 outcome.budget_required = True
                 outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
             return
-        outcome.budget_verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
+        outcome.budget_verdicts = [self._judged(v, outcome) for v in
+                                   evaluate(outcome.budget, outcome.result, outcome.baseline)]
         outcome.failures += [f"{outcome.case} [{outcome.budget.device_key}]: {v.message}"
-                             for v in outcome.budget_verdicts if not v.ok]
+                             for v in outcome.budget_verdicts if not v.ok and v.inconclusive is None]
+
+    def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
+        """A missed timed bound whose rounds cannot show the miss (``noise.inconclusive_reason``) is inconclusive,
+        unless ``strict_timing``; deterministic bounds stand as evaluated."""
+        from dataclasses import replace
+
+        from .noise import inconclusive_reason, per_round
+
+        b = verdict.bound
+        if verdict.ok or verdict.measured is None or self.strict_timing:
+            return verdict
+        result, base = outcome.result, outcome.baseline if b.relative else None
+        current = per_round(b.metric, result.metrics().get(b.metric), result.round_step_times_s)
+        reference = per_round(b.metric, base.metrics().get(b.metric), base.round_step_times_s) if base else None
+        reason = inconclusive_reason(b.metric, b.limit, verdict.measured, current, reference, outcome.paired,
+                                     [result.machine_load] + ([base.machine_load] if base else []))
+        return replace(verdict, inconclusive=reason) if reason else verdict
