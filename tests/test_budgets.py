@@ -130,3 +130,16 @@ def test_gpu_names_capabilities_and_cuda_are_device_sections(tmp_path):
     path = write(tmp_path, '["NVIDIA H100 80GB HBM3"."mlp-x"]\nmax_ops_per_step = 3\n[sm_120."mlp-x"]\n'
                            'max_ops_per_step = 3\n[cuda."mlp-x"]\nmax_ops_per_step = 3\n')
     assert set(Budgets.load(path).sections) == {"NVIDIA H100 80GB HBM3", "sm_120", "cuda"}
+
+
+def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_path):
+    from trainbench.cases import known_case_ids
+
+    known = known_case_ids()
+    assert "gelu_mlp-baseline" in known and "resnet18-ladder003-3_larger_batch" in known
+    typo = Budgets.load(write(tmp_path, '[cpu."gelu_mlp-basline"]\nmax_ops_per_step = 3\n'))
+    with pytest.raises(BudgetError, match=r'\[cpu\."gelu_mlp-basline"\] names no case; did you mean "gelu_mlp-baseline"'):
+        typo.check_case_ids(known)
+    fine = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\n[cpu."gelu_mlp-baseline"]\n'
+                                        'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'))
+    fine.check_case_ids(known)  # the suite's, the wildcard, and a user's own case (known only when it runs)

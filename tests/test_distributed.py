@@ -3,8 +3,9 @@
 import dataclasses
 
 import pytest
+import torch
 
-from trainbench.distributed import measure_ddp
+from trainbench.distributed import ProcessFailed, measure_ddp
 from trainbench.guards import compare_gradients, first_step_gradients
 from trainbench.recipes import TrainConfig, get_recipe
 from trainbench.spec import SpecError
@@ -44,3 +45,36 @@ def test_a_spec_the_ranks_cannot_import_is_a_clear_error(cpu, profile, mlp, quic
     local = dataclasses.replace(mlp, name="made_in_a_function")
     with pytest.raises(SpecError, match="bind it to a module-level name"):
         measure_ddp(TrainConfig(parallel="ddp", world_size=2), local, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
+
+
+class _HangsOnRank1(torch.utils.data.Dataset):
+    """Rank 1's data never arrives (a stuck read on one node); rank 0 trains on and waits in the all-reduce."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        import time
+
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 1:
+            time.sleep(3600)
+        return self.items[i]
+
+
+HANGS_ON_RANK_1 = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="hangs_on_rank_1",
+                                      dataset=lambda: _HangsOnRank1(resolve_spec("mlp", PROFILES["cpu"]).dataset()))
+
+
+def test_a_rank_that_stops_making_progress_fails_the_case_within_the_limit(cpu, profile, quick):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(ProcessFailed, match=r"(?s)x-ddp_gloo: a DDP rank failed.*no progress for 3 s in"):
+        measure_ddp(TrainConfig(parallel="ddp", world_size=2), HANGS_ON_RANK_1, cpu, profile,
+                    dataclasses.replace(quick, no_progress_s=3), "x-ddp_gloo", "ddp_gloo")
+    assert time.monotonic() - started < 180  # the limit and interpreter start-up, never the hour rank 1 sleeps

@@ -105,6 +105,19 @@ def test_malformed_budgets_file_fails_at_start_up(pytester):
     result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_ops_per_stepp'*"])
 
 
+def test_a_budget_entry_one_typo_from_a_case_fails_at_start_up_and_a_case_of_ones_own_stands(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    path = budgets(pytester, '[cpu."mlp-basline"]\nmax_ops_per_step = 1000\n')
+    result = pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *QUICK)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([(f'*trainbench: {path}: [[]cpu."mlp-basline"[]] names no case; did you mean '
+                                  '"mlp-baseline"?*')])
+    path = budgets(pytester, '[cpu."mlp-baseline"]\nmax_ops_per_step = 1000\n'
+                             '[cpu."my_own_spec-my_own_recipe"]\nmax_ops_per_step = 1000\n')
+    pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *QUICK).assert_outcomes(passed=1,
+                                                                                              deselected=3)
+
+
 def test_case_without_budget_runs_and_says_so(pytester):
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("-k", "baseline", *QUICK)
@@ -384,3 +397,33 @@ def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*hung-multiprocess_loading: no progress for 1 s in the DataLoader*"])
     assert time.monotonic() - started < 120  # not forever: the limit, then the workers are shut down
+
+
+HUNG_IN_MAIN = HUNG.replace('train_bench("multiprocess_loading", SPEC, loader_timeout_s=1)',
+                            'train_bench("baseline", SPEC)') + """
+
+def test_z_after(train_bench):
+    import dataclasses
+    from trainbench.workloads import FakeTokens
+
+    train_bench("baseline", dataclasses.replace(SPEC, name="fine", dataset=lambda: FakeTokens(64, 8, 100)))
+"""
+
+
+def test_a_case_hung_in_the_main_process_fails_alone_after_the_progress_limit_and_the_session_goes_on(pytester):
+    pytester.makepyfile(test_hung=HUNG_IN_MAIN)
+    started = time.monotonic()
+    result = pytester.runpytest(*QUICK, "--trainbench-timeout=2", "--benchmark-json=out.json")
+    result.assert_outcomes(failed=1, passed=1)
+
+
+    assert time.monotonic() - started < 120  # 2 s, not the hour the dataset sleeps
+    failed = json.loads((pytester.path / "out.json").read_text())["trainbench_failed_cases"]
+    assert [f["case"] for f in failed] == ["hung-baseline"]
+
+
+def test_a_negative_timeout_is_refused(pytester):
+    pytester.makepyfile(test_hung=HUNG_IN_MAIN)
+    result = pytester.runpytest(*QUICK, "--trainbench-timeout=-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got -1.0*"])

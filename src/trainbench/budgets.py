@@ -163,6 +163,21 @@ class Budgets:
                 sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail, path)
         return sections
 
+    def check_case_ids(self, known: set[str]) -> None:
+        """A case id that is no case but one edit away from a known one is a typo: ``BudgetError`` with "did you
+        mean". ``known``: every case id this session could produce that is knowable before it runs (the suite's,
+        the built-in workload x recipe pairs, the collected parameter ids). Other ids stand: a user's own spec or
+        recipe names its case only when it runs, and gets "no budget for ..." then if nothing matches."""
+        for device_key, cases in self.sections.items():
+            for case in cases:
+                if case == "*" or case in known:
+                    continue
+                close = difflib.get_close_matches(case, known, n=1, cutoff=0.9)
+                if close:
+                    raise BudgetError(f"{self.path}: [{device_key}.\"{case}\"] names no case; did you mean "
+                                      f"\"{close[0]}\"? (case ids are <workload>-<recipe> or a ladder rung's id, as "
+                                      "the summary table lists them)")
+
     def device_keys(self, caps: DeviceCaps) -> list[str]:
         """The device's classes this file has a section for, most specific first."""
         return [k for k in caps.budget_keys if k in self.sections]

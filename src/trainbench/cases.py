@@ -84,5 +84,13 @@ def ladder_cases() -> list[Case]:
             for ladder in LADDERS.values() for i in range(len(ladder.steps))]
 
 
+def known_case_ids() -> set[str]:
+    """Every case id knowable without running anything: the suite's and each built-in workload x recipe pair."""
+    from .recipes import RECIPES
+    from .workloads import WORKLOADS
+
+    return {case.id for case in all_cases()} | {f"{w}-{r}" for w in WORKLOADS for r in RECIPES}
+
+
 def all_cases() -> list[Case]:
     return recipe_cases() + ladder_cases()

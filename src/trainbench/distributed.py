@@ -25,6 +25,7 @@ there, and says so.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import json
 import os
@@ -43,9 +44,14 @@ from .measure import Measurement, MeasureSettings
 from .recipes import TrainConfig
 from .result import Result
 from .spec import SpecError, TrainingSpec
+from .watchdog import suspended, watch
 from .workloads import PROFILES, WORKLOADS, Profile, resolve_spec
 
 JOIN_TIMEOUT_S = 900
+
+
+class ProcessFailed(RuntimeError):
+    """A rank or fresh process ended with an error; the message has its traceback."""
 
 
 def spec_reference(spec: TrainingSpec) -> str:
@@ -96,12 +102,14 @@ def _worker(rank: int, job: dict, out_dir: str) -> None:
         if distributed:
             dist_backend = config.dist_backend or backend.default_dist_backend
             # NCCL bound to this rank's GPU up front (no guessing from the current device, no context on GPU 0).
+            # A collective that waits longer than the case's progress limit for a peer raises instead of hanging.
             dist.init_process_group(dist_backend, init_method=f"file://{out / 'rendezvous'}", rank=rank,
-                                    world_size=world, device_id=backend.device if dist_backend == "nccl" else None)
+                                    world_size=world, device_id=backend.device if dist_backend == "nccl" else None,
+                                    timeout=datetime.timedelta(seconds=job["settings"]["no_progress_s"] or 1800))
         profile = PROFILES[job["profile"]]
         spec = load_spec(job["spec"], profile)
         settings = MeasureSettings(**job["settings"])
-        with Training(config, spec, backend) as training:
+        with watch(settings.no_progress_s), Training(config, spec, backend) as training:
             if job["want_grads"]:
                 # First-step gradients from the seeded weights, after DDP's all-reduce (the guard's input).
                 training.forward_backward(training.fetch(training.batches()))
@@ -155,15 +163,16 @@ def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
     context = mp.spawn(_worker, args=(job, out_dir), nprocs=nprocs, join=False)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     try:
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):  # returns as each process exits
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                raise RuntimeError(f"still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
+        with suspended():  # the processes watch their own progress; the deadline bounds the wait for them
+            while not context.join(timeout=max(1.0, deadline - time.monotonic())):  # returns as each one exits
+                if time.monotonic() > deadline:
+                    for process in context.processes:
+                        process.kill()
+                    raise RuntimeError(f"still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
     except (RuntimeError, ProcessException) as e:
         errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
         shutil.rmtree(out_dir, ignore_errors=True)
-        raise RuntimeError(f"{job['case']}: {what} failed:\n{errors or e}") from None
+        raise ProcessFailed(f"{job['case']}: {what} failed:\n{errors or e}") from None
     except BaseException:  # Ctrl-C or SIGTERM in the parent: no rank outlives it, no temp folder stays
         for process in context.processes:
             if process.is_alive():

@@ -37,6 +37,7 @@ from .device import Backend
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 from .result import Result
 from .step import Training
+from .watchdog import phase
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,15 @@ class MeasureSettings:
     # Exactly min_warmup_steps (+ the recipe's extra), no settling windows: ranks of a
     # process group must run the same number of steps, or their collectives deadlock.
     fixed_warmup: bool = False
+    # A case that makes no progress (no step, no batch) for this long fails alone (trainbench.watchdog);
+    # 0: no limit. Generous: torch.compile's first step and cuDNN autotuning are progress-free minutes.
+    no_progress_s: float = 600.0
 
 
 DEFAULT_SETTINGS = {
     "cpu": MeasureSettings(),
     "gpu": MeasureSettings(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05,
-                           rounds=10, steps_per_round=10, memory_steps=3),
+                           rounds=10, steps_per_round=10, memory_steps=3, no_progress_s=1200.0),
 }
 
 
@@ -184,6 +188,10 @@ class Measurement:
 
     def warm_up(self, settle: bool = True) -> None:
         """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
+        with phase(f"{self.result.recipe}'s warm-up"):
+            self._warm_up(settle)
+
+    def _warm_up(self, settle: bool) -> None:
         s, timer = self.settings, self.backend.timer
         start = timer()
         self.timed_step()
@@ -230,7 +238,8 @@ class Measurement:
                 wait_in_rounds += self._wait_s - before
                 counted += 1
 
-        times = runner(step, s.rounds, s.steps_per_round, self.backend.timer)
+        with phase(f"{self.result.recipe}'s timed rounds"):
+            times = runner(step, s.rounds, s.steps_per_round, self.backend.timer)
         self.result.rounds = len(times)
         self.result.round_step_times_s = list(times)
         self.result.data_wait_s = wait_in_rounds
@@ -239,10 +248,11 @@ class Measurement:
         """One more timed round, appended to the result (for interleaved A/B timing)."""
         s, timer = self.settings, self.backend.timer
         before = self._wait_s
-        start = timer()
-        for _ in range(s.steps_per_round):
-            self.timed_step()
-        self.result.round_step_times_s.append((timer() - start) / s.steps_per_round)
+        with phase(f"{self.result.recipe}'s timed rounds"):
+            start = timer()
+            for _ in range(s.steps_per_round):
+                self.timed_step()
+            self.result.round_step_times_s.append((timer() - start) / s.steps_per_round)
         self.result.rounds = len(self.result.round_step_times_s)
         self.result.data_wait_s += self._wait_s - before
 
@@ -265,7 +275,8 @@ class Measurement:
                                      "are invisible to dispatch modes); allocator peaks are the first GPU's")
         for name, run in passes:
             started = time.perf_counter()
-            run()
+            with phase(f"{self.result.recipe}'s {name} pass"):
+                run()
             self.result.phase_seconds[name] = time.perf_counter() - started
 
     # -- 3. memory ----------------------------------------------------------------

@@ -126,6 +126,9 @@ def pytest_addoption(parser):
     group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
     group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
     group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
+    group.addoption("--trainbench-timeout", type=float, default=None, metavar="SECONDS",
+                    help="fail a case that makes no progress (no training step, no batch) for this long, and go on "
+                         "with the next (default: 600 on the cpu profile, 1200 on gpu; 0: no limit)")
     group.addoption("--trainbench-compare-fail", default=None, metavar="SPEC",
                     help="with --benchmark-compare: fail the session when a case regressed beyond METRIC:THRESHOLD "
                          "(e.g. samples_per_s:5%%,peak_memory:2%%,deterministic:0%%); timed metrics must also be "
@@ -158,6 +161,11 @@ def pytest_configure(config):
     for name, value in overrides.items():
         if value is not None and value < 1:
             raise pytest.UsageError(f"trainbench: --trainbench-{name.replace('_', '-')} must be >= 1, got {value}")
+    timeout = config.getoption("--trainbench-timeout")
+    if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
+        raise pytest.UsageError(f"trainbench: --trainbench-timeout must be a number of seconds >= 0 (0: no limit), "
+                                f"got {timeout}")
+    overrides["no_progress_s"] = timeout
     device_spec = config.getoption("--trainbench-device")
     state = config.stash[_STATE] = SessionState(
         device_spec=device_spec,
@@ -279,6 +287,7 @@ def pytest_collection_modifyitems(config, items):
     if any("train_bench" in getattr(item, "fixturenames", ()) for item in items):
         _check_runner(state)
         _stop_cleanly_on_sigterm(state)
+    paths = set()
     for item in items:
         reason = _marker_skip_reason(item, state)
         if reason:
@@ -287,6 +296,24 @@ def pytest_collection_modifyitems(config, items):
             path = state.budgets_override or _discover_budgets(Path(item.path), Path(config.rootpath))
             state.budgets(path)  # loaded (and checked) at collection: a broken file stops the run before any case
             item.stash[_BUDGETS_PATH] = path
+            paths.add(path)
+    if any(path is not None for path in paths):
+        _check_budget_case_ids(state, paths, items)
+
+
+def _check_budget_case_ids(state: SessionState, paths: set, items) -> None:
+    """A budgets entry one typo away from a case id fails the session at start-up, not silently at the end."""
+    from .budgets import BudgetError
+    from .cases import known_case_ids
+
+    known = known_case_ids() | {part for item in items if hasattr(item, "callspec")
+                                for part in item.callspec.id.split("-")} | {
+        item.callspec.id for item in items if hasattr(item, "callspec")}
+    for path in paths:
+        try:
+            state.budgets(path).check_case_ids(known)
+        except BudgetError as e:
+            raise pytest.UsageError(f"trainbench: {e}") from None
 
 
 def _stop_cleanly_on_sigterm(state: SessionState) -> None:

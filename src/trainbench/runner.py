@@ -24,6 +24,7 @@ import torch
 from .budgets import Budgets, CaseBudget, Verdict, evaluate
 from .cases import Case
 from .device import Backend
+from .distributed import ProcessFailed
 from .guards import GuardVerdict
 from .ladders import LADDERS
 from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
@@ -31,6 +32,7 @@ from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, judging_ove
 from .result import Result, case_record
 from .spec import TrainingSpec
 from .step import InjectedFault, Training
+from .watchdog import NoProgress, phase, watch
 from .workloads import Profile, SpecSource, resolve_spec
 
 
@@ -189,11 +191,17 @@ class Runner:
         budgets = budgets or Budgets.empty()
         outcome.budget, outcome.budget_missing = budgets.lookup(self.caps, case)
         try:  # what only the built model tells (for the case or its baseline) skips the case
-            self._measure_loaded(outcome, spec, overrides)
-            if outcome.baseline_recipe is not None:
-                started = time.perf_counter()
-                outcome.guard_verdicts = self._guard(outcome, spec, overrides)
-                outcome.result.phase_seconds["guard"] = time.perf_counter() - started
+            with watch(self.settings.no_progress_s):
+                self._measure_loaded(outcome, spec, overrides)
+                if outcome.baseline_recipe is not None:
+                    started = time.perf_counter()
+                    with phase("the correctness guard"):
+                        outcome.guard_verdicts = self._guard(outcome, spec, overrides)
+                    outcome.result.phase_seconds["guard"] = time.perf_counter() - started
+        except NoProgress as e:  # a hung dataset, lock or wait: this case fails alone, the session goes on
+            return _failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
+        except ProcessFailed as e:  # a rank or fresh process crashed or hung: its traceback, this case alone fails
+            return _failed_without_result(outcome, str(e))
         except NotApplicable as e:
             outcome.skipped = f"{recipe.name}: {e}"
             return outcome
@@ -222,7 +230,12 @@ class Runner:
         for attempt in range(self.remeasure_inconclusive):
             if not outcome.inconclusive:
                 break
-            self._remeasure(outcome, spec, overrides, attempt + 1)
+            try:
+                with watch(self.settings.no_progress_s):
+                    self._remeasure(outcome, spec, overrides, attempt + 1)
+            except NoProgress as e:
+                return _failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
+                                                       "(--trainbench-timeout sets the limit)")
         return outcome
 
     def _measure_loaded(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict) -> None:

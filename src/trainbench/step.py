@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 from .device import Backend, host_profiler_activities, set_cudnn_benchmark
 from .recipes import OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
 from .spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
+from .watchdog import beat
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -255,7 +256,9 @@ class Training:
 
     def fetch(self, batches: Iterator) -> list:
         """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""
-        return [next(batches) for _ in range(self.config.accumulation_steps)]
+        micro_batches = [next(batches) for _ in range(self.config.accumulation_steps)]
+        beat()  # progress for the case's watchdog (trainbench.watchdog)
+        return micro_batches
 
     def h2d_bytes(self, micro_batches: list) -> int:
         """Bytes one step's data crosses from the host to the device (none when made on the device)."""
@@ -336,7 +339,9 @@ class Training:
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
         try:
-            return self._step(micro_batches)
+            loss = self._step(micro_batches)
+            beat()
+            return loss
         except RuntimeError as e:
             if not self.config.deterministic or "deterministic" not in str(e):
                 raise
