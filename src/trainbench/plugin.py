@@ -306,9 +306,7 @@ def _check_budget_case_ids(state: SessionState, paths: set, items) -> None:
     from .budgets import BudgetError
     from .cases import known_case_ids
 
-    known = known_case_ids() | {part for item in items if hasattr(item, "callspec")
-                                for part in item.callspec.id.split("-")} | {
-        item.callspec.id for item in items if hasattr(item, "callspec")}
+    known = known_case_ids() | {item.callspec.id for item in items if hasattr(item, "callspec")}
     for path in paths:
         try:
             state.budgets(path).check_case_ids(known)
