@@ -88,6 +88,11 @@ class CaseOutcome:
             return f"FAIL {failed}/{n}"
         return f"ok {n - unsure}, {unsure} inconclusive" if unsure else f"ok {n}"
 
+    def budget_failures(self) -> list[str]:
+        """One line per budget bound this case failed (inconclusive ones are not failures)."""
+        return [f"{self.case} [{self.budget.device_key}]: {v.message}" for v in self.budget_verdicts
+                if not v.ok and v.inconclusive is None]
+
     @property
     def inconclusive(self) -> list[str]:
         """One line per timed budget the rounds could not judge (noise, a busy machine)."""
@@ -255,8 +260,8 @@ class Runner:
         The guard verdicts and the GPU prediction do not depend on timing and are kept."""
         why = "; ".join(dict.fromkeys(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive))
         first = outcome.result
-        lines = {f"{outcome.case} [{outcome.budget.device_key}]: {v.message}" for v in outcome.budget_verdicts}
-        outcome.failures = [f for f in outcome.failures if f not in lines]
+        judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
+        outcome.failures = [f for f in outcome.failures if f not in judged_before]
         self._measure_loaded(outcome, spec, overrides)
         outcome.result.predicted_memory = first.predicted_memory
         outcome.result.phase_seconds.update({k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")})
@@ -482,8 +487,7 @@ class Runner:
             return
         outcome.budget_verdicts = [self._judged(v, outcome) for v in
                                    evaluate(outcome.budget, outcome.result, outcome.baseline)]
-        outcome.failures += [f"{outcome.case} [{outcome.budget.device_key}]: {v.message}"
-                             for v in outcome.budget_verdicts if not v.ok and v.inconclusive is None]
+        outcome.failures += outcome.budget_failures()
 
     def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
         """A missed timed bound whose rounds cannot show the miss (``noise.inconclusive_reason``) is inconclusive,
