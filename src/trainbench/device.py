@@ -8,6 +8,7 @@ every device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -120,6 +121,7 @@ class Backend:
     kind: str = "abstract"
     counts_kernels = False  # the profiler sees this device's kernels
     default_dist_backend = "gloo"  # torch.distributed backend for ranks on this device kind
+    profiler_sort_key = "self_cpu_time_total"  # the operators' table of a profile trace, heaviest first
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -156,6 +158,12 @@ class Backend:
         from torch.profiler import ProfilerActivity
 
         return [ProfilerActivity.CPU]
+
+    @contextlib.contextmanager
+    def memory_history(self, snapshot_path):
+        """Record the allocator's history while the block runs and dump it to ``snapshot_path``
+        (a device without one, like the CPU, records nothing and writes no file)."""
+        yield
 
     def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
         """The precision a step with autocast dtype ``amp`` computes in, and this device's peak
@@ -289,6 +297,7 @@ class CudaBackend(Backend):
     kind = "cuda"
     counts_kernels = True
     default_dist_backend = "nccl"
+    profiler_sort_key = "self_device_time_total"
 
     def __init__(self, device: torch.device):
         if device.index is None:
@@ -362,6 +371,16 @@ class CudaBackend(Backend):
         from torch.profiler import ProfilerActivity
 
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+
+    @contextlib.contextmanager
+    def memory_history(self, snapshot_path):
+        # Every allocation and free with its stack, for pytorch.org/memory_viz; off again afterwards.
+        torch.cuda.memory._record_memory_history(max_entries=100_000, device=self.device)
+        try:
+            yield
+            torch.cuda.memory._dump_snapshot(str(snapshot_path))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
 
     def is_device_kernel(self, event) -> bool:
         return is_cuda_kernel_event(event)

@@ -59,6 +59,8 @@ class SessionState:
     interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
+    trace: object = None  # trainbench.trace.TraceRequest from --trainbench-profile-trace
+    traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     _backend: object = None
     _runner: object = None
 
@@ -80,7 +82,7 @@ class SessionState:
             name = self.backend.profile_name if self.profile_name == "auto" else self.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **self.settings_overrides)
             self._runner = Runner(self.backend, PROFILES[name], settings, self.fault, self.require_budgets,
-                                  predict=self.predict_memory, strict_timing=self.strict_timing)
+                                  predict=self.predict_memory, strict_timing=self.strict_timing, trace=self.trace)
         return self._runner
 
     def budgets(self, path: Path | None):
@@ -143,6 +145,13 @@ def pytest_addoption(parser):
     group.addoption("--trainbench-allow-cross-device", action="store_true",
                     help="allow --benchmark-compare against a run made on another device, or with other thread "
                          "or float-precision settings")
+    group.addoption("--trainbench-profile-trace", default=None, metavar="DIR",
+                    help="after each case's measurement, write a PyTorch Profiler trace of a few steps (TensorBoard "
+                         "plugin format and a Chrome trace; on CUDA also a memory snapshot) to DIR/<case>/, "
+                         "e.g. results/traces")
+    group.addoption("--trainbench-profile-trace-cases", default=None, metavar="EXPR",
+                    help="with --trainbench-profile-trace: only cases whose id matches this -k style expression "
+                         "(e.g. 'resnet18 and not amp'); default every case that runs")
     group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
                     help="plant a regression to prove the gate: wait this fraction (e.g. 20%%) of every timed step")
     group.addoption("--trainbench-inject-leak-mib", type=float, default=0.0, metavar="MIB",
@@ -179,6 +188,7 @@ def pytest_configure(config):
         budgets_override=_budgets_override(config),
         expect_cuda=config.getoption("--trainbench-expect-cuda"),
     )
+    state.trace = _trace_request(config)
     _SESSION_STATE[:] = [state]
     if device_spec not in ("", "auto"):
         try:  # an explicit device that is not there is a set-up error, not a skip
@@ -189,6 +199,29 @@ def pytest_configure(config):
         state.budgets(state.budgets_override)  # a malformed file stops the session here
     state.compare_fail, state.fault = _gate_options(config)
     _compare_with_this_device(config, state)
+
+
+def _trace_request(config):
+    """--trainbench-profile-trace and its case filter, or None; a filter that does not parse is a usage error."""
+    folder = config.getoption("--trainbench-profile-trace")
+    expression = config.getoption("--trainbench-profile-trace-cases")
+    if folder is None:
+        if expression is not None:
+            raise pytest.UsageError("trainbench: --trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR")
+        return None
+    from .trace import TraceRequest
+
+    if expression is None:
+        return TraceRequest(Path(folder))
+    # pytest's own -k grammar (and, or, not, parentheses; case-insensitive substrings of the case id).
+    from _pytest.mark import expression as k_grammar
+
+    try:
+        compiled = k_grammar.Expression.compile(expression)
+    except getattr(k_grammar, "ParseError", SyntaxError) as e:  # pytest < 8.3 raised its own ParseError
+        raise pytest.UsageError(f"trainbench: --trainbench-profile-trace-cases={expression!r}: {e}") from None
+    return TraceRequest(Path(folder), lambda case: compiled.evaluate(
+        lambda name, **kwargs: not kwargs and name.lower() in case.lower()))
 
 
 def _budgets_override(config) -> Path | None:
@@ -585,6 +618,8 @@ class TrainBench:
                 not v.ok for v in outcome.guard_verdicts) else ""),
             "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
             "compare_fail": self.budgets.compare_thresholds(self.state.runner.caps, outcome.case)})
+        if outcome.trace is not None:
+            self.state.traces.append((outcome.case, outcome.trace))
         for line in outcome.inconclusive:
             self.state.inconclusive.append(line)
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
@@ -653,6 +688,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
                                              f"breakdown: {', '.join(mismatched)}" if mismatched else
                                              "; each case's own setup predicted exactly as measured"))
+    for case, trace in state.traces:
+        terminalreporter.write_line(f"profile trace {case}: " + (
+            ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
     if state.comparison is not None:
         _write_comparison(terminalreporter, state)
 

@@ -32,6 +32,7 @@ from .recipes import NotApplicable, Recipe, TrainConfig, get_recipe, judging_ove
 from .result import Result, case_record
 from .spec import TrainingSpec
 from .step import InjectedFault, Training
+from .trace import TraceRequest
 from .watchdog import NoProgress, phase, watch
 from .workloads import Profile, SpecSource, resolve_spec
 
@@ -70,6 +71,7 @@ class CaseOutcome:
     ladder: dict | None = None
     error: str | None = None  # the case failed before it had a result (out of memory)
     fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
+    trace: dict | None = None  # a profile trace asked for: {"files": [...]} or {"skipped": why} (trainbench.trace)
 
     @property
     def speedup(self) -> float | None:
@@ -122,6 +124,8 @@ class CaseOutcome:
             }
         if self.ladder is not None:
             fields["ladder"] = self.ladder
+        if self.trace is not None:
+            fields["trace"] = self.trace
         return case_record(self.result, **fields)
 
 
@@ -138,8 +142,9 @@ class Runner:
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
                  require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
-                 remeasure_inconclusive: int = 1):
+                 remeasure_inconclusive: int = 1, trace: TraceRequest | None = None):
         self.backend = backend
+        self.trace = trace  # profile traces of the cases it wants, taken after their measurement
         # A timed budget the rounds cannot judge is measured again (at most this many times), then reported as
         # inconclusive; ``strict_timing`` fails it instead.
         self.strict_timing = strict_timing
@@ -241,7 +246,23 @@ class Runner:
             except NoProgress as e:
                 return _failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
                                                        "(--trainbench-timeout sets the limit)")
+        if self.trace is not None and self.trace.wants(outcome.case):
+            try:
+                with watch(self.settings.no_progress_s):
+                    outcome.trace = self._record_trace(outcome.case, self._config(recipe, overrides), spec)
+            except NoProgress as e:
+                return _failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
         return outcome
+
+    def _record_trace(self, case: str, config: TrainConfig, spec: TrainingSpec) -> dict:
+        """A profile trace of the case, outside its timed rounds (``trainbench.trace``)."""
+        from .trace import record_trace, untraceable
+
+        reason = untraceable(config, self.backend.fresh_process_reason(config))
+        if reason:
+            return {"skipped": reason}
+        files = record_trace(config, spec, self.backend, self.trace.folder, case)
+        return {"files": [str(f) for f in files]}
 
     def _measure_loaded(self, outcome: CaseOutcome, spec: TrainingSpec, overrides: dict) -> None:
         """Measure the case and its baseline, recording what other processes used of the machine meanwhile."""

@@ -1,0 +1,84 @@
+"""Profiles on demand: a PyTorch Profiler trace of a few training steps of one case.
+
+The seed articles read training through the profiler's TensorBoard plugin. ``record_trace``
+builds the case's setup afresh after its measurement (never inside timed rounds), runs
+``WARMUP_STEPS`` steps the profiler warms up on and ``ACTIVE_STEPS`` it records, each one
+synchronized, and writes into ``<folder>/<case>/``:
+
+- ``<case>.<timestamp>.pt.trace.json``: ``torch.profiler.tensorboard_trace_handler``'s file,
+  what TensorBoard's PyTorch Profiler plugin (``tensorboard --logdir <folder>``) and
+  HolisticTraceAnalysis load. It is a Chrome trace (``{"traceEvents": [...]}``): Perfetto and
+  chrome://tracing open it as it is (the profiler saves its events once, so there is no copy);
+- ``ops.txt``: the operators' table (``key_averages``), heaviest first;
+- on a device with an allocator history (CUDA), ``memory_snapshot.pickle``: the
+  ``torch.cuda.memory._dump_snapshot`` of those steps, for pytorch.org/memory_viz.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .device import Backend
+from .recipes import TrainConfig
+from .spec import TrainingSpec
+from .step import Training
+from .watchdog import phase
+
+WARMUP_STEPS = 2  # the profiler's own start-up cost lands here, not in the recorded steps
+ACTIVE_STEPS = 3
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """Where traces go and which cases get one (``wants(case_id)``)."""
+
+    folder: Path
+    wants: Callable[[str], bool] = lambda case: True
+
+
+def untraceable(config: TrainConfig, fresh_process_reason: str | None) -> str | None:
+    """Why a case's trace cannot be taken in this process, or None."""
+    if config.parallel == "ddp":
+        return "DDP ranks run in other processes"
+    if fresh_process_reason:
+        return f"the case runs in a fresh process ({fresh_process_reason})"
+    if config.debug in ("profiler", "nvtx"):
+        return f"the case runs a profiler of its own (debug={config.debug!r})"
+    return None
+
+
+def case_folder_name(case: str) -> str:
+    """A file-system-safe folder name for a case id (ids hold brackets, commas and slashes)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", case).strip("_") or "case"
+
+
+def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, folder: Path, case: str) -> list[Path]:
+    """Profile ``ACTIVE_STEPS`` steps of a freshly built ``config``; returns the files written."""
+    from torch.profiler import profile, schedule, tensorboard_trace_handler
+
+    name = case_folder_name(case)
+    out = Path(folder) / name
+    out.mkdir(parents=True, exist_ok=True)
+    started_ns = time.time_ns()
+
+    def on_trace_ready(prof) -> None:
+        tensorboard_trace_handler(str(out), worker_name=name)(prof)
+        table = prof.key_averages().table(sort_by=backend.profiler_sort_key, row_limit=40)
+        (out / "ops.txt").write_text(f"{case}: {ACTIVE_STEPS} training steps after {WARMUP_STEPS} warm-up steps, "
+                                     f"{backend.name}\n{table}\n", encoding="utf-8")
+
+    with phase("the profile trace"), Training(config, spec, backend) as training:
+        batches = training.batches()
+        with backend.memory_history(out / "memory_snapshot.pickle"), \
+                profile(activities=backend.profiler_activities(), record_shapes=True, profile_memory=True,
+                        schedule=schedule(wait=0, warmup=WARMUP_STEPS, active=ACTIVE_STEPS, repeat=1),
+                        on_trace_ready=on_trace_ready) as prof:
+            for _ in range(WARMUP_STEPS + ACTIVE_STEPS):
+                training.step(training.fetch(batches))
+                backend.synchronize()  # each recorded step ends with its device work
+                prof.step()
+    return sorted(p for p in out.iterdir() if p.stat().st_mtime_ns >= started_ns)

@@ -1,0 +1,83 @@
+"""Profiles on demand: a case's PyTorch Profiler trace, read back with TensorBoard's profiler plugin."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainbench.recipes import get_recipe
+from trainbench.runner import Runner
+from trainbench.trace import ACTIVE_STEPS, TraceRequest, case_folder_name, untraceable
+
+QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
+         "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
+
+
+def _load_with_tensorboard_plugin(path: Path, tmp_path: Path):
+    """What TensorBoard's PyTorch Profiler plugin does with each file of a run folder."""
+    from torch_tb_profiler import consts
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.run_generator import RunGenerator
+
+    match = consts.WORKER_PATTERN.match(path.name)
+    assert match, f"{path.name}: TensorBoard's plugin would not list this file as a worker's trace"
+    data = RunProfileData.parse(match.group(1), None, str(path), str(tmp_path))
+    return data, RunGenerator(match.group(1), None, data).generate_run_profile()
+
+
+def test_a_case_trace_records_the_steps_after_the_measurement_and_loads_in_tensorboard(cpu, profile, quick, tmp_path):
+    runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path / "traces"))
+    outcome = runner.run("baseline", "mlp")
+
+    assert outcome.failures == [] and len(outcome.result.round_step_times_s) == quick.rounds  # timed as ever
+    files = [Path(f) for f in outcome.trace["files"]]
+    assert {f.parent for f in files} == {tmp_path / "traces" / "mlp-baseline"}
+    trace_file = next(f for f in files if f.name.endswith(".pt.trace.json"))
+    assert "traceEvents" in json.loads(trace_file.read_text())  # a Chrome trace: Perfetto opens it as it is
+    data, run_profile = _load_with_tensorboard_plugin(trace_file, tmp_path)
+    assert len(data.steps_names) == ACTIVE_STEPS  # the profiler's warm-up steps are not in the trace
+    assert {"overall", "operator", "trace", "memory"} <= {view.name for view in run_profile.views}
+    ops = next(f for f in files if f.name == "ops.txt").read_text()
+    assert "aten::addmm" in ops and f"{ACTIVE_STEPS} training steps" in ops
+    assert outcome.record()["trace"] == outcome.trace
+
+
+def test_only_the_cases_asked_for_are_traced_and_one_that_cannot_be_says_why(cpu, profile, quick, tmp_path):
+    runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path, wants=lambda case: "amp" in case))
+    assert runner.run("baseline", "mlp").trace is None
+    assert not any(tmp_path.iterdir())
+
+    ddp = get_recipe("ddp_gloo").config(profile)
+    assert untraceable(ddp, None) == "DDP ranks run in other processes"
+    assert "fresh process" in untraceable(get_recipe("baseline").config(profile), "cuDNN's plan cache")
+    assert "a profiler of its own" in untraceable(get_recipe("profiler_left_on").config(profile), None)
+    assert case_folder_name("test_mlp[resnet18-amp_bf16]/x y") == "test_mlp_resnet18-amp_bf16_x_y"
+
+
+CASES = """
+import pytest
+from trainbench.plugin import recipe_params
+
+@pytest.mark.parametrize("recipe", recipe_params("baseline", "set_to_none"))
+def test_mlp(train_bench, recipe):
+    train_bench(recipe, "mlp")
+"""
+
+
+def test_the_option_traces_the_cases_its_expression_selects(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    result = pytester.runpytest("--trainbench-profile-trace=traces",
+                                "--trainbench-profile-trace-cases=mlp and not set_to_none", *QUICK)
+    result.assert_outcomes(passed=2, warnings=2)
+    result.stdout.fnmatch_lines(["*profile trace mlp-baseline: *traces/mlp-baseline/mlp-baseline.*.pt.trace.json*"])
+    assert [p.name for p in (pytester.path / "traces").iterdir()] == ["mlp-baseline"]
+
+
+def test_a_trace_filter_that_does_not_parse_or_has_no_folder_is_a_usage_error(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    bad = pytester.runpytest("--trainbench-profile-trace=traces", "--trainbench-profile-trace-cases=mlp and (", *QUICK)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--trainbench-profile-trace-cases='mlp and (': *"])
+    alone = pytester.runpytest("--trainbench-profile-trace-cases=mlp", *QUICK)
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    alone.stderr.fnmatch_lines(["*--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR*"])
