@@ -22,6 +22,14 @@ os.environ.setdefault("TRAINBENCH_PREDICT_MEMORY", "0")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def _inner_sessions_are_not_xdist_workers(monkeypatch):
+    """Under ``pytest tests -n auto`` each worker's environment says so; an inner pytester session would inherit
+    it and pytest-benchmark there would disable itself as if it were a worker."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def cpu():
     return CpuBackend(torch.device("cpu"))

@@ -438,6 +438,25 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pin_to_one_gpu(index: int, count: int) -> str | None:
+    """Make GPU ``index`` of the visible ones the only GPU this process sees, when there are at least ``count``.
+
+    For ``count`` processes sharing a host (pytest-xdist workers), one GPU each. It sets
+    ``CUDA_VISIBLE_DEVICES``, which CUDA reads once, at its start: so the GPUs are counted
+    through NVML (no CUDA start), and nothing is pinned once CUDA has started in this process.
+    Returns the GPU pinned (its entry of the visible list), or None.
+    """
+    if torch.cuda.is_initialized():
+        return None
+    nvml_count = getattr(torch.cuda, "_device_count_nvml", lambda: -1)()  # honours CUDA_VISIBLE_DEVICES
+    if nvml_count < count or index >= nvml_count:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(nvml_count)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index]
+    return ids[index]
+
+
 def parallel_devices(first: int, count: int, total: int) -> list[int]:
     """``count`` device indices from ``first`` on, wrapping around: a run on cuda:1 of two GPUs uses [1, 0]."""
     if count > total:

@@ -60,6 +60,10 @@ class SessionState:
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
     trace: object = None  # trainbench.trace.TraceRequest from --trainbench-profile-trace
+    xdist_workers: int = 1  # pytest-xdist workers in this run (1: none, or this is the only one)
+    xdist_index: int = 0  # this worker's number (gw<N>)
+    pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
+    benchmark_disabled: bool = False  # --benchmark-disable given: nothing is timed or stored
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     _backend: object = None
     _runner: object = None
@@ -67,10 +71,20 @@ class SessionState:
     @property
     def backend(self):
         if self._backend is None:  # lazy: importing torch costs seconds in unrelated pytest runs
-            from .device import get_backend
+            from .device import get_backend, pin_to_one_gpu
 
+            if self.xdist_workers > 1 and self.device_spec in ("auto", "cuda"):  # before CUDA starts here
+                self.pinned_gpu = pin_to_one_gpu(self.xdist_index, self.xdist_workers)
             self._backend = get_backend(self.device_spec)
         return self._backend
+
+    def parallel_timing_reason(self) -> str | None:
+        """Why this session cannot time cases, or None: pytest-xdist workers that share one device measure each
+        other (one worker per GPU, each pinned to its own, is fine)."""
+        if self.xdist_workers < 2 or self.pinned_gpu is not None:
+            return None
+        return (f"{self.xdist_workers} pytest-xdist workers share {self.backend.name} ({self.backend.kind}), and "
+                "cases timed side by side measure each other")
 
     @property
     def runner(self):
@@ -189,6 +203,11 @@ def pytest_configure(config):
         expect_cuda=config.getoption("--trainbench-expect-cuda"),
     )
     state.trace = _trace_request(config)
+    state.benchmark_disabled = bool(config.getoption("benchmark_disable", False))
+    workerinput = getattr(config, "workerinput", None)  # set on a pytest-xdist worker
+    if workerinput:
+        state.xdist_workers = int(workerinput.get("workercount", 1))
+        state.xdist_index = int(str(workerinput.get("workerid", "gw0")).removeprefix("gw") or 0)
     _SESSION_STATE[:] = [state]
     if device_spec not in ("", "auto"):
         try:  # an explicit device that is not there is a set-up error, not a skip
@@ -586,6 +605,7 @@ class TrainBench:
         from .recipes import ConfigError
         from .spec import SpecError
 
+        self._refuse_parallel_timing()
         try:
             outcome = self.state.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
@@ -595,7 +615,21 @@ class TrainBench:
 
     def case(self, case, **overrides):
         """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
+        self._refuse_parallel_timing()
         return self._finish(self.state.runner.run_case(case, self.budgets, **overrides))
+
+    def _refuse_parallel_timing(self) -> None:
+        """Under pytest-xdist workers sharing the device, a timed case is refused; with --benchmark-disable the
+        case runs untimed (its deterministic budgets are judged, its timed ones are not)."""
+        reason = self.state.parallel_timing_reason()
+        if reason is None:
+            return
+        if not self.state.benchmark_disabled:
+            self.benchmark._mode = "trainbench: refused"  # not pytest-benchmark's "fixture not used"
+            pytest.fail(f"trainbench: timed case refused: {reason}. Run it without -n (or with one worker per GPU), "
+                        "or add --benchmark-disable to check only its deterministic signals in parallel",
+                        pytrace=False)
+        self.state.runner.untimed = f"untimed run: {reason} (--benchmark-disable)"
 
     def _finish(self, outcome):
         if outcome.skipped:

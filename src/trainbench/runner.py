@@ -145,6 +145,9 @@ class Runner:
                  remeasure_inconclusive: int = 1, trace: TraceRequest | None = None):
         self.backend = backend
         self.trace = trace  # profile traces of the cases it wants, taken after their measurement
+        # Why this session's timing means nothing (e.g. parallel workers sharing the device): timed budgets are
+        # then not judged, deterministic ones are.
+        self.untimed: str | None = None
         # A timed budget the rounds cannot judge is measured again (at most this many times), then reported as
         # inconclusive; ``strict_timing`` fails it instead.
         self.strict_timing = strict_timing
@@ -506,8 +509,15 @@ class Runner:
                 outcome.budget_required = True
                 outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
             return
-        outcome.budget_verdicts = [self._judged(v, outcome) for v in
-                                   evaluate(outcome.budget, outcome.result, outcome.baseline)]
+        verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
+        if self.untimed:
+            from .noise import is_timed
+
+            left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]
+            verdicts = [v for v in verdicts if not is_timed(v.bound.metric)]
+            if left_out:
+                outcome.result.notes.append(f"timed budgets not judged ({', '.join(left_out)}): {self.untimed}")
+        outcome.budget_verdicts = [self._judged(v, outcome) for v in verdicts]
         outcome.failures += outcome.budget_failures()
 
     def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:

@@ -10,8 +10,8 @@ synchronized, and writes into ``<folder>/<case>/``:
   HolisticTraceAnalysis load. It is a Chrome trace (``{"traceEvents": [...]}``): Perfetto and
   chrome://tracing open it as it is (the profiler saves its events once, so there is no copy);
 - ``ops.txt``: the operators' table (``key_averages``), heaviest first;
-- on a device with an allocator history (CUDA), ``memory_snapshot.pickle``: the
-  ``torch.cuda.memory._dump_snapshot`` of those steps, for pytorch.org/memory_viz.
+- on a device with an allocator history (CUDA), ``memory_snapshot.pickle``: every allocation
+  and free of those steps with its stack (``Backend.memory_history``), for pytorch.org/memory_viz.
 """
 
 from __future__ import annotations
