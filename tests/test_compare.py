@@ -1,6 +1,7 @@
 """The regression gate: statistics on timed metrics, exact deterministic ones, and the plugin's compare flow."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -270,9 +271,44 @@ def test_comparing_with_another_device_is_refused_unless_asked(pytester):
     saved.write_text(json.dumps(data))
     refused = _compare(pytester)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines([("*would compare this * (cpu) with NVIDIA H100 80GB HBM3 (cuda)*"
+    refused.stderr.fnmatch_lines([("*would compare this * (cpu, *) with NVIDIA H100 80GB HBM3 (cuda)*"
                                    "--trainbench-allow-cross-device*")])
     assert _compare(pytester, "--trainbench-allow-cross-device").ret == 0
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_cpu_run_with_other_kernels_is_another_device(pytester):
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    data["machine_info"]["trainbench"]["cpu_capability"] = "ZVECTOR"  # no x86 machine dispatches to these
+    saved.write_text(json.dumps(data))
+    refused = _compare(pytester)
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*would compare this * (cpu, *) with * (cpu, ZVECTOR)*"])
+
+
+def _as_other_device(run: Path, name: str) -> None:
+    data = json.loads(run.read_text())
+    data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")
+    run.with_name(name).write_text(json.dumps(data))
+
+
+def test_a_baseline_glob_compares_with_the_newest_complete_run_of_this_device(pytester):
+    pytester.makepyfile(test_case=CASE)
+    pytester.runpytest("--benchmark-save=baseline", *QUICK).assert_outcomes(passed=1)
+    [ours] = list(pytester.path.rglob("0001_baseline.json"))
+    _as_other_device(ours, "0002_baseline.json")  # a GPU runner's baseline, committed later beside it
+    gated = ["--benchmark-compare=*_baseline", "--trainbench-compare-fail=deterministic:0%",
+             "--trainbench-compare-json=verdict.json", *QUICK]
+    result = pytester.runpytest(*gated)
+    assert result.ret == 0, result.stdout.str()
+    assert json.loads((pytester.path / "verdict.json").read_text())["baseline"].endswith("0001_baseline.json")
+    ours.unlink()  # now only the GPU's baseline matches: the gate cannot compare and says so
+    refused = pytester.runpytest(*gated)
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines([("*--trainbench-compare-fail: no complete run of this * (cpu, *) among the 1 in * "
+                                  "matching '*_baseline' (runs of: NVIDIA H100 80GB HBM3 (cuda)); save one on this "
+                                  "machine with --benchmark-save (make baseline) and commit it")])
 
 
 def test_per_case_thresholds_from_the_budgets_file_override_the_command_line(pytester):
@@ -411,3 +447,28 @@ def test_sigterm_keeps_the_finished_cases_marked_incomplete_and_never_as_the_nex
     result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*"])
+
+
+def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
+    from trainbench.__main__ import main
+
+    def comparison(metric, verdict, change):
+        return {"case": "resnet18-baseline", "metric": metric, "baseline": 100.0, "current": 100.0 * (1 + change),
+                "change": change, "ci": [1 + change - 0.01, 1 + change + 0.01], "verdict": verdict}
+
+    verdict = {"baseline": "results/benchmarks/x/0007_baseline.json", "gated": True, "failed": True,
+               "counts": {"regressed": 1, "unchanged": 1}, "new_cases": ["gelu_mlp-baseline"],
+               "new_cases_allowed": False, "errors": [],
+               "comparisons": [comparison("samples_per_s", "regressed", -0.3), comparison("ops_per_step", "unchanged", 0)]}
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(verdict))
+    assert main(["verdict", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("### trainbench gate FAILED: vs `results/benchmarks/x/0007_baseline.json`")
+    assert "- **FAIL** gelu_mlp-baseline: not in the baseline run" in out
+    notable, folded = out.split("<details>")
+    assert "| resnet18-baseline | samples_per_s | 100 | 70 | -30.0% | -31.0%..-29.0% | regressed |" in notable
+    assert "ops_per_step" not in notable and "ops_per_step" in folded
+    path.write_text('{"baseline": "x"')  # truncated
+    assert main(["verdict", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"trainbench verdict: {path}: ")

@@ -182,6 +182,35 @@ def _add_doctor(subparsers) -> None:
     parser.set_defaults(handler=_doctor)
 
 
+def _verdict(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .compare import verdict_markdown
+
+    try:
+        verdict = json.loads(Path(args.verdict_json).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        print(f"trainbench verdict: {args.verdict_json}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("comparisons"), list):
+        print(f"trainbench verdict: {args.verdict_json}: no comparisons list; expected the file "
+              "--trainbench-compare-json writes", file=sys.stderr)
+        return 2
+    print(verdict_markdown(verdict), end="")
+    return 1 if verdict.get("failed") else 0
+
+
+def _add_verdict(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "verdict", help="print a gate's verdict JSON as Markdown (a CI job summary)",
+        description="Print the verdict --trainbench-compare-json wrote as Markdown: outcome, counts, every "
+                    "comparison that is not unchanged, and the whole table folded. Exit status 1 when the gate "
+                    "failed, 2 when the file is missing or is not a verdict.")
+    parser.add_argument("verdict_json", metavar="VERDICT_JSON")
+    parser.set_defaults(handler=_verdict)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -190,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_noise(subparsers)
     _add_releases(subparsers)
     _add_doctor(subparsers)
+    _add_verdict(subparsers)
     return parser
 
 

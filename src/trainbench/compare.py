@@ -226,6 +226,36 @@ def verdict_table(comparisons: list[MetricComparison]) -> list[str]:
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]
 
 
+def verdict_markdown(verdict: dict) -> str:
+    """The verdict JSON as Markdown (a CI job summary, a PR comment): the outcome and counts, a table of
+    every comparison that is not "unchanged", and the whole table folded away."""
+    counts = verdict.get("counts") or {}
+    outcome = "FAILED" if verdict.get("failed") else "passed" if verdict.get("gated") else "not gated"
+    lines = [f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
+             ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing compared", ""]
+    lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
+              if verdict.get("gated") and not verdict.get("new_cases_allowed")]
+    lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
+
+    def table(rows: list[dict]) -> list[str]:
+        out = ["| case | metric | baseline | current | change | 95% CI | verdict |", "|---|---|---:|---:|---:|---:|---|"]
+        for c in rows:
+            ci = f"{c['ci'][0] - 1:+.1%}..{c['ci'][1] - 1:+.1%}" if c.get("ci") else "-"
+            change = "-" if c.get("change") is None else f"{c['change']:+.1%}"
+            out.append(f"| {c['case']} | {c['metric']} | {_num(c.get('baseline'))} | {_num(c.get('current'))} | "
+                       f"{change} | {ci} | {c['verdict']} |")
+        return out
+
+    comparisons = verdict.get("comparisons") or []
+    notable = [c for c in comparisons if c.get("verdict") != "unchanged"]
+    if notable:
+        lines += [""] + table(notable)
+    if comparisons:
+        lines += ["", f"<details><summary>all {len(comparisons)} comparisons</summary>", ""] + table(comparisons)
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
 def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",
                 alpha: float = DEFAULT_ALPHA) -> list[dict]:
     """A/A noise of a gate: every pair of runs of the same code, per case, at each threshold.

@@ -434,6 +434,16 @@ class CudaBackend(Backend):
         return ident
 
 
+def comparable_device(identity: dict | None) -> tuple | None:
+    """What two runs must share to be compared: the device kind and name, and on the CPU the kernels torch
+    dispatches to (``cpu_capability``: AVX2 and AVX-512 machines run other kernels, and bf16 convolutions
+    even other operators). None for a record that has no device identity."""
+    if not isinstance(identity, dict) or "kind" not in identity:
+        return None
+    device = (identity.get("kind"), identity.get("name"))
+    return device + (identity.get("cpu_capability"),) if identity.get("kind") == "cpu" else device
+
+
 def cuda_available() -> bool:
     return torch.cuda.is_available()
 

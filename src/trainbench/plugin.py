@@ -8,6 +8,7 @@ imports no torch and stores its pytest-benchmark runs exactly as without the plu
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import warnings
@@ -298,23 +299,33 @@ SETUP_KEYS = ("cpu_threads", "float32_matmul_precision", "cuda_matmul_allow_tf32
 
 
 def _device_of(machine_info: dict | None) -> tuple | None:
-    info = (machine_info or {}).get("trainbench")
-    return (info.get("kind"), info.get("name")) if isinstance(info, dict) else None
+    from .device import comparable_device
+
+    return comparable_device((machine_info or {}).get("trainbench"))
+
+
+def _describe_device(device: tuple) -> str:
+    return f"{device[1]} ({', '.join(str(part) for part in (device[0], *device[2:]) if part)})"
 
 
 def _compare_with_this_device(config, state: SessionState) -> None:
-    """A bare ``--benchmark-compare`` takes the latest saved run; when trainbench made that one on another
-    device, take instead the latest run trainbench made on this one (runs of all devices share
-    pytest-benchmark's own storage folder, told apart by their machine_info). Runs before
-    pytest-benchmark's own (trylast) configure, which loads the run to compare with.
+    """Pick the run to compare with among several: a bare ``--benchmark-compare`` takes the latest saved run,
+    ``--benchmark-compare=GLOB`` (e.g. ``*_baseline``) every run whose file name matches. When trainbench
+    made those runs, take the latest complete one made on this device (runs of all devices share
+    pytest-benchmark's storage folder, told apart by their machine_info). Runs before pytest-benchmark's
+    own (trylast) configure, which loads the run to compare with.
     """
     storage = config.getoption("benchmark_storage", None)
-    if config.getoption("benchmark_compare", None) is not True or not storage:
-        return
+    compare = config.getoption("benchmark_compare", None)
+    if not compare or not storage or (compare is not True and ("/" in str(compare) or Path(str(compare)).is_file())):
+        return  # no comparison, or one named file: compared as named
     saved = _saved_runs(storage)
     if saved is None:
         return  # elasticsearch keys runs by machine_info itself
-    _, runs = saved
+    folder, runs = saved
+    if compare is not True:
+        pattern = str(compare).rstrip("*") + "*.json"  # pytest-benchmark's own reading of the value
+        runs = [run for run in runs if fnmatch.fnmatch(run.name, pattern)]
     devices, incomplete = {}, set()
     for run in runs:
         try:
@@ -326,12 +337,24 @@ def _compare_with_this_device(config, state: SessionState) -> None:
             devices[run] = None  # pytest-benchmark reports an unreadable run itself
     if not runs or devices[runs[-1]] is None:
         return  # a plain pytest-benchmark run (or none): its usual behaviour
-    mine = (state.backend.kind, state.backend.name)
-    if devices[runs[-1]] != mine or runs[-1] in incomplete:
+    mine = _device_here(state.backend)
+    if devices[runs[-1]] != mine or runs[-1] in incomplete or compare is not True:
         # An interrupted run is never the baseline of a bare compare (name it to compare with it anyway).
         same_device = [run for run in runs if devices[run] == mine and run not in incomplete]
         if same_device:
             config.option.benchmark_compare = str(same_device[-1])
+        elif compare is not True and state.compare_fail is not None:
+            others = sorted({_describe_device(d) for d in devices.values() if d})
+            raise pytest.UsageError(
+                f"trainbench: --trainbench-compare-fail: no complete run of this {_describe_device(mine)} among the "
+                f"{len(runs)} in {folder} matching {str(compare)!r} (runs of: {'; '.join(others)}); save one on this "
+                "machine with --benchmark-save (make baseline) and commit it")
+
+
+def _device_here(backend) -> tuple:
+    from .device import comparable_device
+
+    return comparable_device(backend.identity())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -473,7 +496,8 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
     mine = _device_of(machine_info)
     if mine != theirs and not config.getoption("--trainbench-allow-cross-device"):
         raise pytest.UsageError(
-            f"trainbench: --benchmark-compare would compare this {mine[1]} ({mine[0]}) with {theirs[1]} ({theirs[0]}); "
+            f"trainbench: --benchmark-compare would compare this {_describe_device(mine)} with "
+            f"{_describe_device(theirs)}; "
             "numbers from different devices are not comparable. Compare with a run of this device "
             "(a bare --benchmark-compare picks the latest one), or pass --trainbench-allow-cross-device.")
     stored = compared_benchmark["machine_info"]["trainbench"]

@@ -1,0 +1,108 @@
+"""The CI workflows are linted here, so that a broken one fails CI before GitHub ever runs it.
+
+check-jsonschema validates each file against the GitHub workflow schema it vendors (no network),
+shellcheck reads every shell step and ``.ci/run``, and the steps call only what exists: make targets of
+the Makefile and subcommands of ``python -m trainbench``.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from trainbench.__main__ import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+BIN = Path(sys.executable).parent
+
+
+def _load(path: Path) -> dict:
+    return YAML(typ="safe").load(path.read_text())
+
+
+def _run_steps(workflow: dict) -> list[str]:
+    return [step["run"] for job in workflow["jobs"].values() for step in job["steps"] if "run" in step]
+
+
+def _schema_check(*paths: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, paths)],
+                          check=False, capture_output=True, text=True, timeout=120)
+
+
+def test_both_workflows_exist():
+    assert [p.name for p in WORKFLOWS] == ["ci.yml", "nightly-gpu.yml"]
+
+
+def test_the_workflows_are_valid_github_workflows():
+    result = _schema_check(*WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_schema_check_fails_a_broken_workflow(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text((ROOT / ".github/workflows/ci.yml").read_text().replace("runs-on:", "run-on:"))
+    result = _schema_check(broken)
+    assert result.returncode != 0 and "run-on" in result.stdout
+
+
+@pytest.mark.parametrize("path", WORKFLOWS + [ROOT / ".ci" / "run"], ids=lambda p: p.name)
+def test_every_shell_step_passes_shellcheck(path, tmp_path):
+    shellcheck = shutil.which("shellcheck", path=str(BIN)) or shutil.which("shellcheck")
+    assert shellcheck, "shellcheck not installed (pip install -e '.[dev]')"
+    scripts = [path.read_text()] if path.suffix != ".yml" else _run_steps(_load(path))
+    for i, script in enumerate(scripts):
+        # GitHub substitutes ${{ ... }} before the shell sees the step: stand in a plain word.
+        body = re.sub(r"\$\{\{.*?\}\}", "EXPR", script)
+        file = tmp_path / f"step{i}.sh"
+        file.write_text("#!/usr/bin/env bash\nset -eo pipefail\n" + body if path.suffix == ".yml" else body)
+        result = subprocess.run([shellcheck, "-s", "bash", "-S", "warning", str(file)], check=False, capture_output=True,
+                                text=True)
+        assert result.returncode == 0, f"{path.name} step {i}:\n{script}\n{result.stdout}"
+
+
+def test_steps_call_only_make_targets_and_trainbench_commands_that_exist():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.MULTILINE))
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    for path in WORKFLOWS:
+        for script in _run_steps(_load(path)) + [ci_run]:
+            for target in re.findall(r"\bmake\s+(?:\"\$\{TRAINBENCH_CI_SUITE:-)?([a-z][\w-]*)", script):
+                assert target in targets, f"{path.name}: make {target}: no such target in the Makefile"
+            for command in re.findall(r"-m trainbench (\w+)", script):
+                assert command in commands, f"{path.name}: python -m trainbench {command}: no such command"
+
+
+def test_ci_runs_the_same_script_as_ci_here_and_gates_the_cpu_suite():
+    ci = _load(ROOT / ".github/workflows/ci.yml")
+    assert "pull_request" in ci["on"]
+    [job] = ci["jobs"].values()
+    steps = {step.get("name", ""): step for step in job["steps"]}
+    suite = next(step for step in job["steps"] if step.get("run", "").strip() == "bash .ci/run")
+    assert suite["env"] == {"CI": "true", "TRAINBENCH_CI_SUITE": "gate", "GATE_OUT": "results/ci"}
+    assert "gate:" in (ROOT / "Makefile").read_text() and "--benchmark-compare='*_baseline'" in (ROOT / "Makefile").read_text()
+    assert any("GITHUB_STEP_SUMMARY" in s.get("run", "") and "trainbench verdict" in s.get("run", "")
+               for s in steps.values())
+    upload = next(step for step in job["steps"] if str(step.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["with"]["path"] == "results/ci/" and upload["if"] == "always()"
+
+
+def test_the_nightly_runs_doctor_then_the_gated_gpu_suite_on_a_gpu_runner():
+    nightly = _load(ROOT / ".github/workflows/nightly-gpu.yml")
+    assert nightly["on"]["schedule"] and "torch" in nightly["on"]["workflow_dispatch"]["inputs"]
+    [job] = nightly["jobs"].values()
+    assert {"self-hosted", "gpu"} <= set(job["runs-on"])
+    runs = [step.get("run", "") for step in job["steps"]]
+    doctor = next(i for i, r in enumerate(runs) if "-m trainbench doctor" in r)
+    suite = next(i for i, r in enumerate(runs) if "-m pytest benchmarks" in r)
+    assert doctor < suite
+    for option in ("--trainbench-device=cuda", "--benchmark-compare", "--trainbench-compare-fail",
+                   "--trainbench-compare-json", "--benchmark-storage=results-branch/benchmarks"):
+        assert option in runs[suite]
+    push = next(step for step in job["steps"] if "git push" in step.get("run", ""))
+    assert push["if"] == "success() && inputs.torch == ''"  # a failed gate or a trial PyTorch never becomes the baseline
