@@ -78,3 +78,145 @@ def test_a_rank_that_stops_making_progress_fails_the_case_within_the_limit(cpu, 
         measure_ddp(TrainConfig(parallel="ddp", world_size=2), HANGS_ON_RANK_1, cpu, profile,
                     dataclasses.replace(quick, no_progress_s=3), "x-ddp_gloo", "ddp_gloo")
     assert time.monotonic() - started < 180  # the limit and interpreter start-up, never the hour rank 1 sleeps
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(cpu, profile, mlp, quick):
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from trainbench.distributed import _job, torchrun_command, write_job
+    from trainbench.result import Result
+
+    recipe = get_recipe("ddp_gloo")
+    job = _job(recipe.config(profile), mlp, cpu, profile, dataclasses.replace(quick, fixed_warmup=True),
+               "mlp-ddp_gloo", recipe.name, 0)
+    out = write_job(job)
+    port = _free_port()
+    try:
+        nodes = [subprocess.Popen(torchrun_command(1, out, ["--nnodes=2", f"--node-rank={node}", "--rdzv-backend=c10d",
+                                                            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=trainbench"]),
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, start_new_session=True) for node in (0, 1)]
+        outputs = [node.communicate(timeout=300)[0].decode(errors="replace") for node in nodes]
+        assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+        result = Result(**json.loads((out / "result.json").read_text()))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    assert result.ranks["world_size"] == 2 and len(result.ranks["per_rank"]) == 2
+    assert result.ranks["max_grad_difference_between_ranks"] == 0.0
+    assert result.samples_per_s == pytest.approx(32 / result.step_time_s)
+
+
+def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):
+    from trainbench.budgets import Budgets
+    from trainbench.runner import Runner
+
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
+    outcome = Runner(cpu, profile, quick).run("ddp_gloo", mlp, budgets=Budgets.load(path))
+    assert outcome.failures == []
+    ranks = outcome.record()["ranks"]
+    assert ranks["launcher"] == "torchrun (torch.distributed.run)" and ranks["dist_backend"] == "gloo"
+    assert [len(r["round_step_times_s"]) for r in ranks["per_rank"]] == [quick.rounds] * 2
+    # The case's round is its slowest rank's round.
+    assert outcome.result.round_step_times_s == [max(t) for t in zip(*(r["round_step_times_s"] for r in ranks["per_rank"]))]
+    assert ranks["per_rank"][0]["memory_breakdown_bytes"] == ranks["per_rank"][1]["memory_breakdown_bytes"]
+    assert ranks["ideal_speedup"] == 1.0 and ranks["scaling_vs"] == "one_process"
+    assert ranks["scaling_efficiency"] == pytest.approx(outcome.speedup)
+
+
+HANGING_JOB = '''
+import dataclasses, signal, time
+import torch
+from trainbench.device import CpuBackend
+from trainbench.distributed import measure_ddp
+from trainbench.measure import MeasureSettings
+from trainbench.recipes import TrainConfig
+from trainbench.workloads import PROFILES, resolve_spec
+
+class Stuck(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+    def __len__(self):
+        return len(self.items)
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+MLP = resolve_spec("mlp", PROFILES["cpu"])
+STUCK = dataclasses.replace(MLP, name="stuck", dataset=lambda: Stuck(MLP.dataset()))
+
+def main():
+    def interrupt(signum, frame):  # what the plugin does with SIGTERM
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+    settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
+                               memory_steps=1)
+    measure_ddp(TrainConfig(parallel="ddp", world_size=2), STUCK, CpuBackend(torch.device("cpu")), PROFILES["cpu"],
+                settings, "stuck-ddp_gloo", "ddp_gloo")
+'''
+
+
+def _children() -> dict[int, list[int]]:
+    """Live processes by parent pid."""
+    from pathlib import Path
+
+    found: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":  # a zombie has ended; it only waits for its parent
+            found.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_during_a_ddp_case_ends_torchrun_and_every_rank_and_removes_the_job_folder(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    (tmp_path / "stuck_job.py").write_text(HANGING_JOB)
+    parent = subprocess.Popen([sys.executable, "-c", "import stuck_job; stuck_job.main()"],
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline, launcher, ranks = time.monotonic() + 120, None, []
+        while time.monotonic() < deadline and len(ranks) < 2:  # torchrun, a child of the parent, and its 2 ranks
+            children = _children()
+            launcher = next(iter(children.get(parent.pid, [])), None)
+            ranks = children.get(launcher, []) if launcher else []
+            time.sleep(0.2)
+        assert len(ranks) == 2, "torchrun did not start 2 ranks within 120 s"
+        job_dir = Path(Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[-2].decode())
+        assert (job_dir / "job.json").exists()
+        started = time.monotonic()
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=60)
+        assert time.monotonic() - started < 30  # seconds, not the hour the dataset sleeps
+        assert not [pid for pid in [launcher, *ranks] if _alive(pid)], "torchrun or a rank outlived the parent"
+        assert not job_dir.exists()
+    finally:
+        parent.kill()

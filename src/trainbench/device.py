@@ -207,6 +207,11 @@ class Backend:
         """Intra-op threads per rank (None: leave as is); CPU ranks share the cores the one-process run had."""
         return None
 
+    def ideal_ddp_speedup(self, world_size: int) -> float:
+        """What ``world_size`` ranks would gain over one process training the same global batch, if scaling were
+        perfect: one device each, so ``world_size``x (the CPU's ranks split one process's cores: 1x)."""
+        return float(world_size)
+
     def reset_peak_memory(self) -> None:
         raise NotImplementedError
 
@@ -291,6 +296,9 @@ class CpuBackend(Backend):
 
     def rank_threads(self, world_size: int) -> int | None:
         return max(1, torch.get_num_threads() // world_size)
+
+    def ideal_ddp_speedup(self, world_size: int) -> float:
+        return 1.0  # the ranks share the cores one process had (rank_threads)
 
 
 class CudaBackend(Backend):

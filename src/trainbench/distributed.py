@@ -1,16 +1,18 @@
-"""Cases measured in other processes: DDP ranks, and setups that need a fresh interpreter.
+"""Cases measured in other processes: DDP ranks under torchrun, and setups that need a fresh interpreter.
+
+``measure_ddp`` runs ``world_size`` rank processes through PyTorch's own launcher,
+``torch.distributed.run`` (torchrun's elastic agent: c10d rendezvous, ``RANK``/``LOCAL_RANK``/
+``WORLD_SIZE`` in each rank's environment, ``init_process_group`` from it; gloo on the CPU,
+NCCL on GPUs). Every rank runs the same ``Measurement``; its timed rounds start at a barrier, so
+round N is the same round on every rank, and the case's round time is the slowest rank's (the
+job goes at its pace). Ranks must run identical step counts or their all-reduces deadlock, so
+warm-up is fixed rather than adaptive. Rank 0 gathers every rank's round times, memory breakdown
+and whether their all-reduced first-step gradients are identical, and writes the ``Result``
+(with ``ranks``) and the gradients for the guard; the parent reads them back.
 
 ``measure_in_fresh_process`` measures one setup in a new interpreter, for what a device
 keeps per process (cuDNN's plan cache, cuBLAS's workspace setting) and would carry from
 one case into the next.
-
-
-``measure_ddp`` spawns ``world_size`` processes (fresh interpreters: CUDA and forked
-torch state do not mix), joins them into a process group (gloo on the CPU, NCCL on
-GPUs) and runs the same ``Measurement`` in each. Ranks must run identical step
-counts or their all-reduces deadlock, so warm-up is fixed rather than adaptive. Rank 0
-writes its ``Result`` (timing with its own timer, in lockstep with the others) and the
-first-step all-reduced gradients for the guard; the parent reads them back.
 
 On the CPU each rank gets ``threads // world_size`` intra-op threads, so two ranks use
 the same cores as the one-process baseline they are compared with.
@@ -20,6 +22,10 @@ a built-in workload by name, a user's spec from the module-level name it is boun
 (found by ``spec_reference``; the parent's ``sys.path`` goes along, so a spec defined in
 a test module is found too). A spec made inside a test function cannot be re-created
 there, and says so.
+
+Several machines: a rank runs ``python -m trainbench.rank_entry JOB_DIR`` under any torchrun
+(see ``torchrun_command``), so the same job runs with ``--nnodes=2 --rdzv-backend=c10d
+--rdzv-endpoint=HOST:PORT`` on each node.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import importlib
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -81,55 +88,114 @@ def load_spec(reference: str, profile: Profile) -> TrainingSpec:
     return resolve_spec(getattr(importlib.import_module(module_name), attribute), profile)
 
 
-def _worker(rank: int, job: dict, out_dir: str) -> None:
-    # Before anything starts CUDA: e.g. cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it starts.
-    os.environ.update(job["env"])
+def barrier_rounds(barrier):
+    """A ``RoundRunner`` whose rounds all start at ``barrier()``: round N is timed over the same steps on every rank."""
+    def runner(step, rounds: int, steps_per_round: int, timer) -> list[float]:
+        times = []
+        for _ in range(rounds):
+            barrier()
+            start = timer()
+            for _ in range(steps_per_round):
+                step()
+            times.append((timer() - start) / steps_per_round)
+        return times
+
+    return runner
+
+
+def gradient_spread(model: torch.nn.Module) -> float:
+    """The largest difference of any gradient element between ranks, after DDP's all-reduce (0.0: identical).
+
+    Every rank all-reduces its flattened gradients once with MAX and once with MIN; equal vectors mean
+    every rank holds the same gradients bit for bit, as data-parallel training requires.
+    """
+    import torch.distributed as dist
+
+    grads = [p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None]
+    flat = torch.cat(grads) if grads else torch.zeros(1)
+    high, low = flat.clone(), flat.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    return float((high - low).abs().max())
+
+
+def run_rank(out_dir: str) -> None:
+    """One rank (or the one fresh process) of the job in ``out_dir``; under torchrun, from its environment."""
+    out = Path(out_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    # torchrun starts each rank in a session of its own: the launcher ends the rank's group by this id if need be.
+    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    try:
+        job = json.loads((out / "job.json").read_text())
+        # Before anything starts CUDA: e.g. cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it starts.
+        os.environ.update(job["env"])
+        _run_rank(job, out, rank)
+    except BaseException:
+        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def _run_rank(job: dict, out: Path, rank: int) -> None:
     import torch.distributed as dist
 
     from .device import get_backend
     from .guards import loss_trajectory
+    from .measure import run_rounds
     from .step import Training
 
-    out = Path(out_dir)
-    try:
-        sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
-        config = TrainConfig(**job["config"])
-        world = config.world_size
-        if job["threads"]:
-            torch.set_num_threads(job["threads"])
-        backend = get_backend(job["rank_devices"][rank])
-        distributed = config.parallel == "ddp"
+    sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
+    config = TrainConfig(**job["config"])
+    distributed = config.parallel == "ddp"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if distributed and world != config.world_size:
+        raise RuntimeError(f"the case trains {config.world_size} ranks, but torchrun started WORLD_SIZE={world}")
+    if job["threads"]:
+        torch.set_num_threads(job["threads"])
+    backend = get_backend(job["rank_devices"][local_rank % len(job["rank_devices"])])
+    if distributed:
+        dist_backend = config.dist_backend or backend.default_dist_backend
+        # From torchrun's environment (MASTER_ADDR/PORT, RANK, WORLD_SIZE); NCCL bound to this rank's GPU up front
+        # (no guessing from the current device, no context on GPU 0). A collective that waits longer than the
+        # case's progress limit for a peer raises instead of hanging.
+        dist.init_process_group(dist_backend, device_id=backend.device if dist_backend == "nccl" else None,
+                                timeout=datetime.timedelta(seconds=job["settings"]["no_progress_s"] or 1800))
+    profile = PROFILES[job["profile"]]
+    spec = load_spec(job["spec"], profile)
+    settings = MeasureSettings(**job["settings"])
+    ranks: dict = {}
+    with watch(settings.no_progress_s), Training(config, spec, backend) as training:
         if distributed:
-            dist_backend = config.dist_backend or backend.default_dist_backend
-            # NCCL bound to this rank's GPU up front (no guessing from the current device, no context on GPU 0).
-            # A collective that waits longer than the case's progress limit for a peer raises instead of hanging.
-            dist.init_process_group(dist_backend, init_method=f"file://{out / 'rendezvous'}", rank=rank,
-                                    world_size=world, device_id=backend.device if dist_backend == "nccl" else None,
-                                    timeout=datetime.timedelta(seconds=job["settings"]["no_progress_s"] or 1800))
-        profile = PROFILES[job["profile"]]
-        spec = load_spec(job["spec"], profile)
-        settings = MeasureSettings(**job["settings"])
-        with watch(settings.no_progress_s), Training(config, spec, backend) as training:
-            if job["want_grads"]:
-                # First-step gradients from the seeded weights, after DDP's all-reduce (the guard's input).
-                training.forward_backward(training.fetch(training.batches()))
-                if rank == 0:
-                    grads = {n: p.grad.detach().float().cpu().numpy() for n, p in training.model.named_parameters()
-                             if p.grad is not None}
-                    np.savez(out / "grads.npz", **grads)
-            m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
-            result = m.run()
-        if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
-            (out / "losses.json").write_text(json.dumps(loss_trajectory(config, spec, backend)))
-        if rank == 0:
-            tmp = out / "result.json.tmp"
-            tmp.write_text(json.dumps(dataclasses.asdict(result)))
-            os.replace(tmp, out / "result.json")
-        if distributed:
-            dist.destroy_process_group()
-    except BaseException:
-        (out / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
+            # First-step gradients from the seeded weights, after DDP's all-reduce: identical on every rank, and the
+            # guard's input (rank 0's).
+            training.forward_backward(training.fetch(training.batches()))
+            ranks["max_grad_difference_between_ranks"] = gradient_spread(training.model)
+            if job["want_grads"] and rank == 0:
+                grads = {n: p.grad.detach().float().cpu().numpy() for n, p in training.model.named_parameters()
+                         if p.grad is not None}
+                np.savez(out / "grads.npz", **grads)
+        m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
+        result = m.run(barrier_rounds(dist.barrier) if distributed else run_rounds)
+    if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
+        (out / "losses.json").write_text(json.dumps(loss_trajectory(config, spec, backend)))
+    if distributed:
+        mine = {"round_step_times_s": result.round_step_times_s, "memory_breakdown_bytes": result.memory_breakdown_bytes,
+                "peak_allocated_bytes": result.peak_allocated_bytes, "device": str(backend.device)}
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        per_round = list(zip(*(r["round_step_times_s"] for r in gathered)))
+        result.round_step_times_s = [max(times) for times in per_round]  # the job goes at its slowest rank's pace
+        ranks.update(world_size=world, launcher="torchrun (torch.distributed.run)", dist_backend=dist.get_backend(),
+                     ideal_speedup=backend.ideal_ddp_speedup(world), per_rank=gathered)
+        result.ranks = ranks
+        result.notes.append(f"{world} ranks under torchrun; each timed round starts at a barrier and lasts as long "
+                            "as its slowest rank")
+    if rank == 0:
+        tmp = out / "result.json.tmp"
+        tmp.write_text(json.dumps(dataclasses.asdict(result)))
+        os.replace(tmp, out / "result.json")
+    if distributed:
+        dist.destroy_process_group()
 
 
 def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
@@ -153,41 +219,94 @@ def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Pro
     }
 
 
-def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
-    """Run ``_worker`` in ``nprocs`` new interpreters; returns the folder they wrote to (caller removes it)."""
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
+def torchrun_command(nprocs: int, job_dir: str | Path, rendezvous: list[str] | None = None) -> list[str]:
+    """The torchrun command line that runs the job in ``job_dir`` as ``nprocs`` ranks on this machine.
 
+    ``rendezvous``: torchrun's options for several machines (``--nnodes=2 --node-rank=0
+    --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=RUN``); default ``--standalone``, one
+    machine on a free local port.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
+            f"--nproc-per-node={nprocs}", "--max-restarts=0", "-m", "trainbench.rank_entry", str(job_dir)]
+
+
+def write_job(job: dict) -> Path:
+    """A new folder holding ``job.json``: what every rank reads (the caller removes the folder)."""
+    out = Path(tempfile.mkdtemp(prefix="trainbench-proc-"))
+    (out / "job.json").write_text(json.dumps(job))
+    return out
+
+
+def _child_env(job: dict) -> dict:
+    env = {**os.environ, **job["env"]}
+    if job["threads"]:  # torchrun would otherwise set OMP_NUM_THREADS=1 for every rank (with a warning)
+        env["OMP_NUM_THREADS"] = str(job["threads"])
+    return env
+
+
+def _end(process: subprocess.Popen, out: Path) -> None:
+    """End a launched process and everything it started: torchrun (which stops its ranks on SIGTERM), then
+    whatever is left of each rank's own session (torchrun starts every rank in one), DataLoader workers too."""
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+    for pid_file in out.glob("rank*.pid"):
+        _signal_group(int(pid_file.read_text() or 0), signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        if pid > 0:
+            os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
+    """Run the job in ``nprocs`` new interpreters (torchrun for DDP); returns the folder they wrote to (caller removes it)."""
     backend.release_memory()  # the parent's cached blocks would share the GPU with the new processes
-    out_dir = tempfile.mkdtemp(prefix="trainbench-proc-")
-    context = mp.spawn(_worker, args=(job, out_dir), nprocs=nprocs, join=False)
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    out = write_job(job)
+    command = (torchrun_command(nprocs, out) if job["config"]["parallel"] == "ddp"
+               else [sys.executable, "-m", "trainbench.rank_entry", str(out)])
+    with open(out / "launcher.log", "wb") as log:
+        process = subprocess.Popen(command, env=_child_env(job), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # one process group: ended together, whatever happens
     try:
         with suspended():  # the processes watch their own progress; the deadline bounds the wait for them
-            while not context.join(timeout=max(1.0, deadline - time.monotonic())):  # returns as each one exits
-                if time.monotonic() > deadline:
-                    for process in context.processes:
-                        process.kill()
-                    raise RuntimeError(f"still running after {JOIN_TIMEOUT_S} s (a collective hung?)")
-    except (RuntimeError, ProcessException) as e:
-        errors = "\n".join(p.read_text() for p in sorted(Path(out_dir).glob("rank*.err")))
-        shutil.rmtree(out_dir, ignore_errors=True)
-        raise ProcessFailed(f"{job['case']}: {what} failed:\n{errors or e}") from None
+            returncode = process.wait(timeout=JOIN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _end(process, out)
+        errors = _errors(out)
+        shutil.rmtree(out, ignore_errors=True)
+        raise ProcessFailed(f"{job['case']}: {what} still running after {JOIN_TIMEOUT_S} s (a collective hung?)"
+                            + (f":\n{errors}" if errors else "")) from None
     except BaseException:  # Ctrl-C or SIGTERM in the parent: no rank outlives it, no temp folder stays
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-        for process in context.processes:
-            process.join(timeout=10)
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _end(process, out)
+        shutil.rmtree(out, ignore_errors=True)
         raise
-    return Path(out_dir)
+    if returncode != 0:
+        errors = _errors(out)
+        shutil.rmtree(out, ignore_errors=True)
+        raise ProcessFailed(f"{job['case']}: {what} failed (exit status {returncode}):\n{errors}")
+    return out
+
+
+def _errors(out: Path) -> str:
+    """The ranks' tracebacks, or else the end of the launcher's output."""
+    errors = "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))
+    if errors:
+        return errors
+    log = out / "launcher.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
 
 
 def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
                 case: str, recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False
                 ) -> tuple[Result, dict[str, torch.Tensor] | None]:
-    """Run ``config`` (parallel="ddp") in ``config.world_size`` processes; rank 0's Result and gradients."""
+    """Run ``config`` (parallel="ddp") as ``config.world_size`` torchrun ranks; rank 0's Result and gradients."""
     settings = dataclasses.replace(settings, fixed_warmup=True)
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
     out = _launch(job, config.world_size, backend, "a DDP rank")

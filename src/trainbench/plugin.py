@@ -675,6 +675,7 @@ class TrainBench:
             "budget": outcome.budget_status + (" +guard FAIL" if any(
                 not v.ok for v in outcome.guard_verdicts) else ""),
             "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
+            "ranks": record.get("ranks"),
             "compare_fail": self.budgets.compare_thresholds(self.state.runner.caps, outcome.case)})
         if outcome.trace is not None:
             self.state.traces.append((outcome.case, outcome.trace))
@@ -746,11 +747,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
                                              f"breakdown: {', '.join(mismatched)}" if mismatched else
                                              "; each case's own setup predicted exactly as measured"))
+    for row in state.rows:
+        if row.get("ranks"):
+            terminalreporter.write_line(_ranks_line(row["case"], row["ranks"]))
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
     if state.comparison is not None:
         _write_comparison(terminalreporter, state)
+
+
+def _ranks_line(case: str, ranks: dict) -> str:
+    """One line per distributed case: launcher, ranks, scaling, gradients, each rank's median step."""
+    import statistics
+
+    medians = ", ".join(f"{statistics.median(r['round_step_times_s']) * 1e3:.1f}" for r in ranks["per_rank"])
+    scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['scaling_vs']} (ideal speed-up "
+               f"{ranks['ideal_speedup']:g}x)" if "scaling_efficiency" in ranks else "no scaling efficiency (its "
+               "baseline was not measured: no ratio budget)")
+    spread = ranks["max_grad_difference_between_ranks"]
+    return (f"ranks {case}: {ranks['world_size']} under {ranks['launcher']}, {ranks['dist_backend']}; {scaling}; "
+            f"gradients {'identical on every rank' if not spread else f'DIFFER by {spread:.3g}'}; "
+            f"median step per rank {medians} ms")
 
 
 def _write_comparison(terminalreporter, state: SessionState) -> None:

@@ -115,6 +115,8 @@ class Result:
     # Other processes' CPU use and the load average while the case was measured (trainbench.host.LoadMeter).
     machine_load: dict | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
+    # DDP: world size, launcher, each rank's rounds and memory, the gradients' spread between ranks, the ideal speed-up
+    ranks: dict | None = None
 
     # -- derived timing -------------------------------------------------------------
     @property
@@ -224,6 +226,7 @@ def case_record(result: Result, **case_fields) -> dict:
         "device": result.device,
         "notes": result.notes,
         "machine_load": result.machine_load,
+        "ranks": result.ranks,
         "phase_seconds": result.phase_seconds,
         **case_fields,
     }

@@ -126,7 +126,21 @@ class CaseOutcome:
             fields["ladder"] = self.ladder
         if self.trace is not None:
             fields["trace"] = self.trace
-        return case_record(self.result, **fields)
+        record = case_record(self.result, **fields)
+        if record["ranks"] and self.speedup is not None and self.baseline_recipe is not None:
+            # vs one process training the same global batch: the speed-up over what perfect scaling would give
+            record["ranks"] = {**record["ranks"], "scaling_efficiency": self.speedup / record["ranks"]["ideal_speedup"],
+                               "scaling_vs": self.baseline_recipe.name}
+        return record
+
+
+def _rank_failures(outcome: CaseOutcome) -> list[str]:
+    """Data-parallel ranks must hold identical gradients after the all-reduce; one line when they do not."""
+    spread = (outcome.result.ranks or {}).get("max_grad_difference_between_ranks")
+    if not spread:
+        return []
+    return [(f"{outcome.case}: the ranks' first-step gradients differ after DDP's all-reduce (largest difference "
+            f"{spread:.3g}); every rank must hold the same gradients")]
 
 
 def _failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:
@@ -206,6 +220,7 @@ class Runner:
         try:  # what only the built model tells (for the case or its baseline) skips the case
             with watch(self.settings.no_progress_s):
                 self._measure_loaded(outcome, spec, overrides)
+                outcome.failures += _rank_failures(outcome)
                 if outcome.baseline_recipe is not None:
                     started = time.perf_counter()
                     with phase("the correctness guard"):
