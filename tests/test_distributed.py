@@ -220,3 +220,32 @@ def test_sigterm_during_a_ddp_case_ends_torchrun_and_every_rank_and_removes_the_
         assert not job_dir.exists()
     finally:
         parent.kill()
+
+
+def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(cpu, profile, mlp, quick, tmp_path):
+    from trainbench.budgets import Budgets
+    from trainbench.runner import Runner
+
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
+                    'max_optimizer_state_mib_ratio = 0.55\n')
+    outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path))
+    assert outcome.failures == [] and outcome.baseline_recipe.name == "ddp_gloo"
+    assert [v.kind for v in outcome.guard_verdicts] == ["gradients"] and outcome.guard_verdicts[0].ok
+    fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
+    for part in ("params", "grads", "optimizer_state"):
+        assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
+    assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
+    assert "scaling_efficiency" not in outcome.record()["ranks"]  # its baseline is DDP, not one process
+
+
+def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, profile, monkeypatch):
+    import torch.distributed.fsdp
+
+    from trainbench.recipes import unmet
+
+    assert unmet(get_recipe("fsdp_gloo"), cpu.caps(), profile) is None
+    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
+    assert unmet(get_recipe("fsdp_gloo"), cpu.caps(), profile) == (
+        "fsdp_gloo: needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none")
+    assert unmet(get_recipe("ddp_gloo"), cpu.caps(), profile) is None

@@ -30,12 +30,12 @@ SUITE: dict[str, tuple[str, ...]] = {
         "optimizer_foreach", "optimizer_fused", "anomaly_detection", "profiler_left_on", "emit_nvtx",
         "deterministic", "loss_item_every_n",
         # scale
-        "ddp",
+        "ddp", "fsdp",
     ),
     # A second model family; also where accumulation can promise exact gradients (LayerNorm, no BatchNorm).
     "transformer": (
         "baseline", "amp_bf16", "amp_fp16", "larger_batch", "grad_accumulation", "checkpointing", "set_to_none",
-        "optimizer_foreach", "eval_inference_mode", "ddp_gloo",
+        "optimizer_foreach", "eval_inference_mode", "ddp_gloo", "fsdp_gloo",
     ),
     # The seeds' pointwise-fusion example (a hand-written GELU) inside a model.
     "gelu_mlp": ("baseline", "fuse_pointwise_script", "fuse_pointwise_compile"),

@@ -103,16 +103,25 @@ def barrier_rounds(barrier):
     return runner
 
 
-def gradient_spread(model: torch.nn.Module) -> float:
-    """The largest difference of any gradient element between ranks, after DDP's all-reduce (0.0: identical).
+def full_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's whole gradient on this rank (an FSDP shard is gathered: a collective, every rank calls it)."""
+    grads = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            grad = p.grad.detach()
+            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).float()
+    return grads
+
+
+def gradient_spread(grads: dict[str, torch.Tensor]) -> float:
+    """The largest difference of any gradient element between ranks (0.0: identical).
 
     Every rank all-reduces its flattened gradients once with MAX and once with MIN; equal vectors mean
     every rank holds the same gradients bit for bit, as data-parallel training requires.
     """
     import torch.distributed as dist
 
-    grads = [p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None]
-    flat = torch.cat(grads) if grads else torch.zeros(1)
+    flat = torch.cat([g.flatten() for g in grads.values()]) if grads else torch.zeros(1)
     high, low = flat.clone(), flat.clone()
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
@@ -145,7 +154,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
 
     sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
     config = TrainConfig(**job["config"])
-    distributed = config.parallel == "ddp"
+    distributed = config.rank_processes
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if distributed and world != config.world_size:
@@ -166,14 +175,13 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     ranks: dict = {}
     with watch(settings.no_progress_s), Training(config, spec, backend) as training:
         if distributed:
-            # First-step gradients from the seeded weights, after DDP's all-reduce: identical on every rank, and the
-            # guard's input (rank 0's).
+            # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
+            # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
             training.forward_backward(training.fetch(training.batches()))
-            ranks["max_grad_difference_between_ranks"] = gradient_spread(training.model)
+            grads = full_gradients(training.model)
+            ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)
             if job["want_grads"] and rank == 0:
-                grads = {n: p.grad.detach().float().cpu().numpy() for n, p in training.model.named_parameters()
-                         if p.grad is not None}
-                np.savez(out / "grads.npz", **grads)
+                np.savez(out / "grads.npz", **{n: g.cpu().numpy() for n, g in grads.items()})
         m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
         result = m.run(barrier_rounds(dist.barrier) if distributed else run_rounds)
     if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
@@ -204,9 +212,9 @@ def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Pro
         "config": dataclasses.asdict(config),
         "spec": spec_reference(spec),
         "sys_path": list(sys.path),
-        "rank_devices": [backend.rank_device_spec(rank) if config.parallel == "ddp" else str(backend.device)
+        "rank_devices": [backend.rank_device_spec(rank) if config.rank_processes else str(backend.device)
                          for rank in range(config.world_size)],
-        "threads": backend.rank_threads(config.world_size) if config.parallel == "ddp" else torch.get_num_threads(),
+        "threads": backend.rank_threads(config.world_size) if config.rank_processes else torch.get_num_threads(),
         "profile": profile.name,
         "settings": dataclasses.asdict(settings),
         "case": case,
@@ -269,7 +277,7 @@ def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
     """Run the job in ``nprocs`` new interpreters (torchrun for DDP); returns the folder they wrote to (caller removes it)."""
     backend.release_memory()  # the parent's cached blocks would share the GPU with the new processes
     out = write_job(job)
-    command = (torchrun_command(nprocs, out) if job["config"]["parallel"] == "ddp"
+    command = (torchrun_command(nprocs, out) if TrainConfig(**job["config"]).rank_processes
                else [sys.executable, "-m", "trainbench.rank_entry", str(out)])
     with open(out / "launcher.log", "wb") as log:
         process = subprocess.Popen(command, env=_child_env(job), stdout=log, stderr=subprocess.STDOUT,

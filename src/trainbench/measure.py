@@ -147,6 +147,15 @@ _MEMTRACKER_CATEGORIES = {
     "ACT": "activations",
     "TEMP": "temporaries",
     "OTH": "other",
+    # FSDP2 (FSDPMemTracker): a rank's own shards are its parameters and gradients; the whole tensors it gathers
+    # for a block, and the collectives' buffers, are its own entries.
+    "SHARDED_PARAM": "params",
+    "UNSHARDED_PARAM": "unsharded_params",
+    "SHARDED_GRAD": "grads",
+    "UNSHARDED_GRAD": "unsharded_grads",
+    "ALL_GATHER": "all_gather",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "INP": "inputs",
 }
 
 
@@ -331,11 +340,16 @@ class Measurement:
 
     def tracked_breakdown(self) -> dict[str, int]:
         """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
-        from torch.distributed._tools.mem_tracker import MemTracker
-
         training = self.training
-        tracker = MemTracker()
-        tracker.track_external(training.model, training.optimizer)
+        if training.config.parallel == "fsdp":  # sharded and gathered parameters and gradients told apart
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            tracker = FSDPMemTracker(training.model, training.optimizer)
+        else:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = MemTracker()
+            tracker.track_external(training.model, training.optimizer)
         micro_batches = training.fetch(self._batches)  # outside the tracker: loader transforms are modules too
         # MemTracker follows one forward of the root module per iteration and raises on a second;
         # its per-module stats are not read here (only its global peak), so clear them before each.

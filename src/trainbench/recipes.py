@@ -28,7 +28,8 @@ LOSS_HISTORY_MODES = (None, "tensor", "detach", "item")
 EVAL_MODES = (None, "autograd", "no_grad", "inference_mode")
 SYNTHETIC_MODES = (None, "host", "device")
 FUSE_MODES = (None, "script", "compile")
-PARALLEL_MODES = (None, "dp", "ddp")
+PARALLEL_MODES = (None, "dp", "ddp", "fsdp")
+RANK_PARALLEL_MODES = ("ddp", "fsdp")  # one process per rank, launched by torchrun
 SDPA_BACKENDS = (None, "math", "flash", "efficient")
 
 
@@ -74,8 +75,10 @@ class TrainConfig:
     debug: str | None = None  # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"
     deterministic: bool = False  # torch.use_deterministic_algorithms(True)
     # -- scale
-    parallel: str | None = None  # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank
-    world_size: int = 1  # processes under "ddp" (batch_size is per process)
+    # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank; "fsdp": FSDP2
+    # (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded over the ranks)
+    parallel: str | None = None
+    world_size: int = 1  # processes under "ddp"/"fsdp" (batch_size is per process)
     replicas: int = 1  # GPUs under "dp": the one process's batch is scattered over them
     dist_backend: str | None = None  # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
     seed: int = 0
@@ -112,13 +115,25 @@ class TrainConfig:
             raise ConfigError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
         if self.synthetic and (self.num_workers or self.pin_memory or self.uint8_transfer or self.channels_last_input):
             raise ConfigError("synthetic batches bypass the DataLoader: loader knobs (workers, pinning, uint8) do not apply")
-        if (self.world_size > 1) != (self.parallel == "ddp"):
-            raise ConfigError(f"world_size > 1 goes with parallel='ddp' (one process per rank); got parallel={self.parallel!r}, "
-                             f"world_size={self.world_size}")
+        if (self.world_size > 1) != self.rank_processes:
+            raise ConfigError(f"world_size > 1 goes with parallel='ddp' or 'fsdp' (one process per rank); got "
+                             f"parallel={self.parallel!r}, world_size={self.world_size}")
         if (self.replicas > 1) != (self.parallel == "dp"):
             raise ConfigError(f"replicas > 1 goes with parallel='dp' (one process, several GPUs); got "
                              f"parallel={self.parallel!r}, replicas={self.replicas}")
         return self
+
+    @property
+    def rank_processes(self) -> bool:
+        """Trained by ``world_size`` rank processes in a process group (DDP, FSDP2), not in this process."""
+        return self.parallel in RANK_PARALLEL_MODES
+
+    def one_process_equivalent(self) -> TrainConfig:
+        """The same training in one process: the global batch of every rank (what the ranks' gradients equal)."""
+        if not self.rank_processes:
+            return self
+        return dataclasses.replace(self, parallel=None, world_size=1, dist_backend=None,
+                                   batch_multiplier=self.batch_multiplier * self.world_size)
 
     def step_batch_size(self, spec: TrainingSpec) -> int:
         """Samples per optimizer step in one process."""
@@ -258,8 +273,9 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
         return "the spec names no checkpoint_blocks to recompute"
     if (config.num_workers or config.pin_memory or config.uint8_transfer) and spec.dataset is None:
         return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
-    if config.parallel == "ddp" and (spec.dataset is None or config.synthetic):
-        return "DDP shards a Dataset across its ranks (each rank its slice of every global batch); the spec has none"
+    if config.rank_processes and (spec.dataset is None or config.synthetic):
+        return (f"{config.parallel.upper()} shards a Dataset across its ranks (each rank its slice of every global "
+                "batch); the spec has none")
     if config.synthetic and spec.batches is None:
         return "the spec has no batches factory to make synthetic batches with"
     for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
@@ -305,9 +321,25 @@ def unmet(recipe: Recipe, caps: DeviceCaps, profile: Profile, spec: TrainingSpec
         config = config or recipe.config(profile)
         if config.amp == "bf16" and caps.bf16 is False:
             reason = f"needs bfloat16 support; {caps.name} has none"
+        elif config.rank_processes:
+            reason = _distributed_unmet(config.parallel)
     if reason is None and spec is not None:
         reason = spec_unmet(spec, config)
     return f"{recipe.name}: {reason}" if reason else None
+
+
+def _distributed_unmet(parallel: str) -> str | None:
+    """What this PyTorch build lacks for rank processes of ``parallel`` ("ddp", "fsdp"), or None."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "this PyTorch build has no torch.distributed"
+    if parallel == "fsdp":
+        from torch.distributed import fsdp
+
+        if not hasattr(fsdp, "fully_shard"):
+            return "needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none"
+    return None
 
 
 def compose(name: str, *recipes: Recipe, description: str | None = None, baseline: str = "baseline") -> Recipe:
@@ -502,11 +534,23 @@ RECIPES: dict[str, Recipe] = {
             baseline="one_process",
             grad_rtol=1e-4,  # the all-reduce averages two half-batch means: fp32 sums in another order
         ),
+        Recipe(
+            "fsdp_gloo",
+            "FSDP2 (fully_shard per block, then the model) over gloo: 2 CPU processes as ddp_gloo, each holding half of "
+            "the parameters, gradients and optimizer state between steps",
+            {"parallel": "fsdp", "world_size": 2, "dist_backend": "gloo"},
+            Requirements(cpu_only=True),
+            baseline="ddp_gloo",
+            grad_rtol=1e-4,  # the reduce-scatter sums the two half-batch gradients in another order than the all-reduce
+        ),
         Recipe("data_parallel", "nn.DataParallel: one process scatters twice the spec's batch over 2 GPUs",
                {"parallel": "dp", "replicas": 2, "batch_multiplier": 2}, _TWO_GPUS, reference=True),
         Recipe("ddp", "DistributedDataParallel over NCCL: one process per GPU, the spec's batch each (vs DataParallel). "
                "Unguarded: ResNet-18's BatchNorm statistics are per GPU in both, computed on other splits",
                {"parallel": "ddp", "world_size": 2, "dist_backend": "nccl"}, _TWO_GPUS, baseline="data_parallel"),
+        Recipe("fsdp", "FSDP2 over NCCL: one process per GPU as ddp, each GPU holding half of the parameters, gradients "
+               "and optimizer state between steps", {"parallel": "fsdp", "world_size": 2, "dist_backend": "nccl"},
+               _TWO_GPUS, baseline="ddp", grad_rtol=1e-4),
         Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",
                {"loss_history": "item", "log_every": ByProfile(cpu=10, gpu=50)}, baseline="loss_item", loss_rtol=1e-6),
     ]

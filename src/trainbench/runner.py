@@ -43,8 +43,8 @@ def interleave_blocker(config: TrainConfig) -> str | None:
     DDP ranks are other processes; these knobs flip process-wide state, so the other
     setup's rounds would run under them too.
     """
-    if config.parallel == "ddp":
-        return "DDP ranks run in other processes"
+    if config.rank_processes:
+        return f"{config.parallel.upper()} ranks run in other processes"
     for knob in ("cudnn_benchmark", "deterministic", "debug", "empty_cache"):
         if getattr(config, knob):
             return f"{knob} changes process-wide state"
@@ -127,7 +127,7 @@ class CaseOutcome:
         if self.trace is not None:
             fields["trace"] = self.trace
         record = case_record(self.result, **fields)
-        if record["ranks"] and self.speedup is not None and self.baseline_recipe is not None:
+        if record["ranks"] and self.speedup is not None and self.baseline is not None and not self.baseline.ranks:
             # vs one process training the same global batch: the speed-up over what perfect scaling would give
             record["ranks"] = {**record["ranks"], "scaling_efficiency": self.speedup / record["ranks"]["ideal_speedup"],
                                "scaling_vs": self.baseline_recipe.name}
@@ -480,7 +480,7 @@ class Runner:
 
     def _measure(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
                  fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
-        if config.parallel == "ddp":
+        if config.rank_processes:
             from .distributed import measure_ddp
 
             result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
@@ -509,8 +509,9 @@ class Runner:
             losses = loss_trajectory(config, spec, self.backend)
             verdicts.append(compare_trajectories(losses, self._trajectories[key], recipe.loss_rtol))
         if recipe.grad_rtol is not None:
-            base_grads = first_step_gradients(base_config, spec, self.backend)
-            if config.parallel == "ddp":  # recorded by rank 0 while the case was measured
+            # A baseline trained by rank processes (fsdp_gloo's ddp_gloo) has the gradients of its one-process equal.
+            base_grads = first_step_gradients(base_config.one_process_equivalent(), spec, self.backend)
+            if config.rank_processes:  # recorded by rank 0 while the case was measured
                 grads = self._ddp_grads
             else:
                 grads = first_step_gradients(config, spec, self.backend)

@@ -183,12 +183,12 @@ class Training:
         self.loader = None
         if not self.synthetic:
             dataset = spec.make_dataset(config.pixels)
-            if config.parallel == "ddp":
+            if config.rank_processes:
                 import torch.distributed as dist
 
                 if not dist.is_initialized() or dist.get_world_size() != config.world_size:
-                    raise RuntimeError(f"parallel='ddp' needs an initialized process group of {config.world_size} ranks "
-                                       "(trainbench.distributed launches them)")
+                    raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
+                                       f"{config.world_size} ranks (trainbench.distributed launches them)")
                 sampler = RankSampler(len(dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
             else:
                 sampler = EndlessSampler(len(dataset), config.seed)
@@ -222,6 +222,14 @@ class Training:
             from torch.nn.parallel import DistributedDataParallel
 
             wrapped = DistributedDataParallel(model, device_ids=backend.ddp_device_ids())
+        elif config.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
+            # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
+            for name in spec.checkpoint_blocks:
+                fully_shard(model.get_submodule(name))
+            fully_shard(model)  # in place: the parameters become DTensor shards, the names stay
         self.forward = torch.compile(wrapped) if config.compile else wrapped
         self.optimizer = build_optimizer(spec, model.parameters(), config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None

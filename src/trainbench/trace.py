@@ -42,8 +42,8 @@ class TraceRequest:
 
 def untraceable(config: TrainConfig, fresh_process_reason: str | None) -> str | None:
     """Why a case's trace cannot be taken in this process, or None."""
-    if config.parallel == "ddp":
-        return "DDP ranks run in other processes"
+    if config.rank_processes:
+        return f"{config.parallel.upper()} ranks run in other processes"
     if fresh_process_reason:
         return f"the case runs in a fresh process ({fresh_process_reason})"
     if config.debug in ("profiler", "nvtx"):
