@@ -88,33 +88,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(cpu, profile, mlp, quick):
+def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(capsys):
+    """What the README tells a multi-node user to do, with 2 "nodes" of 1 rank on this machine."""
     import json
     import os
+    import shlex
     import shutil
     import subprocess
+    from pathlib import Path
 
-    from trainbench.distributed import _job, torchrun_command, write_job
+    from trainbench.__main__ import main
     from trainbench.result import Result
 
-    recipe = get_recipe("ddp_gloo")
-    job = _job(recipe.config(profile), mlp, cpu, profile, dataclasses.replace(quick, fixed_warmup=True),
-               "mlp-ddp_gloo", recipe.name, 0)
-    out = write_job(job)
-    port = _free_port()
+    endpoint = f"127.0.0.1:{_free_port()}"
+    assert main(["torchrun-job", "mlp-ddp_gloo", "--nnodes=2", "--nproc-per-node=1", f"--rdzv-endpoint={endpoint}",
+                 "--device=cpu", "--rounds=2", "--steps-per-round=2", "--min-warmup=1"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    out = Path(printed[0].split()[1])
+    [command] = [shlex.split(line) for line in printed if "torch.distributed.run" in line]
     try:
-        nodes = [subprocess.Popen(torchrun_command(1, out, ["--nnodes=2", f"--node-rank={node}", "--rdzv-backend=c10d",
-                                                            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=trainbench"]),
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, start_new_session=True) for node in (0, 1)]
+        nodes = [subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, start_new_session=True) for _ in range(2)]
         outputs = [node.communicate(timeout=300)[0].decode(errors="replace") for node in nodes]
         assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
         result = Result(**json.loads((out / "result.json").read_text()))
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    assert f"--rdzv-endpoint={endpoint}" in command and "--nnodes=2" in command
     assert result.ranks["world_size"] == 2 and len(result.ranks["per_rank"]) == 2
     assert result.ranks["max_grad_difference_between_ranks"] == 0.0
-    assert result.samples_per_s == pytest.approx(32 / result.step_time_s)
+    assert result.samples_per_s == pytest.approx(32 / result.step_time_s) and len(result.round_step_times_s) == 2
+
+
+def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
+    from trainbench.__main__ import main
+
+    assert main(["torchrun-job", "mlp-amp_bf16", "--device=cpu"]) == 2
+    assert "trains in one process; torchrun runs DDP and FSDP cases" in capsys.readouterr().err
 
 
 def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):

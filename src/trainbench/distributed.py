@@ -245,6 +245,29 @@ def write_job(job: dict) -> Path:
     return out
 
 
+def scale_out_job(case_id: str, nnodes: int, nproc_per_node: int, backend: Backend, profile: Profile,
+                  settings: MeasureSettings) -> Path:
+    """The job of a DDP or FSDP case (``<workload>-<recipe>``) over ``nnodes`` x ``nproc_per_node`` ranks, in a new
+    folder that torchrun runs on every node (``python -m trainbench torchrun-job`` prints the commands)."""
+    from .recipes import get_recipe
+
+    workload, _, recipe_name = case_id.partition("-")
+    if workload not in WORKLOADS:
+        raise SpecError(f"{case_id!r}: no built-in workload {workload!r} (expected <workload>-<recipe>, "
+                        f"workloads: {', '.join(sorted(WORKLOADS))})")
+    recipe = get_recipe(recipe_name)
+    config = recipe.config(profile)
+    if not config.rank_processes:
+        raise SpecError(f"{case_id!r}: recipe {recipe_name!r} trains in one process; torchrun runs DDP and FSDP cases")
+    if nnodes < 1 or nproc_per_node < 1:
+        raise SpecError(f"{case_id!r}: --nnodes and --nproc-per-node must be >= 1, got {nnodes} and {nproc_per_node}")
+    config = dataclasses.replace(config, world_size=nnodes * nproc_per_node)  # the recipe, scaled out
+    job = _job(config, resolve_spec(workload, profile), backend, profile, dataclasses.replace(settings, fixed_warmup=True),
+               case_id, recipe.name, recipe.extra_warmup_steps)
+    job["rank_devices"] = [backend.rank_device_spec(r) for r in range(nproc_per_node)]  # by LOCAL_RANK on each node
+    return write_job(job)
+
+
 def _child_env(job: dict) -> dict:
     env = {**os.environ, **job["env"]}
     if job["threads"]:  # torchrun would otherwise set OMP_NUM_THREADS=1 for every rank (with a warning)
