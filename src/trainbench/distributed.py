@@ -285,7 +285,16 @@ def _end(process: subprocess.Popen, out: Path) -> None:
         _signal_group(process.pid, signal.SIGKILL)
         process.wait()
     for pid_file in out.glob("rank*.pid"):
-        _signal_group(int(pid_file.read_text() or 0), signal.SIGKILL)
+        pid = int(pid_file.read_text() or 0)
+        if _runs_job(pid, out):  # not a process that reused the pid of a rank that ended
+            _signal_group(pid, signal.SIGKILL)
+
+
+def _runs_job(pid: int, out: Path) -> bool:
+    try:
+        return str(out) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False  # gone (or no /proc: torchrun's own SIGTERM handling ended its ranks)
 
 
 def _signal_group(pid: int, sig: int) -> None:
