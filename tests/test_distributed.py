@@ -1,6 +1,7 @@
 """DDP over gloo: two rank processes on the CPU, the path a GPU nightly takes with NCCL."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,3 +260,67 @@ def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, profil
     assert unmet(get_recipe("fsdp_gloo"), cpu.caps(), profile) == (
         "fsdp_gloo: needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none")
     assert unmet(get_recipe("ddp_gloo"), cpu.caps(), profile) is None
+
+
+SESSION_WITH_A_STUCK_DDP_CASE = '''
+import dataclasses, time
+import pytest
+import torch
+from trainbench.workloads import PROFILES, resolve_spec
+
+class Stuck(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+    def __len__(self):
+        return len(self.items)
+    def __getitem__(self, i):
+        time.sleep(3600)
+
+MLP = resolve_spec("mlp", PROFILES["cpu"])
+STUCK = dataclasses.replace(MLP, name="stuck", dataset=lambda: Stuck(MLP.dataset()))
+
+def test_a_finished(train_bench):
+    train_bench("baseline", "mlp")
+
+def test_b_stuck_ddp(train_bench):
+    train_bench("ddp_gloo", STUCK)
+'''
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(pytester, signum):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytester.makepyfile(test_session=SESSION_WITH_A_STUCK_DDP_CASE)
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--benchmark-save=run", "--trainbench-device=cpu", "--trainbench-rounds=2",
+         "--trainbench-steps-per-round=2", "--trainbench-min-warmup=1", "-p", "no:cacheprovider"],
+        cwd=pytester.path, env={**os.environ, "PYTHONPATH": str(pytester.path)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    try:
+        deadline, launcher, ranks = time.monotonic() + 180, None, []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            children = _children()
+            launcher = next(iter(children.get(session.pid, [])), None)
+            ranks = children.get(launcher, []) if launcher else []
+            time.sleep(0.2)
+        assert len(ranks) == 2, "the DDP case's ranks did not start within 180 s"
+        job_dir = Path(Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[-2].decode())
+        started = time.monotonic()
+        session.send_signal(getattr(signal, signum))
+        output = session.communicate(timeout=120)[0].decode(errors="replace")
+        assert time.monotonic() - started < 60, output
+    finally:
+        session.kill()
+    assert session.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "trainbench summary" in output and "mlp-baseline" in output
+    assert not [pid for pid in [launcher, *ranks] if _alive(pid)], "torchrun or a rank outlived the session"
+    assert not job_dir.exists()
+    [saved] = list(pytester.path.rglob("0001_run.json"))
+    kept = json.loads(saved.read_text())
+    assert kept["trainbench_incomplete"] is True and [b["name"] for b in kept["benchmarks"]] == ["test_a_finished"]
