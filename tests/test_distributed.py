@@ -142,7 +142,7 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     # The case's round is its slowest rank's round.
     assert outcome.result.round_step_times_s == [max(t) for t in zip(*(r["round_step_times_s"] for r in ranks["per_rank"]))]
     assert ranks["per_rank"][0]["memory_breakdown_bytes"] == ranks["per_rank"][1]["memory_breakdown_bytes"]
-    assert ranks["ideal_speedup"] == 1.0 and ranks["scaling_vs"] == "one_process"
+    assert ranks["ideal_speedup"] == 1.0 and ranks["speedup_vs"] == "one_process"
     assert ranks["scaling_efficiency"] == pytest.approx(outcome.speedup)
 
 
@@ -247,7 +247,8 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
     for part in ("params", "grads", "optimizer_state"):
         assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
     assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
-    assert "scaling_efficiency" not in outcome.record()["ranks"]  # its baseline is DDP, not one process
+    ranks = outcome.record()["ranks"]
+    assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
 def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, profile, monkeypatch):

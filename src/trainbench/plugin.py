@@ -762,9 +762,13 @@ def _ranks_line(case: str, ranks: dict) -> str:
     import statistics
 
     medians = ", ".join(f"{statistics.median(r['round_step_times_s']) * 1e3:.1f}" for r in ranks["per_rank"])
-    scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['scaling_vs']} (ideal speed-up "
-               f"{ranks['ideal_speedup']:g}x)" if "scaling_efficiency" in ranks else "no scaling efficiency (its "
-               "baseline was not measured: no ratio budget)")
+    if "scaling_efficiency" in ranks:
+        scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['speedup_vs']} (ideal speed-up "
+                   f"{ranks['ideal_speedup']:g}x)")
+    elif "speedup_vs" in ranks:
+        scaling = f"compared with {ranks['speedup_vs']}, itself distributed (scaling efficiency is vs one process)"
+    else:
+        scaling = "no scaling efficiency (no ratio budget asked for its one-process baseline)"
     spread = ranks["max_grad_difference_between_ranks"]
     return (f"ranks {case}: {ranks['world_size']} under {ranks['launcher']}, {ranks['dist_backend']}; {scaling}; "
             f"gradients {'identical on every rank' if not spread else f'DIFFER by {spread:.3g}'}; "

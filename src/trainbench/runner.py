@@ -127,10 +127,11 @@ class CaseOutcome:
         if self.trace is not None:
             fields["trace"] = self.trace
         record = case_record(self.result, **fields)
-        if record["ranks"] and self.speedup is not None and self.baseline is not None and not self.baseline.ranks:
-            # vs one process training the same global batch: the speed-up over what perfect scaling would give
-            record["ranks"] = {**record["ranks"], "scaling_efficiency": self.speedup / record["ranks"]["ideal_speedup"],
-                               "scaling_vs": self.baseline_recipe.name}
+        if record["ranks"] and self.speedup is not None:
+            ranks = record["ranks"] = {**record["ranks"], "speedup_vs": self.baseline_recipe.name}
+            if not self.baseline.ranks:
+                # vs one process training the same global batch: the speed-up over what perfect scaling would give
+                ranks["scaling_efficiency"] = self.speedup / ranks["ideal_speedup"]
         return record
 
 
