@@ -1,0 +1,205 @@
+"""A/B of two Python environments in one run: is the head (a PyTorch upgrade, a branch) slower or hungrier?
+
+Each side is a long-lived worker process (``trainbench.ab_worker``) started with that side's
+Python, so each imports its own torch. For a case, both sides build the same setup (same
+recipe, spec, seeds and data), warm up, and then their timed rounds alternate on the same
+device in ABBA order (base, head, head, base, ...), so a slow spell of the machine falls on
+both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
+Their median, a 95% bootstrap interval and a one-sided sign test decide the timed verdict;
+deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly; the loss
+guard compares both sides' losses over the seeded steps. The verdict has the gate's shape
+(``trainbench.compare``), with both environments' identities.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, verdict_json
+from .result import METRICS, CaseRecord, Result, case_record
+
+TIMED = ("step_time_ms", "samples_per_s")  # compared pair by pair
+START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
+
+
+class SideError(RuntimeError):
+    """A side could not start, or failed a command: the message names the side and its Python."""
+
+
+class Side:
+    """One environment: ``python -m trainbench.ab_worker`` under ``python``, one JSON line per command."""
+
+    def __init__(self, label: str, python: str, env: dict[str, str] | None = None):
+        self.label, self.python = label, python
+        # The worker's stderr, kept while the side lives (its tail explains a worker that ended).
+        self.log = tempfile.NamedTemporaryFile(prefix=f"trainbench-ab-{label}-", suffix=".log", delete=False)  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen([python, "-m", "trainbench.ab_worker"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                            env={**os.environ, **(env or {})}, start_new_session=True)
+        except OSError as e:
+            raise SideError(f"{label} side ({python}): cannot start it: {e}") from None
+
+    def call(self, command: str, **arguments) -> dict:
+        try:
+            self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            raise SideError(f"{self.label} side ({self.python}): the worker ended during {command!r}:\n{self._log_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise SideError(f"{self.label} side ({self.python}): {command} failed:\n{answer['error']}")
+        return answer
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-30:])
+
+    def close(self) -> None:
+        try:
+            if self.process.poll() is None:
+                self.process.stdin.write(json.dumps({"command": "close"}) + "\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> Side:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class ABCase:
+    """What both sides build: a recipe on a spec (``distributed.spec_reference``), with overrides."""
+
+    case: str
+    recipe: str
+    spec: str
+    profile: str
+    settings: dict
+    overrides: dict = field(default_factory=dict)
+    threads: int | None = None
+
+
+@dataclass
+class ABOutcome:
+    case: str
+    base: Result
+    head: Result
+    pairs: list[tuple[float, float]]  # (base, head) step seconds of each ABBA pair
+    comparisons: list[MetricComparison]
+    guard: object = None  # trainbench.guards.GuardVerdict: both sides' losses over the seeded steps
+
+
+def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None
+          ) -> tuple[Side, Side, dict]:
+    """Both sides started and checked: the same protocol and trainbench version. Returns their identities."""
+    sides = (Side("base", base_python, base_env), Side("head", head_python, head_env))
+    try:
+        hello = {side.label: side.call("hello") for side in sides}
+        versions = {label: (h["protocol"], h["trainbench"]) for label, h in hello.items()}
+        if versions["base"] != versions["head"]:
+            raise SideError(f"trainbench differs between the sides: base {base_python} has {versions['base'][1]} "
+                            f"(protocol {versions['base'][0]}), head {head_python} has {versions['head'][1]} "
+                            f"(protocol {versions['head'][0]}); install the same trainbench in both")
+    except BaseException:
+        for side in sides:
+            side.close()
+        raise
+    return sides[0], sides[1], hello
+
+
+def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[str, float],
+             head_slowdown: float = 0.0, alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
+    """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare."""
+    build = {"recipe": case.recipe, "spec": case.spec, "profile": case.profile, "settings": case.settings,
+             "case": case.case, "overrides": case.overrides, "threads": case.threads}
+    base.call("build", **build)
+    head.call("build", **build, slowdown=head_slowdown)
+    times: list[tuple[float, float]] = []
+    for i in range(pairs):
+        order = (base, head) if i % 2 == 0 else (head, base)  # ABBA: neither side always goes first
+        measured = {side.label: side.call("round")["step_time_s"] for side in order}
+        times.append((measured["base"], measured["head"]))
+    results = {side.label: Result(**side.call("finish")["result"]) for side in (base, head)}  # one at a time
+    guard = None
+    if loss_rtol is not None:  # an upgrade that changes numerics beyond the recipe's tolerance is reported
+        from .guards import compare_trajectories
+
+        guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
+    base_rounds, head_rounds = [b for b, _ in times], [h for _, h in times]
+    results["base"].round_step_times_s, results["head"].round_step_times_s = base_rounds, head_rounds
+    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], thresholds.get(metric, 0.05),
+                                     alpha) for metric in TIMED]
+    deterministic = {m: thresholds.get(m, thresholds.get("deterministic", 0.0)) for m, spec in METRICS.items()
+                     if spec.deterministic}
+    comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
+                                CaseRecord.read(case_record(results["base"]), "base"), deterministic, alpha)
+    return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
+
+
+def paired_comparison(case: str, metric: str, base: Result, head: Result, threshold: float,
+                      alpha: float = DEFAULT_ALPHA) -> MetricComparison:
+    """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its 95% bootstrap
+    interval, and a one-sided sign test in the direction of the change."""
+    from scipy import stats
+
+    from .noise import median_ratio_interval, per_round
+
+    base_values = per_round(metric, base.metrics()[metric], base.round_step_times_s)
+    head_values = per_round(metric, head.metrics()[metric], head.round_step_times_s)
+    ratios = sorted(h / b for h, b in zip(head_values, base_values))
+    median_ratio = _median(ratios)
+    change = median_ratio - 1.0
+    higher_is_better = METRICS[metric].higher_is_better
+    worse = -change if higher_is_better else change
+    low, high = median_ratio_interval(head_values, base_values, paired=True)
+    worse_pairs = sum((r < 1.0) if higher_is_better else (r > 1.0) for r in ratios)
+    direction_worse = worse > 0
+    k = worse_pairs if direction_worse else len(ratios) - worse_pairs
+    p = float(stats.binomtest(k, len(ratios), 0.5, alternative="greater").pvalue) if ratios else math.nan
+    reason = None
+    if abs(worse) > threshold:
+        verdict = "regressed" if direction_worse else "improved"
+        if not p < alpha:
+            reason = f"beyond the threshold but not significant over {len(ratios)} pairs (sign test p={p:.3g})"
+    else:
+        verdict = "unchanged"
+    return MetricComparison(case, metric, _median(base_values), _median(head_values), change, threshold,
+                            "inconclusive" if reason else verdict, p, (low, high), reason)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else math.nan
+
+
+def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool) -> dict:
+    """The A/B verdict in the gate's JSON shape, with both environments' identities."""
+    comparisons = [c for o in outcomes for c in o.comparisons]
+    result = verdict_json(comparisons, "A/B: base vs head", identities.get("head", {}).get("identity", {}))
+    result.update(ab={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
+                      for label, h in identities.items()},
+                  pairs={o.case: o.pairs for o in outcomes}, gated=gated, new_cases=[], new_cases_allowed=False,
+                  errors=[], strict=False)
+    result["failed"] = gated and (result["counts"]["regressed"] > 0 or result["counts"]["missing"] > 0)
+    return result

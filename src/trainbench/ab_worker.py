@@ -1,0 +1,89 @@
+"""``python -m trainbench.ab_worker``: one side of an A/B run (``trainbench.ab``), in that side's Python.
+
+It reads one JSON command per line on stdin and answers one JSON line on stdout; everything
+else the process prints (torch's warnings, a user's print) goes to stderr, so the protocol
+stays clean. Commands: ``hello``, ``build`` (the case, then its warm-up), ``round`` (one timed
+round), ``finish`` (the memory and work passes: the Result), ``losses`` (the loss guard's
+trajectory), ``close``. An error answers ``{"error": traceback}`` and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import traceback
+
+PROTOCOL = 1
+
+
+class _Worker:
+    def __init__(self):
+        self.backend = self.training = self.measurement = self.config = self.spec = None
+
+    def hello(self) -> dict:
+        import trainbench
+        from trainbench.device import get_backend
+
+        self.backend = get_backend(os.environ.get("TRAINBENCH_AB_DEVICE", "auto"))
+        return {"protocol": PROTOCOL, "trainbench": trainbench.__version__, "python": sys.executable,
+                "identity": self.backend.identity()}
+
+    def build(self, recipe: str, spec: str, profile: str, settings: dict, case: str, overrides: dict,
+              threads: int | None = None, slowdown: float = 0.0) -> dict:
+        import torch
+
+        from trainbench.distributed import load_spec
+        from trainbench.measure import Measurement, MeasureSettings
+        from trainbench.recipes import get_recipe
+        from trainbench.step import InjectedFault, Training
+        from trainbench.workloads import PROFILES
+
+        if threads:
+            torch.set_num_threads(threads)
+        chosen = get_recipe(recipe)
+        self.spec = load_spec(spec, PROFILES[profile])
+        self.config = chosen.config(PROFILES[profile], **overrides)
+        fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
+        self.training = Training(self.config, self.spec, self.backend, fault)
+        self.measurement = Measurement(self.training, case, chosen.name, MeasureSettings(**settings),
+                                       chosen.extra_warmup_steps, profile)
+        self.measurement.warm_up()
+        return {"warmup_steps": self.measurement.result.warmup_steps}
+
+    def round(self) -> dict:
+        self.measurement.time_one_round()
+        return {"step_time_s": self.measurement.result.round_step_times_s[-1]}
+
+    def finish(self) -> dict:
+        self.measurement.measure_after_timing()
+        result = self.measurement.finish()
+        self.training.close()
+        self.training = self.measurement = None
+        return {"result": dataclasses.asdict(result)}
+
+    def losses(self) -> dict:
+        from trainbench.guards import loss_trajectory
+
+        return {"losses": loss_trajectory(self.config, self.spec, self.backend)}
+
+
+def main() -> None:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)  # our answers only
+    os.dup2(2, 1)  # anything else printed goes to stderr
+    worker = _Worker()
+    for line in sys.stdin:
+        request = json.loads(line)
+        command = request.pop("command")
+        if command == "close":
+            break
+        try:
+            answer = getattr(worker, command)(**request)
+        except Exception:  # noqa: BLE001 - any failure of the side is reported to the runner, which names the side
+            answer = {"error": traceback.format_exc()}
+        protocol.write(json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()
