@@ -1,15 +1,19 @@
 """A/B of two environments: the same interpreter on both sides, a planted slowdown in the head."""
 
 import sys
+from dataclasses import asdict
 
 import pytest
 
 from trainbench.ab import ABCase, SideError, run_case, start, verdict
 from trainbench.compare import verdict_table
+from trainbench.recipes import get_recipe
+from trainbench.workloads import PROFILES
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
-CASE = ABCase("mlp-baseline", "baseline", "builtin:mlp", "cpu", SETTINGS, threads=1)
+CASE = ABCase("mlp-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])), "builtin:mlp", "cpu",
+              SETTINGS, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +75,46 @@ def test_a_side_whose_worker_cannot_start_names_the_side_and_why(tmp_path):
     with pytest.raises(SideError, match=r"(?s)head side \(.*python-wrapper\): the worker ended during 'hello'.*"
                                          "No module named trainbench"):
         start(sys.executable, broken)
+
+
+PLUGIN_QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
+                "--trainbench-min-warmup=2", "--trainbench-ab-pairs=8", "-p", "no:cacheprovider"]
+
+CASES = """
+import pytest
+from trainbench.plugin import recipe_params
+
+@pytest.mark.parametrize("recipe", recipe_params("baseline", "ddp_gloo"))
+def test_mlp(train_bench, recipe):
+    train_bench(recipe, "mlp")
+"""
+
+
+def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_verdict(pytester):
+    import json
+
+    pytester.makepyfile(test_cases=CASES)
+    same = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:100%",
+                              "--trainbench-compare-json=ab.json", "-rs", *PLUGIN_QUICK)
+    same.assert_outcomes(passed=1, skipped=1)
+    same.stdout.fnmatch_lines(["*trainbench A/B: base vs head*", f"base: {sys.executable}: torch *",
+                               f"head: {sys.executable}: torch *", "*mlp-baseline*step_time_ms*",
+                               "*ddp_gloo: not in an A/B run: its ranks run in other processes*"])
+    same.stdout.no_fnmatch_line("*samples_per_s*")  # the gate names step time only
+    verdict = json.loads((pytester.path / "ab.json").read_text())
+    assert verdict["gated"] and not verdict["failed"] and len(verdict["pairs"]["mlp-baseline"]) == 8
+    # Every head step 10x as long, against a 20% threshold: a margin no load on this machine closes.
+    slow = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:20%",
+                              "--trainbench-inject-slowdown=900%", "-k", "baseline", *PLUGIN_QUICK)
+    assert slow.ret == pytest.ExitCode.TESTS_FAILED
+    slow.stdout.fnmatch_lines(["*REGRESSION mlp-baseline step_time_ms: * regressed (threshold 20.0%)*"])
+
+
+def test_ab_options_that_contradict_each_other_are_usage_errors(pytester):
+    pytester.makepyfile(test_cases=CASES)
+    saved = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--benchmark-save=x", *PLUGIN_QUICK)
+    assert saved.ret == pytest.ExitCode.USAGE_ERROR
+    saved.stderr.fnmatch_lines(["*--benchmark-save with --trainbench-ab: an A/B run compares two environments*"])
+    missing = pytester.runpytest("--trainbench-ab=/nonexistent/python", *PLUGIN_QUICK)
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["*--trainbench-ab=/nonexistent/python: no such executable*"])

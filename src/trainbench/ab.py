@@ -19,13 +19,14 @@ import os
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, verdict_json
 from .result import METRICS, CaseRecord, Result, case_record
 
 TIMED = ("step_time_ms", "samples_per_s")  # compared pair by pair
+DEFAULT_TIMED_THRESHOLD = 0.05
 START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
 
 
@@ -88,14 +89,15 @@ class Side:
 
 @dataclass
 class ABCase:
-    """What both sides build: a recipe on a spec (``distributed.spec_reference``), with overrides."""
+    """What both sides build: a training config (``TrainConfig`` as a dict) on a spec (``distributed.spec_reference``)."""
 
     case: str
     recipe: str
+    config: dict
     spec: str
     profile: str
     settings: dict
-    overrides: dict = field(default_factory=dict)
+    extra_warmup_steps: int = 0
     threads: int | None = None
 
 
@@ -130,8 +132,9 @@ def start(base_python: str, head_python: str, base_env: dict | None = None, head
 def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[str, float],
              head_slowdown: float = 0.0, alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
     """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare."""
-    build = {"recipe": case.recipe, "spec": case.spec, "profile": case.profile, "settings": case.settings,
-             "case": case.case, "overrides": case.overrides, "threads": case.threads}
+    build = {"config": case.config, "recipe": case.recipe, "extra_warmup_steps": case.extra_warmup_steps,
+             "spec": case.spec, "profile": case.profile, "settings": case.settings, "case": case.case,
+             "threads": case.threads}
     base.call("build", **build)
     head.call("build", **build, slowdown=head_slowdown)
     times: list[tuple[float, float]] = []
@@ -147,8 +150,11 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
     base_rounds, head_rounds = [b for b, _ in times], [h for _, h in times]
     results["base"].round_step_times_s, results["head"].round_step_times_s = base_rounds, head_rounds
-    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], thresholds.get(metric, 0.05),
-                                     alpha) for metric in TIMED]
+    # The timed metrics the thresholds name (both, at 5%, when they name none); deterministic ones always, exactly
+    # unless a threshold says otherwise.
+    timed = [m for m in TIMED if m in thresholds] or list(TIMED)
+    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"],
+                                     thresholds.get(metric, DEFAULT_TIMED_THRESHOLD), alpha) for metric in timed]
     deterministic = {m: thresholds.get(m, thresholds.get("deterministic", 0.0)) for m, spec in METRICS.items()
                      if spec.deterministic}
     comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
@@ -203,3 +209,31 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool) -> dict:
                   errors=[], strict=False)
     result["failed"] = gated and (result["counts"]["regressed"] > 0 or result["counts"]["missing"] > 0)
     return result
+
+
+class ABSession:
+    """Both sides for a whole session: started at the first case, closed at the end, every case's outcome kept."""
+
+    def __init__(self, base_python: str, head_python: str, pairs: int, device_spec: str = "auto"):
+        self.base_python, self.head_python, self.pairs = base_python, head_python, pairs
+        self.env = {"TRAINBENCH_AB_DEVICE": device_spec}
+        self.sides: tuple[Side, Side] | None = None
+        self.identities: dict = {}
+        self.outcomes: list[ABOutcome] = []
+
+    def run(self, case: ABCase, thresholds: dict[str, float], head_slowdown: float = 0.0,
+            alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
+        if self.sides is None:
+            base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env)
+            self.sides = (base, head)
+        outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def verdict(self, gated: bool) -> dict:
+        return verdict(self.outcomes, self.identities, gated)
+
+    def close(self) -> None:
+        for side in self.sides or ():
+            side.close()
+        self.sides = None

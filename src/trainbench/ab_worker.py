@@ -30,25 +30,24 @@ class _Worker:
         return {"protocol": PROTOCOL, "trainbench": trainbench.__version__, "python": sys.executable,
                 "identity": self.backend.identity()}
 
-    def build(self, recipe: str, spec: str, profile: str, settings: dict, case: str, overrides: dict,
-              threads: int | None = None, slowdown: float = 0.0) -> dict:
+    def build(self, config: dict, recipe: str, extra_warmup_steps: int, spec: str, profile: str, settings: dict,
+              case: str, threads: int | None = None, slowdown: float = 0.0) -> dict:
         import torch
 
         from trainbench.distributed import load_spec
         from trainbench.measure import Measurement, MeasureSettings
-        from trainbench.recipes import get_recipe
+        from trainbench.recipes import TrainConfig
         from trainbench.step import InjectedFault, Training
         from trainbench.workloads import PROFILES
 
         if threads:
             torch.set_num_threads(threads)
-        chosen = get_recipe(recipe)
         self.spec = load_spec(spec, PROFILES[profile])
-        self.config = chosen.config(PROFILES[profile], **overrides)
+        self.config = TrainConfig(**config)
         fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
         self.training = Training(self.config, self.spec, self.backend, fault)
-        self.measurement = Measurement(self.training, case, chosen.name, MeasureSettings(**settings),
-                                       chosen.extra_warmup_steps, profile)
+        self.measurement = Measurement(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,
+                                       profile)
         self.measurement.warm_up()
         return {"warmup_steps": self.measurement.result.warmup_steps}
 

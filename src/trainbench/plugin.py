@@ -66,6 +66,7 @@ class SessionState:
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
     benchmark_disabled: bool = False  # --benchmark-disable given: nothing is timed or stored
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
+    ab: object = None  # trainbench.ab.ABSession from --trainbench-ab: cases compared between two environments
     _backend: object = None
     _runner: object = None
 
@@ -116,6 +117,7 @@ _STATE = pytest.StashKey[SessionState]()
 # pytest_keyboard_interrupt gets no config: the state of the session running now.
 _SESSION_STATE: list[SessionState] = []
 INCOMPLETE_KEY = "trainbench_incomplete"
+AB_LOSS_RTOL = 1e-5  # an A/B case's loss guard where its recipe sets none: numerics that moved, reported
 _BUDGETS_PATH = pytest.StashKey[Path | None]()
 
 
@@ -167,6 +169,14 @@ def pytest_addoption(parser):
     group.addoption("--trainbench-profile-trace-cases", default=None, metavar="EXPR",
                     help="with --trainbench-profile-trace: only cases whose id matches this -k style expression "
                          "(e.g. 'resnet18 and not amp'); default every case that runs")
+    group.addoption("--trainbench-ab", default=None, metavar="PYTHON",
+                    help="A/B: run each case in this Python's environment (the head: another venv's python, or a "
+                         "wrapper script that sets variables and execs one) and in the base environment, their timed "
+                         "rounds alternating, and compare pair by pair; --trainbench-compare-fail gates the verdict")
+    group.addoption("--trainbench-ab-base", default=None, metavar="PYTHON",
+                    help="with --trainbench-ab: the base environment's Python (default: the one running pytest)")
+    group.addoption("--trainbench-ab-pairs", type=int, default=12, metavar="N",
+                    help="with --trainbench-ab: ABBA pairs of timed rounds per case (default 12)")
     group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
                     help="plant a regression to prove the gate: wait this fraction (e.g. 20%%) of every timed step")
     group.addoption("--trainbench-inject-leak-mib", type=float, default=0.0, metavar="MIB",
@@ -217,8 +227,36 @@ def pytest_configure(config):
             raise pytest.UsageError(f"trainbench: {e}") from None
     if state.budgets_override is not None:
         state.budgets(state.budgets_override)  # a malformed file stops the session here
-    state.compare_fail, state.fault = _gate_options(config)
+    state.ab = _ab_session(config, device_spec)
+    state.compare_fail, state.fault = _gate_options(config, ab=state.ab is not None)
     _compare_with_this_device(config, state)
+
+
+def _ab_session(config, device_spec: str):
+    """--trainbench-ab's two environments, or None; options that contradict an A/B run are usage errors."""
+    head = config.getoption("--trainbench-ab")
+    base = config.getoption("--trainbench-ab-base")
+    pairs = config.getoption("--trainbench-ab-pairs")
+    if head is None:
+        if base is not None:
+            raise pytest.UsageError("trainbench: --trainbench-ab-base needs --trainbench-ab=PYTHON (the head)")
+        return None
+    for option in ("benchmark_save", "benchmark_autosave", "benchmark_compare"):
+        if config.getoption(option, None):
+            raise pytest.UsageError(f"trainbench: --{option.replace('_', '-')} with --trainbench-ab: an A/B run compares "
+                                    "two environments within itself and is neither saved as a baseline nor compared "
+                                    "with one (--trainbench-compare-json writes its verdict)")
+    if pairs < 3:
+        raise pytest.UsageError(f"trainbench: --trainbench-ab-pairs must be >= 3 (a sign test needs pairs), got {pairs}")
+    import shutil
+    import sys
+
+    for name, python in (("--trainbench-ab", head), ("--trainbench-ab-base", base)):
+        if python is not None and shutil.which(python) is None:
+            raise pytest.UsageError(f"trainbench: {name}={python}: no such executable")
+    from .ab import ABSession
+
+    return ABSession(base or sys.executable, head, pairs, device_spec)
 
 
 def _trace_request(config):
@@ -265,7 +303,7 @@ def _discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
         folder = folder.parent
 
 
-def _gate_options(config):
+def _gate_options(config, ab: bool = False):
     from .compare import CompareError, parse_fraction, parse_spec
 
     spec = config.getoption("--trainbench-compare-fail")
@@ -279,7 +317,7 @@ def _gate_options(config):
     if not 0 < alpha < 1:
         raise pytest.UsageError(f"trainbench: --trainbench-compare-alpha must be between 0 and 1 (a significance "
                                 f"level, e.g. 0.05), got {alpha}")
-    if gate is not None and not config.getoption("benchmark_compare", None):
+    if gate is not None and not ab and not config.getoption("benchmark_compare", None):
         raise pytest.UsageError("trainbench: --trainbench-compare-fail gates a comparison, but no --benchmark-compare "
                                 "was given: add --benchmark-compare (the latest saved run of this device) or "
                                 "--benchmark-compare=NNNN")
@@ -413,6 +451,8 @@ def pytest_keyboard_interrupt(excinfo):
 
 def pytest_unconfigure(config):
     state = config.stash.get(_STATE, None)
+    if state is not None and state.ab is not None:
+        state.ab.close()  # both environments' workers end with the session
     if state is not None and state.previous_sigterm is not None:
         import signal
 
@@ -516,7 +556,8 @@ def pytest_sessionstart(session):
     config = session.config
     state = config.stash.get(_STATE, None)
     bench_session = getattr(config, "_benchmarksession", None)
-    if state is None or state.compare_fail is None or bench_session is None or bench_session.compared_mapping:
+    if state is None or state.compare_fail is None or bench_session is None or bench_session.compared_mapping \
+            or state.ab is not None:
         return
     raise pytest.UsageError("trainbench: --trainbench-compare-fail: no baseline run to compare with: "
                             + _why_no_baseline(config.getoption("benchmark_storage"), bench_session.compare))
@@ -565,6 +606,9 @@ def pytest_sessionfinish(session, exitstatus):
     """With --benchmark-compare: compare every case with the baseline run; fail on a gated regression."""
     config = session.config
     state = config.stash.get(_STATE, None)
+    if state is not None and state.ab is not None and state.ab.outcomes:
+        _finish_ab(session, state)
+        return
     bench_session = getattr(config, "_benchmarksession", None)
     if state is None or not state.rows or bench_session is None or not bench_session.compare \
             or not bench_session.compared_mapping:
@@ -577,6 +621,19 @@ def pytest_sessionfinish(session, exitstatus):
                                                allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
                                                strict=state.strict_timing)
     json_path = config.getoption("--trainbench-compare-json")
+    if json_path:
+        from .files import write_json_atomic
+
+        write_json_atomic(Path(json_path), state.comparison)
+    if state.comparison["failed"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _finish_ab(session, state: SessionState) -> None:
+    """The A/B verdict of every case: written for CI, and the session fails on a gated regression."""
+    state.comparison = state.ab.verdict(gated=state.compare_fail is not None)
+    state.comparisons = [c for o in state.ab.outcomes for c in o.comparisons]
+    json_path = session.config.getoption("--trainbench-compare-json")
     if json_path:
         from .files import write_json_atomic
 
@@ -630,6 +687,8 @@ class TrainBench:
         from .spec import SpecError
 
         self._refuse_parallel_timing()
+        if self.state.ab is not None:
+            return self._ab(recipe, spec, overrides)
         try:
             outcome = self.state.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
@@ -640,7 +699,57 @@ class TrainBench:
     def case(self, case, **overrides):
         """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
         self._refuse_parallel_timing()
+        if self.state.ab is not None:
+            if case.ladder is not None:
+                pytest.skip("A/B compares recipe cases; a ladder rung is compared through its recipe's own case")
+            return self._ab(case.recipe_name, case.workload, overrides)
         return self._finish(self.state.runner.run_case(case, self.budgets, **overrides))
+
+    def _ab(self, recipe, spec, overrides: dict):
+        """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
+        from dataclasses import asdict
+
+        from .ab import ABCase, SideError
+        from .distributed import spec_reference
+        from .recipes import ConfigError, get_recipe
+        from .spec import SpecError
+        from .workloads import resolve_spec
+
+        runner = self.state.runner
+        try:
+            recipe = recipe if not isinstance(recipe, str) else get_recipe(recipe)
+            spec = resolve_spec(spec, runner.profile)
+            config = recipe.config(runner.profile, **overrides)
+            skipped = runner.skip_reason(recipe, spec, overrides)
+            reference = spec_reference(spec)
+        except (ConfigError, SpecError) as e:
+            self.benchmark._mode = "trainbench: failed before measuring"
+            pytest.fail(f"trainbench: {e}", pytrace=False)
+        elsewhere = "its ranks run in other processes" if config.rank_processes else \
+            runner.backend.fresh_process_reason(config)
+        if skipped or elsewhere:
+            pytest.skip(skipped or f"{recipe.name}: not in an A/B run: {elsewhere}")
+        import torch
+
+        case = f"{spec.name}-{recipe.name}"
+        thresholds = {**(self.state.compare_fail or {}), **self.budgets.compare_thresholds(runner.caps, case)}
+        try:
+            outcome = self.state.ab.run(
+                ABCase(case, recipe.name, asdict(config), reference, runner.profile.name, asdict(runner.settings),
+                       recipe.extra_warmup_steps, torch.get_num_threads()),
+                thresholds, head_slowdown=self.state.fault.slowdown if self.state.fault else 0.0,
+                loss_rtol=recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL)
+        except SideError as e:
+            self.benchmark._mode = "trainbench: failed before measuring"
+            pytest.fail(f"trainbench A/B: {e}", pytrace=False)
+        self._replay_rounds([head for _, head in outcome.pairs], outcome.head.steps_per_round)
+        self.benchmark.extra_info.update({"case": case, "ab": {
+            "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
+            "guard": outcome.guard.message if outcome.guard else None}})
+        regressed = [c.describe() for c in outcome.comparisons if c.verdict in ("regressed", "missing")]
+        if regressed and self.state.compare_fail is not None:
+            pytest.fail("trainbench A/B: head regressed:\n" + "\n".join(regressed), pytrace=False)
+        return outcome.head
 
     def _refuse_parallel_timing(self) -> None:
         """Under pytest-xdist workers sharing the device, a timed case is refused; with --benchmark-disable the
@@ -716,6 +825,9 @@ def train_bench(request, benchmark) -> TrainBench:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE, None)
+    if state is not None and state.ab is not None and state.comparison is not None:
+        _write_ab(terminalreporter, state)
+        return
     if state is None or not (state.rows or state.failed_cases):
         return
     from .report import summary_table
@@ -755,6 +867,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
     if state.comparison is not None:
         _write_comparison(terminalreporter, state)
+
+
+def _write_ab(terminalreporter, state: SessionState) -> None:
+    """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
+    from .compare import verdict_table
+
+    verdict = state.comparison
+    terminalreporter.write_sep("=", "trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair")
+    for label, side in verdict["ab"].items():
+        ident = side["identity"]
+        extras = ", ".join(f"{k} {ident[k]}" for k in ("cuda", "cudnn", "driver") if ident.get(k))
+        terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
+                                    + (f", {extras}" if extras else "") + f", {ident.get('name')}")
+    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
+    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
+    for line in verdict_table(state.comparisons):
+        terminalreporter.write_line(line)
+    for outcome in state.ab.outcomes:
+        if outcome.guard is not None and not outcome.guard.ok:
+            terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
+    for c in state.comparisons:
+        if c.verdict in ("regressed", "inconclusive", "missing"):
+            label = {"regressed": "REGRESSION ", "inconclusive": "INCONCLUSIVE ", "missing": "FAIL "}[c.verdict]
+            terminalreporter.write_line((label if verdict["gated"] or c.verdict != "regressed"
+                                         else "regressed (not gated): ") + c.describe(),
+                                        red=c.verdict != "inconclusive" and verdict["gated"])
 
 
 def _ranks_line(case: str, ranks: dict) -> str:
