@@ -1,14 +1,17 @@
 """A/B of two environments: the same interpreter on both sides, a planted slowdown in the head."""
 
+import dataclasses
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
+import torch
 
 from trainbench.ab import ABCase, SideError, run_case, start, verdict
 from trainbench.compare import verdict_table
 from trainbench.recipes import get_recipe
-from trainbench.workloads import PROFILES
+from trainbench.workloads import PROFILES, resolve_spec
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
@@ -118,3 +121,36 @@ def test_ab_options_that_contradict_each_other_are_usage_errors(pytester):
     missing = pytester.runpytest("--trainbench-ab=/nonexistent/python", *PLUGIN_QUICK)
     assert missing.ret == pytest.ExitCode.USAGE_ERROR
     missing.stderr.fnmatch_lines(["*--trainbench-ab=/nonexistent/python: no such executable*"])
+
+
+class _Stuck(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(3600)
+
+
+STUCK = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="stuck", dataset=_Stuck)
+
+
+def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path):
+    import time
+
+    from trainbench.ab import project_paths
+    from trainbench.distributed import spec_reference
+
+    settings = {**SETTINGS, "no_progress_s": 2}
+    case = ABCase("stuck-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
+                  spec_reference(STUCK), "cpu", settings, threads=1, paths=project_paths(Path(__file__).parents[1]))
+    base, head, _ = start(sys.executable, sys.executable)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SideError, match=r"(?s)base side .*build failed.*no progress for 2 s"):
+            run_case(base, head, case, pairs=4, thresholds={})
+    finally:
+        base.close()
+        head.close()
+    assert time.monotonic() - started < 60  # the limit and start-up, not the hour the dataset sleeps

@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, verdict_json
@@ -66,9 +66,10 @@ class Side:
         self.log.flush()
         return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-30:])
 
-    def close(self) -> None:
+    def close(self, force: bool = False) -> None:
+        """End the worker: asked to, or (``force``: an interrupted session) killed at once."""
         try:
-            if self.process.poll() is None:
+            if self.process.poll() is None and not force:
                 self.process.stdin.write(json.dumps({"command": "close"}) + "\n")
                 self.process.stdin.flush()
                 self.process.wait(timeout=30)
@@ -99,6 +100,21 @@ class ABCase:
     settings: dict
     extra_warmup_steps: int = 0
     threads: int | None = None
+    paths: list[str] = field(default_factory=list)  # the project's folders a user's spec imports from
+
+
+def project_paths(root: str | Path) -> list[str]:
+    """The entries of ``sys.path`` inside ``root`` (test folders, the project's source): what a spec defined in a
+    test module needs on either side. Never a site-packages or standard library folder: each side keeps its own."""
+    import sys
+
+    root = Path(root).resolve()
+    found = []
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        if (path == root or root in path.parents) and "site-packages" not in path.parts:
+            found.append(str(path))
+    return found
 
 
 @dataclass
@@ -134,7 +150,7 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare."""
     build = {"config": case.config, "recipe": case.recipe, "extra_warmup_steps": case.extra_warmup_steps,
              "spec": case.spec, "profile": case.profile, "settings": case.settings, "case": case.case,
-             "threads": case.threads}
+             "threads": case.threads, "paths": case.paths}
     base.call("build", **build)
     head.call("build", **build, slowdown=head_slowdown)
     times: list[tuple[float, float]] = []
@@ -233,7 +249,7 @@ class ABSession:
     def verdict(self, gated: bool) -> dict:
         return verdict(self.outcomes, self.identities, gated)
 
-    def close(self) -> None:
+    def close(self, force: bool = False) -> None:
         for side in self.sides or ():
-            side.close()
+            side.close(force)
         self.sides = None

@@ -15,12 +15,15 @@ import os
 import sys
 import traceback
 
+from trainbench.watchdog import watch
+
 PROTOCOL = 1
 
 
 class _Worker:
     def __init__(self):
         self.backend = self.training = self.measurement = self.config = self.spec = None
+        self.no_progress_s: float | None = None  # the case's progress limit: a command making none fails
 
     def hello(self) -> dict:
         import trainbench
@@ -31,7 +34,7 @@ class _Worker:
                 "identity": self.backend.identity()}
 
     def build(self, config: dict, recipe: str, extra_warmup_steps: int, spec: str, profile: str, settings: dict,
-              case: str, threads: int | None = None, slowdown: float = 0.0) -> dict:
+              case: str, threads: int | None = None, paths: list[str] | None = None, slowdown: float = 0.0) -> dict:
         import torch
 
         from trainbench.distributed import load_spec
@@ -42,6 +45,8 @@ class _Worker:
 
         if threads:
             torch.set_num_threads(threads)
+        self.no_progress_s = settings.get("no_progress_s")
+        sys.path[:0] = [p for p in paths or () if p not in sys.path]  # a spec in the project's test modules
         self.spec = load_spec(spec, PROFILES[profile])
         self.config = TrainConfig(**config)
         fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
@@ -78,7 +83,9 @@ def main() -> None:
         if command == "close":
             break
         try:
-            answer = getattr(worker, command)(**request)
+            limit = request.get("settings", {}).get("no_progress_s") if command == "build" else worker.no_progress_s
+            with watch(limit):  # a hung dataset or lock fails the command, not the whole A/B session
+                answer = getattr(worker, command)(**request)
         except Exception:  # noqa: BLE001 - any failure of the side is reported to the runner, which names the side
             answer = {"error": traceback.format_exc()}
         protocol.write(json.dumps(answer) + "\n")

@@ -67,6 +67,7 @@ class SessionState:
     benchmark_disabled: bool = False  # --benchmark-disable given: nothing is timed or stored
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     ab: object = None  # trainbench.ab.ABSession from --trainbench-ab: cases compared between two environments
+    rootpath: Path = Path()  # pytest's rootdir: where a user's specs are imported from in other processes
     _backend: object = None
     _runner: object = None
 
@@ -227,6 +228,7 @@ def pytest_configure(config):
             raise pytest.UsageError(f"trainbench: {e}") from None
     if state.budgets_override is not None:
         state.budgets(state.budgets_override)  # a malformed file stops the session here
+    state.rootpath = Path(config.rootpath)
     state.ab = _ab_session(config, device_spec)
     state.compare_fail, state.fault = _gate_options(config, ab=state.ab is not None)
     _compare_with_this_device(config, state)
@@ -452,7 +454,7 @@ def pytest_keyboard_interrupt(excinfo):
 def pytest_unconfigure(config):
     state = config.stash.get(_STATE, None)
     if state is not None and state.ab is not None:
-        state.ab.close()  # both environments' workers end with the session
+        state.ab.close(force=state.interrupted)  # both environments' workers end with the session
     if state is not None and state.previous_sigterm is not None:
         import signal
 
@@ -709,7 +711,7 @@ class TrainBench:
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
         from dataclasses import asdict
 
-        from .ab import ABCase, SideError
+        from .ab import ABCase, SideError, project_paths
         from .distributed import spec_reference
         from .recipes import ConfigError, get_recipe
         from .spec import SpecError
@@ -736,7 +738,7 @@ class TrainBench:
         try:
             outcome = self.state.ab.run(
                 ABCase(case, recipe.name, asdict(config), reference, runner.profile.name, asdict(runner.settings),
-                       recipe.extra_warmup_steps, torch.get_num_threads()),
+                       recipe.extra_warmup_steps, torch.get_num_threads(), project_paths(self.state.rootpath)),
                 thresholds, head_slowdown=self.state.fault.slowdown if self.state.fault else 0.0,
                 loss_rtol=recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL)
         except SideError as e:
