@@ -146,13 +146,11 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     assert ranks["scaling_efficiency"] == pytest.approx(outcome.speedup)
 
 
-HANGING_JOB = '''
+# A spec whose data never arrives, for scripts run in their own processes (they import it by name).
+STUCK_SPEC = '''
 import dataclasses, signal, time
+import pytest
 import torch
-from trainbench.device import CpuBackend
-from trainbench.distributed import measure_ddp
-from trainbench.measure import MeasureSettings
-from trainbench.recipes import TrainConfig
 from trainbench.workloads import PROFILES, resolve_spec
 
 class Stuck(torch.utils.data.Dataset):
@@ -165,6 +163,13 @@ class Stuck(torch.utils.data.Dataset):
 
 MLP = resolve_spec("mlp", PROFILES["cpu"])
 STUCK = dataclasses.replace(MLP, name="stuck", dataset=lambda: Stuck(MLP.dataset()))
+'''
+
+HANGING_JOB = STUCK_SPEC + '''
+from trainbench.device import CpuBackend
+from trainbench.distributed import measure_ddp
+from trainbench.measure import MeasureSettings
+from trainbench.recipes import TrainConfig
 
 def main():
     def interrupt(signum, frame):  # what the plugin does with SIGTERM
@@ -192,6 +197,20 @@ def _children() -> dict[int, list[int]]:
     return found
 
 
+def _torchrun_under(parent: int, seconds: float = 180) -> tuple[int, list[int], Path]:
+    """torchrun started by ``parent``, its 2 ranks and the job folder it runs, once the ranks are up."""
+    import time
+
+    deadline, launcher, ranks = time.monotonic() + seconds, None, []
+    while time.monotonic() < deadline and len(ranks) < 2:
+        children = _children()
+        launcher = next(iter(children.get(parent, [])), None)
+        ranks = children.get(launcher, []) if launcher else []
+        time.sleep(0.2)
+    assert len(ranks) == 2, f"torchrun did not start 2 ranks within {seconds:g} s"
+    return launcher, ranks, Path(Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[-2].decode())
+
+
 def _alive(pid: int) -> bool:
     from pathlib import Path
 
@@ -207,21 +226,13 @@ def test_sigterm_during_a_ddp_case_ends_torchrun_and_every_rank_and_removes_the_
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     (tmp_path / "stuck_job.py").write_text(HANGING_JOB)
     parent = subprocess.Popen([sys.executable, "-c", "import stuck_job; stuck_job.main()"],
                               env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        deadline, launcher, ranks = time.monotonic() + 120, None, []
-        while time.monotonic() < deadline and len(ranks) < 2:  # torchrun, a child of the parent, and its 2 ranks
-            children = _children()
-            launcher = next(iter(children.get(parent.pid, [])), None)
-            ranks = children.get(launcher, []) if launcher else []
-            time.sleep(0.2)
-        assert len(ranks) == 2, "torchrun did not start 2 ranks within 120 s"
-        job_dir = Path(Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[-2].decode())
+        launcher, ranks, job_dir = _torchrun_under(parent.pid)
         assert (job_dir / "job.json").exists()
         started = time.monotonic()
         parent.send_signal(signal.SIGTERM)
@@ -263,22 +274,7 @@ def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, profil
     assert unmet(get_recipe("ddp_gloo"), cpu.caps(), profile) is None
 
 
-SESSION_WITH_A_STUCK_DDP_CASE = '''
-import dataclasses, time
-import pytest
-import torch
-from trainbench.workloads import PROFILES, resolve_spec
-
-class Stuck(torch.utils.data.Dataset):
-    def __init__(self, items):
-        self.items = items
-    def __len__(self):
-        return len(self.items)
-    def __getitem__(self, i):
-        time.sleep(3600)
-
-MLP = resolve_spec("mlp", PROFILES["cpu"])
-STUCK = dataclasses.replace(MLP, name="stuck", dataset=lambda: Stuck(MLP.dataset()))
+SESSION_WITH_A_STUCK_DDP_CASE = STUCK_SPEC + '''
 
 def test_a_finished(train_bench):
     train_bench("baseline", "mlp")
@@ -304,14 +300,7 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
         cwd=pytester.path, env={**os.environ, "PYTHONPATH": str(pytester.path)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
-        deadline, launcher, ranks = time.monotonic() + 180, None, []
-        while time.monotonic() < deadline and len(ranks) < 2:
-            children = _children()
-            launcher = next(iter(children.get(session.pid, [])), None)
-            ranks = children.get(launcher, []) if launcher else []
-            time.sleep(0.2)
-        assert len(ranks) == 2, "the DDP case's ranks did not start within 180 s"
-        job_dir = Path(Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")[-2].decode())
+        launcher, ranks, job_dir = _torchrun_under(session.pid)
         started = time.monotonic()
         session.send_signal(getattr(signal, signum))
         output = session.communicate(timeout=120)[0].decode(errors="replace")
