@@ -153,4 +153,4 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
     finally:
         base.close()
         head.close()
-    assert time.monotonic() - started < 60  # the limit and start-up, not the hour the dataset sleeps
+    assert time.monotonic() - started < 120  # the limit and two interpreters starting, not the hour it sleeps
