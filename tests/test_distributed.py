@@ -294,9 +294,13 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
     import time
 
     pytester.makepyfile(test_session=SESSION_WITH_A_STUCK_DDP_CASE)
+    # A shell runs background jobs (nohup ... &, some CI runners) with SIGINT ignored, and Python then keeps it
+    # ignored: the session gets SIGINT's default, as one started in a terminal has.
+    arguments = ["--benchmark-save=run", "--trainbench-device=cpu", "--trainbench-rounds=2",
+                 "--trainbench-steps-per-round=2", "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
     session = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--benchmark-save=run", "--trainbench-device=cpu", "--trainbench-rounds=2",
-         "--trainbench-steps-per-round=2", "--trainbench-min-warmup=1", "-p", "no:cacheprovider"],
+        [sys.executable, "-c", ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                               f"sys.exit(pytest.main({arguments!r}))")],
         cwd=pytester.path, env={**os.environ, "PYTHONPATH": str(pytester.path)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
