@@ -9,6 +9,7 @@ import torch
 from trainbench.distributed import ProcessFailed, measure_ddp
 from trainbench.guards import compare_gradients, first_step_gradients
 from trainbench.recipes import TrainConfig, get_recipe
+from trainbench.result import RELAUNCH_NOTE
 from trainbench.spec import SpecError
 from trainbench.workloads import PROFILES, resolve_spec
 
@@ -40,6 +41,49 @@ def test_a_failing_rank_reports_its_traceback(cpu, profile, quick):
     config = TrainConfig(parallel="ddp", world_size=2)
     with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*no model in this process"):
         measure_ddp(config, BROKEN, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
+
+
+def _model_that_aborts(first_only: bool):
+    """A native crash (no Python traceback, as a C++ abort in a collective leaves): the rank that claims the marker
+    file first aborts; with ``first_only``, a relaunched job finds the file and trains."""
+    import os
+
+    marker = os.environ["TRAINBENCH_TEST_ABORT_MARKER"]
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        claimed = True
+    except FileExistsError:
+        claimed = False
+    if claimed or not first_only:
+        os.abort()
+    return resolve_spec("mlp", PROFILES["cpu"]).model()
+
+
+ABORTS_ONCE = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_once",
+                                  model=lambda: _model_that_aborts(first_only=True))
+ABORTS_ALWAYS = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_always",
+                                    model=lambda: _model_that_aborts(first_only=False))
+
+
+def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_noted(cpu, profile, quick, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
+    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ONCE, cpu, profile, quick,
+                            "x-ddp_gloo", "ddp_gloo")
+    assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds  # measured whole by the relaunch
+    [note] = [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]
+    assert "Fatal Python error: Aborted" in note and "local rank" in note
+
+
+def test_a_rank_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
+    with pytest.raises(ProcessFailed) as failed:
+        measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ALWAYS, cpu, profile, quick,
+                    "x-ddp_gloo", "ddp_gloo")
+    message = str(failed.value)
+    assert "x-ddp_gloo: a DDP rank failed" in message
+    assert "stderr" in message and "Fatal Python error: Aborted" in message  # the crashing rank's own stream
+    assert "run again after an earlier crash: local rank" in message
 
 
 def test_a_spec_the_ranks_cannot_import_is_a_clear_error(cpu, profile, mlp, quick):

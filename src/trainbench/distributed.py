@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import faulthandler
 import importlib
 import json
 import os
@@ -49,7 +50,7 @@ import torch
 from .device import Backend
 from .measure import Measurement, MeasureSettings
 from .recipes import TrainConfig
-from .result import Result
+from .result import RELAUNCH_NOTE, Result
 from .spec import SpecError, TrainingSpec
 from .watchdog import suspended, watch
 from .workloads import PROFILES, WORKLOADS, Profile, resolve_spec
@@ -132,6 +133,9 @@ def run_rank(out_dir: str) -> None:
     """One rank (or the one fresh process) of the job in ``out_dir``; under torchrun, from its environment."""
     out = Path(out_dir)
     rank = int(os.environ.get("RANK", "0"))
+    # A crash below Python (a C++ abort in a collective, a segfault) leaves no traceback file: this prints every
+    # thread's Python stack to the rank's stderr, which torchrun keeps in the job's logs.
+    faulthandler.enable()
     # torchrun starts each rank in a session of its own: the launcher ends the rank's group by this id if need be.
     (out / f"rank{rank}.pid").write_text(str(os.getpid()))
     try:
@@ -227,15 +231,18 @@ def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Pro
     }
 
 
-def torchrun_command(nprocs: int, job_dir: str | Path, rendezvous: list[str] | None = None) -> list[str]:
+def torchrun_command(nprocs: int, job_dir: str | Path, rendezvous: list[str] | None = None,
+                     log_dir: str | Path | None = None) -> list[str]:
     """The torchrun command line that runs the job in ``job_dir`` as ``nprocs`` ranks on this machine.
 
     ``rendezvous``: torchrun's options for several machines (``--nnodes=2 --node-rank=0
     --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT --rdzv-id=RUN``); default ``--standalone``, one
-    machine on a free local port.
+    machine on a free local port. ``log_dir``: torchrun writes each rank's stdout and stderr there
+    (``<log_dir>/<run>/attempt_0/<local rank>/stderr.log``), so a rank that dies is told apart.
     """
+    logs = [f"--log-dir={log_dir}", "--redirects=3"] if log_dir else []
     return [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
-            f"--nproc-per-node={nprocs}", "--max-restarts=0", "-m", "trainbench.rank_entry", str(job_dir)]
+            f"--nproc-per-node={nprocs}", "--max-restarts=0", *logs, "-m", "trainbench.rank_entry", str(job_dir)]
 
 
 def write_job(job: dict) -> Path:
@@ -305,18 +312,40 @@ def _signal_group(pid: int, sig: int) -> None:
         pass  # already gone
 
 
-def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
-    """Run the job in ``nprocs`` new interpreters (torchrun for DDP); returns the folder they wrote to (caller removes it)."""
+# A job one of whose processes crashed below Python (a C++ abort, heap corruption, a segfault: faulthandler says
+# "Fatal Python error") is run again once, from the start: such crashes were seen rarely and at random on a loaded
+# 2-core runner (``malloc(): unsorted double linked list corrupted`` as gloo ranks stopped the profiler). A Python
+# error, a hang and a crash that repeats still fail the case.
+NATIVE_CRASH_RELAUNCHES = 1
+
+
+def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, list[str]]:
+    """Run the job in ``nprocs`` new interpreters (torchrun for DDP); the folder they wrote to (the caller removes
+    it) and the native crashes it was relaunched after, each summarized in a line."""
+    crashes: list[str] = []
+    while True:
+        out, returncode = _launch_once(job, nprocs, backend, what)
+        if returncode == 0:
+            return out, crashes
+        errors, crash = _errors(out), _native_crash(out)
+        shutil.rmtree(out, ignore_errors=True)
+        if crash is None or len(crashes) == NATIVE_CRASH_RELAUNCHES:
+            earlier = "".join(f"\n(run again after an earlier crash: {c})" for c in crashes)
+            raise ProcessFailed(f"{job['case']}: {what} failed (exit status {returncode}):\n{errors}{earlier}")
+        crashes.append(crash)
+
+
+def _launch_once(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, int]:
     backend.release_memory()  # the parent's cached blocks would share the GPU with the new processes
     out = write_job(job)
-    command = (torchrun_command(nprocs, out) if TrainConfig(**job["config"]).rank_processes
+    command = (torchrun_command(nprocs, out, log_dir=out / "logs") if TrainConfig(**job["config"]).rank_processes
                else [sys.executable, "-m", "trainbench.rank_entry", str(out)])
     with open(out / "launcher.log", "wb") as log:
         process = subprocess.Popen(command, env=_child_env(job), stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)  # one process group: ended together, whatever happens
     try:
         with suspended():  # the processes watch their own progress; the deadline bounds the wait for them
-            returncode = process.wait(timeout=JOIN_TIMEOUT_S)
+            return out, process.wait(timeout=JOIN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         _end(process, out)
         errors = _errors(out)
@@ -327,20 +356,46 @@ def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> Path:
         _end(process, out)
         shutil.rmtree(out, ignore_errors=True)
         raise
-    if returncode != 0:
-        errors = _errors(out)
-        shutil.rmtree(out, ignore_errors=True)
-        raise ProcessFailed(f"{job['case']}: {what} failed (exit status {returncode}):\n{errors}")
-    return out
+
+
+def _native_crash(out: Path) -> str | None:
+    """One line for a job one of whose processes crashed below Python, naming the process and what it printed last
+    (faulthandler's 'Fatal Python error: Aborted' or 'Segmentation fault' and the line above it, e.g. ``malloc():
+    ...`` or ``terminate called ...``); None when none did: a Python error (its peers then fail in Python too, or
+    are ended by torchrun) is the case's failure, and running it again would repeat it."""
+    streams = sorted(out.glob("logs/*/attempt_*/*/stderr.log")) + [out / "launcher.log"]
+    for stream in streams:
+        lines = [line for line in (stream.read_text(errors="replace").splitlines() if stream.exists() else [])
+                 if line.strip()]
+        fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+        if fatal is not None:
+            who = f"local rank {stream.parent.name}" if stream.name == "stderr.log" else "the process"
+            return f"{who}: " + "; ".join(lines[max(fatal - 1, 0):fatal + 1])
+    return None
 
 
 def _errors(out: Path) -> str:
-    """The ranks' tracebacks, or else the end of the launcher's output."""
-    errors = "\n".join(p.read_text() for p in sorted(out.glob("rank*.err")))
+    """The ranks' Python tracebacks; for a rank that died without one (a C++ abort, a signal), the end of its
+    stderr (``terminate called ...``, faulthandler's stacks); else the end of the launcher's output."""
+    errors = [p.read_text() for p in sorted(out.glob("rank*.err"))]
     if errors:
-        return errors
+        return "\n".join(errors)
+    for stderr in sorted(out.glob("logs/*/attempt_*/*/stderr.log")):
+        lines = stderr.read_text(errors="replace").splitlines()
+        if lines:
+            errors.append(f"local rank {stderr.parent.name}'s stderr (last {min(len(lines), 40)} lines):\n"
+                          + "\n".join(lines[-40:]))
     log = out / "launcher.log"
-    return "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
+    if log.exists():  # torchrun's own summary after the ranks' streams; a fresh process's whole output otherwise
+        tail = log.read_text(errors="replace").splitlines()[-12 if errors else -40:]
+        errors.append(("torchrun: " if errors else "") + "\n".join(tail))
+    return "\n".join(errors)
+
+
+def _note_relaunches(result: Result, crashes: list[str]) -> None:
+    """The measurement is the relaunched job's, whole; the crash before it is recorded, never dropped."""
+    for crash in crashes:
+        result.notes.append(f"{RELAUNCH_NOTE}: {crash}")
 
 
 def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
@@ -349,9 +404,10 @@ def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profi
     """Run ``config`` (parallel="ddp") as ``config.world_size`` torchrun ranks; rank 0's Result and gradients."""
     settings = dataclasses.replace(settings, fixed_warmup=True)
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
-    out = _launch(job, config.world_size, backend, "a DDP rank")
+    out, crashes = _launch(job, config.world_size, backend, "a DDP rank")
     try:
         result = Result(**json.loads((out / "result.json").read_text()))
+        _note_relaunches(result, crashes)
         grads = None
         if want_grads:
             with np.load(out / "grads.npz", allow_pickle=False) as npz:
@@ -371,9 +427,10 @@ def measure_in_fresh_process(config: TrainConfig, spec: TrainingSpec, backend: B
     """
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps,
                want_losses=want_losses, env=dict(env or {}))
-    out = _launch(job, 1, backend, "the fresh process")
+    out, crashes = _launch(job, 1, backend, "the fresh process")
     try:
         result = Result(**json.loads((out / "result.json").read_text()))
+        _note_relaunches(result, crashes)
         losses = json.loads((out / "losses.json").read_text()) if want_losses else None
     finally:
         shutil.rmtree(out, ignore_errors=True)

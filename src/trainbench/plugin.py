@@ -777,7 +777,7 @@ class TrainBench:
         self._replay_rounds(outcome.result.round_step_times_s, outcome.result.steps_per_round)
         record = outcome.record()
         self.benchmark.extra_info.update(record)
-        from .result import CaseRecord
+        from .result import RELAUNCH_NOTE, CaseRecord
 
         self.state.rows.append({
             "case": outcome.case, "metrics": outcome.result.metrics(), "speedup": outcome.speedup,
@@ -787,6 +787,7 @@ class TrainBench:
                 not v.ok for v in outcome.guard_verdicts) else ""),
             "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
             "ranks": record.get("ranks"),
+            "relaunches": [n for n in outcome.result.notes if n.startswith(RELAUNCH_NOTE)],
             "compare_fail": self.budgets.compare_thresholds(self.state.runner.caps, outcome.case)})
         if outcome.trace is not None:
             self.state.traces.append((outcome.case, outcome.trace))
@@ -864,6 +865,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for row in state.rows:
         if row.get("ranks"):
             terminalreporter.write_line(_ranks_line(row["case"], row["ranks"]))
+        for note in row.get("relaunches", ()):  # measured whole by the relaunch; the crash is shown, not hidden
+            terminalreporter.write_line(f"{row['case']}: {note}", yellow=True)
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))

@@ -7,6 +7,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+# The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
+# the summary shows it beside the case.
+RELAUNCH_NOTE = "relaunched from the start after a crash below Python"
+
 MIB = 2**20
 
 
