@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.ab import ABCase, SideError, run_case, start, verdict
+from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
 from trainbench.compare import verdict_table
 from trainbench.recipes import get_recipe
 from trainbench.workloads import PROFILES, resolve_spec
@@ -117,11 +117,21 @@ def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_ver
     same.stdout.no_fnmatch_line("*samples_per_s*")  # the gate names step time only
     verdict = json.loads((pytester.path / "ab.json").read_text())
     assert verdict["gated"] and not verdict["failed"] and len(verdict["pairs"]["mlp-baseline"]) == 8
-    # Every head step 10x as long, against a 20% threshold: a margin no load on this machine closes.
+    # Every head step 10x as long, against a 20% threshold: a margin no load on this machine closes. The budgets
+    # file's session-to-session timing threshold (950%, which would pass it) is not an A/B run's.
+    pytester.makefile(".toml", budgets='[cpu."*"]\ncompare_fail = "step_time_ms:950%,samples_per_s:950%"\n')
     slow = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:20%",
-                              "--trainbench-inject-slowdown=900%", "-k", "baseline", *PLUGIN_QUICK)
+                              "--trainbench-budgets=budgets.toml", "--trainbench-inject-slowdown=900%",
+                              "-k", "baseline", *PLUGIN_QUICK)
     assert slow.ret == pytest.ExitCode.TESTS_FAILED
     slow.stdout.fnmatch_lines(["*REGRESSION mlp-baseline step_time_ms: * regressed (threshold 20.0%)*"])
+
+
+def test_an_ab_run_takes_timed_thresholds_from_its_command_line_never_from_the_budgets_file():
+    budgets_file = {"step_time_ms": 0.5, "samples_per_s": 0.5, "max_peak_memory_mib": 0.02}
+    assert ab_thresholds(None, budgets_file) == {"max_peak_memory_mib": 0.02}  # timed: DEFAULT_TIMED_THRESHOLD
+    assert ab_thresholds({"step_time_ms": 0.05, "max_peak_memory_mib": 0.0}, budgets_file) == \
+        {"step_time_ms": 0.05, "max_peak_memory_mib": 0.0}
 
 
 def test_ab_options_that_contradict_each_other_are_usage_errors(pytester):

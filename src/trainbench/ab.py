@@ -178,6 +178,17 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
 
 
+def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str, float]) -> dict[str, float]:
+    """The thresholds of an A/B case: the command line's over the budgets file's, and none of the file's timed ones.
+
+    A budgets file's timed thresholds are set for comparing separate sessions, whose drift on a shared runner
+    is tens of percent (benchmarks/budgets.toml gates CPU step time at 50%); paired rounds resolve a few percent,
+    so timed metrics take the command line's threshold or ``DEFAULT_TIMED_THRESHOLD``. Deterministic thresholds
+    mean the same in both and are kept."""
+    kept = {metric: t for metric, t in budgets_file.items() if metric not in TIMED}
+    return {**kept, **(command_line or {})}
+
+
 def paired_comparison(case: str, metric: str, base: Result, head: Result, threshold: float,
                       alpha: float = DEFAULT_ALPHA) -> MetricComparison:
     """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its 95% bootstrap

@@ -711,7 +711,7 @@ class TrainBench:
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
         from dataclasses import asdict
 
-        from .ab import ABCase, SideError, project_paths
+        from .ab import ABCase, SideError, ab_thresholds, project_paths
         from .distributed import spec_reference
         from .recipes import ConfigError, get_recipe
         from .spec import SpecError
@@ -734,7 +734,7 @@ class TrainBench:
         import torch
 
         case = f"{spec.name}-{recipe.name}"
-        thresholds = {**(self.state.compare_fail or {}), **self.budgets.compare_thresholds(runner.caps, case)}
+        thresholds = ab_thresholds(self.state.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
         try:
             outcome = self.state.ab.run(
                 ABCase(case, recipe.name, asdict(config), reference, runner.profile.name, asdict(runner.settings),
