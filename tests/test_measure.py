@@ -51,6 +51,21 @@ def test_rounds_sync_only_at_round_boundaries(mlp, quick):
     assert m.result.rounds == rounds and len(m.result.round_step_times_s) == rounds
 
 
+def test_an_ab_round_rewarms_before_its_timer_starts(mlp, quick):
+    log = []
+    backend = RecordingBackend(log)
+    with Training(TrainConfig(), mlp, backend) as training:
+        _log_each_step(training, log, lambda: "step")
+        m = Measurement(training, "mlp-baseline", "baseline", quick)
+        m.warm_up()
+        log.clear()
+        m.time_one_round(rewarm_steps=2)
+
+    k = quick.steps_per_round
+    assert log == ["step"] * 2 + ["sync"] + ["step"] * k + ["sync"]  # the untimed steps come before the timer
+    assert len(m.result.round_step_times_s) == 1
+
+
 def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, quick, cpu):
     # After one step under a TorchDispatchMode, torch 2.9 runs torch.compile'd code eagerly for
     # good: the allocator peaks and the profiler's call count must see the code as it was timed.

@@ -28,6 +28,10 @@ from .result import METRICS, CaseRecord, Result, case_record
 TIMED = ("step_time_ms", "samples_per_s")  # compared pair by pair
 DEFAULT_TIMED_THRESHOLD = 0.05
 START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
+# Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted
+# and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
+# round in a row was up to 15% faster than the other, and per-run median ratios spread 0.89-1.06.
+REWARM_STEPS = 1
 
 
 class SideError(RuntimeError):
@@ -156,7 +160,7 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     times: list[tuple[float, float]] = []
     for i in range(pairs):
         order = (base, head) if i % 2 == 0 else (head, base)  # ABBA: neither side always goes first
-        measured = {side.label: side.call("round")["step_time_s"] for side in order}
+        measured = {side.label: side.call("round", rewarm_steps=REWARM_STEPS)["step_time_s"] for side in order}
         times.append((measured["base"], measured["head"]))
     results = {side.label: Result(**side.call("finish")["result"]) for side in (base, head)}  # one at a time
     guard = None

@@ -17,7 +17,7 @@ import traceback
 
 from trainbench.watchdog import watch
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: round takes rewarm_steps
 
 
 class _Worker:
@@ -56,8 +56,8 @@ class _Worker:
         self.measurement.warm_up()
         return {"warmup_steps": self.measurement.result.warmup_steps}
 
-    def round(self) -> dict:
-        self.measurement.time_one_round()
+    def round(self, rewarm_steps: int = 0) -> dict:
+        self.measurement.time_one_round(rewarm_steps)
         return {"step_time_s": self.measurement.result.round_step_times_s[-1]}
 
     def finish(self) -> dict:

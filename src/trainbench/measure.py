@@ -253,9 +253,13 @@ class Measurement:
         self.result.round_step_times_s = list(times)
         self.result.data_wait_s = wait_in_rounds
 
-    def time_one_round(self) -> None:
-        """One more timed round, appended to the result (for interleaved A/B timing)."""
+    def time_one_round(self, rewarm_steps: int = 0) -> None:
+        """One more timed round, appended to the result (for interleaved A/B timing), after ``rewarm_steps``
+        untimed steps: a process that sat idle while another ran starts cold (its caches evicted, its
+        OpenMP threads asleep), which would slow the first steps of its round."""
         s, timer = self.settings, self.backend.timer
+        for _ in range(rewarm_steps):
+            self.timed_step()
         before = self._wait_s
         with phase(f"{self.result.recipe}'s timed rounds"):
             start = timer()
