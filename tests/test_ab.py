@@ -45,6 +45,7 @@ def test_the_same_environment_on_both_sides_is_unchanged(sides):
     assert outcome.guard.ok  # the same seeded losses, exactly
     shape = verdict([outcome], hello, gated=True)
     assert not shape["failed"] and set(shape["ab"]) == {"base", "head"} and shape["pairs"]["mlp-baseline"]
+    assert shape["numerics"]["mlp-baseline"]["ok"] and shape["numerics"]["mlp-baseline"]["max_rel_diff"] == 0.0
 
 
 def test_a_slowdown_planted_in_the_head_is_caught_pair_by_pair(sides):

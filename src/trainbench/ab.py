@@ -236,7 +236,11 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool) -> dict:
     result = verdict_json(comparisons, "A/B: base vs head", identities.get("head", {}).get("identity", {}))
     result.update(ab={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
                       for label, h in identities.items()},
-                  pairs={o.case: o.pairs for o in outcomes}, gated=gated, new_cases=[], new_cases_allowed=False,
+                  pairs={o.case: o.pairs for o in outcomes},
+                  # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
+                  numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
+                            for o in outcomes if o.guard is not None},
+                  gated=gated, new_cases=[], new_cases_allowed=False,
                   errors=[], strict=False)
     result["failed"] = gated and (result["counts"]["regressed"] > 0 or result["counts"]["missing"] > 0)
     return result
