@@ -1,5 +1,6 @@
 """The measurement method: round boundaries, arithmetic, memory breakdown, work signals."""
 
+import contextlib
 import statistics
 
 import pytest
@@ -36,14 +37,20 @@ def _log_each_step(training, log, entry):
     training.step = step
 
 
-def test_rounds_sync_only_at_round_boundaries(mlp, quick):
+@contextlib.contextmanager
+def _warmed_up_with_a_log(mlp, quick):
+    """A warmed-up Measurement of the MLP whose backend and steps write to ``log`` (cleared after the warm-up)."""
     log = []
-    backend = RecordingBackend(log)
-    with Training(TrainConfig(), mlp, backend) as training:
+    with Training(TrainConfig(), mlp, RecordingBackend(log)) as training:
         _log_each_step(training, log, lambda: "step")
         m = Measurement(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
         log.clear()
+        yield m, log
+
+
+def test_rounds_sync_only_at_round_boundaries(mlp, quick):
+    with _warmed_up_with_a_log(mlp, quick) as (m, log):
         m.time_rounds()
 
     rounds, k = quick.rounds, quick.steps_per_round
@@ -52,13 +59,7 @@ def test_rounds_sync_only_at_round_boundaries(mlp, quick):
 
 
 def test_an_ab_round_rewarms_before_its_timer_starts(mlp, quick):
-    log = []
-    backend = RecordingBackend(log)
-    with Training(TrainConfig(), mlp, backend) as training:
-        _log_each_step(training, log, lambda: "step")
-        m = Measurement(training, "mlp-baseline", "baseline", quick)
-        m.warm_up()
-        log.clear()
+    with _warmed_up_with_a_log(mlp, quick) as (m, log):
         m.time_one_round(rewarm_steps=2)
 
     k = quick.steps_per_round
