@@ -117,6 +117,22 @@ def test_missing_file_is_a_clear_error(tmp_path):
         Budgets.load(tmp_path / "nope.toml")
 
 
+def test_unreadable_or_empty_files_are_one_line_errors_naming_the_path(tmp_path):
+    folder = tmp_path / "budgets.toml"
+    folder.mkdir()
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('# caf\xe9\n[cpu."mlp-x"]\nmax_ops_per_step = 3\n'.encode("latin-1"))
+    empty, comments = tmp_path / "empty.toml", tmp_path / "comments.toml"
+    empty.write_text("")
+    comments.write_text("# budgets to come\n")
+    for path, expected in [(folder, "cannot read it"), (latin1, "not UTF-8 text"),
+                           (empty, "no budgets in it"), (comments, "no budgets in it")]:
+        with pytest.raises(BudgetError, match=expected) as info:
+            Budgets.load(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and "\n" not in message
+
+
 def test_the_shipped_budgets_file_parses():
     from pathlib import Path
 

@@ -103,6 +103,12 @@ def test_malformed_budgets_file_fails_at_start_up(pytester):
     result = pytester.runpytest(f"--trainbench-budgets={path}", *QUICK)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_ops_per_stepp'*"])
+    folder, empty = pytester.mkdir("budgets_dir"), budgets(pytester, "")
+    for bad, expected in [(folder, "cannot read it"), (empty, "no budgets in it")]:
+        result = pytester.runpytest(f"--trainbench-budgets={bad}", *QUICK)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*trainbench: {bad}: {expected}*"])
+        assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
 
 
 def test_a_budget_entry_one_typo_from_a_case_fails_at_start_up_and_a_case_of_ones_own_stands(pytester):

@@ -113,6 +113,8 @@ class Budgets:
             raise BudgetError(f"{path}: cannot read it ({e.strerror or e}); expected a TOML budgets file") from None
         except tomllib.TOMLDecodeError as e:
             raise BudgetError(f"{path}: not valid TOML: {e}") from None
+        if not raw:  # an empty file checks nothing: a wrong path or a lost edit, never intended
+            raise BudgetError(f'{path}: no budgets in it; expected tables such as [cpu."<case id>"] with bounds')
         return cls(cls._parse(raw, path), path)
 
     @staticmethod
