@@ -59,6 +59,18 @@ def _model_that_aborts(first_only: bool):
     return resolve_spec("mlp", PROFILES["cpu"]).model()
 
 
+def _model_that_aborts_at_exit():
+    """A native library whose teardown aborts the process after the job's work is done (as a static destructor
+    finding a thread still joinable does): abort() registered the way C++ registers static destructors."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
+    return resolve_spec("mlp", PROFILES["cpu"]).model()
+
+
+ABORTS_AT_EXIT = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_at_exit",
+                                     model=_model_that_aborts_at_exit)
 ABORTS_ONCE = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_once",
                                   model=lambda: _model_that_aborts(first_only=True))
 ABORTS_ALWAYS = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_always",
@@ -84,6 +96,32 @@ def test_a_rank_that_crashes_below_python_twice_fails_with_both_crashes(cpu, pro
     assert "x-ddp_gloo: a DDP rank failed" in message
     assert "stderr" in message and "Fatal Python error: Aborted" in message  # the crashing rank's own stream
     assert "run again after an earlier crash: local rank" in message
+
+
+def test_a_finished_rank_leaves_without_the_native_teardown_that_can_abort_it(cpu, profile, quick):
+    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_AT_EXIT, cpu, profile, quick,
+                            "x-ddp_gloo", "ddp_gloo")
+    assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds
+    assert not [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]  # no rank crashed on its way out
+
+
+def test_a_native_crash_is_summarized_with_where_each_thread_was(tmp_path):
+    from trainbench.distributed import _native_crash
+
+    stderr = tmp_path / "logs" / "run" / "attempt_0" / "1" / "stderr.log"
+    stderr.parent.mkdir(parents=True)
+    stderr.write_text("USDT: profiler_stop\nterminate called without an active exception\n"
+                      "Fatal Python error: Aborted\n\n"
+                      "Current thread 0x00007f00 (most recent call first):\n  <no Python frame>\n\n"
+                      "Thread 0x00007f01 (most recent call first):\n"
+                      '  File "/x/site-packages/trainbench/measure.py", line 418 in count_calls\n'
+                      '  File "/x/site-packages/trainbench/measure.py", line 300 in run\n\n'
+                      "Extension modules: numpy.core._multiarray_umath (total: 1)\n")
+    assert _native_crash(tmp_path) == ("local rank 1: terminate called without an active exception; "
+                                       "Fatal Python error: Aborted; crashing thread at <no Python frame>; "
+                                       "another thread at measure.py:418 in count_calls")
+    stderr.write_text("Traceback (most recent call last):\nValueError: a Python error is no native crash\n")
+    assert _native_crash(tmp_path) is None
 
 
 def test_a_spec_the_ranks_cannot_import_is_a_clear_error(cpu, profile, mlp, quick):

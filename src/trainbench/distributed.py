@@ -36,6 +36,7 @@ import faulthandler
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -370,8 +371,20 @@ def _native_crash(out: Path) -> str | None:
         fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
         if fatal is not None:
             who = f"local rank {stream.parent.name}" if stream.name == "stderr.log" else "the process"
-            return f"{who}: " + "; ".join(lines[max(fatal - 1, 0):fatal + 1])
+            return f"{who}: " + "; ".join(lines[max(fatal - 1, 0):fatal + 1] + _crash_sites(lines[fatal + 1:]))
     return None
+
+
+def _crash_sites(stacks: list[str]) -> list[str]:
+    """Where the crashing thread and up to two others were, from faulthandler's stacks: each one's innermost frame
+    (``measure.py:418 in count_calls``), or ``<no Python frame>`` for a native thread or the interpreter's exit."""
+    sites = []
+    for header, first in zip(stacks, stacks[1:] + [""]):
+        if header.startswith(("Current thread", "Thread 0x")) and len(sites) < 3:
+            frame = re.match(r'\s*File "(?:.*/)?([^/"]+)", line (\d+) in (\S+)', first)
+            where = f"{frame[1]}:{frame[2]} in {frame[3]}" if frame else first.strip() or "?"
+            sites.append(("crashing thread" if header.startswith("Current") else "another thread") + f" at {where}")
+    return sites
 
 
 def _errors(out: Path) -> str:
