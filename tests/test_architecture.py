@@ -1,4 +1,5 @@
-"""The library's shape: device specifics in one module, no import cycles, a plugin that stays glue."""
+"""The library's shape: device specifics in one module, no import cycles, a plugin that stays glue, one reader of
+run files, pytest-benchmark's privates in one adapter."""
 
 import ast
 import re
@@ -54,7 +55,7 @@ def test_the_package_has_no_import_cycle():
 
 def test_the_core_does_not_import_pytest():
     # pytest-free: the runner, the measurement and everything under them serve asv too
-    glue = {"plugin", "__main__"}
+    glue = {"plugin", "options", "session", "fixture", "summary", "benchmark_adapter", "__main__"}
     for name, path in MODULES.items():
         if name not in glue:
             assert "pytest" not in _imported_names(path), f"{name}.py imports pytest"
@@ -68,3 +69,34 @@ def _imported_names(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
     return names
+
+
+PLUGIN_MAX_LINES = 300
+
+
+def test_the_plugin_module_stays_glue():
+    lines = len(MODULES["plugin"].read_text().splitlines())
+    assert lines <= PLUGIN_MAX_LINES, f"plugin.py has {lines} lines: move what is not glue into session/options/core"
+
+
+# pytest-benchmark internals (names starting with an underscore, or options it owns, written to): each one
+# used outside benchmark_adapter.py would break on a pytest-benchmark release without one place to fix.
+PYTEST_BENCHMARK_PRIVATES = (r"_benchmarksession", r"\._mode\b", r"\._timer\b", r"compared_mapping",
+                             r"option\.benchmark_compare\s*=")
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"benchmark_adapter"}))
+def test_pytest_benchmark_privates_only_in_the_adapter(name):
+    source = MODULES[name].read_text()
+    used = [p for p in PYTEST_BENCHMARK_PRIVATES if re.search(p, source)]
+    assert not used, f"{name}.py uses pytest-benchmark internals {used}: go through benchmark_adapter.py"
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"store"}))
+def test_only_the_store_reads_saved_runs(name):
+    # Saved runs are found and read by store.py alone: one matcher of run names, one check of a run's shape,
+    # one choice of the baseline.
+    source = MODULES[name].read_text()
+    for marker in ("pytest_benchmark.storage", "get_machine_id", "trainbench_incomplete", "[0-9][0-9][0-9][0-9]_",
+                   "def load_run", "def latest_run", '.get("benchmarks")'):
+        assert marker not in source, f"{name}.py has {marker!r}: saved runs are read through store.py"

@@ -364,8 +364,8 @@ def test_a_gate_with_no_saved_run_stops_before_any_case(pytester):
     assert "test_steady PASSED" not in result.stdout.str() and not (pytester.path / "verdict.json").exists()
 
 
-@pytest.mark.parametrize(("content", "problem"), [("", "empty file"), ('{"machine_info": {', "not valid JSON"),
-                                                  ('{"machine_info": {}}', "no benchmarks list")])
+@pytest.mark.parametrize(("content", "problem"), [("", "empty file"), ('{"machine_info": {', "invalid JSON"),
+                                                  ('{"machine_info": {}}', "no 'benchmarks' list")])
 @pytest.mark.usefixtures("saved_baseline")
 def test_a_broken_baseline_fails_the_gate_naming_the_file(pytester, content, problem):
     [saved] = list(pytester.path.rglob("0001_base.json"))

@@ -8,7 +8,8 @@ import pytest
 from trainbench.__main__ import main
 from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
-from trainbench.report import ReportError, device_slug, ladder_runs, write_ladder_report
+from trainbench.report import device_slug, ladder_runs, write_ladder_report
+from trainbench.store import RunFileError
 from trainbench.workloads import PROFILES
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
@@ -196,7 +197,7 @@ def test_no_saved_runs_is_a_clear_error(tmp_path, monkeypatch, capsys):
 
 
 def test_load_errors_are_report_errors(tmp_path):
-    with pytest.raises(ReportError, match="no such file"):
+    with pytest.raises(RunFileError, match="no such file"):
         write_ladder_report(tmp_path / "absent.json", tmp_path)
 
 

@@ -12,12 +12,13 @@ import sys
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import ReportError, latest_run, write_ladder_report
+    from .report import write_ladder_report
+    from .store import RunFileError, latest_run
 
     try:
         run_path = args.run_json if args.run_json is not None else latest_run()
         written = write_ladder_report(run_path, args.out)
-    except ReportError as e:
+    except RunFileError as e:
         print(f"trainbench report: {e}", file=sys.stderr)
         return 2
     for path in written:
@@ -44,7 +45,7 @@ def _add_report(subparsers) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from .calibrate import CalibrationError, calibrate, write
     from .compare import CompareError, parse_fraction
-    from .report import ReportError, latest_run
+    from .store import RunFileError, latest_run
 
     try:
         margin = parse_fraction(args.margin, "--margin")
@@ -52,7 +53,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         run_path = args.run_json if args.run_json is not None else latest_run()
         only = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else None
         result = calibrate(run_path, args.budgets, margin, speed_margin, only)
-    except (CalibrationError, CompareError, ReportError) as e:
+    except (CalibrationError, CompareError, RunFileError) as e:
         print(f"trainbench calibrate: {e}", file=sys.stderr)
         return 2
     if not result.diff:
@@ -87,13 +88,13 @@ def _add_calibrate(subparsers) -> None:
 
 def _noise(args: argparse.Namespace) -> int:
     from .compare import CompareError, noise_study, parse_fraction
-    from .report import ReportError, load_run
+    from .store import RunFileError, load_run
 
     try:
         thresholds = [parse_fraction(t, "--thresholds") for t in args.thresholds.split(",")]
         runs = [(path, load_run(path)) for path in args.runs]
         rows = noise_study(runs, thresholds, args.metric)
-    except (CompareError, ReportError) as e:
+    except (CompareError, RunFileError) as e:
         print(f"trainbench noise: {e}", file=sys.stderr)
         return 2
     if not rows:

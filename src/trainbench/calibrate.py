@@ -19,7 +19,8 @@ from pathlib import Path
 from .budgets import BudgetError, Budgets
 from .device import DeviceCaps
 from .files import write_text_atomic
-from .report import ReportError, load_run, run_device
+from .report import run_device
+from .store import RunFileError, load_run
 from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
 
 # Deterministic signals: exact functions of code and shapes, calibrated with the tight margin.
@@ -96,7 +97,7 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
                                f"{', '.join(DETERMINISTIC_KEYS + GPU_MEMORY_KEYS)}, speedup")
     try:
         run = load_run(run_path)
-    except ReportError as e:
+    except RunFileError as e:
         raise CalibrationError(str(e)) from None
     device = run_device(run)
     key = device_key_of(device)

@@ -7,7 +7,6 @@ pytest-benchmark run's ladder rungs next to the seed articles' figures
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_text_atomic
 from .result import CaseRecord, RecordError
+from .store import RunFileError, load_run
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
     from .ladders import Ladder, LadderStep
@@ -54,17 +54,11 @@ def summary_table(rows: list[dict]) -> list[str]:
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------
 
 DASH = "—"
-DEFAULT_RUNS_DIR = Path("results/benchmarks")
 DEFAULT_REPORT_DIR = Path("results/report")
 
 
-class ReportError(Exception):
+class ReportError(RunFileError):
     """A run file that cannot be reported on; ``str()`` names the file and what was expected."""
-
-    def __init__(self, path: Path | str, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -132,35 +126,6 @@ def _times(ratio: float | None) -> str:
 
 
 # -- reading a run ---------------------------------------------------------------------------------
-
-def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
-    """The most recently modified ``*.json`` under ``runs_dir`` (pytest-benchmark's storage)."""
-    runs_dir = Path(runs_dir)
-    candidates = [p for p in runs_dir.rglob("*.json") if p.is_file()] if runs_dir.is_dir() else []
-    if not candidates:
-        raise ReportError(runs_dir, "no *.json run found; save one with pytest --benchmark-save=NAME "
-                                    "or --benchmark-json=FILE, or pass RUN_JSON")
-    return max(candidates, key=lambda p: p.stat().st_mtime)
-
-
-def load_run(path: Path | str) -> dict:
-    """A pytest-benchmark JSON run, checked for the shape the report reads."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReportError(path, "no such file; expected a pytest-benchmark JSON run") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReportError(path, f"cannot read it ({e})") from None
-    try:
-        run = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(path, f"invalid JSON ({e}); expected a pytest-benchmark JSON run") from None
-    if not isinstance(run, dict) or not isinstance(run.get("benchmarks"), list):
-        raise ReportError(path, "no 'benchmarks' list; expected a pytest-benchmark JSON run "
-                                "(--benchmark-json or --benchmark-save)")
-    return run
-
 
 def run_device(run: dict) -> dict:
     """The device identity the plugin recorded: machine_info["trainbench"], else a case's ``device``."""

@@ -1,0 +1,158 @@
+"""The ``train_bench`` fixture: measure one case through the session's runner (or both A/B sides), hand its
+synchronized rounds to pytest-benchmark, record it for the summary and the gate, and fail what its checks fail."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from . import benchmark_adapter
+from .session import TrainbenchSession
+
+AB_LOSS_RTOL = 1e-5  # an A/B case's loss guard where its recipe sets none: numerics that moved, reported
+SESSION = pytest.StashKey[TrainbenchSession]()
+
+
+class NoBudgetWarning(UserWarning):
+    """A case ran with no budget for this device: nothing was checked."""
+
+
+class InconclusiveTimingWarning(UserWarning):
+    """A timed budget missed on rounds that cannot show the miss (noise, a busy machine), measured twice:
+    reported, not failed (``--trainbench-strict-timing`` fails it)."""
+
+
+class TrainBench:
+    """Callable behind the ``train_bench`` fixture: run one case, hand its rounds to pytest-benchmark, check it."""
+
+    def __init__(self, benchmark, session, budgets):
+        self.benchmark = benchmark
+        self.session = session
+        self.budgets = budgets
+
+    def __call__(self, recipe, spec, baseline=None, **overrides):
+        """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
+        against ``baseline`` (default: the recipe's own); ``overrides`` set config knobs (e.g. ``batch_size=8``)."""
+        from .recipes import ConfigError
+        from .spec import SpecError
+
+        self._refuse_parallel_timing()
+        if self.session.ab is not None:
+            return self._ab(recipe, spec, overrides)
+        try:
+            outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
+        except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {e}", pytrace=False)
+        return self._finish(outcome)
+
+    def case(self, case, **overrides):
+        """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
+        self._refuse_parallel_timing()
+        if self.session.ab is not None:
+            if case.ladder is not None:
+                pytest.skip("A/B compares recipe cases; a ladder rung is compared through its recipe's own case")
+            return self._ab(case.recipe_name, case.workload, overrides)
+        return self._finish(self.session.runner.run_case(case, self.budgets, **overrides))
+
+    def _ab(self, recipe, spec, overrides: dict):
+        """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
+        from dataclasses import asdict
+
+        from .ab import ABCase, SideError, ab_thresholds, project_paths
+        from .distributed import spec_reference
+        from .recipes import ConfigError, get_recipe
+        from .spec import SpecError
+        from .workloads import resolve_spec
+
+        runner = self.session.runner
+        try:
+            recipe = recipe if not isinstance(recipe, str) else get_recipe(recipe)
+            spec = resolve_spec(spec, runner.profile)
+            config = recipe.config(runner.profile, **overrides)
+            skipped = runner.skip_reason(recipe, spec, overrides)
+            reference = spec_reference(spec)
+        except (ConfigError, SpecError) as e:
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {e}", pytrace=False)
+        elsewhere = "its ranks run in other processes" if config.rank_processes else \
+            runner.backend.fresh_process_reason(config)
+        if skipped or elsewhere:
+            pytest.skip(skipped or f"{recipe.name}: not in an A/B run: {elsewhere}")
+        import torch
+
+        case = f"{spec.name}-{recipe.name}"
+        thresholds = ab_thresholds(self.session.options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
+        try:
+            outcome = self.session.ab.run(
+                ABCase(case, recipe.name, asdict(config), reference, runner.profile.name, asdict(runner.settings),
+                       recipe.extra_warmup_steps, torch.get_num_threads(), project_paths(self.session.options.rootpath)),
+                thresholds, head_slowdown=self.session.options.fault.slowdown if self.session.options.fault else 0.0,
+                loss_rtol=recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL)
+        except SideError as e:
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench A/B: {e}", pytrace=False)
+        benchmark_adapter.replay_rounds(self.benchmark, [head for _, head in outcome.pairs], outcome.head.steps_per_round)
+        self.benchmark.extra_info.update({"case": case, "ab": {
+            "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
+            "guard": outcome.guard.message if outcome.guard else None}})
+        regressed = [c.describe() for c in outcome.comparisons if c.verdict in ("regressed", "missing")]
+        if regressed and self.session.options.compare_fail is not None:
+            pytest.fail("trainbench A/B: head regressed:\n" + "\n".join(regressed), pytrace=False)
+        return outcome.head
+
+    def _refuse_parallel_timing(self) -> None:
+        """Under pytest-xdist workers sharing the device, a timed case is refused; with --benchmark-disable the
+        case runs untimed (its deterministic budgets are judged, its timed ones are not)."""
+        reason = self.session.parallel_timing_reason()
+        if reason is None:
+            return
+        if not self.session.options.benchmark_disabled:
+            benchmark_adapter.mark_untimed(self.benchmark, "refused")
+            pytest.fail(f"trainbench: timed case refused: {reason}. Run it without -n (or with one worker per GPU), "
+                        "or add --benchmark-disable to check only its deterministic signals in parallel",
+                        pytrace=False)
+        self.session.runner.untimed = f"untimed run: {reason} (--benchmark-disable)"
+
+    def _finish(self, outcome):
+        if outcome.skipped:
+            pytest.skip(outcome.skipped)
+        if outcome.error is not None:  # no result to time or store: listed in the summary and the saved run
+            self.session.failed_cases.append({"case": outcome.case, "fullname": self.benchmark.fullname,
+                                            "error": outcome.error})
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
+        benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
+        record = outcome.record()
+        self.benchmark.extra_info.update(record)
+        from .result import RELAUNCH_NOTE, CaseRecord
+
+        self.session.rows.append({
+            "case": outcome.case, "metrics": outcome.result.metrics(), "speedup": outcome.speedup,
+            "paired": outcome.paired,
+            "prediction_checked": ((outcome.result.predicted_memory or {}).get("check") or {}).get("matches"),
+            "budget": outcome.budget_status + (" +guard FAIL" if any(
+                not v.ok for v in outcome.guard_verdicts) else ""),
+            "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
+            "ranks": record.get("ranks"),
+            "relaunches": [n for n in outcome.result.notes if n.startswith(RELAUNCH_NOTE)],
+            "compare_fail": self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)})
+        if outcome.trace is not None:
+            self.session.traces.append((outcome.case, outcome.trace))
+        for line in outcome.inconclusive:
+            self.session.inconclusive.append(line)
+            warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
+        if outcome.budget is None and not self.session.options.require_budgets:
+            warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),
+                          stacklevel=3)
+        if outcome.failures:
+            pytest.fail("trainbench checks failed:\n" + "\n".join(outcome.failures), pytrace=False)
+        return outcome.result
+
+
+@pytest.fixture
+def train_bench(request, benchmark) -> TrainBench:
+    """Measure a recipe on a training spec: ``result = train_bench("amp_bf16", SPEC)``."""
+    session = request.config.stash[SESSION]
+    return TrainBench(benchmark, session, session.budgets_of(request.node))

@@ -1,0 +1,314 @@
+"""One pytest session's trainbench state and hooks: device, runner, budgets, the baseline, signals, the
+A/B sides and the gate's verdict. Registered as a pytest plugin by ``trainbench.plugin`` at configure.
+
+Everything here acts on trainbench cases only: a session that runs none imports no torch and stores its
+pytest-benchmark runs exactly as without trainbench.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from . import benchmark_adapter
+from .options import Options, discover_budgets, usage_error
+
+# Settings recorded with a run's device identity that change what is measured as much as the device does.
+SETUP_KEYS = ("cpu_threads", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32")
+FIXTURE = "train_bench"
+BUDGETS_PATH = pytest.StashKey["Path | None"]()  # the budgets file of each collected trainbench case
+
+
+def _uses_trainbench(item) -> bool:
+    return FIXTURE in getattr(item, "fixturenames", ())
+
+
+@dataclass
+class TrainbenchSession:
+    options: Options
+    rows: list[dict] = field(default_factory=list)  # one per measured case (fixture.case_row), for summary and gate
+    failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
+    inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
+    traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
+    budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
+    comparison: dict | None = None  # the verdict (JSON-ready), filled at session end when compared
+    comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
+    doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
+    pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
+    ab: object = None  # trainbench.ab.ABSession from --trainbench-ab
+    previous_sigterm: object = None  # the SIGTERM handler to restore at the end
+    _backend: object = None
+    _runner: object = None
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def start(self, config) -> None:
+        """Checks that need more than the options: the device named, the one budgets file, the baseline."""
+        if self.options.device_spec not in ("", "auto"):
+            try:  # an explicit device that is not there is a set-up error, not a skip
+                self.backend  # noqa: B018
+            except (RuntimeError, ValueError) as e:
+                raise usage_error(str(e)) from None
+        if self.options.budgets_override is not None:
+            self.budgets(self.options.budgets_override)  # a malformed file stops the session here
+        if self.options.ab is not None:
+            from .ab import ABSession
+
+            ab = self.options.ab
+            self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec)
+        self._choose_baseline(config)
+
+    def _choose_baseline(self, config) -> None:
+        """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with."""
+        from .store import NoBaselineError, choose_baseline
+
+        try:
+            path = choose_baseline(config.getoption("benchmark_storage", None),
+                                   config.getoption("benchmark_compare", None), self.device_here)
+        except NoBaselineError as e:
+            if self.options.compare_fail is not None:
+                raise usage_error(f"--trainbench-compare-fail: {e}") from None
+            return
+        if path is not None:
+            benchmark_adapter.compare_with(config, path)
+
+    @property
+    def backend(self):
+        if self._backend is None:  # lazy: importing torch costs seconds in unrelated pytest runs
+            from .device import get_backend, pin_to_one_gpu
+
+            if self.options.xdist_workers > 1 and self.options.device_spec in ("auto", "cuda"):  # before CUDA starts
+                self.pinned_gpu = pin_to_one_gpu(self.options.xdist_index, self.options.xdist_workers)
+            self._backend = get_backend(self.options.device_spec)
+        return self._backend
+
+    def device_here(self) -> tuple:
+        from .device import comparable_device
+
+        return comparable_device(self.backend.identity())
+
+    @property
+    def runner(self):
+        if self._runner is None:
+            from .measure import DEFAULT_SETTINGS, with_overrides
+            from .runner import Runner
+            from .workloads import PROFILES
+
+            o = self.options
+            name = self.backend.profile_name if o.profile_name == "auto" else o.profile_name
+            settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
+            self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
+                                  predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace)
+        return self._runner
+
+    def budgets(self, path: Path | None):
+        """The budgets file at ``path`` (None: none configured), loaded once; a malformed one is a usage error."""
+        if path not in self.budget_files:
+            from .budgets import BudgetError, Budgets
+
+            try:
+                self.budget_files[path] = Budgets.load(path) if path is not None else Budgets.empty()
+            except BudgetError as e:
+                raise usage_error(str(e)) from None
+        return self.budget_files[path]
+
+    def budgets_of(self, item):
+        return self.budgets(item.stash.get(BUDGETS_PATH, self.options.budgets_override))
+
+    def parallel_timing_reason(self) -> str | None:
+        """Why this session cannot time cases, or None: pytest-xdist workers that share one device measure each
+        other (one worker per GPU, each pinned to its own, is fine)."""
+        if self.options.xdist_workers < 2 or self.pinned_gpu is not None:
+            return None
+        return (f"{self.options.xdist_workers} pytest-xdist workers share {self.backend.name} ({self.backend.kind}), "
+                "and cases timed side by side measure each other")
+
+    # -- collection -----------------------------------------------------------------------------------
+    def pytest_collection_modifyitems(self, config, items):
+        if any(_uses_trainbench(item) for item in items):
+            self._check_runner()
+            self._stop_cleanly_on_sigterm()
+        paths = set()
+        for item in items:
+            reason = self._marker_skip_reason(item)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+            elif _uses_trainbench(item):
+                path = self.options.budgets_override or discover_budgets(Path(item.path), Path(config.rootpath))
+                self.budgets(path)  # loaded (and checked) at collection: a broken file stops the run before any case
+                item.stash[BUDGETS_PATH] = path
+                paths.add(path)
+        if any(path is not None for path in paths):
+            self._check_budget_case_ids(paths, items)
+
+    def _check_budget_case_ids(self, paths: set, items) -> None:
+        """A budgets entry one typo away from a case id fails the session at start-up, not silently at the end."""
+        from .budgets import BudgetError
+        from .cases import known_case_ids
+
+        known = known_case_ids() | {item.callspec.id for item in items if hasattr(item, "callspec")}
+        for path in paths:
+            try:
+                self.budgets(path).check_case_ids(known)
+            except BudgetError as e:
+                raise usage_error(str(e)) from None
+
+    def _check_runner(self) -> None:
+        """``python -m trainbench doctor``'s checks, once, before the first trainbench case: a blocker (CUDA
+        expected and missing, a GPU the build has no kernels for, too little /dev/shm...) stops the session;
+        every check is recorded in the saved run's machine info."""
+        from .doctor import doctor_record, format_checks, run_checks
+
+        checks = run_checks(self.options.device_spec, expect_cuda=self.options.expect_cuda)
+        self.doctor = doctor_record(checks)
+        if hasattr(os, "getloadavg"):  # a busy machine is the first suspect when numbers move; the end is added at save
+            self.doctor["load_average"] = {"start": list(os.getloadavg())}
+        blockers = [line for check, line in zip(checks, format_checks(checks)) if check.status == "FAIL"]
+        if blockers and not os.environ.get("TRAINBENCH_IGNORE_DOCTOR"):
+            raise usage_error("the runner is not ready (python -m trainbench doctor shows every check; "
+                              "TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
+
+    def _marker_skip_reason(self, item) -> str | None:
+        """Why the trainbench markers on ``item`` rule it out on this session's device, or None."""
+        if item.get_closest_marker("trainbench_slow") and not self.options.run_slow:
+            return "slow case: run with --trainbench-slow"
+        gpu = item.get_closest_marker("trainbench_gpu")
+        gpus = item.get_closest_marker("trainbench_min_gpus")
+        capability = item.get_closest_marker("trainbench_min_capability")
+        if not (gpu or gpus or capability):
+            return None
+        from .recipes import Requirements
+
+        try:
+            caps = self.backend.caps()
+        except RuntimeError as e:
+            return str(e)
+        requirements = Requirements(cuda=True, min_gpus=gpus.args[0] if gpus else 0,
+                                    min_capability=tuple(capability.args) if capability else None)
+        reason = requirements.unmet(caps)
+        what = gpu.kwargs.get("what") if gpu else None  # trainbench_gpu(what="pinned_memory (...)"): -rs tells apart
+        return f"{what}: {reason}" if what and reason else reason
+
+    # -- signals --------------------------------------------------------------------------------------
+    def _stop_cleanly_on_sigterm(self) -> None:
+        """SIGTERM (a CI job cancelled, a timeout) ends the session as Ctrl-C does: the case running stops, its
+        setup closes (loader workers end), and the cases already measured are saved, marked incomplete.
+        Without this, the default action kills the process with nothing written."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+        self.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        self.interrupted = True
+
+    def close(self) -> None:
+        """At pytest's unconfigure: what the session started ends with it."""
+        if self.ab is not None:
+            self.ab.close(force=self.interrupted)  # both environments' workers end with the session
+        if self.previous_sigterm is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, self.previous_sigterm)
+
+    # -- pytest-benchmark's storage and compare -------------------------------------------------------
+    def pytest_benchmark_update_json(self, config, benchmarks, output_json):
+        """Cases that failed before they had a result are in the saved run too, with why (they have no timing)."""
+        from .store import INCOMPLETE_KEY
+
+        if self.failed_cases:
+            output_json["trainbench_failed_cases"] = list(self.failed_cases)
+        if self.interrupted:
+            output_json[INCOMPLETE_KEY] = True  # kept, but a bare --benchmark-compare never takes it as the baseline
+
+    def pytest_benchmark_update_machine_info(self, config, machine_info):
+        """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
+        if self.rows:
+            if self.doctor and "load_average" in self.doctor:
+                self.doctor["load_average"]["end"] = list(os.getloadavg())
+            machine_info["trainbench"] = {**self.backend.identity(), "doctor": self.doctor}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_benchmark_compare_machine_info(self, config, benchmarksession, machine_info, compared_benchmark):
+        """Refuse to compare trainbench runs of different devices or setups: their numbers say nothing about
+        each other. First, so that pytest-benchmark's own check compares like with like: this session's
+        device identity is in ``machine_info`` exactly when the compared run has one."""
+        from .store import describe_device, device_of
+
+        theirs = device_of(compared_benchmark)
+        if theirs is None:
+            machine_info.pop("trainbench", None)
+            return
+        stored = compared_benchmark["machine_info"]["trainbench"]
+        # The doctor's record tells how this run's machine was set up (free /dev/shm, warnings), not which device
+        # it is: the compared run's own record stands in, so pytest-benchmark compares device identities only.
+        machine_info["trainbench"] = {**self.backend.identity(), "doctor": stored.get("doctor")}
+        mine = device_of({"machine_info": machine_info})
+        if self.options.allow_cross_device:
+            return
+        if mine != theirs:
+            raise usage_error(
+                f"--benchmark-compare would compare this {describe_device(mine)} with {describe_device(theirs)}; "
+                "numbers from different devices are not comparable. Compare with a run of this device "
+                "(a bare --benchmark-compare picks the latest one), or pass --trainbench-allow-cross-device.")
+        differ = [f"{key} {stored[key]!r} there, {value!r} here" for key, value in machine_info["trainbench"].items()
+                  if key in SETUP_KEYS and key in stored and stored[key] != value]
+        if differ:
+            raise usage_error(
+                "--benchmark-compare would compare runs made with other settings (" + "; ".join(differ)
+                + "): thread counts and float precision change every number (e.g. OMP_NUM_THREADS=1 halves CPU "
+                "throughput). Rerun with the baseline's settings, or pass --trainbench-allow-cross-device.")
+
+    def pytest_sessionstart(self, session):
+        """A gated comparison with no baseline pytest-benchmark could load stops here, before any case runs:
+        pytest-benchmark only warns ("Can't compare", "Failed to load") and the gate would pass unchecked."""
+        config = session.config
+        compare = benchmark_adapter.compare_requested(config)
+        if self.options.compare_fail is None or not compare or self.ab is not None \
+                or benchmark_adapter.loaded_baseline(config) is not None:
+            return
+        from .store import why_no_baseline
+
+        raise usage_error("--trainbench-compare-fail: no baseline run to compare with: "
+                          + why_no_baseline(config.getoption("benchmark_storage"), compare))
+
+    # -- the verdict ----------------------------------------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        """Compare every case with the baseline run (or the A/B sides); fail on a gated regression."""
+        if self.ab is not None and self.ab.outcomes:
+            self.comparison = self.ab.verdict(gated=self.options.compare_fail is not None)
+            self.comparisons = [c for o in self.ab.outcomes for c in o.comparisons]
+        else:
+            baseline = benchmark_adapter.loaded_baseline(session.config)
+            if not self.rows or baseline is None:
+                return
+            from .compare import gate
+
+            o = self.options
+            self.comparison, self.comparisons = gate(self.rows, baseline[1], baseline[0], self.backend.identity(),
+                                                     o.compare_fail, o.compare_alpha,
+                                                     allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
+        if self.options.compare_json is not None:
+            from .files import write_json_atomic
+
+            write_json_atomic(self.options.compare_json, self.comparison)
+        if self.comparison["failed"]:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        from .summary import write_ab, write_summary
+
+        if self.ab is not None and self.comparison is not None:
+            write_ab(terminalreporter, self)
+        elif self.rows or self.failed_cases:
+            write_summary(terminalreporter, self)

@@ -1,0 +1,121 @@
+"""The terminal summary of a trainbench session: the case table, the notes that explain it, the verdict."""
+
+from __future__ import annotations
+
+import os
+
+
+def write_summary(terminalreporter, state) -> None:
+    """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
+    unpaired ratios, predictions, ranks, relaunches, traces, and the comparison with the baseline."""
+    from .report import summary_table
+
+    terminalreporter.write_sep("=", "trainbench summary")
+    backend = state.backend
+    terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.runner.profile.name}")
+    load = (state.doctor or {}).get("load_average")
+    if load:
+        terminalreporter.write_line(f"load average (1 min): {load['start'][0]:.2f} at start, "
+                                    f"{os.getloadavg()[0]:.2f} now, on {os.cpu_count()} CPUs")
+    for check in (state.doctor or {}).get("checks", []):
+        if check["status"] in ("warn", "FAIL"):
+            terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
+    for line in summary_table(state.rows):
+        terminalreporter.write_line(line)
+    for failed in state.failed_cases:
+        terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
+    for line in state.inconclusive:
+        terminalreporter.write_line(f"INCONCLUSIVE {line} (measured twice; not failed: --trainbench-strict-timing "
+                                    "fails it)", yellow=True)
+    if any(row["speedup"] is not None and not row["paired"] for row in state.rows):
+        terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
+                                    "(no ratio budget asked for interleaving), so machine drift is in the ratio")
+    mismatched = [row["case"] for row in state.rows if row.get("prediction_checked") is False]
+    if any(row["metrics"].get("predicted_gpu_peak_mib") is not None for row in state.rows):
+        terminalreporter.write_line(
+            "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
+            "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
+                                             f"breakdown: {', '.join(mismatched)}" if mismatched else
+                                             "; each case's own setup predicted exactly as measured"))
+    for row in state.rows:
+        if row.get("ranks"):
+            terminalreporter.write_line(_ranks_line(row["case"], row["ranks"]))
+        for note in row.get("relaunches", ()):  # measured whole by the relaunch; the crash is shown, not hidden
+            terminalreporter.write_line(f"{row['case']}: {note}", yellow=True)
+    for case, trace in state.traces:
+        terminalreporter.write_line(f"profile trace {case}: " + (
+            ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
+    if state.comparison is not None:
+        _write_comparison(terminalreporter, state)
+
+
+def write_ab(terminalreporter, state) -> None:
+    """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
+    from .compare import verdict_table
+
+    verdict = state.comparison
+    terminalreporter.write_sep("=", "trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair")
+    for label, side in verdict["ab"].items():
+        ident = side["identity"]
+        extras = ", ".join(f"{k} {ident[k]}" for k in ("cuda", "cudnn", "driver") if ident.get(k))
+        terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
+                                    + (f", {extras}" if extras else "") + f", {ident.get('name')}")
+    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
+    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
+    for line in verdict_table(state.comparisons):
+        terminalreporter.write_line(line)
+    for outcome in state.ab.outcomes:
+        if outcome.guard is not None and not outcome.guard.ok:
+            terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
+    for c in state.comparisons:
+        if c.verdict in ("regressed", "inconclusive", "missing"):
+            label = {"regressed": "REGRESSION ", "inconclusive": "INCONCLUSIVE ", "missing": "FAIL "}[c.verdict]
+            terminalreporter.write_line((label if verdict["gated"] or c.verdict != "regressed"
+                                         else "regressed (not gated): ") + c.describe(),
+                                        red=c.verdict != "inconclusive" and verdict["gated"])
+
+
+def _ranks_line(case: str, ranks: dict) -> str:
+    """One line per distributed case: launcher, ranks, scaling, gradients, each rank's median step."""
+    import statistics
+
+    medians = ", ".join(f"{statistics.median(r['round_step_times_s']) * 1e3:.1f}" for r in ranks["per_rank"])
+    if "scaling_efficiency" in ranks:
+        scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['speedup_vs']} (ideal speed-up "
+                   f"{ranks['ideal_speedup']:g}x)")
+    elif "speedup_vs" in ranks:
+        scaling = f"compared with {ranks['speedup_vs']}, itself distributed (scaling efficiency is vs one process)"
+    else:
+        scaling = "no scaling efficiency (no ratio budget asked for its one-process baseline)"
+    spread = ranks["max_grad_difference_between_ranks"]
+    return (f"ranks {case}: {ranks['world_size']} under {ranks['launcher']}, {ranks['dist_backend']}; {scaling}; "
+            f"gradients {'identical on every rank' if not spread else f'DIFFER by {spread:.3g}'}; "
+            f"median step per rank {medians} ms")
+
+
+def _write_comparison(terminalreporter, state) -> None:
+    from .compare import verdict_table
+
+    verdict, comparisons = state.comparison, state.comparisons
+    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
+    terminalreporter.write_sep("=", f"trainbench compare vs {verdict['baseline']}")
+    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
+    for line in verdict_table(comparisons):
+        terminalreporter.write_line(line)
+    for case in verdict["new_cases"]:
+        failing = verdict["gated"] and not verdict["new_cases_allowed"]
+        terminalreporter.write_line(f"{'FAIL ' if failing else ''}{case}: not in the baseline run (new case"
+                                    + ("; nothing compared: --trainbench-allow-new-cases lets it pass)" if failing
+                                       else ")"), red=failing)
+    for error in verdict["errors"]:
+        terminalreporter.write_line(f"ERROR {error}", red=True)
+    for c in comparisons:
+        if c.verdict == "inconclusive":
+            strict = verdict["gated"] and verdict.get("strict")
+            terminalreporter.write_line(("FAIL (strict) " if strict else "INCONCLUSIVE ") + c.describe(),
+                                        red=strict, yellow=not strict)
+        if c.verdict == "missing" and verdict["gated"]:
+            terminalreporter.write_line("FAIL " + c.describe(), red=True)
+        if c.verdict == "regressed":
+            terminalreporter.write_line(("REGRESSION " if verdict["gated"] else "regressed (not gated): ") + c.describe(),
+                                        red=verdict["gated"])
