@@ -3,7 +3,7 @@
 asv runs ``setup_cache`` once per environment: it measures every case with the same runner
 as the pytest plugin (warm-up, synchronized rounds, interleaved baselines where a ratio
 budget asks, memory and work passes, correctness guards). Each ``track_*`` then reports one
-metric of ``trainbench.result.METRICS`` for one case, in the unit asv shows, grouped as the
+metric of ``trainbench.metrics.METRICS`` for one case, in the unit asv shows, grouped as the
 metric says: ``Speed`` (timing), ``Memory`` and ``Work`` (exact signals, the ones a shared CPU
 runner can gate on). Cases this device cannot run (GPU-only, several GPUs) are skipped; so
 are slow ones unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a regex) limits the cases
@@ -16,7 +16,7 @@ from pathlib import Path
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
 from trainbench.asv_suite import case_ids, measure_all
-from trainbench.result import METRICS
+from trainbench.metrics import METRICS, metrics_in
 
 BUDGETS = Path(__file__).parent / "budgets.toml"
 # asv units: bytes and seconds where asv formats them, from the metric's own unit.
@@ -45,7 +45,7 @@ def _track(metric: str):
 
 
 def _tracks(group: str) -> dict:
-    return {f"track_{TRACK_NAMES.get(name, name)}": _track(name) for name, m in METRICS.items() if m.group == group}
+    return {f"track_{TRACK_NAMES.get(name, name)}": _track(name) for name in metrics_in(group)}
 
 
 class _Cases:

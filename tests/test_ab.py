@@ -10,6 +10,7 @@ import torch
 
 from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
 from trainbench.compare import verdict_table
+from trainbench.metrics import is_timed
 from trainbench.recipes import get_recipe
 from trainbench.workloads import PROFILES, resolve_spec
 
@@ -34,14 +35,15 @@ def _by_metric(outcome):
 def test_the_same_environment_on_both_sides_is_unchanged(sides):
     base, head, hello = sides
     assert hello["base"]["python"] == hello["head"]["python"] == sys.executable
-    outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 1.0, "samples_per_s": 1.0},
-                       loss_rtol=0.0)
+    outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 1.0, "samples_per_s": 1.0,
+                                                              "peak_memory_mib": 0.0}, loss_rtol=0.0)
     compared = _by_metric(outcome)
     assert len(outcome.pairs) == 8
     # 100%: a margin no load on this machine moves a paired median ratio across.
     assert compared["step_time_ms"].verdict in ("unchanged", "improved")
-    deterministic = [c for c in outcome.comparisons if c.metric not in ("step_time_ms", "samples_per_s")]
+    deterministic = [c for c in outcome.comparisons if not is_timed(c.metric)]
     assert deterministic and all(c.verdict == "unchanged" for c in deterministic), verdict_table(deterministic)
+    assert compared["peak_memory_mib"].ci is None  # named by the thresholds, not read per round: a value
     assert outcome.guard.ok  # the same seeded losses, exactly
     shape = verdict([outcome], hello, gated=True)
     assert not shape["failed"] and set(shape["ab"]) == {"base", "head"} and shape["pairs"]["mlp-baseline"]
@@ -131,10 +133,10 @@ def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_ver
 
 
 def test_an_ab_run_takes_timed_thresholds_from_its_command_line_never_from_the_budgets_file():
-    budgets_file = {"step_time_ms": 0.5, "samples_per_s": 0.5, "max_peak_memory_mib": 0.02}
-    assert ab_thresholds(None, budgets_file) == {"max_peak_memory_mib": 0.02}  # timed: DEFAULT_TIMED_THRESHOLD
-    assert ab_thresholds({"step_time_ms": 0.05, "max_peak_memory_mib": 0.0}, budgets_file) == \
-        {"step_time_ms": 0.05, "max_peak_memory_mib": 0.0}
+    budgets_file = {"step_time_ms": 0.5, "samples_per_s": 0.5, "first_step_s": 0.5, "peak_memory_mib": 0.02}
+    assert ab_thresholds(None, budgets_file) == {"peak_memory_mib": 0.02}  # timed: DEFAULT_PAIRED
+    assert ab_thresholds({"step_time_ms": 0.05, "peak_memory_mib": 0.0}, budgets_file) == \
+        {"step_time_ms": 0.05, "peak_memory_mib": 0.0}
 
 
 def test_ab_options_that_contradict_each_other_are_usage_errors(pytester):

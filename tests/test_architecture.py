@@ -100,3 +100,44 @@ def test_only_the_store_reads_saved_runs(name):
     for marker in ("pytest_benchmark.storage", "get_machine_id", "trainbench_incomplete", "[0-9][0-9][0-9][0-9]_",
                    "def load_run", "def latest_run", '.get("benchmarks")'):
         assert marker not in source, f"{name}.py has {marker!r}: saved runs are read through store.py"
+
+
+def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
+    """Literal tuples, lists and sets of two or more metric names and nothing else, and constant dicts whose keys
+    or values are all metric names: metrics picked by hand, i.e. a definition of a kind of metric."""
+    from trainbench.metrics import METRICS
+
+    def metric_names(nodes) -> list[str]:
+        names = [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and n.value in METRICS]
+        return names if len(names) >= 2 and len(names) == len(nodes) else []
+
+    def constant(node) -> bool:
+        return isinstance(node, ast.Constant) or isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            listed = metric_names(node.elts)
+        elif isinstance(node, ast.Dict) and all(constant(v) for v in node.values):
+            listed = metric_names(node.keys) or metric_names(node.values)
+        else:
+            continue
+        if listed:
+            found.append((node.lineno, listed))
+    return found
+
+
+def test_only_the_metrics_module_lists_metrics_by_kind():
+    for name, path in MODULES.items():
+        if name != "metrics":
+            assert not _metric_name_collections(path.read_text()), f"{name}.py lists metrics: ask trainbench.metrics"
+
+
+def test_the_metric_list_check_sees_the_lists_it_forbids():
+    assert _metric_name_collections('TIMED = ("samples_per_s", "step_time_ms")\nif m in {"mfu", "warmup_s"}: pass')
+    assert _metric_name_collections('PER_ROUND = {"samples_per_s": -1, "step_time_ms": 1}')
+    assert _metric_name_collections('ALIASES = {"peak_memory": "peak_memory_mib", "memory": "tracked_peak_mib"}')
+    # a record built from the metrics' values, or result fields that share some metrics' names, are not lists of them
+    assert not _metric_name_collections('row = {"samples_per_s": rate, "step_time_ms": step * 1e3}')
+    assert not _metric_name_collections('FIELDS = ("ops_per_step", "syncs_per_step", "flops_per_step")')

@@ -10,7 +10,7 @@ import pytest
 from asv_runner.benchmarks._base import get_setup_cache_key
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
-from trainbench.result import METRICS
+from trainbench.metrics import METRICS, deterministic_metrics, is_timed
 
 ROOT = Path(__file__).parents[1]
 
@@ -76,9 +76,9 @@ def test_every_track_reports_a_known_metric_with_a_unit():
     assert all(t.metric in METRICS for t in every)
     # every deterministic signal a budget can gate is tracked across commits, and none of them
     # sits with the timing (a CPU runner gates on Memory and Work only)
-    deterministic = {name for name, metric in METRICS.items() if metric.deterministic}
-    assert deterministic <= {t.metric for t in tracks["Memory"] + tracks["Work"]}
-    assert all(not METRICS[t.metric].deterministic for t in tracks["Speed"])
+    assert set(deterministic_metrics()) <= {t.metric for t in tracks["Memory"] + tracks["Work"]}
+    assert all(is_timed(t.metric) for t in tracks["Speed"])
+    assert not any(is_timed(t.metric) for t in tracks["Memory"] + tracks["Work"])
 
 
 def test_a_case_that_failed_without_a_result_fails_its_tracks_with_the_reason():

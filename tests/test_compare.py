@@ -1,6 +1,7 @@
 """The regression gate: statistics on timed metrics, exact deterministic ones, and the plugin's compare flow."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=7", "--trainbench-steps
 
 def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8), activation=1.0, samples=16):
     times = [t / 1e3 for t in step_ms]
-    metrics = {"samples_per_s": samples * len(times) / sum(times), "step_time_ms": sorted(step_ms)[len(step_ms) // 2],
+    metrics = {"samples_per_s": samples / statistics.median(times), "step_time_ms": statistics.median(step_ms),
                "activation_mib": activation, "peak_memory_mib": 10.0}
     return CaseRecord(case, metrics, times, samples)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from trainbench.host import LoadMeter, busy_cpu_seconds
-from trainbench.noise import baseline_too_noisy, busy_reason, dispersion, inconclusive_reason, per_round
+from trainbench.noise import baseline_too_noisy, busy_reason, dispersion, inconclusive_reason
 
 QUIET = {"cpus": 2, "seconds": 5.0, "other_cpus": 0.04, "load_average_1m": [2.0, 2.1]}
 HOG = {"cpus": 2, "seconds": 5.0, "other_cpus": 1.02, "load_average_1m": [3.9, 4.2]}
@@ -13,12 +13,6 @@ def test_dispersion_is_iqr_over_median():
     assert dispersion([10, 10, 10, 10]) == 0
     assert dispersion([8, 9, 10, 11, 12]) == pytest.approx(2 / 10)
     assert dispersion([5.0]) is None
-
-
-def test_per_round_values_follow_the_metric():
-    assert per_round("step_time_ms", 20.0, [0.010, 0.020, 0.030]) == pytest.approx([10, 20, 30])
-    assert per_round("samples_per_s", 100.0, [0.010, 0.020, 0.040]) == pytest.approx([200, 100, 50])
-    assert per_round("activation_mib", 5.0, [0.01, 0.02]) == []
 
 
 def test_a_paired_ratio_that_every_pair_puts_below_the_limit_is_conclusive():

@@ -115,12 +115,15 @@ def _noise(args: argparse.Namespace) -> int:
 
 
 def _add_noise(subparsers) -> None:
+    from .metrics import timed_metrics
+
     parser = subparsers.add_parser(
         "noise", help="false-alarm rate of a gate from repeated runs of the same code",
         description="Compare every pair of RUN_JSONs (repeated runs of one commit on one machine) case by case "
                     "with the gate's test: every 'regressed' is a false alarm at that threshold.")
     parser.add_argument("runs", nargs="+", metavar="RUN_JSON")
-    parser.add_argument("--metric", default="samples_per_s", choices=["samples_per_s", "step_time_ms"])
+    parser.add_argument("--metric", default="samples_per_s", choices=timed_metrics(),
+                        help="a metric read round by round (default samples_per_s)")
     parser.add_argument("--thresholds", default="5%,10%,20%,30%", help="comma-separated thresholds to evaluate")
     parser.set_defaults(handler=_noise)
 

@@ -6,8 +6,9 @@ recipe, spec, seeds and data), warm up, and then their timed rounds alternate on
 device in ABBA order (base, head, head, base, ...), so a slow spell of the machine falls on
 both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
 Their median, a 95% bootstrap interval and a one-sided sign test decide the timed verdict;
-deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly; the loss
-guard compares both sides' losses over the seeded steps. The verdict has the gate's shape
+deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
+metric the thresholds name as a value; the loss guard compares both sides' losses over the seeded
+steps. The verdict has the gate's shape
 (``trainbench.compare``), with both environments' identities.
 """
 
@@ -22,11 +23,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, verdict_json
-from .result import METRICS, CaseRecord, Result, case_record
+from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, parse_spec, verdict_json
+from .metrics import METRICS, is_timed, per_round, timed_metrics
+from .result import CaseRecord, Result, case_record
 
-TIMED = ("step_time_ms", "samples_per_s")  # compared pair by pair
-DEFAULT_TIMED_THRESHOLD = 0.05
+# What is compared pair by pair when the thresholds name no timed metric.
+DEFAULT_PAIRED = parse_spec("step_time_ms:5%,samples_per_s:5%", "the A/B default")
 START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
 # Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted
 # and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
@@ -170,15 +172,15 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
     base_rounds, head_rounds = [b for b, _ in times], [h for _, h in times]
     results["base"].round_step_times_s, results["head"].round_step_times_s = base_rounds, head_rounds
-    # The timed metrics the thresholds name (both, at 5%, when they name none); deterministic ones always, exactly
-    # unless a threshold says otherwise.
-    timed = [m for m in TIMED if m in thresholds] or list(TIMED)
-    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"],
-                                     thresholds.get(metric, DEFAULT_TIMED_THRESHOLD), alpha) for metric in timed]
-    deterministic = {m: thresholds.get(m, thresholds.get("deterministic", 0.0)) for m, spec in METRICS.items()
-                     if spec.deterministic}
+    # The metrics read per round that the thresholds name (DEFAULT_PAIRED when they name none), pair by pair;
+    # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
+    paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED
+    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], limit, alpha)
+                   for metric, limit in paired.items()]
+    as_values = {m: thresholds.get(m, 0.0) for m, spec in METRICS.items()
+                 if spec.deterministic or (m in thresholds and m not in paired)}
     comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
-                                CaseRecord.read(case_record(results["base"]), "base"), deterministic, alpha)
+                                CaseRecord.read(case_record(results["base"]), "base"), as_values, alpha)
     return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
 
 
@@ -187,9 +189,9 @@ def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str,
 
     A budgets file's timed thresholds are set for comparing separate sessions, whose drift on a shared runner
     is tens of percent (benchmarks/budgets.toml gates CPU step time at 50%); paired rounds resolve a few percent,
-    so timed metrics take the command line's threshold or ``DEFAULT_TIMED_THRESHOLD``. Deterministic thresholds
-    mean the same in both and are kept."""
-    kept = {metric: t for metric, t in budgets_file.items() if metric not in TIMED}
+    so timed metrics take the command line's threshold or ``DEFAULT_PAIRED``. The others (deterministic ones,
+    allocator peaks) mean the same in both and are kept."""
+    kept = {metric: t for metric, t in budgets_file.items() if not is_timed(metric)}
     return {**kept, **(command_line or {})}
 
 
@@ -199,10 +201,13 @@ def paired_comparison(case: str, metric: str, base: Result, head: Result, thresh
     interval, and a one-sided sign test in the direction of the change."""
     from scipy import stats
 
-    from .noise import median_ratio_interval, per_round
+    from .noise import median_ratio_interval
 
     base_values = per_round(metric, base.metrics()[metric], base.round_step_times_s)
     head_values = per_round(metric, head.metrics()[metric], head.round_step_times_s)
+    if not base_values or not head_values:  # not measured on a side (MFU off a known GPU): nothing to compare
+        return MetricComparison(case, metric, base.metrics()[metric], head.metrics()[metric], None, threshold,
+                                "missing")
     ratios = sorted(h / b for h, b in zip(head_values, base_values))
     median_ratio = _median(ratios)
     change = median_ratio - 1.0

@@ -12,8 +12,8 @@ capability ("sm_70"), "cuda" for any GPU, and "cpu".
 
 Keys are ``min_<metric>`` / ``max_<metric>`` (absolute) or ``min_<metric>_ratio`` /
 ``max_<metric>_ratio`` (this case / the baseline recipe measured in the same session),
-for any metric in ``trainbench.result.METRICS``; ``min_speedup`` is
-``min_samples_per_s_ratio`` and ``max_memory_ratio`` is ``max_peak_memory_mib_ratio``.
+for any metric in ``trainbench.metrics.METRICS`` or its alias there (``max_memory_ratio`` is
+``max_peak_memory_mib_ratio``); ``min_speedup`` is ``min_samples_per_s_ratio``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
-from .result import METRICS, Result
+from .metrics import ALIASES, METRICS, resolve
+from .result import Result
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-ALIASES = {"min_speedup": "min_samples_per_s_ratio", "max_memory_ratio": "max_peak_memory_mib_ratio"}
+SPEEDUP_KEY = "min_speedup"  # the ratio budget most cases set, named for what it promises
 TEXT_KEYS = {"note"}
 
 
@@ -80,12 +81,13 @@ class CaseBudget:
 
 def parse_key(key: str) -> tuple[str, str, bool]:
     """``max_activation_mib_ratio`` -> ("activation_mib", "max", True); raises KeyError if unknown."""
-    key = ALIASES.get(key, key)
+    if key == SPEEDUP_KEY:
+        return "samples_per_s", "min", True
     bound, _, rest = key.partition("_")
     if bound not in ("min", "max") or not rest:
         raise KeyError(key)
-    relative = rest.endswith("_ratio") and rest[: -len("_ratio")] in METRICS
-    metric = rest[: -len("_ratio")] if relative else rest
+    relative = rest.endswith("_ratio") and resolve(rest[: -len("_ratio")]) in METRICS
+    metric = resolve(rest[: -len("_ratio")] if relative else rest)
     if metric not in METRICS:
         raise KeyError(key)
     return metric, bound, relative
@@ -151,7 +153,8 @@ class Budgets:
                     except KeyError:
                         raise BudgetError(
                             f"{where} unknown budget key {key!r}: expected min_/max_<metric>[_ratio], "
-                            f"{', '.join(ALIASES)} or note, with <metric> one of {', '.join(METRICS)}"
+                            f"{SPEEDUP_KEY} or note, with <metric> one of {', '.join(METRICS)} or "
+                            f"{', '.join(ALIASES)}"
                         ) from None
                     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                         raise BudgetError(f"{where} {key} = {value!r}: expected a finite number")

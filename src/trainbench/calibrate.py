@@ -19,14 +19,10 @@ from pathlib import Path
 from .budgets import BudgetError, Budgets
 from .device import DeviceCaps
 from .files import write_text_atomic
+from .metrics import calibrated_metrics
 from .report import run_device
+from .result import CaseRecord, RecordError
 from .store import RunFileError, load_run
-from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
-
-# Deterministic signals: exact functions of code and shapes, calibrated with the tight margin.
-DETERMINISTIC_KEYS = tuple(deterministic_metrics())
-# Allocator peaks: not exact, but repeatable on one GPU.
-GPU_MEMORY_KEYS = tuple(name for name, metric in METRICS.items() if metric.stable_on_gpu)
 
 
 class CalibrationError(ValueError):
@@ -69,7 +65,7 @@ def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float
     """The calibrated budget keys of one case from its stored record (``only``: these metrics, "speedup" for
     min_speedup)."""
     keys: dict[str, float | int] = {}
-    for metric in DETERMINISTIC_KEYS + (GPU_MEMORY_KEYS if gpu else ()):
+    for metric in calibrated_metrics(gpu):
         if only is not None and metric not in only:
             continue
         value = record.metrics.get(metric)
@@ -91,10 +87,11 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
     """
     import tomlkit
 
-    unknown = sorted(set(only or ()) - set(DETERMINISTIC_KEYS + GPU_MEMORY_KEYS + ("speedup",)))
+    calibrated = calibrated_metrics(gpu=True)
+    unknown = sorted(set(only or ()) - {*calibrated, "speedup"})
     if unknown:
         raise CalibrationError(f"--metrics {','.join(unknown)}: not calibrated metrics; expected some of "
-                               f"{', '.join(DETERMINISTIC_KEYS + GPU_MEMORY_KEYS)}, speedup")
+                               f"{', '.join(calibrated)}, speedup")
     try:
         run = load_run(run_path)
     except RunFileError as e:

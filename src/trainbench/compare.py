@@ -3,14 +3,15 @@
 A gate is a set of thresholds, e.g. ``samples_per_s:5%,peak_memory:2%``. For each case
 present in both runs and each gated metric:
 
-- **timed metrics** (samples/s, step time) are compared over the rounds of both runs:
+- **timed metrics** read round by round (samples/s, step time, TFLOP/s, MFU: ``metrics.per_round``)
+  are compared over the rounds of both runs:
   the change of the medians, a one-sided Mann-Whitney U test that the current rounds
   are worse (better), and a bootstrap confidence interval of the ratio. A change beyond
   the threshold is a regression only if it is also significant and neither run was
   measured on a busy machine (``trainbench.noise``); otherwise it is *inconclusive*, as is
   an unchanged median against a baseline whose rounds scatter more than the threshold;
-- **deterministic metrics** (memory breakdown, FLOPs, bytes, ops, syncs) and single-value
-  metrics are compared as values against the threshold (0% = exactly).
+- **every other metric** (deterministic ones: memory breakdown, FLOPs, bytes, ops, syncs; allocator
+  peaks; single-value timings) is compared as a value against the threshold (0% = exactly).
 
 Verdicts: improved / unchanged / regressed / inconclusive (with its reason) / missing. Inconclusive
 verdicts pass the gate, reported, unless it is strict (``strict``: then they fail it too).
@@ -21,15 +22,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .metrics import ALIASES, METRICS, deterministic_metrics, resolve
 from .noise import baseline_too_noisy, busy_reason, median_ratio_interval
-from .result import METRICS, CaseRecord, RecordError, deterministic_metrics
+from .result import CaseRecord, RecordError
 
-ALIASES = {"peak_memory": "peak_memory_mib", "step_time": "step_time_ms", "memory": "tracked_peak_mib"}
-TIMED_METRICS = ("samples_per_s", "step_time_ms")
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
 DEFAULT_ALPHA = 0.05
-# Shown (not gated) when --benchmark-compare runs without --trainbench-compare-fail.
-DISPLAY_THRESHOLDS = {"samples_per_s": 0.05, "peak_memory_mib": 0.02}
 
 
 class CompareError(ValueError):
@@ -39,7 +37,8 @@ class CompareError(ValueError):
 def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str, float]:
     """``"samples_per_s:5%,peak_memory:2%,deterministic:0%"`` -> {metric: threshold fraction}.
 
-    ``deterministic`` stands for every deterministic metric of ``trainbench.result.METRICS``.
+    ``deterministic`` stands for every deterministic metric of ``trainbench.metrics.METRICS``; a metric may be
+    named by its alias there (``peak_memory``, ``memory``, ``step_time``).
     """
     thresholds: dict[str, float] = {}
     for item in (part.strip() for part in spec.split(",")):
@@ -48,7 +47,7 @@ def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str,
         name, sep, value = item.partition(":")
         if not sep:
             raise CompareError(f"{where}: {item!r}: expected METRIC:THRESHOLD, e.g. samples_per_s:5%")
-        name = ALIASES.get(name.strip(), name.strip())
+        name = resolve(name.strip())
         names = deterministic_metrics() if name == "deterministic" else [name]
         if names[0] not in METRICS:
             raise CompareError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
@@ -69,6 +68,10 @@ def parse_fraction(text: str, where: str, item: str | None = None) -> float:
     if not math.isfinite(value) or value < 0:
         raise CompareError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
     return value
+
+
+# Shown (not gated) when --benchmark-compare runs without --trainbench-compare-fail.
+DISPLAY_THRESHOLDS = parse_spec("samples_per_s:5%,peak_memory:2%", "display thresholds")
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
     change = (cur - base) / abs(base) if base else (0.0 if cur == base else math.copysign(math.inf, cur - base))
     worse = -change if higher_is_better else change  # > 0: worse
     cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
-    if metric in TIMED_METRICS and len(cur_rounds) >= 3 and len(base_rounds) >= 3:
+    if len(cur_rounds) >= 3 and len(base_rounds) >= 3:  # a timed metric read round by round
         p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
         reason = None
         if worse > threshold or -worse > threshold:
@@ -279,8 +282,11 @@ def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: s
             for threshold in thresholds:
                 c = _compare_metric(current, base, metric, threshold, alpha)
                 alarms[threshold] += c.verdict == "regressed"
-            changes.append(abs(c.change))
+            if c.change is not None:  # None: a run without the metric (MFU off a known GPU)
+                changes.append(abs(c.change))
+        if not changes:
+            continue
         changes.sort()
-        rows.append({"case": case, "pairs": len(pairs), "median_abs_change": changes[len(changes) // 2],
+        rows.append({"case": case, "pairs": len(changes), "median_abs_change": changes[len(changes) // 2],
                      "max_abs_change": changes[-1], "false_alarms": alarms})
     return rows

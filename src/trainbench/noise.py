@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import statistics
 
-from .result import METRICS
+from .metrics import is_timed
 
 # Other processes used at least this share of our cores, on average, while a case ran: its rounds
 # were contended (a 2-process CPU hog on 2 cores shows as ~1 CPU; a quiet runner as < 0.1).
 BUSY_SHARE = 0.25
 CONFIDENCE = 0.95
-# Timed metrics computed from each round's step time: their per-round values scale as the metric does.
-PER_ROUND = {"samples_per_s": -1, "achieved_tflops": -1, "mfu": -1, "step_time_ms": 1}
-
-
-def is_timed(metric: str) -> bool:
-    """A metric the machine's speed moves (throughput, step time, warm-up...), not the code alone."""
-    return METRICS[metric].group == "speed"
 
 
 def dispersion(values: list[float]) -> float | None:
@@ -32,16 +25,6 @@ def dispersion(values: list[float]) -> float | None:
         return None
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return (q3 - q1) / median if median else None
-
-
-def per_round(metric: str, value: float | None, round_times_s: list[float]) -> list[float]:
-    """A timed metric round by round, from each round's step time ([] where it is not a per-round metric)."""
-    power = PER_ROUND.get(metric)
-    times = [t for t in round_times_s if t > 0]
-    if power is None or value is None or not times:
-        return []
-    median = statistics.median(times)
-    return [value * (t / median) ** power for t in times]
 
 
 def median_ratio_interval(current: list[float], baseline: list[float], paired: bool) -> tuple[float, float]:
@@ -81,7 +64,7 @@ def inconclusive_reason(metric: str, limit: float, value: float, current: list[f
                         paired: bool, loads: list[dict | None]) -> str | None:
     """Why a timed value on the wrong side of ``limit`` does not show that it is there, or None (it does).
 
-    ``current``/``baseline``: the metric per round (``per_round``); ``baseline`` None for an absolute limit
+    ``current``/``baseline``: the metric per round (``metrics.per_round``); ``baseline`` None for an absolute limit
     (then ``value`` is the metric, else the ratio current / baseline). ``loads``: the ``LoadMeter`` records
     of the runs involved. Inconclusive when the 95% interval of the value (or ratio) reaches the limit,
     or another process loaded the machine.

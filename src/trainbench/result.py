@@ -7,71 +7,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from .metrics import METRICS, per_round
+
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
 # the summary shows it beside the case.
 RELAUNCH_NOTE = "relaunched from the start after a crash below Python"
 
 MIB = 2**20
-
-
-@dataclass(frozen=True)
-class Metric:
-    unit: str
-    higher_is_better: bool
-    deterministic: bool  # same value on every run of the same code on the same device
-    description: str
-    group: str = "speed"  # speed | memory | work: what it tells (asv's classes follow it)
-    stable_on_gpu: bool = False  # not exact, but repeatable on one GPU (allocator peaks): calibrated there
-
-
-# Every metric a budget, a comparison or a report may name. Deterministic ones are
-# exact functions of the code and shapes, so CPU CI can gate on them without noise.
-METRICS: dict[str, Metric] = {
-    "samples_per_s": Metric("samples/s", True, False, "samples per step (all ranks) / median step time"),
-    "step_time_ms": Metric("ms", False, False, "median time of a step (per-round means)"),
-    "step_time_iqr_ms": Metric("ms", False, False, "inter-quartile range of the per-round step times"),
-    "data_wait_fraction": Metric("", False, False, "share of timed wall time blocked in next(loader)"),
-    "first_step_s": Metric("s", False, False, "the first step: compilation, autotuning, worker start-up"),
-    "warmup_s": Metric("s", False, False, "all warm-up steps until step times settled"),
-    "achieved_tflops": Metric("TFLOP/s", True, False, "FLOPs per step / median step time"),
-    "mfu": Metric("", True, False, "achieved / peak FLOP/s of a known GPU"),
-    "peak_memory_mib": Metric("MiB", False, False, "device allocator peak (CUDA), tracked tensor peak (CPU)",
-                              group="memory", stable_on_gpu=True),
-    "peak_reserved_mib": Metric("MiB", False, False, "CUDA caching-allocator reserved peak", group="memory",
-                                stable_on_gpu=True),
-    "reserved_between_steps_mib": Metric("MiB", False, False, "CUDA allocator reserved memory after a step (what "
-                                         "other processes cannot use between steps)", group="memory",
-                                         stable_on_gpu=True),
-    "alloc_retries": Metric("", False, False, "CUDA allocator retries (cudaFree + retry) during the memory pass",
-                            group="memory"),
-    "tracked_peak_mib": Metric("MiB", False, True, "peak of live tensors seen by the memory tracker", group="memory"),
-    "param_mib": Metric("MiB", False, True, "parameters at the tracked peak", group="memory"),
-    "grad_mib": Metric("MiB", False, True, "gradients at the tracked peak", group="memory"),
-    "optimizer_state_mib": Metric("MiB", False, True, "optimizer state at the tracked peak", group="memory"),
-    "activation_mib": Metric("MiB", False, True, "activations saved for backward at the tracked peak", group="memory"),
-    "temporary_mib": Metric("MiB", False, True, "temporaries at the tracked peak", group="memory"),
-    "predicted_gpu_peak_mib": Metric("MiB", False, True, "tracked tensor peak of the GPU profile's setup, predicted "
-                                     "under FakeTensorMode (no compute)", group="memory"),
-    "predicted_gpu_activation_mib": Metric("MiB", False, True, "activations at the predicted GPU-profile peak",
-                                           group="memory"),
-    "memory_growth_mib_per_step": Metric("MiB", False, True, "live tensor memory added per step (a leak if > 0)",
-                                         group="memory"),
-    "graph_nodes_growth_per_step": Metric("", False, True, "autograd nodes kept alive per step by a running loss",
-                                          group="memory"),
-    "gflops_per_sample": Metric("GFLOP", False, True, "FlopCounterMode FLOPs of one step / batch size", group="work"),
-    "h2d_bytes_per_sample": Metric("B", False, True, "bytes a step copies to the device per sample", group="work"),
-    "syncs_per_step": Metric("", False, True, "host-device syncs (aten._local_scalar_dense) per step",
-                             group="work"),
-    "ops_per_step": Metric("", False, True, "aten ops dispatched per step (eager view, below autograd)", group="work"),
-    "aten_calls_per_step": Metric("", False, True, "aten calls the profiler records per step (compiled code included)",
-                                  group="work"),
-    "kernels_per_step": Metric("", False, True, "device kernels launched per step (CUDA profiler)", group="work"),
-}
-
-
-def deterministic_metrics() -> list[str]:
-    """The metrics that are exact functions of the code and shapes: what a CPU runner can gate on."""
-    return [name for name, metric in METRICS.items() if metric.deterministic]
 
 
 @dataclass
@@ -151,7 +93,7 @@ class Result:
         return q3 - q1
 
     def metrics(self) -> dict[str, float | None]:
-        """Every metric in ``METRICS`` (None where this device or run did not produce it)."""
+        """Every metric in ``trainbench.metrics.METRICS`` (None where this device or run did not produce it)."""
         bd = self.memory_breakdown_bytes
         predicted = (self.predicted_memory or {}).get("breakdown_bytes") or {}
         step = self.step_time_s
@@ -286,8 +228,5 @@ class CaseRecord:
         return load if isinstance(load, dict) else None
 
     def per_round(self, metric: str) -> list[float]:
-        """A timed metric round by round (step time in ms, samples/s)."""
-        times = [t for t in self.round_step_times_s if t > 0]
-        if metric == "step_time_ms":
-            return [t * 1e3 for t in times]
-        return [self.samples_per_step / t for t in times]
+        """``metric`` round by round (``trainbench.metrics.per_round``; [] where it is not read per round)."""
+        return per_round(metric, self.metrics.get(metric), self.round_step_times_s)

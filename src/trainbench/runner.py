@@ -528,7 +528,7 @@ class Runner:
             return
         verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
         if self.untimed:
-            from .noise import is_timed
+            from .metrics import is_timed
 
             left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]
             verdicts = [v for v in verdicts if not is_timed(v.bound.metric)]
@@ -542,7 +542,8 @@ class Runner:
         unless ``strict_timing``; deterministic bounds stand as evaluated."""
         from dataclasses import replace
 
-        from .noise import inconclusive_reason, per_round
+        from .metrics import per_round
+        from .noise import inconclusive_reason
 
         b = verdict.bound
         if verdict.ok or verdict.measured is None or self.strict_timing:

@@ -1,0 +1,159 @@
+"""Every metric a budget, a comparison or a report may name, and how it is read.
+
+Each metric has one ``kind``, the one answer to "what moves it, and how is it judged":
+
+- ``timed``: the machine's speed moves it and it follows each timed round's step time (throughput,
+  step time, TFLOP/s, MFU), so the gate, A/B, noise checks and budgets read it round by round
+  (``per_round``);
+- ``timed_once``: the machine's speed moves it, but a run has one value of it (the first step, the
+  warm-up, the rounds' spread, the share spent waiting for data): judged as a value, never calibrated;
+- ``allocator``: a CUDA caching-allocator peak; not an exact function of the code, but repeatable on
+  one GPU, so calibrated there (on a CPU ``peak_memory_mib`` is the tracked tensor peak);
+- ``allocator_events``: allocator retries, which depend on fragmentation and on what else holds the
+  GPU: reported and compared where a gate names them, never calibrated;
+- ``deterministic``: an exact function of the code and the shapes; a CPU runner gates on it without noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+TIMED = "timed"
+TIMED_ONCE = "timed_once"
+ALLOCATOR = "allocator"
+ALLOCATOR_EVENTS = "allocator_events"
+DETERMINISTIC = "deterministic"
+KINDS = (TIMED, TIMED_ONCE, ALLOCATOR, ALLOCATOR_EVENTS, DETERMINISTIC)
+GROUPS = ("speed", "memory", "work")  # what a metric tells; asv's Speed, Memory and Work classes follow it
+
+
+@dataclass(frozen=True)
+class Metric:
+    unit: str
+    higher_is_better: bool
+    kind: str  # one of KINDS
+    description: str
+    group: str = "speed"  # one of GROUPS: "speed" exactly for the timed kinds
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or self.group not in GROUPS:
+            raise ValueError(f"metric kind {self.kind!r} / group {self.group!r}: expected one of {KINDS} / {GROUPS}")
+        if (self.group == "speed") != self.timed:
+            raise ValueError(f"a {self.kind} metric in group {self.group!r}: speed metrics are the timed ones")
+
+    @property
+    def timed(self) -> bool:
+        """The machine's speed moves it, not the code alone."""
+        return self.kind in (TIMED, TIMED_ONCE)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.kind == DETERMINISTIC
+
+    @property
+    def stable_on_gpu(self) -> bool:
+        return self.kind == ALLOCATOR
+
+
+METRICS: dict[str, Metric] = {
+    "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time"),
+    "step_time_ms": Metric("ms", False, TIMED, "median time of a step (per-round means)"),
+    "step_time_iqr_ms": Metric("ms", False, TIMED_ONCE, "inter-quartile range of the per-round step times"),
+    "data_wait_fraction": Metric("", False, TIMED_ONCE, "share of timed wall time blocked in next(loader)"),
+    "first_step_s": Metric("s", False, TIMED_ONCE, "the first step: compilation, autotuning, worker start-up"),
+    "warmup_s": Metric("s", False, TIMED_ONCE, "all warm-up steps until step times settled"),
+    "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time"),
+    "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU"),
+    "peak_memory_mib": Metric("MiB", False, ALLOCATOR, "device allocator peak (CUDA), tracked tensor peak (CPU)",
+                              group="memory"),
+    "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory"),
+    "reserved_between_steps_mib": Metric("MiB", False, ALLOCATOR, "CUDA allocator reserved memory after a step (what "
+                                         "other processes cannot use between steps)", group="memory"),
+    "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
+                            "pass", group="memory"),
+    "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
+                               group="memory"),
+    "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory"),
+    "grad_mib": Metric("MiB", False, DETERMINISTIC, "gradients at the tracked peak", group="memory"),
+    "optimizer_state_mib": Metric("MiB", False, DETERMINISTIC, "optimizer state at the tracked peak", group="memory"),
+    "activation_mib": Metric("MiB", False, DETERMINISTIC, "activations saved for backward at the tracked peak",
+                             group="memory"),
+    "temporary_mib": Metric("MiB", False, DETERMINISTIC, "temporaries at the tracked peak", group="memory"),
+    "predicted_gpu_peak_mib": Metric("MiB", False, DETERMINISTIC, "tracked tensor peak of the GPU profile's setup, "
+                                     "predicted under FakeTensorMode (no compute)", group="memory"),
+    "predicted_gpu_activation_mib": Metric("MiB", False, DETERMINISTIC, "activations at the predicted GPU-profile peak",
+                                           group="memory"),
+    "memory_growth_mib_per_step": Metric("MiB", False, DETERMINISTIC, "live tensor memory added per step (a leak if "
+                                         "> 0)", group="memory"),
+    "graph_nodes_growth_per_step": Metric("", False, DETERMINISTIC, "autograd nodes kept alive per step by a running "
+                                          "loss", group="memory"),
+    "gflops_per_sample": Metric("GFLOP", False, DETERMINISTIC, "FlopCounterMode FLOPs of one step / batch size",
+                                group="work"),
+    "h2d_bytes_per_sample": Metric("B", False, DETERMINISTIC, "bytes a step copies to the device per sample",
+                                   group="work"),
+    "syncs_per_step": Metric("", False, DETERMINISTIC, "host-device syncs (aten._local_scalar_dense) per step",
+                             group="work"),
+    "ops_per_step": Metric("", False, DETERMINISTIC, "aten ops dispatched per step (eager view, below autograd)",
+                           group="work"),
+    "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "
+                                  "included)", group="work"),
+    "kernels_per_step": Metric("", False, DETERMINISTIC, "device kernels launched per step (CUDA profiler)",
+                               group="work"),
+}
+
+# Short names a gate specification or a budget key may use. "memory" is the device's peak, as in the summary's
+# "peak MiB", asv's track_peak_memory and the budget key max_memory_ratio.
+ALIASES = {"peak_memory": "peak_memory_mib", "memory": "peak_memory_mib", "step_time": "step_time_ms"}
+
+
+def resolve(name: str) -> str:
+    """A metric's name from itself or its alias (an unknown name comes back as it is, for the caller to refuse)."""
+    return ALIASES.get(name, name)
+
+
+def _of_kind(*kinds: str) -> list[str]:
+    return [name for name, metric in METRICS.items() if metric.kind in kinds]
+
+
+def timed_metrics() -> list[str]:
+    """The metrics read round by round (``per_round``): what the gate and A/B compare over the rounds."""
+    return _of_kind(TIMED)
+
+
+def deterministic_metrics() -> list[str]:
+    """The metrics that are exact functions of the code and shapes: what a CPU runner can gate on."""
+    return _of_kind(DETERMINISTIC)
+
+
+def allocator_metrics() -> list[str]:
+    """The CUDA allocator peaks: repeatable on one GPU."""
+    return _of_kind(ALLOCATOR)
+
+
+def calibrated_metrics(gpu: bool) -> list[str]:
+    """The metrics calibration writes budgets for: the deterministic ones, and on a GPU the allocator peaks."""
+    return deterministic_metrics() + (allocator_metrics() if gpu else [])
+
+
+def metrics_in(group: str) -> list[str]:
+    """The metrics of one group (speed, memory, work): an asv class each."""
+    return [name for name, metric in METRICS.items() if metric.group == group]
+
+
+def is_timed(metric: str) -> bool:
+    """The machine's speed moves ``metric`` (throughput, step time, warm-up...), not the code alone."""
+    return METRICS[metric].timed
+
+
+def per_round(metric: str, value: float | None, round_times_s: list[float]) -> list[float]:
+    """``metric`` round by round, from each round's mean step time: a throughput scales as 1 / step time, a time
+    as the step time, around ``value`` at the median round. [] where the metric is not read per round, or
+    ``value`` or the rounds were not measured."""
+    spec = METRICS[metric]
+    times = [t for t in round_times_s if t > 0]
+    if spec.kind != TIMED or value is None or not times:
+        return []
+    power = -1 if spec.higher_is_better else 1
+    median = statistics.median(times)
+    return [value * (t / median) ** power for t in times]
