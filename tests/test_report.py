@@ -216,3 +216,19 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
     assert lr.relative(0) == 1.0
     assert lr.relative(1) == 1.2  # paired with rung 0, not 150 / 100
     assert lr.relative(2) == 3.0  # no paired figure: the ratio of the two runs
+
+
+def test_the_session_summary_has_a_line_per_case_with_its_marks():
+    from trainbench.report import summary_table
+
+    metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
+               "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189}
+    rows = [{"case": "mlp-baseline", "metrics": metrics, "speedup": None, "budget": "ok"},
+            {"case": "mlp-set_to_none", "metrics": {**metrics, "predicted_gpu_peak_mib": None}, "speedup": 1.234,
+             "paired": False, "prediction_checked": False, "budget": "FAIL"}]
+    header, rule, base, other = summary_table(rows)
+    assert header.startswith("case ") and header.endswith("vs base  budget") and set(rule) == {"-", " "}
+    assert base.index("1234.6") + len("1234.6") == header.index("samples/s") + len("samples/s")  # figures align right
+    assert base.split() == ["mlp-baseline", "1234.6", "13.0", "(0.4)", "10.0", "2.5", "300", "0.019", "-", "ok"]
+    assert other.split() == ["mlp-set_to_none", "1234.6", "13.0", "(0.4)", "10.0", "2.5", "-!", "0.019", "1.23x~",
+                             "FAIL"]

@@ -87,7 +87,7 @@ def _add_calibrate(subparsers) -> None:
 
 
 def _noise(args: argparse.Namespace) -> int:
-    from .compare import CompareError, noise_study, parse_fraction
+    from .compare import CompareError, noise_study, noise_table, parse_fraction
     from .store import RunFileError, load_run
 
     try:
@@ -100,15 +100,9 @@ def _noise(args: argparse.Namespace) -> int:
     if not rows:
         print("trainbench noise: no case appears in two of the runs", file=sys.stderr)
         return 2
-    header = f"{'case':44s} {'pairs':>5s} {'median |chg|':>12s} {'max |chg|':>9s}  " + \
-        "  ".join(f"alarms@{t:.0%}" for t in thresholds)
-    print(header)
-    totals = dict.fromkeys(thresholds, 0)
-    for row in rows:
-        alarms = "  ".join(f"{row['false_alarms'][t]:>{len(f'alarms@{t:.0%}')}d}" for t in thresholds)
-        print(f"{row['case']:44s} {row['pairs']:5d} {row['median_abs_change']:12.1%} {row['max_abs_change']:9.1%}  {alarms}")
-        for t in thresholds:
-            totals[t] += row["false_alarms"][t]
+    for line in noise_table(rows, thresholds):
+        print(line)
+    totals = {t: sum(row["false_alarms"][t] for row in rows) for t in thresholds}
     pairs = sum(row["pairs"] for row in rows)
     print("false-alarm rate: " + ", ".join(f"{totals[t]}/{pairs} = {totals[t] / pairs:.1%} at {t:.0%}" for t in thresholds))
     return 0

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from .metrics import ALIASES, METRICS, deterministic_metrics, resolve
 from .noise import baseline_too_noisy, busy_reason, median_ratio_interval
+from .render import Column, Table, number
 from .result import CaseRecord, RecordError
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
@@ -290,3 +291,12 @@ def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: s
         rows.append({"case": case, "pairs": len(changes), "median_abs_change": changes[len(changes) // 2],
                      "max_abs_change": changes[-1], "false_alarms": alarms})
     return rows
+
+
+def noise_table(rows: list[dict], thresholds: list[float]) -> list[str]:
+    """``noise_study``'s rows: pairs, median and largest change, and the false alarms at each threshold."""
+    columns = (Column("case", left=True), Column("pairs"), Column("median |chg|"), Column("max |chg|"),
+               *(Column(f"alarms@{t:.0%}") for t in thresholds))
+    return Table(columns, tuple((row["case"], str(row["pairs"]), number(row["median_abs_change"], ".1%"),
+                                 number(row["max_abs_change"], ".1%"), *(str(row["false_alarms"][t]) for t in thresholds))
+                                for row in rows)).terminal()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_text_atomic
+from .render import Column, Table, number
 from .result import CaseRecord, RecordError
 from .store import RunFileError, load_run
 
@@ -21,39 +22,32 @@ if TYPE_CHECKING:  # the ladders import torch: load them only where a report is 
     from .ladders import Ladder, LadderStep
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+_SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step ms (IQR)"), Column("peak MiB"),
+                   Column("act MiB"), Column("GPU pred MiB"), Column("GFLOP/sample"), Column("vs base"),
+                   Column("budget"))
 
 
 def summary_table(rows: list[dict]) -> list[str]:
     """One line per case: throughput, step time, memory, work and the budget verdict."""
-    header = ["case", "samples/s", "step ms (IQR)", "peak MiB", "act MiB", "GPU pred MiB", "GFLOP/sample", "vs base",
-              "budget"]
     body = []
     for row in rows:
         m = row["metrics"]
-        body.append([
+        body.append((
             row["case"],
-            _fmt(m["samples_per_s"], ".1f"),
-            f"{_fmt(m['step_time_ms'], '.1f')} ({_fmt(m['step_time_iqr_ms'], '.1f')})",
-            _fmt(m["peak_memory_mib"], ".1f"),
-            _fmt(m["activation_mib"], ".1f"),
-            _fmt(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if row.get("prediction_checked") is not False else "!"),
-            _fmt(m["gflops_per_sample"], ".3f"),
-            "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x" + ("" if row.get("paired") else "~"),
+            number(m["samples_per_s"], ".1f"),
+            f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
+            number(m["peak_memory_mib"], ".1f"),
+            number(m["activation_mib"], ".1f"),
+            number(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if row.get("prediction_checked") is not False else "!"),
+            number(m["gflops_per_sample"], ".3f"),
+            number(row.get("speedup"), ".2f", "x") + ("" if row.get("speedup") is None or row.get("paired") else "~"),
             row["budget"],
-        ])
-    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]
+        ))
+    return Table(_SUMMARY_COLUMNS, tuple(body)).terminal()
 
 
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------
 
-DASH = "—"
 DEFAULT_REPORT_DIR = Path("results/report")
 
 
@@ -71,7 +65,7 @@ class RungResult:
     not_run_reason: str = ""
 
     def value(self, metric: str) -> float | None:
-        """A metric of ``trainbench.result.METRICS``, or ``speedup_vs_baseline`` / ``batch_size``."""
+        """A metric of ``trainbench.metrics.METRICS``, or ``speedup_vs_baseline`` / ``batch_size``."""
         if self.measured is None:
             return None
         if metric == "speedup_vs_baseline":
@@ -115,14 +109,6 @@ class LadderRun:
 
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
-
-
-def _num(value, spec: str = ".1f") -> str:
-    return DASH if value is None else format(value, spec)
-
-
-def _times(ratio: float | None) -> str:
-    return DASH if ratio is None else f"{ratio:.2f}x"
 
 
 # -- reading a run ---------------------------------------------------------------------------------
@@ -237,37 +223,34 @@ def _run_caption(run: dict) -> str:
 
 # -- markdown --------------------------------------------------------------------------------------
 
-_TABLE_HEADER = ["Optimization", "Batch", "Peak memory (MiB)", "Step time ms (median ± IQR)", "Samples/s", "Rel. to base",
-                 "Predicted GPU batch", "Predicted GPU tensor peak GB", "Article batch", "Article memory GB", "Article step ms", "Article samples/s", "Article rel. to base",
-                 "Article note"]
-
-
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+_LADDER_COLUMNS = (Column("Optimization", left=True), *(Column(title) for title in (
+    "Batch", "Peak memory (MiB)", "Step time ms (median ± IQR)", "Samples/s", "Rel. to base", "Predicted GPU batch",
+    "Predicted GPU tensor peak GB", "Article batch", "Article memory GB", "Article step ms", "Article samples/s",
+    "Article rel. to base")), Column("Article note", left=True))
 
 
 def ladder_table(lr: LadderRun) -> list[str]:
     """Markdown table: every rung, this machine's figures and the article's side by side."""
-    lines = ["| " + " | ".join(_TABLE_HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * 12 + ["---"]) + "|"]
-    for rung in lr.rungs:
-        art = rung.step.article
-        article = [_num(art.batch_size, "d"), _num(art.memory_gb, ".2f"), _num(art.step_time_ms, ".1f"),
-                   _num(art.samples_per_s, "g"), _times(lr.article_relative(rung.index)), art.note]
-        predicted = (rung.measured.raw.get("predicted_memory") or {}) if rung.measured is not None else {}
-        peak = (predicted.get("breakdown_bytes") or {}).get("total")
-        gpu = [_num(predicted.get("batch_size"), "d"),
-               _num(peak / 1e9 if peak else None, ".2f") if peak or not predicted.get("reason") else "not predicted"]
-        if rung.measured is None:
-            why = "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else "")
-            mine = [why, "", "", "", ""]
-        else:
-            step_ms, iqr_ms = rung.value("step_time_ms"), rung.value("step_time_iqr_ms")
-            mine = [_num(rung.value("batch_size"), "d"), _num(rung.value("peak_memory_mib")),
-                    DASH if step_ms is None else f"{step_ms:.1f}" + ("" if iqr_ms is None else f" ± {iqr_ms:.1f}"),
-                    _num(rung.value("samples_per_s")), _times(lr.relative(rung.index))]
-        lines.append("| " + " | ".join(_cell(c) for c in [f"{rung.index}. {rung.step.label}", *mine, *gpu, *article])
-                     + " |")
-    return lines
+    return Table(_LADDER_COLUMNS, tuple(_ladder_row(lr, rung) for rung in lr.rungs)).markdown()
+
+
+def _ladder_row(lr: LadderRun, rung: RungResult) -> tuple[str, ...]:
+    art = rung.step.article
+    article = [number(art.batch_size, "d"), number(art.memory_gb, ".2f"), number(art.step_time_ms, ".1f"),
+               number(art.samples_per_s, "g"), number(lr.article_relative(rung.index), ".2f", "x"), art.note]
+    predicted = (rung.measured.raw.get("predicted_memory") or {}) if rung.measured is not None else {}
+    peak = (predicted.get("breakdown_bytes") or {}).get("total")
+    gpu = [number(predicted.get("batch_size"), "d"),
+           number(peak / 1e9 if peak else None, ".2f") if peak or not predicted.get("reason") else "not predicted"]
+    if rung.measured is None:
+        why = "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else "")
+        mine = [why, "", "", "", ""]
+    else:
+        step_ms, iqr_ms = rung.value("step_time_ms"), rung.value("step_time_iqr_ms")
+        step = number(step_ms, ".1f") + ("" if step_ms is None or iqr_ms is None else f" ± {iqr_ms:.1f}")
+        mine = [number(rung.value("batch_size"), "d"), number(rung.value("peak_memory_mib"), ".1f"), step,
+                number(rung.value("samples_per_s"), ".1f"), number(lr.relative(rung.index), ".2f", "x")]
+    return (f"{rung.index}. {rung.step.label}", *mine, *gpu, *article)
 
 
 def ladder_summary(lr: LadderRun) -> str:
