@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.compare import verdict_table
+from trainbench.gate import verdict_table
 from trainbench.metrics import is_timed
 from trainbench.recipes import get_recipe
 from trainbench.workloads import PROFILES, resolve_spec
@@ -45,7 +45,7 @@ def test_the_same_environment_on_both_sides_is_unchanged(sides):
     assert deterministic and all(c.verdict == "unchanged" for c in deterministic), verdict_table(deterministic)
     assert compared["peak_memory_mib"].ci is None  # named by the thresholds, not read per round: a value
     assert outcome.guard.ok  # the same seeded losses, exactly
-    shape = verdict([outcome], hello, gated=True)
+    shape = verdict([outcome], hello, gated=True).to_json()
     assert not shape["failed"] and set(shape["ab"]) == {"base", "head"} and shape["pairs"]["mlp-baseline"]
     assert shape["numerics"]["mlp-baseline"]["ok"] and shape["numerics"]["mlp-baseline"]["max_rel_diff"] == 0.0
 
@@ -59,7 +59,7 @@ def test_a_slowdown_planted_in_the_head_is_caught_pair_by_pair(sides):
     # The interval must exclude "no change" (1.0), not reach near the planted 4x: beside a 2-process CPU hog its
     # lower bound came out at 1.47 over 8 pairs while the median and the sign test still caught the slowdown.
     assert step.ci[0] > 1.0 and step.p_value < 0.05
-    assert verdict([outcome], hello, gated=True)["failed"]
+    assert verdict([outcome], hello, gated=True).failed
 
 
 def _wrapper(tmp_path, body: str) -> str:

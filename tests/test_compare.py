@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.compare import CompareError, compare_case, parse_spec, verdict_json, verdict_table
+from trainbench.compare import CompareError, compare_case, parse_spec
+from trainbench.gate import Verdict, verdict_table
 from trainbench.result import CaseRecord, RecordError
 
 QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=7", "--trainbench-steps-per-round=5",
@@ -87,10 +88,10 @@ def test_a_significant_slowdown_on_a_busy_machine_is_inconclusive_and_fails_only
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
                                      "samples_per_s": run_of().metrics["samples_per_s"],
                                      "round_step_times_s": run_of().round_step_times_s}}}
-    lenient, _ = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05})
-    strict, _ = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05}, strict=True)
-    assert lenient["counts"]["inconclusive"] == 1 and not lenient["failed"]
-    assert strict["failed"] and strict["strict"]
+    lenient = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05})
+    strict = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05}, strict=True)
+    assert lenient.counts["inconclusive"] == 1 and not lenient.failed
+    assert strict.failed and strict.strict
 
 
 def test_an_unchanged_median_against_a_baseline_scattered_beyond_the_threshold_is_inconclusive():
@@ -116,7 +117,7 @@ def test_deterministic_metrics_compare_exactly():
 
 def test_verdict_json_and_table_name_every_comparison():
     comparisons = compare_case(run_of(activation=2.0), run_of(), {"samples_per_s": 0.05, "activation_mib": 0.0})
-    verdict = verdict_json(comparisons, "base.json", {"name": "cpu"})
+    verdict = Verdict("base.json", {"name": "cpu"}, tuple(comparisons), gated=True).to_json()
     assert verdict["failed"] and verdict["counts"]["regressed"] == 1 and verdict["counts"]["unchanged"] == 1
     json.dumps(verdict)  # machine-readable as it is
     table = verdict_table(comparisons)

@@ -184,7 +184,7 @@ def _verdict(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from .compare import verdict_markdown
+    from .gate import verdict_markdown
 
     try:
         verdict = json.loads(Path(args.verdict_json).read_text(encoding="utf-8"))

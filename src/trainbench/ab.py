@@ -8,8 +8,7 @@ both sides. Round i of each side forms a pair; the per-pair ratios head/base are
 Their median, a 95% bootstrap interval and a one-sided sign test decide the timed verdict;
 deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
 metric the thresholds name as a value; the loss guard compares both sides' losses over the seeded
-steps. The verdict has the gate's shape
-(``trainbench.compare``), with both environments' identities.
+steps. The verdict is the gate's (``trainbench.gate.Verdict``), with both environments' identities.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compare import DEFAULT_ALPHA, MetricComparison, compare_case, parse_spec, verdict_json
+from .compare import DEFAULT_ALPHA, compare_case, parse_spec
+from .gate import MetricComparison, Verdict
 from .metrics import METRICS, is_timed, per_round, timed_metrics
 from .result import CaseRecord, Result, case_record
 
@@ -235,20 +235,18 @@ def _median(values: list[float]) -> float:
     return (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else math.nan
 
 
-def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool) -> dict:
-    """The A/B verdict in the gate's JSON shape, with both environments' identities."""
-    comparisons = [c for o in outcomes for c in o.comparisons]
-    result = verdict_json(comparisons, "A/B: base vs head", identities.get("head", {}).get("identity", {}))
-    result.update(ab={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
-                      for label, h in identities.items()},
-                  pairs={o.case: o.pairs for o in outcomes},
-                  # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
-                  numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
-                            for o in outcomes if o.guard is not None},
-                  gated=gated, new_cases=[], new_cases_allowed=False,
-                  errors=[], strict=False)
-    result["failed"] = gated and (result["counts"]["regressed"] > 0 or result["counts"]["missing"] > 0)
-    return result
+def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, strict: bool = False) -> Verdict:
+    """The A/B verdict: the gate's, with both environments' identities (``strict``: an inconclusive pair-by-pair
+    verdict fails it too)."""
+    return Verdict(
+        "A/B: base vs head", identities.get("head", {}).get("identity", {}),
+        tuple(c for o in outcomes for c in o.comparisons), gated=gated, strict=strict,
+        sides={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
+               for label, h in identities.items()},
+        pairs={o.case: o.pairs for o in outcomes},
+        # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
+        numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
+                  for o in outcomes if o.guard is not None})
 
 
 class ABSession:
@@ -270,8 +268,8 @@ class ABSession:
         self.outcomes.append(outcome)
         return outcome
 
-    def verdict(self, gated: bool) -> dict:
-        return verdict(self.outcomes, self.identities, gated)
+    def verdict(self, gated: bool, strict: bool = False) -> Verdict:
+        return verdict(self.outcomes, self.identities, gated, strict)
 
     def close(self, force: bool = False) -> None:
         for side in self.sides or ():

@@ -13,15 +13,15 @@ present in both runs and each gated metric:
 - **every other metric** (deterministic ones: memory breakdown, FLOPs, bytes, ops, syncs; allocator
   peaks; single-value timings) is compared as a value against the threshold (0% = exactly).
 
-Verdicts: improved / unchanged / regressed / inconclusive (with its reason) / missing. Inconclusive
-verdicts pass the gate, reported, unless it is strict (``strict``: then they fail it too).
+Verdicts: improved / unchanged / regressed / inconclusive (with its reason) / missing; whether they
+fail the session is ``trainbench.gate.Verdict``'s one rule, shared with A/B.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
+from .gate import MetricComparison, Verdict
 from .metrics import ALIASES, METRICS, deterministic_metrics, resolve
 from .noise import baseline_too_noisy, busy_reason, median_ratio_interval
 from .render import Column, Table, number
@@ -73,41 +73,6 @@ def parse_fraction(text: str, where: str, item: str | None = None) -> float:
 
 # Shown (not gated) when --benchmark-compare runs without --trainbench-compare-fail.
 DISPLAY_THRESHOLDS = parse_spec("samples_per_s:5%,peak_memory:2%", "display thresholds")
-
-
-@dataclass(frozen=True)
-class MetricComparison:
-    case: str
-    metric: str
-    baseline: float | None
-    current: float | None
-    change: float | None  # relative change, signed as measured (+ = larger value)
-    threshold: float
-    verdict: str  # improved | unchanged | regressed | inconclusive | missing
-    p_value: float | None = None  # one-sided test in the direction of the change
-    ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
-    reason: str | None = None  # why inconclusive
-
-    @property
-    def unit(self) -> str:
-        return METRICS[self.metric].unit
-
-    def describe(self) -> str:
-        """One line: case, metric, baseline, current, change, statistics, verdict."""
-        if self.verdict == "missing":
-            side = "the baseline run" if self.baseline is None else "this run"
-            return (f"{self.case} {self.metric}: not measured in {side} (baseline {_num(self.baseline)}, now "
-                    f"{_num(self.current)}): nothing to compare")
-        stats = ""
-        if self.ci is not None:
-            stats = f", 95% CI {self.ci[0] - 1:+.1%}..{self.ci[1] - 1:+.1%}, p={self.p_value:.3g}"
-        return (f"{self.case} {self.metric}: {_num(self.baseline)} -> {_num(self.current)} {self.unit} "
-                f"({self.change:+.1%}{stats}) {self.verdict} (threshold {self.threshold:.1%})"
-                + (f": {self.reason}" if self.reason else ""))
-
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.4g}"
 
 
 def compare_case(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
@@ -164,19 +129,16 @@ def _read(info: dict, where: str) -> CaseRecord:
         raise CompareError(str(e)) from None
 
 
-def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, strict: bool = False
-         ) -> tuple[dict, list[MetricComparison]]:
-    """Compare this session's cases with a stored run: the verdict (JSON-ready) and its comparisons.
+def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, thresholds: dict[str, float] | None,
+                 alpha: float = DEFAULT_ALPHA) -> tuple[list[MetricComparison], list[str], list[str]]:
+    """This session's cases against a stored run: the comparisons, the cases the run lacks, and its records that
+    could not be read.
 
-    ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets
-    file's thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark.
-    ``thresholds`` None means no gate: the default thresholds are shown, nothing fails. A gate fails
-    closed: a gated metric measured on one side only, and a case the baseline lacks (unless
-    ``allow_new_cases``), fail it, since nothing was compared. ``strict``: an inconclusive timed
-    verdict (noise, a busy machine) fails it too.
+    ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets file's
+    thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark. ``thresholds`` None
+    (no gate): the display thresholds are shown.
     """
-    comparisons, errors, new_cases = [], [], []
+    comparisons, new_cases, errors = [], [], []
     for row in cases:
         current = row["record"]
         stored = baseline.get(row["fullname"])
@@ -191,73 +153,20 @@ def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, th
         limits = dict(thresholds or DISPLAY_THRESHOLDS)
         limits.update(row.get("compare_fail") or {})
         comparisons += compare_case(current, base, limits, alpha)
-    verdict = verdict_json(comparisons, baseline_path, device)
-    verdict.update(gated=thresholds is not None, new_cases=new_cases, new_cases_allowed=allow_new_cases, errors=errors,
-                   strict=strict)
-    unchecked = (verdict["counts"]["missing"] > 0 or (new_cases and not allow_new_cases)
-                 or (strict and verdict["counts"]["inconclusive"] > 0))
-    verdict["failed"] = bool(errors) or (thresholds is not None and (verdict["failed"] or unchecked))
-    return verdict, comparisons
+    return comparisons, new_cases, errors
 
 
-def verdict_json(comparisons: list[MetricComparison], baseline_path: str, current_device: dict) -> dict:
-    """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
-    counts = {v: sum(1 for c in comparisons if c.verdict == v)
-              for v in ("regressed", "inconclusive", "improved", "unchanged", "missing")}
-    return {
-        "baseline": baseline_path,
-        "device": current_device,
-        "counts": counts,
-        "failed": counts["regressed"] > 0,
-        "comparisons": [{**asdict(c), "ci": list(c.ci) if c.ci else None, "unit": c.unit, "line": c.describe()}
-                        for c in comparisons],
-    }
+def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
+         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, strict: bool = False) -> Verdict:
+    """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate.
 
-
-def verdict_table(comparisons: list[MetricComparison]) -> list[str]:
-    """A fixed-width table: case, metric, baseline, current, change, verdict."""
-    header = ["case", "metric", "baseline", "current", "change", "95% CI", "verdict"]
-    body = []
-    for c in comparisons:
-        ci = f"{c.ci[0] - 1:+.1%}..{c.ci[1] - 1:+.1%}" if c.ci else "-"
-        change = "-" if c.change is None else f"{c.change:+.1%}"
-        body.append([c.case, c.metric, _num(c.baseline), _num(c.current), change, ci, c.verdict])
-    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
-
-    def line(cells):
-        return "  ".join(x.ljust(w) if i < 2 or i == 6 else x.rjust(w) for i, (x, w) in enumerate(zip(cells, widths)))
-
-    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in body]
-
-
-def verdict_markdown(verdict: dict) -> str:
-    """The verdict JSON as Markdown (a CI job summary, a PR comment): the outcome and counts, a table of
-    every comparison that is not "unchanged", and the whole table folded away."""
-    counts = verdict.get("counts") or {}
-    outcome = "FAILED" if verdict.get("failed") else "passed" if verdict.get("gated") else "not gated"
-    lines = [f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
-             ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing compared", ""]
-    lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
-              if verdict.get("gated") and not verdict.get("new_cases_allowed")]
-    lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
-
-    def table(rows: list[dict]) -> list[str]:
-        out = ["| case | metric | baseline | current | change | 95% CI | verdict |", "|---|---|---:|---:|---:|---:|---|"]
-        for c in rows:
-            ci = f"{c['ci'][0] - 1:+.1%}..{c['ci'][1] - 1:+.1%}" if c.get("ci") else "-"
-            change = "-" if c.get("change") is None else f"{c['change']:+.1%}"
-            out.append(f"| {c['case']} | {c['metric']} | {_num(c.get('baseline'))} | {_num(c.get('current'))} | "
-                       f"{change} | {ci} | {c['verdict']} |")
-        return out
-
-    comparisons = verdict.get("comparisons") or []
-    notable = [c for c in comparisons if c.get("verdict") != "unchanged"]
-    if notable:
-        lines += [""] + table(notable)
-    if comparisons:
-        lines += ["", f"<details><summary>all {len(comparisons)} comparisons</summary>", ""] + table(comparisons)
-        lines += ["", "</details>"]
-    return "\n".join(lines) + "\n"
+    A gate fails closed (``Verdict.failed``): a gated metric measured on one side only, and a case the baseline
+    lacks (unless ``allow_new_cases``), fail it, since nothing was compared; ``strict``: an inconclusive timed
+    verdict (noise, a busy machine) fails it too.
+    """
+    comparisons, new_cases, errors = compare_runs(cases, baseline, baseline_path, thresholds, alpha)
+    return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None, strict=strict,
+                   new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors))
 
 
 def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",

@@ -97,7 +97,7 @@ class TrainBench:
         self.benchmark.extra_info.update({"case": case, "ab": {
             "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
             "guard": outcome.guard.message if outcome.guard else None}})
-        regressed = [c.describe() for c in outcome.comparisons if c.verdict in ("regressed", "missing")]
+        regressed = [c.describe() for c in outcome.comparisons if c.fails(self.session.options.strict_timing)]
         if regressed and self.session.options.compare_fail is not None:
             pytest.fail("trainbench A/B: head regressed:\n" + "\n".join(regressed), pytrace=False)
         return outcome.head

@@ -34,8 +34,7 @@ class TrainbenchSession:
     inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
-    comparison: dict | None = None  # the verdict (JSON-ready), filled at session end when compared
-    comparisons: list = field(default_factory=list)  # its trainbench.compare.MetricComparison objects
+    comparison: object = None  # trainbench.gate.Verdict, filled at session end when compared (or A/B ran)
     interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
@@ -286,8 +285,8 @@ class TrainbenchSession:
     def pytest_sessionfinish(self, session, exitstatus):
         """Compare every case with the baseline run (or the A/B sides); fail on a gated regression."""
         if self.ab is not None and self.ab.outcomes:
-            self.comparison = self.ab.verdict(gated=self.options.compare_fail is not None)
-            self.comparisons = [c for o in self.ab.outcomes for c in o.comparisons]
+            self.comparison = self.ab.verdict(gated=self.options.compare_fail is not None,
+                                              strict=self.options.strict_timing)
         else:
             baseline = benchmark_adapter.loaded_baseline(session.config)
             if not self.rows or baseline is None:
@@ -295,14 +294,13 @@ class TrainbenchSession:
             from .compare import gate
 
             o = self.options
-            self.comparison, self.comparisons = gate(self.rows, baseline[1], baseline[0], self.backend.identity(),
-                                                     o.compare_fail, o.compare_alpha,
-                                                     allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
+            self.comparison = gate(self.rows, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
+                                   o.compare_alpha, allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
         if self.options.compare_json is not None:
             from .files import write_json_atomic
 
-            write_json_atomic(self.options.compare_json, self.comparison)
-        if self.comparison["failed"]:
+            write_json_atomic(self.options.compare_json, self.comparison.to_json())
+        if self.comparison.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):

@@ -51,28 +51,18 @@ def write_summary(terminalreporter, state) -> None:
 
 def write_ab(terminalreporter, state) -> None:
     """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
-    from .compare import verdict_table
-
     verdict = state.comparison
     terminalreporter.write_sep("=", "trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair")
-    for label, side in verdict["ab"].items():
+    for label, side in verdict.sides.items():
         ident = side["identity"]
         extras = ", ".join(f"{k} {ident[k]}" for k in ("cuda", "cudnn", "driver") if ident.get(k))
         terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
                                     + (f", {extras}" if extras else "") + f", {ident.get('name')}")
-    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
-    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
-    for line in verdict_table(state.comparisons):
-        terminalreporter.write_line(line)
+    _write_verdict_table(terminalreporter, verdict)
     for outcome in state.ab.outcomes:
         if outcome.guard is not None and not outcome.guard.ok:
             terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
-    for c in state.comparisons:
-        if c.verdict in ("regressed", "inconclusive", "missing"):
-            label = {"regressed": "REGRESSION ", "inconclusive": "INCONCLUSIVE ", "missing": "FAIL "}[c.verdict]
-            terminalreporter.write_line((label if verdict["gated"] or c.verdict != "regressed"
-                                         else "regressed (not gated): ") + c.describe(),
-                                        red=c.verdict != "inconclusive" and verdict["gated"])
+    _write_findings(terminalreporter, verdict)
 
 
 def _ranks_line(case: str, ranks: dict) -> str:
@@ -94,28 +84,38 @@ def _ranks_line(case: str, ranks: dict) -> str:
 
 
 def _write_comparison(terminalreporter, state) -> None:
-    from .compare import verdict_table
-
-    verdict, comparisons = state.comparison, state.comparisons
-    gate = "gate: --trainbench-compare-fail" if verdict["gated"] else "no gate (--trainbench-compare-fail not given)"
-    terminalreporter.write_sep("=", f"trainbench compare vs {verdict['baseline']}")
-    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict["counts"].items() if n))
-    for line in verdict_table(comparisons):
-        terminalreporter.write_line(line)
-    for case in verdict["new_cases"]:
-        failing = verdict["gated"] and not verdict["new_cases_allowed"]
+    verdict = state.comparison
+    terminalreporter.write_sep("=", f"trainbench compare vs {verdict.baseline}")
+    _write_verdict_table(terminalreporter, verdict)
+    for case in verdict.new_cases:
+        failing = verdict.gated and not verdict.new_cases_allowed
         terminalreporter.write_line(f"{'FAIL ' if failing else ''}{case}: not in the baseline run (new case"
                                     + ("; nothing compared: --trainbench-allow-new-cases lets it pass)" if failing
                                        else ")"), red=failing)
-    for error in verdict["errors"]:
+    for error in verdict.errors:
         terminalreporter.write_line(f"ERROR {error}", red=True)
-    for c in comparisons:
+    _write_findings(terminalreporter, verdict)
+
+
+def _write_verdict_table(terminalreporter, verdict) -> None:
+    from .gate import verdict_table
+
+    gate = "gate: --trainbench-compare-fail" if verdict.gated else "no gate (--trainbench-compare-fail not given)"
+    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict.counts.items() if n))
+    for line in verdict_table(verdict.comparisons):
+        terminalreporter.write_line(line)
+
+
+def _write_findings(terminalreporter, verdict) -> None:
+    """A line per comparison that failed the verdict or could have: in red what fails it (``Verdict.failed``'s
+    rule), in yellow an inconclusive timing that does not."""
+    for c in verdict.comparisons:
+        fails = verdict.gated and c.fails(verdict.strict)
         if c.verdict == "inconclusive":
-            strict = verdict["gated"] and verdict.get("strict")
-            terminalreporter.write_line(("FAIL (strict) " if strict else "INCONCLUSIVE ") + c.describe(),
-                                        red=strict, yellow=not strict)
-        if c.verdict == "missing" and verdict["gated"]:
+            terminalreporter.write_line(("FAIL (strict) " if fails else "INCONCLUSIVE ") + c.describe(),
+                                        red=fails, yellow=not fails)
+        if c.verdict == "missing" and verdict.gated:
             terminalreporter.write_line("FAIL " + c.describe(), red=True)
         if c.verdict == "regressed":
-            terminalreporter.write_line(("REGRESSION " if verdict["gated"] else "regressed (not gated): ") + c.describe(),
-                                        red=verdict["gated"])
+            terminalreporter.write_line(("REGRESSION " if fails else "regressed (not gated): ") + c.describe(),
+                                        red=fails)
