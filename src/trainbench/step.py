@@ -180,58 +180,11 @@ class Training:
         self._closers = contextlib.ExitStack()
         torch.manual_seed(config.seed)
 
-        self.loader = None
-        if not self.synthetic:
-            dataset = spec.make_dataset(config.pixels)
-            if config.rank_processes:
-                import torch.distributed as dist
-
-                if not dist.is_initialized() or dist.get_world_size() != config.world_size:
-                    raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
-                                       f"{config.world_size} ranks (trainbench.distributed launches them)")
-                sampler = RankSampler(len(dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
-            else:
-                sampler = EndlessSampler(len(dataset), config.seed)
-            self.loader = DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
-                                     num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
-                                     persistent_workers=config.num_workers > 0,
-                                     timeout=config.loader_timeout_s if config.num_workers else 0)
-
-        model = spec.model()
-        if not isinstance(model, torch.nn.Module):
-            raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
-        if config.conv_bias and not add_conv_bias(model):
-            raise NotApplicable("the model has no bias-free convolution to give a bias")
-        model = module_to(model, self.device)
-        if config.channels_last:
-            if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
-                raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
-            model = module_to(model, memory_format=torch.channels_last)
-        if config.checkpointing:
-            enable_checkpointing(model, list(spec.checkpoint_blocks))
-        if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
-            raise NotApplicable("the model has no module with a `pointwise` function to fuse")
-        model.train(config.eval_mode is None)
-        self.model = model  # the plain module: parameter names, memory tracking, the optimizer
-        wrapped = model
-        if config.parallel == "dp":
-            # The same GPUs as the DDP case, starting at this one (by default DataParallel takes every GPU, from 0).
-            device_ids = backend.parallel_device_ids(config.replicas)
-            wrapped = torch.nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
-        elif config.parallel == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            wrapped = DistributedDataParallel(model, device_ids=backend.ddp_device_ids())
-        elif config.parallel == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
-            # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
-            for name in spec.checkpoint_blocks:
-                fully_shard(model.get_submodule(name))
-            fully_shard(model)  # in place: the parameters become DTensor shards, the names stay
+        self.loader = None if self.synthetic else self._loader(spec, config)
+        self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizer
+        wrapped = self._parallel(self.model, spec, config)
         self.forward = torch.compile(wrapped) if config.compile else wrapped
-        self.optimizer = build_optimizer(spec, model.parameters(), config.optimizer_impl)
+        self.optimizer = build_optimizer(spec, self.model.parameters(), config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
         self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
         self._normalize = spec.pixel_normalize()
@@ -250,6 +203,62 @@ class Training:
         self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
         self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
         self._iterator = None
+
+    def _loader(self, spec: TrainingSpec, config: TrainConfig) -> DataLoader:
+        """The spec's dataset behind an endless sampler (this rank's share under DDP/FSDP), workers persistent."""
+        dataset = spec.make_dataset(config.pixels)
+        if config.rank_processes:
+            import torch.distributed as dist
+
+            if not dist.is_initialized() or dist.get_world_size() != config.world_size:
+                raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
+                                   f"{config.world_size} ranks (trainbench.distributed launches them)")
+            sampler = RankSampler(len(dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
+        else:
+            sampler = EndlessSampler(len(dataset), config.seed)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
+                          num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
+                          persistent_workers=config.num_workers > 0,
+                          timeout=config.loader_timeout_s if config.num_workers else 0)
+
+    def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
+        """The spec's model on the device with the config's model changes, each checked to have had an effect."""
+        model = spec.model()
+        if not isinstance(model, torch.nn.Module):
+            raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
+        if config.conv_bias and not add_conv_bias(model):
+            raise NotApplicable("the model has no bias-free convolution to give a bias")
+        model = module_to(model, self.device)
+        if config.channels_last:
+            if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+                raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
+            model = module_to(model, memory_format=torch.channels_last)
+        if config.checkpointing:
+            enable_checkpointing(model, list(spec.checkpoint_blocks))
+        if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
+            raise NotApplicable("the model has no module with a `pointwise` function to fuse")
+        model.train(config.eval_mode is None)
+        return model
+
+    def _parallel(self, model: torch.nn.Module, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
+        """The module a step calls: DataParallel, DDP, FSDP2 (sharded in place) or the model itself."""
+        if config.parallel == "dp":
+            # The same GPUs as the DDP case, starting at this one (by default DataParallel takes every GPU, from 0).
+            device_ids = self.backend.parallel_device_ids(config.replicas)
+            return torch.nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
+        if config.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model, device_ids=self.backend.ddp_device_ids())
+        if config.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
+            # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
+            for name in spec.checkpoint_blocks:
+                fully_shard(model.get_submodule(name))
+            fully_shard(model)  # in place: the parameters become DTensor shards, the names stay
+        return model
 
     # -- data ---------------------------------------------------------------------
     def batches(self) -> Iterator:
