@@ -6,8 +6,16 @@ import os
 import pytest
 from pytest_benchmark.utils import get_machine_id
 
-from trainbench.store import (INCOMPLETE_KEY, NoBaselineError, RunFileError, choose_baseline, latest_run, load_run,
-                              matching_runs, why_no_baseline)
+from trainbench.store import (
+    INCOMPLETE_KEY,
+    NoBaselineError,
+    RunFileError,
+    choose_baseline,
+    latest_run,
+    load_run,
+    matching_runs,
+    why_no_baseline,
+)
 
 CPU_A = {"kind": "cpu", "name": "CPU A", "cpu_capability": "AVX512"}
 CPU_B = {"kind": "cpu", "name": "CPU B", "cpu_capability": "AVX2"}
@@ -49,7 +57,7 @@ def test_a_bad_run_file_is_one_line_naming_the_file(tmp_path, content, problem):
 def test_names_match_as_pytest_benchmark_reads_them(storage):
     for name in ("0001_baseline.json", "0002_pr.json", "0003_baseline.json", "notes.json"):
         storage(name, _run())
-    names = lambda pattern: [p.name for p in matching_runs(storage.folder, pattern)]  # noqa: E731
+    names = lambda pattern: [p.name for p in matching_runs(storage.folder, pattern)]
     assert names(True) == ["0001_baseline.json", "0002_pr.json", "0003_baseline.json"]
     assert names("*_baseline") == ["0001_baseline.json", "0003_baseline.json"]
     assert names("0002") == ["0002_pr.json"]
