@@ -1,5 +1,5 @@
 """The library's shape: device specifics in one module, no import cycles, a plugin that stays glue, one reader of
-run files, pytest-benchmark's privates in one adapter."""
+run files, pytest-benchmark's privates in one adapter, one answer to whether a case can run here, short runner units."""
 
 import ast
 import re
@@ -141,3 +141,30 @@ def test_the_metric_list_check_sees_the_lists_it_forbids():
     # a record built from the metrics' values, or result fields that share some metrics' names, are not lists of them
     assert not _metric_name_collections('row = {"samples_per_s": rate, "step_time_ms": step * 1e3}')
     assert not _metric_name_collections('FIELDS = ("ops_per_step", "syncs_per_step", "flops_per_step")')
+
+
+# What a device offers and what a recipe requires of it: comparing the two decides whether a case can run.
+DEVICE_FACTS = {"cuda", "capability", "gpu_count", "bf16", "min_capability", "gpu_capability", "min_gpus"}
+# Texts of the reasons a case cannot run here; a second module writing one is a second answer.
+SKIP_REASONS = ("slow case:", "needs a CUDA device; this run uses", "needs compute capability >=", "not in an A/B run",
+                "a ladder rung is compared through", "a profiler of its own", "for the allocator and workspaces")
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"eligibility", "device"}))
+def test_only_eligibility_says_whether_a_case_can_run_here(name):
+    # device.py measures the facts; eligibility.why_not is the one place that compares them and says why not
+    source = MODULES[name].read_text()
+    compared = [f"line {node.lineno}: .{operand.attr}" for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Compare)
+                for operand in (node.left, *node.comparators)
+                if isinstance(operand, ast.Attribute) and operand.attr in DEVICE_FACTS]
+    assert not compared, f"{name}.py compares device capabilities (ask eligibility.why_not): {compared}"
+    written = [text for text in SKIP_REASONS if text in source]
+    assert not written, f"{name}.py writes skip reasons of its own (ask eligibility.why_not): {written}"
+
+
+@pytest.mark.parametrize("name", ["runner", "plan", "execute", "judge", "eligibility", "outcome"])
+def test_the_runner_is_read_in_units_of_at_most_60_lines(name):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(MODULES[name].read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, f"{name}.py: split {long}"

@@ -388,18 +388,6 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
     assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
-def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, profile, monkeypatch):
-    import torch.distributed.fsdp
-
-    from trainbench.recipes import unmet
-
-    assert unmet(get_recipe("fsdp_gloo"), cpu.caps(), profile) is None
-    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
-    assert unmet(get_recipe("fsdp_gloo"), cpu.caps(), profile) == (
-        "fsdp_gloo: needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none")
-    assert unmet(get_recipe("ddp_gloo"), cpu.caps(), profile) is None
-
-
 SESSION_WITH_A_STUCK_DDP_CASE = STUCK_SPEC + '''
 
 def test_a_finished(train_bench):

@@ -370,19 +370,11 @@ def test_a_case_that_fits_runs(profile, quick):
     larger_batch = get_recipe("larger_batch")
     mlp = resolve_spec("mlp", profile)
     # the MLP's parameters, gradients and momentum alone are ~9 MiB: 4 MiB cannot hold it, 64 GiB can
-    assert "needs ~" in Runner(small, profile, quick, predict=False).memory_skip_reason(larger_batch, mlp, {})
+    assert "needs ~" in Runner(small, profile, quick, predict=False).planner.plan(larger_batch, mlp).skipped
     runner = Runner(large, profile, quick, predict=False)
-    assert runner.memory_skip_reason(larger_batch, mlp, {}) is None
+    assert runner.planner.plan(larger_batch, mlp).skipped is None
     outcome = runner.run("larger_batch", "mlp")
     assert outcome.skipped is None and outcome.result.batch_size == 4 * profile.batch_size
-
-
-def test_a_device_without_a_memory_limit_predicts_nothing(profile, quick, monkeypatch):
-    from trainbench import predict
-
-    monkeypatch.setattr(predict, "predict_memory", lambda *a, **k: pytest.fail("predicted without a memory limit"))
-    runner = Runner(CpuBackend(torch.device("cpu")), profile, quick, predict=False)
-    assert runner.memory_skip_reason(get_recipe("larger_batch"), resolve_spec("resnet18", profile), {}) is None
 
 
 # -- knobs of the step that matter on a GPU -------------------------------------------------------

@@ -7,8 +7,9 @@ import pytest
 from trainbench.budgets import Budgets
 from trainbench.cases import SUITE, all_cases, ladder_cases
 from trainbench.device import DeviceCaps
+from trainbench.eligibility import why_not
 from trainbench.ladders import LADDERS
-from trainbench.recipes import RECIPES, unmet
+from trainbench.recipes import RECIPES
 from trainbench.workloads import PROFILES
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
@@ -37,7 +38,7 @@ def test_every_optimization_is_a_case_somewhere():
 def test_every_case_has_a_budget_for_the_devices_it_runs_on(case):
     if _needs_gpu(case):
         for gpu in GPUS:  # the merged view each GPU sees: its own sections, then [cuda]
-            if unmet(case.own_recipe(), gpu, PROFILES["gpu"]) is None:
+            if why_not(case, gpu, PROFILES["gpu"]) is None:
                 assert BUDGETS.for_case(gpu, case.id) is not None, f"{case.id}: no budget on {gpu.name}"
     elif case.id not in {f"{w}-baseline" for w in SUITE}:
         budget = BUDGETS.for_case(CPU, case.id)

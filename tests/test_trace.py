@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
-from trainbench.trace import ACTIVE_STEPS, TraceRequest, case_folder_name, untraceable
+from trainbench.trace import ACTIVE_STEPS, TraceRequest, case_folder_name
 
 QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
          "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
@@ -47,10 +46,12 @@ def test_only_the_cases_asked_for_are_traced_and_one_that_cannot_be_says_why(cpu
     assert runner.run("baseline", "mlp").trace is None
     assert not any(tmp_path.iterdir())
 
-    ddp = get_recipe("ddp_gloo").config(profile)
-    assert untraceable(ddp, None) == "DDP ranks run in other processes"
-    assert "fresh process" in untraceable(get_recipe("baseline").config(profile), "cuDNN's plan cache")
-    assert "a profiler of its own" in untraceable(get_recipe("profiler_left_on").config(profile), None)
+    # which cases cannot be traced is eligibility.why_not's (tests/test_eligibility.py); the record says why
+    runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path))
+    plan = runner.planner.plan("profiler_left_on", "mlp")
+    outcome = runner.executor.trace(plan, plan.outcome())
+    assert outcome.trace == {"skipped": "the case runs a profiler of its own (debug='profiler')"}
+    assert not any(tmp_path.iterdir())
     assert case_folder_name("test_mlp[resnet18-amp_bf16]/x y") == "test_mlp_resnet18-amp_bf16_x_y"
 
 

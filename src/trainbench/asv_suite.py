@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from .cases import Case, all_cases
+from .eligibility import Context, why_not
 
 # Environment knobs for asv runs (asv passes no arguments to benchmarks):
 CASES_ENV = "TRAINBENCH_ASV_CASES"  # regex: measure only matching case ids (e.g. a quick CI pass)
@@ -27,12 +28,11 @@ def case_ids() -> list[str]:
 
 
 def _not_taken(case: Case, runner, selected: re.Pattern | None, pattern: str | None) -> str | None:
-    """Why this run leaves ``case`` out: the device cannot run it, it is slow, or not selected."""
-    reason = runner.case_skip_reason(case)
+    """Why this run leaves ``case`` out: it cannot run here (the device, a slow case), or it is not selected."""
+    asv_run = Context(slow_allowed=os.environ.get(SLOW_ENV) == "1", slow_hint=f"set {SLOW_ENV}=1")
+    reason = why_not(case, runner.caps, runner.profile, context=asv_run)
     if reason:
         return f"{case.id}: {reason}"
-    if case.own_recipe().slow and os.environ.get(SLOW_ENV) != "1":
-        return f"{case.id}: slow case: set {SLOW_ENV}=1"
     if selected is not None and not selected.search(case.id):
         return f"{case.id}: not selected by {CASES_ENV}={pattern!r}"
     return None

@@ -255,7 +255,8 @@ def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] |
     cases the device cannot run; without it every case counts.
     """
     from .cases import all_cases
-    from .recipes import spec_unmet, unmet
+    from .eligibility import why_not
+    from .recipes import spec_unmet
     from .workloads import PROFILES, resolve_spec
 
     profile = PROFILES[profile_name]
@@ -267,7 +268,8 @@ def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] |
         if config.num_workers <= 0 or config.synthetic:
             continue
         spec = resolve_spec(case.workload, profile)
-        if spec.dataset is None or spec_unmet(spec, config) or (caps is not None and unmet(recipe, caps, profile)):
+        reason = spec_unmet(spec, config) if caps is None else why_not(recipe, caps, profile, spec, config)
+        if spec.dataset is None or reason:
             continue
         key = (case.workload, config.pixels)
         if key not in samples:

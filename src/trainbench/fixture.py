@@ -51,8 +51,11 @@ class TrainBench:
         """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
         self._refuse_parallel_timing()
         if self.session.ab is not None:
-            if case.ladder is not None:
-                pytest.skip("A/B compares recipe cases; a ladder rung is compared through its recipe's own case")
+            from .eligibility import Context, why_not
+
+            skipped = why_not(case, self.session.runner.caps, self.session.runner.profile, context=Context(ab=True))
+            if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
+                pytest.skip(skipped)
             return self._ab(case.recipe_name, case.workload, overrides)
         return self._finish(self.session.runner.run_case(case, self.budgets, **overrides))
 
@@ -62,6 +65,7 @@ class TrainBench:
 
         from .ab import ABCase, SideError, ab_thresholds, project_paths
         from .distributed import spec_reference
+        from .eligibility import Context, why_not
         from .recipes import ConfigError, get_recipe
         from .spec import SpecError
         from .workloads import resolve_spec
@@ -71,15 +75,14 @@ class TrainBench:
             recipe = recipe if not isinstance(recipe, str) else get_recipe(recipe)
             spec = resolve_spec(spec, runner.profile)
             config = recipe.config(runner.profile, **overrides)
-            skipped = runner.skip_reason(recipe, spec, overrides)
+            ab_run = Context(ab=True, fresh_process=runner.backend.fresh_process_reason)
+            skipped = why_not(recipe, runner.caps, runner.profile, spec, config, ab_run)
             reference = spec_reference(spec)
         except (ConfigError, SpecError) as e:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {e}", pytrace=False)
-        elsewhere = "its ranks run in other processes" if config.rank_processes else \
-            runner.backend.fresh_process_reason(config)
-        if skipped or elsewhere:
-            pytest.skip(skipped or f"{recipe.name}: not in an A/B run: {elsewhere}")
+        if skipped:
+            pytest.skip(skipped)
         import torch
 
         case = f"{spec.name}-{recipe.name}"

@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from .device import DeviceCaps
-from .recipes import RECIPES, ByProfile, Recipe, compose, unmet
+from .eligibility import why_not
+from .recipes import RECIPES, ByProfile, Recipe, compose
 from .workloads import Profile
 
 
@@ -54,7 +55,7 @@ class Ladder:
         """Steps 0..index as (applied, left out): those a device with ``caps`` cannot run are left out (none without caps)."""
         applied, left_out = [], []
         for step in self.steps[: index + 1]:
-            runnable = caps is None or unmet(step.recipe, caps, profile) is None
+            runnable = caps is None or why_not(step.recipe, caps, profile) is None
             (applied if runnable else left_out).append(step)
         return applied, left_out
 

@@ -154,3 +154,18 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"reason": f"FakeTensorMode could not run the step: {type(e).__name__}: {first[:300]}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}
+
+
+class PredictionCache:
+    """``predict_memory`` once per setup in a session: a prediction takes a second or more, and the memory
+    check before a case, ladders and the GPU-profile prediction after it ask for the same setups again."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._predictions: dict[tuple, dict] = {}  # by (profile, spec, config)
+
+    def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> dict:
+        key = (profile_name, spec.name, config)
+        if key not in self._predictions:
+            self._predictions[key] = predict_memory(config, spec, self.backend)
+        return self._predictions[key]

@@ -5,8 +5,7 @@ device must offer for it to make sense (CUDA, a compute capability, several GPUs
 how much extra warm-up it needs. Recipes compose, so the seeds' cumulative ladders are
 lists of recipes. ``step.py`` is the one place where each knob takes effect.
 
-``unmet`` is the one answer to "can this recipe run on this device, for this spec, and
-if not, why": the plugin, the runner, asv and the report all ask it.
+Whether a recipe can run on a device, for a spec, is ``eligibility.why_not``'s answer.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .device import DeviceCaps
 from .spec import TrainingSpec
 from .workloads import Profile
 
@@ -84,7 +82,7 @@ class TrainConfig:
     seed: int = 0
 
     def validate(self) -> TrainConfig:
-        """Knob values and combinations that make sense whatever the spec (``unmet`` checks the spec's side)."""
+        """Knob values and combinations that make sense whatever the spec (``spec_unmet`` checks the spec's side)."""
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
@@ -168,7 +166,7 @@ class ByProfile:
 
 @dataclass(frozen=True)
 class Requirements:
-    """What a device must offer for a recipe to be meaningful there."""
+    """What a device must offer for a recipe to be meaningful there (``eligibility.why_not`` checks it)."""
 
     cuda: bool = False
     min_capability: tuple[int, int] | None = None  # implies CUDA
@@ -194,22 +192,6 @@ class Requirements:
             bf16=self.bf16 or other.bf16,
             cpu_only=self.cpu_only or other.cpu_only,
         )
-
-    def unmet(self, caps: DeviceCaps) -> str | None:
-        """Why a device with ``caps`` cannot run this, or None when it can."""
-        if self.needs_cuda and not caps.cuda:
-            return f"needs a CUDA device; this run uses {caps.kind} ({caps.name})"
-        capability = self.min_capability or (self.gpu_capability if caps.cuda else None)
-        if capability and caps.capability and caps.capability < capability:
-            have, need = ".".join(map(str, caps.capability)), ".".join(map(str, capability))
-            return f"needs compute capability >= {need}; {caps.name} has {have}"
-        if self.min_gpus and caps.gpu_count < self.min_gpus:
-            return f"needs {self.min_gpus} GPUs; {caps.gpu_count} present"
-        if self.cpu_only and caps.cuda:
-            return f"runs on the CPU only; this run uses {caps.kind} (see the GPU variant of this case)"
-        if self.bf16 and caps.bf16 is False:
-            return f"needs bfloat16 support; {caps.name} has none"
-        return None
 
 
 @dataclass(frozen=True)
@@ -308,38 +290,6 @@ def judging_overrides(recipe: Recipe, baseline: Recipe, profile: Profile, spec: 
     if any(spec_unmet(spec, r.config(profile, **overrides, **extra)) for r in (recipe, baseline)):
         return {}
     return extra
-
-
-def unmet(recipe: Recipe, caps: DeviceCaps, profile: Profile, spec: TrainingSpec | None = None,
-          config: TrainConfig | None = None) -> str | None:
-    """Why ``recipe`` cannot run on a device with ``caps`` (for ``spec``, with ``config``'s overrides), or None.
-
-    The one answer to "can this case run here": the plugin, the runner, asv and the report ask it.
-    """
-    reason = recipe.requires.unmet(caps)
-    if reason is None:
-        config = config or recipe.config(profile)
-        if config.amp == "bf16" and caps.bf16 is False:
-            reason = f"needs bfloat16 support; {caps.name} has none"
-        elif config.rank_processes:
-            reason = _distributed_unmet(config.parallel)
-    if reason is None and spec is not None:
-        reason = spec_unmet(spec, config)
-    return f"{recipe.name}: {reason}" if reason else None
-
-
-def _distributed_unmet(parallel: str) -> str | None:
-    """What this PyTorch build lacks for rank processes of ``parallel`` ("ddp", "fsdp"), or None."""
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return "this PyTorch build has no torch.distributed"
-    if parallel == "fsdp":
-        from torch.distributed import fsdp
-
-        if not hasattr(fsdp, "fully_shard"):
-            return "needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none"
-    return None
 
 
 def compose(name: str, *recipes: Recipe, description: str | None = None, baseline: str = "baseline") -> Recipe:

@@ -134,15 +134,13 @@ def run_profile(run: dict) -> str | None:
 def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
     """Why a rung is absent from the run, as far as the step's requirements and the recorded device tell."""
     from .device import DeviceCaps
-    from .recipes import unmet
+    from .eligibility import Context, why_not
     from .workloads import PROFILES
 
     caps = DeviceCaps.from_identity(device)
     profile = PROFILES.get(profile_name or caps.profile_name, PROFILES[caps.profile_name])
-    reason = unmet(step.recipe, caps, profile)
-    if reason:
-        return reason.split(": ", 1)[1]
-    return "slow case: run with --trainbench-slow" if step.recipe.slow else ""
+    reason = why_not(step.recipe, caps, profile, context=Context(slow_allowed=False))
+    return reason.removeprefix(f"{step.recipe.name}: ") if reason else ""
 
 
 def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:

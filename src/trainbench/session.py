@@ -171,25 +171,26 @@ class TrainbenchSession:
                               "TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
 
     def _marker_skip_reason(self, item) -> str | None:
-        """Why the trainbench markers on ``item`` rule it out on this session's device, or None."""
-        if item.get_closest_marker("trainbench_slow") and not self.options.run_slow:
-            return "slow case: run with --trainbench-slow"
+        """Why the trainbench markers on ``item`` rule it out on this session's device (``eligibility.why_not``)."""
+        slow = item.get_closest_marker("trainbench_slow")
         gpu = item.get_closest_marker("trainbench_gpu")
         gpus = item.get_closest_marker("trainbench_min_gpus")
         capability = item.get_closest_marker("trainbench_min_capability")
-        if not (gpu or gpus or capability):
+        if not (slow or gpu or gpus or capability):
             return None
-        from .recipes import Requirements
+        from .eligibility import Context, why_not
+        from .recipes import Recipe, Requirements
+        from .workloads import PROFILES
 
         try:
             caps = self.backend.caps()
         except RuntimeError as e:
             return str(e)
-        requirements = Requirements(cuda=True, min_gpus=gpus.args[0] if gpus else 0,
-                                    min_capability=tuple(capability.args) if capability else None)
-        reason = requirements.unmet(caps)
-        what = gpu.kwargs.get("what") if gpu else None  # trainbench_gpu(what="pinned_memory (...)"): -rs tells apart
-        return f"{what}: {reason}" if what and reason else reason
+        requires = Requirements(cuda=gpu is not None, min_gpus=gpus.args[0] if gpus else 0,
+                                min_capability=tuple(capability.args) if capability else None)
+        what = (gpu.kwargs.get("what") if gpu else None) or ""  # trainbench_gpu(what="pinned_memory (...)"): -rs tells apart
+        marked = Recipe(what, "the item's trainbench markers", requires=requires, slow=slow is not None)  # no knobs
+        return why_not(marked, caps, PROFILES[caps.profile_name], context=Context(slow_allowed=self.options.run_slow))
 
     # -- signals --------------------------------------------------------------------------------------
     def _stop_cleanly_on_sigterm(self) -> None:

@@ -12,6 +12,8 @@ synchronized, and writes into ``<folder>/<case>/``:
 - ``ops.txt``: the operators' table (``key_averages``), heaviest first;
 - on a device with an allocator history (CUDA), ``memory_snapshot.pickle``: every allocation
   and free of those steps with its stack (``Backend.memory_history``), for pytorch.org/memory_viz.
+
+Whether a case can be traced in this process is ``eligibility.why_not`` with ``Context(traced=True)``.
 """
 
 from __future__ import annotations
@@ -38,17 +40,6 @@ class TraceRequest:
 
     folder: Path
     wants: Callable[[str], bool] = lambda case: True
-
-
-def untraceable(config: TrainConfig, fresh_process_reason: str | None) -> str | None:
-    """Why a case's trace cannot be taken in this process, or None."""
-    if config.rank_processes:
-        return f"{config.parallel.upper()} ranks run in other processes"
-    if fresh_process_reason:
-        return f"the case runs in a fresh process ({fresh_process_reason})"
-    if config.debug in ("profiler", "nvtx"):
-        return f"the case runs a profiler of its own (debug={config.debug!r})"
-    return None
 
 
 def case_folder_name(case: str) -> str:

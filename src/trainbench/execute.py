@@ -1,0 +1,280 @@
+"""Runs a planned case (``plan.CasePlan``): measures it and its baseline the way the plan says, runs the
+correctness guard, predicts its memory on the GPU profile and takes a profile trace where asked.
+
+``Executor`` keeps what a session shares between cases: the baselines measured so far (an
+unpaired reference for later cases, and a paired baseline's memory and work), the baselines'
+loss trajectories for the loss guard, and the gradients rank 0 recorded for the gradient guard.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import guards  # by module: tests replace its functions to see what the guard computes
+from .device import Backend, DeviceCaps
+from .distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
+from .eligibility import Context, why_not
+from .host import LoadMeter
+from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
+from .outcome import CaseOutcome, failed_without_result
+from .plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
+from .predict import PredictionCache
+from .recipes import ConfigError, NotApplicable, Recipe, TrainConfig, judging_overrides
+from .result import Result
+from .spec import TrainingSpec
+from .step import InjectedFault, Training
+from .trace import TraceRequest, record_trace
+from .watchdog import NoProgress, phase, watch
+from .workloads import PROFILES, Profile, resolve_spec
+
+
+def _rank_failures(outcome: CaseOutcome) -> list[str]:
+    """Data-parallel ranks must hold identical gradients after the all-reduce; one line when they do not."""
+    spread = (outcome.result.ranks or {}).get("max_grad_difference_between_ranks")
+    if not spread:
+        return []
+    return [(f"{outcome.case}: the ranks' first-step gradients differ after DDP's all-reduce (largest difference "
+             f"{spread:.3g}); every rank must hold the same gradients")]
+
+
+class Executor:
+    """Measures planned cases on one device and profile, keeping same-session baselines and guard references."""
+
+    def __init__(self, backend: Backend, caps: DeviceCaps, profile: Profile, settings: MeasureSettings,
+                 predictions: PredictionCache, fault: InjectedFault | None = None, predict: bool = False,
+                 trace: TraceRequest | None = None):
+        self.backend = backend
+        self.caps = caps
+        self.profile = profile
+        self.settings = settings
+        self.predictions = predictions
+        self.fault = fault
+        self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.predict)
+        self.trace_request = trace  # profile traces of the cases it wants, taken after their measurement
+        self.results: dict[tuple, Result] = {}  # same-session baselines, by setup
+        self._trajectories: dict[tuple, list[float]] = {}  # baseline losses for the loss guard
+        self._ddp_grads: dict | None = None  # first-step gradients rank 0 recorded for the guard
+
+    # -- the case ----------------------------------------------------------------------------
+    def execute(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """Measure the case and its baseline and guard it. What only the built model tells (for the case or its
+        baseline) skips the case; a hang, a crashed process or too little memory fails this case alone."""
+        try:
+            with watch(self.settings.no_progress_s):
+                self._measure_loaded(plan, outcome)
+                outcome.failures += _rank_failures(outcome)
+                if plan.baseline is not None:
+                    self._guard(plan, outcome)
+        except NoProgress as e:  # a hung dataset, lock or wait: this case fails alone, the session goes on
+            return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
+        except ProcessFailed as e:  # a rank or fresh process crashed or hung: its traceback, this case alone fails
+            return failed_without_result(outcome, str(e))
+        except NotApplicable as e:
+            outcome.skipped = f"{plan.recipe.name}: {e}"
+            return outcome
+        except torch.OutOfMemoryError as e:
+            # This case alone fails; what it held goes back before the next case measures its peaks.
+            return failed_without_result(outcome, self._out_of_memory(plan, e))
+        except RuntimeError as e:
+            if "DataLoader timed out" not in str(e):  # torch's message for a worker batch past `timeout`
+                raise
+            return failed_without_result(outcome, (
+                f"{outcome.case}: no progress for {plan.config.loader_timeout_s:g} s in the DataLoader (a worker "
+                "did not deliver a batch: a hung dataset or transform); loader_timeout_s sets the limit"))
+        if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
+            started = time.perf_counter()
+            outcome.result.predicted_memory = self._predicted_memory(plan, outcome.result)
+            outcome.result.phase_seconds["predict"] = time.perf_counter() - started
+        outcome.result.notes.extend(plan.notes)
+        return outcome
+
+    def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> None:
+        """Measure the case and its baseline once more, into ``outcome`` (raises ``NoProgress`` on a hang)."""
+        with watch(self.settings.no_progress_s):
+            self._measure_loaded(plan, outcome)
+
+    def trace(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """A profile trace of the case where one is asked for, outside its timed rounds (``trainbench.trace``)."""
+        if self.trace_request is None or not self.trace_request.wants(outcome.case):
+            return outcome
+        traced = Context(traced=True, fresh_process=self.backend.fresh_process_reason)
+        reason = why_not(plan.recipe, self.caps, self.profile, plan.spec, plan.config, traced)
+        if reason:
+            outcome.trace = {"skipped": reason}
+            return outcome
+        try:
+            with watch(self.settings.no_progress_s):
+                files = record_trace(plan.config, plan.spec, self.backend, self.trace_request.folder, outcome.case)
+        except NoProgress as e:
+            return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
+        outcome.trace = {"files": [str(f) for f in files]}
+        return outcome
+
+    # -- measuring -----------------------------------------------------------------------------
+    def _measure_loaded(self, plan: CasePlan, outcome: CaseOutcome) -> None:
+        """Measure the case and its baseline, recording what other processes used of the machine meanwhile."""
+        meter = LoadMeter().start()
+        self._measure(plan, outcome)
+        load = meter.stop()
+        for result in (outcome.result, outcome.baseline):  # a baseline from earlier in the session keeps its own
+            if result is not None and result.machine_load is None:
+                result.machine_load = load
+
+    def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> None:
+        """The case and its baseline, the way the plan says (``plan`` lists the ways and why each)."""
+        recipe, base, spec = plan.recipe, plan.baseline, plan.spec
+        if plan.measuring == FRESH_PROCESSES:
+            self._measure_fresh(plan, outcome)
+        elif plan.measuring == PAIRED:
+            outcome.result, outcome.baseline = self._measure_paired(plan)
+            outcome.paired = True
+            self.results.setdefault(self._key(plan, base), outcome.baseline)
+        else:
+            outcome.result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
+                                                 want_grads=recipe.grad_rtol is not None)
+            if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
+                outcome.baseline = self._measure_setup(base, spec, plan.baseline_config, f"{spec.name}-{base.name}")
+                self.results[self._key(plan, base)] = outcome.baseline
+                outcome.result.notes.append(f"baseline {base.name} measured right after, not interleaved "
+                                            f"({plan.why_measuring})")
+            elif base:
+                outcome.baseline = self.results.get(self._key(plan, base))
+        if self.fault is None:  # a planted regression must not become another case's baseline
+            self.results[self._key(plan, recipe)] = outcome.result
+
+    def _measure_paired(self, plan: CasePlan) -> tuple[Result, Result]:
+        """Both setups alive while their rounds alternate; each one's memory and work measured with it alone.
+
+        The baseline's passes run before the case is built (or come from its earlier measurement in
+        this session), the case's after the baseline is freed: a CUDA allocator peak is one setup's own.
+        """
+        recipe, base, spec, settings = plan.recipe, plan.baseline, plan.spec, self.settings
+        earlier = self.results.get(self._key(plan, base))
+        tb = Training(plan.baseline_config, spec, self.backend)
+        try:
+            mb = Measurement(tb, f"{spec.name}-{base.name}", base.name, settings, base.extra_warmup_steps,
+                             self.profile.name)
+            mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
+            if earlier is not None:
+                mb.reuse_passes(earlier)
+            else:
+                mb.measure_after_timing()
+            with Training(plan.config, spec, self.backend, self.fault) as tc:
+                mc = Measurement(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
+                interleave_rounds(mc, mb)
+                baseline = mb.finish()
+                tb.close()
+                tb = mb = None  # the baseline's tensors go before the case's memory is measured
+                self.backend.release_memory()
+                mc.measure_after_timing()
+                result = mc.finish()
+        finally:
+            if tb is not None:
+                tb.close()
+        result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
+        return result, baseline
+
+    def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> None:
+        """The case and its baseline, each in a new process (``Backend.fresh_process_reason`` says why)."""
+        recipe, base, spec = plan.recipe, plan.baseline, plan.spec
+        want_losses = base is not None and recipe.loss_rtol is not None
+        outcome.result, losses = measure_in_fresh_process(
+            plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
+            recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
+        outcome.result.notes.append(f"why a fresh process: {plan.why_measuring}")
+        if base is not None:
+            outcome.baseline, base_losses = measure_in_fresh_process(
+                plan.baseline_config, spec, self.backend, self.profile, self.settings, f"{spec.name}-{base.name}",
+                base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
+                want_losses=want_losses)
+            if want_losses:
+                outcome.fresh_losses = (losses, base_losses)
+
+    def _measure_setup(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
+                       fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
+        """One setup alone: in this process, or in its rank processes."""
+        if config.rank_processes:
+            result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
+                                        recipe.extra_warmup_steps, want_grads=want_grads)
+            if grads is not None:
+                self._ddp_grads = grads
+            return result
+        with Training(config, spec, self.backend, fault) as training:
+            m = Measurement(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
+            return m.run(run_rounds)
+
+    @staticmethod
+    def _key(plan: CasePlan, recipe: Recipe) -> tuple:
+        """A setup of the session: the spec, the recipe and the knobs it was built with."""
+        return (plan.spec.name, recipe.name, tuple(sorted(plan.overrides.items())))
+
+    def _out_of_memory(self, plan: CasePlan, error: Exception) -> str:
+        """One line for an out-of-memory case, after giving back what it held."""
+        peak = self.backend.peak_memory().allocated_bytes
+        self.backend.release_memory()
+        total = self.backend.total_memory_bytes()
+        figures = ", ".join(part for part in (
+            f"peak so far {peak / 2**30:.2f} GiB" if peak is not None else "",
+            f"device total {total / 2**30:.2f} GiB" if total is not None else "") if part)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return (f"{plan.case}: out of memory at batch {plan.config.step_batch_size(plan.spec)}"
+                + (f" ({figures})" if figures else "") + f": {first[:200]}")
+
+    # -- checks and predictions ----------------------------------------------------------------------
+    def _guard(self, plan: CasePlan, outcome: CaseOutcome) -> None:
+        """The case must train what its baseline trains, within the recipe's tolerance (trainbench.guards)."""
+        started = time.perf_counter()
+        with phase("the correctness guard"):
+            outcome.guard_verdicts = self._guard_verdicts(plan, outcome)
+        outcome.result.phase_seconds["guard"] = time.perf_counter() - started
+        outcome.failures += [f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
+                             for v in outcome.guard_verdicts if not v.ok]
+
+    def _guard_verdicts(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardVerdict]:
+        recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
+        verdicts = []
+        if recipe.loss_rtol is not None and outcome.fresh_losses is not None:
+            verdicts.append(guards.compare_trajectories(*outcome.fresh_losses, recipe.loss_rtol))
+        elif recipe.loss_rtol is not None:
+            key = self._key(plan, plan.baseline)
+            if key not in self._trajectories:
+                self._trajectories[key] = guards.loss_trajectory(base_config, spec, self.backend)
+            losses = guards.loss_trajectory(config, spec, self.backend)
+            verdicts.append(guards.compare_trajectories(losses, self._trajectories[key], recipe.loss_rtol))
+        if recipe.grad_rtol is not None:
+            # A baseline trained by rank processes (fsdp_gloo's ddp_gloo) has the gradients of its one-process equal.
+            base_grads = guards.first_step_gradients(base_config.one_process_equivalent(), spec, self.backend)
+            if config.rank_processes:  # recorded by rank 0 while the case was measured
+                grads = self._ddp_grads
+            else:
+                grads = guards.first_step_gradients(config, spec, self.backend)
+            verdicts.append(guards.compare_gradients(grads, base_grads, recipe.grad_rtol))
+        return verdicts
+
+    def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
+        """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
+        the prediction of the setup just measured against its measured breakdown (and allocator peak).
+
+        A ladder rung runs on a GPU what ``plan.gpu_recipe`` says, judged on rung 0's data path."""
+        gpu, gpu_recipe = PROFILES["gpu"], plan.gpu_recipe or plan.recipe
+        base = plan.baseline if plan.ladder is None else None
+        try:
+            gpu_spec = resolve_spec(plan.source, gpu)
+            judged = judging_overrides(gpu_recipe, base, gpu, gpu_spec, plan.user_overrides) if base else {}
+            gpu_config = gpu_recipe.config(gpu, **{**judged, **plan.user_overrides})
+        except ConfigError as e:
+            return {"profile": "gpu", "reason": f"no GPU-profile setup: {e}"}
+        predicted = {"profile": "gpu", **self.predictions("gpu", gpu_config, gpu_spec)}
+        if "breakdown_bytes" not in predicted:
+            return predicted
+        here = self.predictions(self.profile.name, plan.config, plan.spec)
+        measured = result.memory_breakdown_bytes
+        if "breakdown_bytes" in here and measured:
+            differences = {k: [here["breakdown_bytes"].get(k, 0), v] for k, v in measured.items()
+                           if here["breakdown_bytes"].get(k, 0) != v}
+            predicted["check"] = {"profile": self.profile.name, "predicted_total": here["breakdown_bytes"]["total"],
+                                  "measured_total": measured.get("total"), "matches": not differences,
+                                  "differences": differences, "peak_allocated_bytes": result.peak_allocated_bytes}
+        return predicted

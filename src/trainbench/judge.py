@@ -1,0 +1,88 @@
+"""Judges a measured case by its budget (``budgets.evaluate``), and measures it again when the rounds cannot
+judge a timed bound (noise, a busy machine) before calling that bound inconclusive.
+
+Deterministic bounds (memory, work) stand as evaluated. A missed timed bound whose rounds cannot
+show the miss (``noise.inconclusive_reason``) is measured again, at most ``remeasure_inconclusive``
+times, then reported as inconclusive; ``strict_timing`` fails it instead. A session whose timing
+means nothing (``untimed``: parallel workers sharing the device) judges its deterministic bounds only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from .budgets import Verdict, evaluate
+from .metrics import is_timed, per_round
+from .noise import inconclusive_reason
+from .outcome import CaseOutcome, failed_without_result
+from .watchdog import NoProgress
+
+
+class Judge:
+    """The budget rules of a session: a missing budget fails the case or not, timing is strict or not."""
+
+    def __init__(self, require_budgets: bool = False, strict_timing: bool = False, remeasure_inconclusive: int = 1):
+        self.require_budgets = require_budgets  # a case without a budget fails (--trainbench-require-budgets)
+        self.strict_timing = strict_timing
+        self.remeasure_inconclusive = remeasure_inconclusive
+
+    def judge(self, outcome: CaseOutcome, measure_again: Callable[[], None], untimed: str | None = None) -> CaseOutcome:
+        """Check the case's budget, measuring it again (``measure_again`` refills ``outcome``) while a timed
+        bound is inconclusive. ``untimed``: why this session's timing means nothing, or None."""
+        self.check_budget(outcome, untimed)
+        for attempt in range(2, self.remeasure_inconclusive + 2):
+            if not outcome.inconclusive:
+                break
+            try:
+                self._measure_again(outcome, measure_again, attempt)
+            except NoProgress as e:
+                return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
+                                                      "(--trainbench-timeout sets the limit)")
+            self.check_budget(outcome, untimed)
+        return outcome
+
+    def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> None:
+        """The case's budget verdicts, and a failure line for each bound it missed."""
+        if outcome.budget is None:
+            if self.require_budgets:
+                outcome.budget_required = True
+                outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
+            return
+        verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
+        if untimed:
+            left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]
+            verdicts = [v for v in verdicts if not is_timed(v.bound.metric)]
+            if left_out:
+                outcome.result.notes.append(f"timed budgets not judged ({', '.join(left_out)}): {untimed}")
+        outcome.budget_verdicts = [self._judged(v, outcome) for v in verdicts]
+        outcome.failures += outcome.budget_failures()
+
+    def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
+        """A missed timed bound whose rounds cannot show the miss (``noise.inconclusive_reason``) is inconclusive,
+        unless ``strict_timing``; deterministic bounds stand as evaluated."""
+        b = verdict.bound
+        if verdict.ok or verdict.measured is None or self.strict_timing:
+            return verdict
+        result, base = outcome.result, outcome.baseline if b.relative else None
+        current = per_round(b.metric, result.metrics().get(b.metric), result.round_step_times_s)
+        reference = per_round(b.metric, base.metrics().get(b.metric), base.round_step_times_s) if base else None
+        reason = inconclusive_reason(b.metric, b.limit, verdict.measured, current, reference, outcome.paired,
+                                     [result.machine_load] + ([base.machine_load] if base else []))
+        return replace(verdict, inconclusive=reason) if reason else verdict
+
+    @staticmethod
+    def _measure_again(outcome: CaseOutcome, measure_again: Callable[[], None], attempt: int) -> None:
+        """Measure an inconclusive case again (timing, memory and work), to be judged afresh on the new measurement.
+
+        The guard verdicts and the GPU prediction do not depend on timing and are kept."""
+        why = "; ".join(dict.fromkeys(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive))
+        first = outcome.result
+        judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
+        outcome.failures = [f for f in outcome.failures if f not in judged_before]
+        measure_again()
+        outcome.result.predicted_memory = first.predicted_memory
+        outcome.result.phase_seconds.update({k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")})
+        outcome.result.notes.append(
+            f"measured again (attempt {attempt}): the first measurement's timed budgets were inconclusive ({why}; "
+            f"{first.samples_per_s or 0:.4g} samples/s, rounds {', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")

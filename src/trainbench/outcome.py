@@ -1,0 +1,103 @@
+"""What running a case gave: its result, its baseline, the checks and their failures (``CaseOutcome``), and
+the case's one serialized form (``CaseOutcome.record``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .budgets import CaseBudget, Verdict
+from .guards import GuardVerdict
+from .recipes import Recipe
+from .result import Result, case_record
+
+
+@dataclass
+class CaseOutcome:
+    """What running a case gave: its result, its baseline, the checks and their failures."""
+
+    case: str
+    recipe: Recipe
+    result: Result | None = None
+    skipped: str | None = None
+    baseline_recipe: Recipe | None = None
+    baseline: Result | None = None
+    paired: bool = False  # the baseline's rounds were interleaved with the case's
+    budget: CaseBudget | None = None
+    budget_missing: str | None = None  # why no budget applies ("no budgets file ...", "no section ...")
+    budget_required: bool = False  # a missing budget fails the case (--trainbench-require-budgets)
+    budget_verdicts: list[Verdict] = field(default_factory=list)
+    guard_verdicts: list[GuardVerdict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    ladder: dict | None = None
+    error: str | None = None  # the case failed before it had a result (out of memory)
+    fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
+    trace: dict | None = None  # a profile trace asked for: {"files": [...]} or {"skipped": why} (trainbench.trace)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.baseline is None or not self.baseline.samples_per_s or not self.result or not self.result.samples_per_s:
+            return None
+        return self.result.samples_per_s / self.baseline.samples_per_s
+
+    @property
+    def budget_status(self) -> str:
+        if self.budget is None:
+            return "FAIL" if self.budget_required else "none"
+        failed = sum(not v.ok and v.inconclusive is None for v in self.budget_verdicts)
+        unsure = sum(v.inconclusive is not None for v in self.budget_verdicts)
+        n = len(self.budget_verdicts)
+        if failed:
+            return f"FAIL {failed}/{n}"
+        return f"ok {n - unsure}, {unsure} inconclusive" if unsure else f"ok {n}"
+
+    def budget_failures(self) -> list[str]:
+        """One line per budget bound this case failed (inconclusive ones are not failures)."""
+        return [f"{self.case} [{self.budget.device_key}]: {v.message}" for v in self.budget_verdicts
+                if not v.ok and v.inconclusive is None]
+
+    @property
+    def inconclusive(self) -> list[str]:
+        """One line per timed budget the rounds could not judge (noise, a busy machine)."""
+        return [f"{self.case} [{self.budget.device_key}]: inconclusive: {v.message}: {v.inconclusive}"
+                for v in self.budget_verdicts if v.inconclusive is not None]
+
+    def record(self) -> dict:
+        """The case's serialized form (pytest-benchmark extra_info, asv, the gate, the report)."""
+        fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
+                        "speedup_vs_baseline": self.speedup, "paired": self.paired}
+        if self.budget is None:
+            fields["budget"] = {"status": "none", "reason": self.budget_missing}
+        else:
+            fields["budget"] = {
+                "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.budget_verdicts) else
+                           "inconclusive" if any(v.inconclusive for v in self.budget_verdicts) else "pass"),
+                "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
+                "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
+                            "message": v.message, "inconclusive": v.inconclusive} for v in self.budget_verdicts],
+            }
+        if self.guard_verdicts:
+            fields["guard"] = {
+                "baseline": self.baseline_recipe.name,
+                "checks": [{"kind": v.kind, "ok": v.ok, "max_rel_diff": v.max_rel_diff, "message": v.message,
+                            "rtol": self.recipe.loss_rtol if v.kind == "loss" else self.recipe.grad_rtol,
+                            "losses": v.losses, "baseline_losses": v.baseline_losses} for v in self.guard_verdicts],
+            }
+        if self.ladder is not None:
+            fields["ladder"] = self.ladder
+        if self.trace is not None:
+            fields["trace"] = self.trace
+        record = case_record(self.result, **fields)
+        if record["ranks"] and self.speedup is not None:
+            ranks = record["ranks"] = {**record["ranks"], "speedup_vs": self.baseline_recipe.name}
+            if not self.baseline.ranks:
+                # vs one process training the same global batch: the speed-up over what perfect scaling would give
+                ranks["scaling_efficiency"] = self.speedup / ranks["ideal_speedup"]
+        return record
+
+
+def failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:
+    """A case that ended before it had a result: no numbers, one line saying why."""
+    outcome.result = outcome.baseline = None
+    outcome.error = error
+    outcome.failures.append(error)
+    return outcome

@@ -1,0 +1,124 @@
+"""Judging a measured case by its budget: deterministic bounds stand, a timed bound the rounds cannot judge is
+measured again then inconclusive (or failed under strict timing), an untimed session judges no timed bound."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainbench.budgets import Bound, Budgets, CaseBudget
+from trainbench.device import CpuBackend
+from trainbench.judge import Judge
+from trainbench.measure import MeasureSettings, measure
+from trainbench.outcome import CaseOutcome
+from trainbench.recipes import get_recipe
+from trainbench.runner import Runner
+from trainbench.step import Training
+from trainbench.watchdog import NoProgress
+from trainbench.workloads import PROFILES, resolve_spec
+
+HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
+QUIET = {"cpus": 2, "seconds": 3.0, "other_cpus": 0.02, "load_average_1m": [1.9, 2.0]}
+# No run reaches 10^12 samples/s; every run of the MLP stays under 10^9 ops per step.
+SPEED = Bound("samples_per_s", "min", False, 1e12, "min_samples_per_s")
+OPS = Bound("ops_per_step", "max", False, 1e9, "max_ops_per_step")
+
+
+@pytest.fixture(scope="module")
+def result():
+    """One measured MLP baseline, shared: the judge reads it and never changes what it measured."""
+    profile = PROFILES["cpu"]
+    settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
+                               memory_steps=1)
+    with Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile),
+                  CpuBackend(torch.device("cpu"))) as setup:
+        return measure(setup, "mlp-baseline", "baseline", settings, 0, profile.name)
+
+
+def _outcome(result, *bounds, load=None):
+    budget = CaseBudget("cpu", "mlp-baseline", bounds) if bounds else None
+    measured = dataclasses.replace(result, notes=[], machine_load=load)
+    return CaseOutcome("mlp-baseline", get_recipe("baseline"), result=measured, budget=budget,
+                       budget_missing=None if bounds else "no budget: no budgets file configured")
+
+
+def _never():
+    pytest.fail("measured again")
+
+
+def test_a_case_without_a_budget_fails_only_where_budgets_are_required(result):
+    outcome = Judge().judge(_outcome(result), _never)
+    assert outcome.failures == [] and outcome.budget_status == "none"
+    required = Judge(require_budgets=True).judge(_outcome(result), _never)
+    assert required.failures == ["mlp-baseline: no budget: no budgets file configured (--trainbench-require-budgets)"]
+    assert required.budget_status == "FAIL"
+
+
+def test_a_missed_timed_bound_on_a_busy_machine_is_measured_again_as_often_as_allowed_then_inconclusive(result):
+    outcome = _outcome(result, SPEED, OPS, load=HOG)
+    again = []
+
+    def measure_again():
+        again.append(outcome.result)
+        outcome.result = dataclasses.replace(result, notes=[], machine_load=HOG)
+
+    judged = Judge(remeasure_inconclusive=2).judge(outcome, measure_again)
+    assert len(again) == 2 and judged.failures == [] and judged.budget_status == "ok 1, 1 inconclusive"
+    [note] = judged.result.notes
+    assert note.startswith("measured again (attempt 3): the first measurement's timed budgets were inconclusive "
+                           "(busy machine: other processes used 1.05 of 2 CPUs")
+
+
+def test_strict_timing_fails_a_missed_timed_bound_at_once(result):
+    judged = Judge(strict_timing=True).judge(_outcome(result, SPEED, OPS, load=HOG), _never)
+    [failure] = judged.failures
+    assert failure.startswith("mlp-baseline [cpu]: samples_per_s: measured ") and "short by" in failure
+    assert judged.budget_status == "FAIL 1/2" and not judged.inconclusive
+
+
+def test_a_session_without_meaningful_timing_judges_its_deterministic_bounds_only(result):
+    judged = Judge().judge(_outcome(result, SPEED, OPS, load=QUIET), _never, untimed="2 workers share the CPU")
+    assert [v.bound.key for v in judged.budget_verdicts] == ["max_ops_per_step"] and judged.failures == []
+    assert judged.result.notes == ["timed budgets not judged (min_samples_per_s): 2 workers share the CPU"]
+
+
+def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result):
+    def hangs():
+        raise NoProgress(5, "the timed rounds")
+
+    judged = Judge().judge(_outcome(result, SPEED, load=HOG), hangs)
+    assert judged.result is None and judged.error == (
+        "mlp-baseline: no progress for 5 s in the timed rounds, measuring it again (--trainbench-timeout sets the limit)")
+    assert judged.failures == [judged.error]
+
+
+# -- through a run: a ratio budget on paired rounds ---------------------------------------------------
+
+@pytest.fixture
+def impossible_speedup(tmp_path):
+    """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
+    return Budgets.load(path)
+
+
+def _machine(monkeypatch, load):
+    monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))
+
+
+def test_strict_timing_fails_what_a_busy_machine_leaves_inconclusive(monkeypatch, profile, quick, impossible_speedup):
+    _machine(monkeypatch, HOG)
+    runner = Runner(CpuBackend(torch.device("cpu")), profile, quick, strict_timing=True)
+    outcome = runner.run("set_to_none", "mlp", budgets=impossible_speedup)
+    [failure] = outcome.failures
+    assert "samples_per_s ratio vs baseline" in failure and not outcome.inconclusive
+
+
+def test_a_speed_budget_missed_on_a_quiet_machine_by_every_pair_fails_at_once(monkeypatch, profile, quick,
+                                                                              impossible_speedup):
+    _machine(monkeypatch, QUIET)
+    outcome = Runner(CpuBackend(torch.device("cpu")), profile, quick).run("set_to_none", "mlp",
+                                                                          budgets=impossible_speedup)
+    [failure] = outcome.failures  # 100x is outside any interval of the pairs: conclusive, not measured again
+    assert "short by" in failure and not outcome.inconclusive
+    assert not any(n.startswith("measured again") for n in outcome.result.notes)

@@ -1,0 +1,77 @@
+"""What running a case gave and its one serialized form: the budget's status, the guard, and a case that failed."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainbench.budgets import Bound, CaseBudget, Verdict
+from trainbench.device import CpuBackend
+from trainbench.guards import GuardVerdict
+from trainbench.measure import MeasureSettings, measure
+from trainbench.outcome import CaseOutcome, failed_without_result
+from trainbench.recipes import get_recipe
+from trainbench.result import CaseRecord
+from trainbench.step import Training
+from trainbench.workloads import PROFILES, resolve_spec
+
+OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
+SPEED = Bound("samples_per_s", "min", True, 2.0, "min_speedup")
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """An MLP baseline and set_to_none, each measured once for the module."""
+    profile = PROFILES["cpu"]
+    settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
+                               memory_steps=1)
+    results = {}
+    for name in ("baseline", "set_to_none"):
+        with Training(get_recipe(name).config(profile), resolve_spec("mlp", profile),
+                      CpuBackend(torch.device("cpu"))) as setup:
+            results[name] = measure(setup, f"mlp-{name}", name, settings, 0, profile.name)
+    return results
+
+
+def _outcome(measured, *verdicts) -> CaseOutcome:
+    return CaseOutcome("mlp-set_to_none", get_recipe("set_to_none"), result=measured["set_to_none"],
+                       baseline_recipe=get_recipe("baseline"), baseline=measured["baseline"], paired=True,
+                       budget=CaseBudget("cpu", "mlp-set_to_none", (OPS, SPEED)), budget_verdicts=list(verdicts))
+
+
+def test_the_budget_status_counts_failed_and_inconclusive_bounds(measured):
+    ok, missed = Verdict(OPS, 1.0, True, "ops ok"), Verdict(SPEED, 1.1, False, "short by 45%")
+    unsure = dataclasses.replace(missed, inconclusive="busy machine")
+    assert _outcome(measured, ok).budget_status == "ok 1"
+    assert _outcome(measured, ok, unsure).budget_status == "ok 1, 1 inconclusive"
+    failing = _outcome(measured, ok, missed)
+    assert failing.budget_status == "FAIL 1/2" and failing.budget_failures() == ["mlp-set_to_none [cpu]: short by 45%"]
+    assert _outcome(measured, ok, unsure).inconclusive == ["mlp-set_to_none [cpu]: inconclusive: short by 45%: busy machine"]
+    assert CaseOutcome("x", get_recipe("baseline"), budget_required=True).budget_status == "FAIL"
+
+
+def test_the_record_reads_back_with_its_baseline_budget_and_guard(measured):
+    outcome = _outcome(measured, Verdict(OPS, 1.0, True, "ops ok"), Verdict(SPEED, 1.1, False, "short by 45%",
+                                                                             inconclusive="busy machine"))
+    outcome.guard_verdicts = [GuardVerdict(True, "loss", 0.0, "same losses", [1.0], [1.0])]
+    record = outcome.record()
+    assert record["baseline"] == "baseline" and record["paired"] is True
+    assert record["speedup_vs_baseline"] == pytest.approx(outcome.speedup)
+    assert record["budget"]["status"] == "inconclusive" and record["budget"]["device_key"] == "cpu"
+    assert [c["key"] for c in record["budget"]["checks"]] == ["max_ops_per_step_ratio", "min_speedup"]
+    assert record["guard"]["checks"][0]["rtol"] == get_recipe("set_to_none").loss_rtol
+    read = CaseRecord.read(record, "mlp-set_to_none")
+    assert read.paired and read.speedup_vs_baseline == pytest.approx(outcome.speedup)
+
+
+def test_a_case_without_a_budget_records_why(measured):
+    outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"), result=measured["baseline"],
+                          budget_missing="no budget: no budgets file configured")
+    assert outcome.speedup is None
+    assert outcome.record()["budget"] == {"status": "none", "reason": "no budget: no budgets file configured"}
+
+
+def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):
+    outcome = failed_without_result(_outcome(measured), "mlp-set_to_none: out of memory at batch 16")
+    assert outcome.result is None and outcome.baseline is None and outcome.speedup is None
+    assert outcome.error == "mlp-set_to_none: out of memory at batch 16" and outcome.failures == [outcome.error]
