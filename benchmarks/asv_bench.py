@@ -17,6 +17,7 @@ from asv_runner.benchmarks.mark import SkipNotImplemented
 
 from trainbench.asv_suite import case_ids, measure_all
 from trainbench.metrics import METRICS, metrics_in
+from trainbench.result import CaseRecord
 
 BUDGETS = Path(__file__).parent / "budgets.toml"
 # asv units: bytes and seconds where asv formats them, from the metric's own unit.
@@ -68,9 +69,10 @@ class _Cases:
             raise NotImplementedError(entry["skip"])  # asv: skipped, shown as n/a
         if "error" in entry:
             raise RuntimeError(entry["error"])  # asv: failed (out of memory, a hung loader)
-        if entry.get("guard_failures"):
-            raise RuntimeError("; ".join(entry["guard_failures"]))  # asv: failed
-        self.metrics = entry["metrics"]
+        record = CaseRecord.read(entry["record"], case)
+        if record.guard_failures:
+            raise RuntimeError("; ".join(record.guard_failures))  # asv: failed (a correctness guard)
+        self.metrics = record.metrics
 
 
 # Speed: noisy on shared runners; gate it on a quiet, dedicated machine. asv takes every track as

@@ -83,8 +83,9 @@ def test_a_significant_slowdown_on_a_busy_machine_is_inconclusive_and_fails_only
     assert faster.verdict == "improved"  # a busy machine only makes runs slower
 
     from trainbench.compare import gate
+    from trainbench.outcome import MeasuredCase
 
-    rows = [{"fullname": "t", "record": _loaded(slow, 1.1)}]
+    rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
                                      "samples_per_s": run_of().metrics["samples_per_s"],
                                      "round_step_times_s": run_of().round_step_times_s}}}

@@ -68,7 +68,8 @@ def test_a_case_without_a_budget_records_why(measured):
     outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"), result=measured["baseline"],
                           budget_missing="no budget: no budgets file configured")
     assert outcome.speedup is None
-    assert outcome.record()["budget"] == {"status": "none", "reason": "no budget: no budgets file configured"}
+    assert outcome.record()["budget"] == {"status": "none", "reason": "no budget: no budgets file configured",
+                                          "required": False}
 
 
 def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):

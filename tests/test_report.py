@@ -9,6 +9,7 @@ from trainbench.__main__ import main
 from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
 from trainbench.report import device_slug, ladder_runs, write_ladder_report
+from trainbench.result import CaseRecord
 from trainbench.store import RunFileError
 from trainbench.workloads import PROFILES
 
@@ -223,12 +224,16 @@ def test_the_session_summary_has_a_line_per_case_with_its_marks():
 
     metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
                "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189}
-    rows = [{"case": "mlp-baseline", "metrics": metrics, "speedup": None, "budget": "ok"},
-            {"case": "mlp-set_to_none", "metrics": {**metrics, "predicted_gpu_peak_mib": None}, "speedup": 1.234,
-             "paired": False, "prediction_checked": False, "budget": "FAIL"}]
+    checks = [{"ok": True, "inconclusive": None}]
+    rows = [CaseRecord.read({"case": "mlp-baseline", "samples_per_step": 16, **metrics,
+                             "budget": {"status": "pass", "checks": checks}}, "base"),
+            CaseRecord.read({"case": "mlp-set_to_none", "samples_per_step": 16, **metrics, "predicted_gpu_peak_mib": None,
+                             "speedup_vs_baseline": 1.234, "paired": False,
+                             "predicted_memory": {"check": {"matches": False}},
+                             "budget": {"status": "none", "required": True}}, "other")]
     header, rule, base, other = summary_table(rows)
     assert header.startswith("case ") and header.endswith("vs base  budget") and set(rule) == {"-", " "}
     assert base.index("1234.6") + len("1234.6") == header.index("samples/s") + len("samples/s")  # figures align right
-    assert base.split() == ["mlp-baseline", "1234.6", "13.0", "(0.4)", "10.0", "2.5", "300", "0.019", "-", "ok"]
+    assert base.split() == ["mlp-baseline", "1234.6", "13.0", "(0.4)", "10.0", "2.5", "300", "0.019", "-", "ok", "1"]
     assert other.split() == ["mlp-set_to_none", "1234.6", "13.0", "(0.4)", "10.0", "2.5", "-!", "0.019", "1.23x~",
                              "FAIL"]

@@ -164,7 +164,7 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         order = (base, head) if i % 2 == 0 else (head, base)  # ABBA: neither side always goes first
         measured = {side.label: side.call("round", rewarm_steps=REWARM_STEPS)["step_time_s"] for side in order}
         times.append((measured["base"], measured["head"]))
-    results = {side.label: Result(**side.call("finish")["result"]) for side in (base, head)}  # one at a time
+    results = {side.label: Result.from_dict(side.call("finish")["result"]) for side in (base, head)}  # one at a time
     guard = None
     if loss_rtol is not None:  # an upgrade that changes numerics beyond the recipe's tolerance is reported
         from .guards import compare_trajectories

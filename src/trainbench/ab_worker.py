@@ -9,7 +9,6 @@ trajectory), ``close``. An error answers ``{"error": traceback}`` and the worker
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -65,7 +64,7 @@ class _Worker:
         result = self.measurement.finish()
         self.training.close()
         self.training = self.measurement = None
-        return {"result": dataclasses.asdict(result)}
+        return {"result": result.to_dict()}
 
     def losses(self) -> dict:
         from trainbench.guards import loss_trajectory

@@ -39,7 +39,8 @@ def _not_taken(case: Case, runner, selected: re.Pattern | None, pattern: str | N
 
 
 def measure_all(pattern: str | None = None, budgets_path: Path | str | None = None) -> dict[str, dict]:
-    """Every case id -> {"metrics", "device", "guard_failures"}, {"skip": reason} or {"error": why it failed}.
+    """Every case id -> {"record": the case's record (``CaseOutcome.record``)}, {"skip": reason} or {"error": why it
+    failed}.
 
     ``pattern`` defaults to $TRAINBENCH_ASV_CASES; ``budgets_path`` (the suite's budgets file)
     decides, as in pytest, which cases are timed interleaved with their baseline.
@@ -74,7 +75,5 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
         if outcome.error is not None:  # out of memory, a hung loader: its tracks fail with the reason
             results[case.id] = {"error": outcome.error}
             continue
-        results[case.id] = {"metrics": outcome.result.metrics(), "device": outcome.result.device,
-                            "speedup_vs_baseline": outcome.speedup, "paired": outcome.paired,
-                            "guard_failures": [f for f in outcome.failures if "correctness guard" in f]}
+        results[case.id] = {"record": outcome.record()}  # the case's one serialized form, as pytest saves it
     return results

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .device import DeviceCaps
 from .ladders import LADDERS
+from .outcome import case_id
 from .recipes import Recipe, get_recipe
 from .workloads import Profile
 
@@ -57,7 +58,7 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{self.workload}-{self.recipe_name}"
+        return case_id(self.workload, self.recipe_name)
 
     def recipe(self, caps: DeviceCaps | None = None, profile: Profile | None = None) -> Recipe:
         """The recipe to measure; a ladder rung leaves out the steps the device cannot run (none without caps)."""
@@ -89,7 +90,7 @@ def known_case_ids() -> set[str]:
     from .recipes import RECIPES
     from .workloads import WORKLOADS
 
-    return {case.id for case in all_cases()} | {f"{w}-{r}" for w in WORKLOADS for r in RECIPES}
+    return {case.id for case in all_cases()} | {case_id(w, r) for w in WORKLOADS for r in RECIPES}
 
 
 def all_cases() -> list[Case]:

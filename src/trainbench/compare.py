@@ -134,29 +134,29 @@ def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, threshol
     """This session's cases against a stored run: the comparisons, the cases the run lacks, and its records that
     could not be read.
 
-    ``cases``: {"fullname", "record", "compare_fail"} per measured case (``compare_fail``: the budgets file's
+    ``cases``: a ``trainbench.outcome.MeasuredCase`` per measured case (``compare_fail``: the budgets file's
     thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark. ``thresholds`` None
     (no gate): the display thresholds are shown.
     """
     comparisons, new_cases, errors = [], [], []
-    for row in cases:
-        current = row["record"]
-        stored = baseline.get(row["fullname"])
+    for measured in cases:
+        current = measured.record
+        stored = baseline.get(measured.fullname)
         if stored is None:
             new_cases.append(current.case)
             continue
         try:
-            base = _read(stored.get("extra_info") or {}, f"{baseline_path}: {row['fullname']}")
+            base = _read(stored.get("extra_info") or {}, f"{baseline_path}: {measured.fullname}")
         except CompareError as e:
             errors.append(str(e))
             continue
         limits = dict(thresholds or DISPLAY_THRESHOLDS)
-        limits.update(row.get("compare_fail") or {})
+        limits.update(measured.compare_fail or {})
         comparisons += compare_case(current, base, limits, alpha)
     return comparisons, new_cases, errors
 
 
-def gate(cases: list[dict], baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
+def gate(cases: list, baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
          alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, strict: bool = False) -> Verdict:
     """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate.
 

@@ -205,7 +205,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
                             "as its slowest rank")
     if rank == 0:
         tmp = out / "result.json.tmp"
-        tmp.write_text(json.dumps(dataclasses.asdict(result)))
+        tmp.write_text(json.dumps(result.to_dict()))
         os.replace(tmp, out / "result.json")
     if distributed:
         dist.destroy_process_group()
@@ -419,7 +419,7 @@ def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profi
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
     out, crashes = _launch(job, config.world_size, backend, "a DDP rank")
     try:
-        result = Result(**json.loads((out / "result.json").read_text()))
+        result = Result.from_dict(json.loads((out / "result.json").read_text()))
         _note_relaunches(result, crashes)
         grads = None
         if want_grads:
@@ -442,7 +442,7 @@ def measure_in_fresh_process(config: TrainConfig, spec: TrainingSpec, backend: B
                want_losses=want_losses, env=dict(env or {}))
     out, crashes = _launch(job, 1, backend, "the fresh process")
     try:
-        result = Result(**json.loads((out / "result.json").read_text()))
+        result = Result.from_dict(json.loads((out / "result.json").read_text()))
         _note_relaunches(result, crashes)
         losses = json.loads((out / "losses.json").read_text()) if want_losses else None
     finally:

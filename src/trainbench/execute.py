@@ -18,7 +18,7 @@ from .distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from .eligibility import Context, why_not
 from .host import LoadMeter
 from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
-from .outcome import CaseOutcome, failed_without_result
+from .outcome import CaseOutcome, case_id, failed_without_result
 from .plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
 from .predict import PredictionCache
 from .recipes import ConfigError, NotApplicable, Recipe, TrainConfig, judging_overrides
@@ -135,7 +135,7 @@ class Executor:
             outcome.result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
                                                  want_grads=recipe.grad_rtol is not None)
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
-                outcome.baseline = self._measure_setup(base, spec, plan.baseline_config, f"{spec.name}-{base.name}")
+                outcome.baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name))
                 self.results[self._key(plan, base)] = outcome.baseline
                 outcome.result.notes.append(f"baseline {base.name} measured right after, not interleaved "
                                             f"({plan.why_measuring})")
@@ -154,7 +154,7 @@ class Executor:
         earlier = self.results.get(self._key(plan, base))
         tb = Training(plan.baseline_config, spec, self.backend)
         try:
-            mb = Measurement(tb, f"{spec.name}-{base.name}", base.name, settings, base.extra_warmup_steps,
+            mb = Measurement(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
                              self.profile.name)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             if earlier is not None:
@@ -186,7 +186,7 @@ class Executor:
         outcome.result.notes.append(f"why a fresh process: {plan.why_measuring}")
         if base is not None:
             outcome.baseline, base_losses = measure_in_fresh_process(
-                plan.baseline_config, spec, self.backend, self.profile, self.settings, f"{spec.name}-{base.name}",
+                plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
                 base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
                 want_losses=want_losses)
             if want_losses:

@@ -85,7 +85,9 @@ class TrainBench:
             pytest.skip(skipped)
         import torch
 
-        case = f"{spec.name}-{recipe.name}"
+        from .outcome import case_id
+
+        case = case_id(spec.name, recipe.name)
         thresholds = ab_thresholds(self.session.options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
         try:
             outcome = self.session.ab.run(
@@ -129,18 +131,12 @@ class TrainBench:
         benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
         record = outcome.record()
         self.benchmark.extra_info.update(record)
-        from .result import RELAUNCH_NOTE, CaseRecord
+        from .outcome import MeasuredCase
+        from .result import CaseRecord
 
-        self.session.rows.append({
-            "case": outcome.case, "metrics": outcome.result.metrics(), "speedup": outcome.speedup,
-            "paired": outcome.paired,
-            "prediction_checked": ((outcome.result.predicted_memory or {}).get("check") or {}).get("matches"),
-            "budget": outcome.budget_status + (" +guard FAIL" if any(
-                not v.ok for v in outcome.guard_verdicts) else ""),
-            "record": CaseRecord.read(record, outcome.case), "fullname": self.benchmark.fullname,
-            "ranks": record.get("ranks"),
-            "relaunches": [n for n in outcome.result.notes if n.startswith(RELAUNCH_NOTE)],
-            "compare_fail": self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)})
+        self.session.cases.append(MeasuredCase(
+            CaseRecord.read(record, outcome.case), self.benchmark.fullname,
+            self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)))
         if outcome.trace is not None:
             self.session.traces.append((outcome.case, outcome.trace))
         for line in outcome.inconclusive:

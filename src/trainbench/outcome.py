@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from .budgets import CaseBudget, Verdict
 from .guards import GuardVerdict
 from .recipes import Recipe
-from .result import Result, case_record
+from .result import CaseRecord, Result, budget_status, case_record
+
+
+def case_id(workload: str, recipe: str) -> str:
+    """A case's id: the key of its budgets, its pytest id and its name in every record, table and verdict."""
+    return f"{workload}-{recipe}"
 
 
 @dataclass
@@ -41,14 +46,19 @@ class CaseOutcome:
 
     @property
     def budget_status(self) -> str:
+        return budget_status(self._budget_field())
+
+    def _budget_field(self) -> dict:
+        """The record's ``budget``: its status, the device section and file, and every bound checked."""
         if self.budget is None:
-            return "FAIL" if self.budget_required else "none"
-        failed = sum(not v.ok and v.inconclusive is None for v in self.budget_verdicts)
-        unsure = sum(v.inconclusive is not None for v in self.budget_verdicts)
-        n = len(self.budget_verdicts)
-        if failed:
-            return f"FAIL {failed}/{n}"
-        return f"ok {n - unsure}, {unsure} inconclusive" if unsure else f"ok {n}"
+            return {"status": "none", "reason": self.budget_missing, "required": self.budget_required}
+        return {
+            "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.budget_verdicts) else
+                       "inconclusive" if any(v.inconclusive for v in self.budget_verdicts) else "pass"),
+            "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
+            "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
+                        "message": v.message, "inconclusive": v.inconclusive} for v in self.budget_verdicts],
+        }
 
     def budget_failures(self) -> list[str]:
         """One line per budget bound this case failed (inconclusive ones are not failures)."""
@@ -65,16 +75,7 @@ class CaseOutcome:
         """The case's serialized form (pytest-benchmark extra_info, asv, the gate, the report)."""
         fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
                         "speedup_vs_baseline": self.speedup, "paired": self.paired}
-        if self.budget is None:
-            fields["budget"] = {"status": "none", "reason": self.budget_missing}
-        else:
-            fields["budget"] = {
-                "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.budget_verdicts) else
-                           "inconclusive" if any(v.inconclusive for v in self.budget_verdicts) else "pass"),
-                "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
-                "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
-                            "message": v.message, "inconclusive": v.inconclusive} for v in self.budget_verdicts],
-            }
+        fields["budget"] = self._budget_field()
         if self.guard_verdicts:
             fields["guard"] = {
                 "baseline": self.baseline_recipe.name,
@@ -93,6 +94,16 @@ class CaseOutcome:
                 # vs one process training the same global batch: the speed-up over what perfect scaling would give
                 ranks["scaling_efficiency"] = self.speedup / ranks["ideal_speedup"]
         return record
+
+
+@dataclass(frozen=True)
+class MeasuredCase:
+    """A measured case as a pytest session keeps it for its summary and its gate: the record, read back as every
+    reader of saved runs reads it, and where pytest-benchmark keeps it."""
+
+    record: CaseRecord
+    fullname: str  # pytest-benchmark's key of the case in a saved run
+    compare_fail: dict  # the budgets file's gate thresholds for this case on this device
 
 
 def failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:

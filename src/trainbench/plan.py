@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from .budgets import Budgets, CaseBudget
 from .device import Backend, DeviceCaps
 from .eligibility import Context, MemoryLimit, why_not
-from .outcome import CaseOutcome
+from .outcome import CaseOutcome, case_id
 from .predict import PredictionCache
 from .recipes import Recipe, TrainConfig, get_recipe, judging_overrides
 from .spec import TrainingSpec
@@ -111,7 +111,7 @@ class Planner:
         judged_on = {}
         if ladder is None and base is not None:  # a ladder climbs from its loader-bound rung 0
             judged_on = judging_overrides(recipe, base, self.profile, spec, user_overrides)
-        plan = CasePlan(case or f"{spec.name}-{recipe.name}", recipe, base, self.profile, spec, source,
+        plan = CasePlan(case or case_id(spec.name, recipe.name), recipe, base, self.profile, spec, source,
                         user_overrides, judged_on, ladder, gpu_recipe)
         skipped = self.why_skipped(plan)
         if skipped:

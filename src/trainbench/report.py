@@ -27,21 +27,22 @@ _SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step
                    Column("budget"))
 
 
-def summary_table(rows: list[dict]) -> list[str]:
+def summary_table(records: list[CaseRecord]) -> list[str]:
     """One line per case: throughput, step time, memory, work and the budget verdict."""
     body = []
-    for row in rows:
-        m = row["metrics"]
+    for record in records:
+        m = record.metrics
+        speedup = record.speedup_vs_baseline
         body.append((
-            row["case"],
+            record.case,
             number(m["samples_per_s"], ".1f"),
             f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
             number(m["peak_memory_mib"], ".1f"),
             number(m["activation_mib"], ".1f"),
-            number(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if row.get("prediction_checked") is not False else "!"),
+            number(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False else "!"),
             number(m["gflops_per_sample"], ".3f"),
-            number(row.get("speedup"), ".2f", "x") + ("" if row.get("speedup") is None or row.get("paired") else "~"),
-            row["budget"],
+            number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
+            record.budget_status,
         ))
     return Table(_SUMMARY_COLUMNS, tuple(body)).terminal()
 
@@ -308,51 +309,8 @@ def ladder_figure(lr: LadderRun, device: dict):
     fig = Figure(figsize=(max(9.0, 1.45 * n + 2), 8.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax_rel, ax_abs = fig.subplots(2, 1, sharex=True)
-    nan = float("nan")
-
-    mine = [lr.relative(i) for i in xs]
-    article = [lr.article_relative(i) for i in xs]
-    width = 0.38
-    bars_mine = ax_rel.bar([x - width / 2 for x in xs], [nan if v is None else v for v in mine], width,
-                           label=f"this machine ({device.get('kind') or '?'})", color="tab:blue")
-    bars_article = ax_rel.bar([x + width / 2 for x in xs], [nan if v is None else v for v in article], width,
-                              label="article", color="tab:orange")
-    for bars, values in ((bars_mine, mine), (bars_article, article)):
-        ax_rel.bar_label(bars, labels=["" if v is None else f"{v:.2f}x" for v in values], fontsize=7, padding=2)
-    # Say why a bar is missing instead of leaving a silent gap.
-    for x, rung in zip(xs, lr.rungs):
-        if rung.measured is None:
-            ax_rel.text(x - width / 2, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center",
-                        va="bottom", transform=ax_rel.get_xaxis_transform(), bbox=_LABEL_BOX)
-        if article[x] is None:
-            ax_rel.text(x + width / 2, 0.05, "not printed", rotation=90, fontsize=7, color="tab:orange",
-                        ha="center", va="bottom", transform=ax_rel.get_xaxis_transform(), bbox=_LABEL_BOX)
-    ax_rel.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax_rel.set_ylabel("samples/s relative to rung 0")
-    ax_rel.set_title("(a) speed-up over the ladder's first rung", fontsize=10, loc="left")
-    ax_rel.margins(y=0.15)
-    ax_rel.legend(loc="upper left", fontsize=8)
-
-    throughput = [r.value("samples_per_s") for r in lr.rungs]
-    memory = [r.value("peak_memory_mib") for r in lr.rungs]
-    bars = ax_abs.bar(xs, [nan if v is None else v for v in throughput], 0.6, color="tab:blue", label="samples/s")
-    ax_abs.bar_label(bars, labels=["" if v is None else f"{v:.1f}" for v in throughput], fontsize=7, padding=2)
-    for x, rung in zip(xs, lr.rungs):
-        if rung.measured is None:
-            ax_abs.text(x, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center", va="bottom",
-                        transform=ax_abs.get_xaxis_transform(), bbox=_LABEL_BOX)
-    ax_abs.set_ylabel("samples/s (this machine)")
-    ax_abs.margins(y=0.15)
-    ax_mem = ax_abs.twinx()
-    ax_mem.plot(xs, [nan if v is None else v for v in memory], color="tab:red", marker="o", label="peak memory (MiB)")
-    ax_mem.set_ylabel("peak memory (MiB)", color="tab:red")
-    ax_mem.tick_params(axis="y", colors="tab:red")
-    # Headroom above the line keeps it clear of the bar labels at the top.
-    top_memory = max((v for v in memory if v is not None), default=None)
-    ax_mem.set_ylim(0, top_memory * 1.6 if top_memory else 1.0)
-    ax_abs.set_title("(b) this machine: throughput (bars) and peak memory (line)", fontsize=10, loc="left")
-    handles = [bars] + ax_mem.get_lines()
-    ax_abs.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
+    _relative_panel(ax_rel, lr, xs, device)
+    _absolute_panel(ax_abs, lr, xs)
     ax_abs.set_xticks(xs, labels, fontsize=8)
     ax_rel.tick_params(axis="x", labelbottom=True, labelsize=8)  # the rung names under both panels
 
@@ -360,6 +318,60 @@ def ladder_figure(lr: LadderRun, device: dict):
     fig.suptitle(f"{title}\n{device.get('name') or 'unknown device'} ({device.get('kind') or '?'}), "
                  f"torch {device.get('torch') or '?'}", fontsize=11)
     return fig
+
+
+def _nan_for_none(values: list) -> list[float]:
+    return [float("nan") if v is None else v for v in values]
+
+
+def _relative_panel(ax, lr: LadderRun, xs: list[int], device: dict) -> None:
+    """(a): this machine's speed-up over rung 0 beside the article's, each missing bar saying why."""
+    mine = [lr.relative(i) for i in xs]
+    article = [lr.article_relative(i) for i in xs]
+    width = 0.38
+    bars_mine = ax.bar([x - width / 2 for x in xs], _nan_for_none(mine), width,
+                       label=f"this machine ({device.get('kind') or '?'})", color="tab:blue")
+    bars_article = ax.bar([x + width / 2 for x in xs], _nan_for_none(article), width, label="article",
+                          color="tab:orange")
+    for bars, values in ((bars_mine, mine), (bars_article, article)):
+        ax.bar_label(bars, labels=["" if v is None else f"{v:.2f}x" for v in values], fontsize=7, padding=2)
+    # Say why a bar is missing instead of leaving a silent gap.
+    for x, rung in zip(xs, lr.rungs):
+        if rung.measured is None:
+            ax.text(x - width / 2, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center",
+                    va="bottom", transform=ax.get_xaxis_transform(), bbox=_LABEL_BOX)
+        if article[x] is None:
+            ax.text(x + width / 2, 0.05, "not printed", rotation=90, fontsize=7, color="tab:orange",
+                    ha="center", va="bottom", transform=ax.get_xaxis_transform(), bbox=_LABEL_BOX)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("samples/s relative to rung 0")
+    ax.set_title("(a) speed-up over the ladder's first rung", fontsize=10, loc="left")
+    ax.margins(y=0.15)
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def _absolute_panel(ax, lr: LadderRun, xs: list[int]) -> None:
+    """(b): this machine's samples/s as bars and peak memory as a line on a second axis."""
+    throughput = [r.value("samples_per_s") for r in lr.rungs]
+    memory = [r.value("peak_memory_mib") for r in lr.rungs]
+    bars = ax.bar(xs, _nan_for_none(throughput), 0.6, color="tab:blue", label="samples/s")
+    ax.bar_label(bars, labels=["" if v is None else f"{v:.1f}" for v in throughput], fontsize=7, padding=2)
+    for x, rung in zip(xs, lr.rungs):
+        if rung.measured is None:
+            ax.text(x, 0.05, "not run", rotation=90, fontsize=7, color="tab:blue", ha="center", va="bottom",
+                    transform=ax.get_xaxis_transform(), bbox=_LABEL_BOX)
+    ax.set_ylabel("samples/s (this machine)")
+    ax.margins(y=0.15)
+    ax_mem = ax.twinx()
+    ax_mem.plot(xs, _nan_for_none(memory), color="tab:red", marker="o", label="peak memory (MiB)")
+    ax_mem.set_ylabel("peak memory (MiB)", color="tab:red")
+    ax_mem.tick_params(axis="y", colors="tab:red")
+    # Headroom above the line keeps it clear of the bar labels at the top.
+    top_memory = max((v for v in memory if v is not None), default=None)
+    ax_mem.set_ylim(0, top_memory * 1.6 if top_memory else 1.0)
+    ax.set_title("(b) this machine: throughput (bars) and peak memory (line)", fontsize=10, loc="left")
+    handles = [bars] + ax_mem.get_lines()
+    ax.legend(handles, [h.get_label() for h in handles], loc="upper left", fontsize=8)
 
 
 # -- writing ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ reads it back for the gate, the report and calibration)."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
@@ -63,6 +64,14 @@ class Result:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
     # DDP: world size, launcher, each rank's rounds and memory, the gradients' spread between ranks, the ideal speed-up
     ranks: dict | None = None
+
+    def to_dict(self) -> dict:
+        """Every field, JSON-ready: how a Result crosses a process boundary (ranks, fresh processes, A/B workers)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Result:
+        return cls(**data)
 
     # -- derived timing -------------------------------------------------------------
     @property
@@ -178,6 +187,19 @@ def case_record(result: Result, **case_fields) -> dict:
     }
 
 
+def budget_status(budget: dict) -> str:
+    """A record's ``budget`` field in a word or two: ``ok N``, ``ok N, M inconclusive``, ``FAIL F/N``, ``none``, or
+    ``FAIL`` when no budget applied but one was required."""
+    checks = budget.get("checks") or []
+    if budget.get("status", "none") == "none":
+        return "FAIL" if budget.get("required") else "none"
+    failed = sum(not c.get("ok") and c.get("inconclusive") is None for c in checks)
+    unsure = sum(c.get("inconclusive") is not None for c in checks)
+    if failed:
+        return f"FAIL {failed}/{len(checks)}"
+    return f"ok {len(checks) - unsure}, {unsure} inconclusive" if unsure else f"ok {len(checks)}"
+
+
 @dataclass(frozen=True)
 class CaseRecord:
     """A case as read back from a stored record: what the gate, the report and calibration use."""
@@ -221,6 +243,37 @@ class CaseRecord:
                    bool(paired) if paired is not None else None,
                    info.get("profile"), ladder if isinstance(ladder, dict) else None,
                    info.get("device") if isinstance(info.get("device"), dict) else None, info)
+
+    @property
+    def budget_status(self) -> str:
+        """The budget column of the summary: ``ok N``, ``ok N, M inconclusive``, ``FAIL F/N``, ``none`` (``FAIL`` when
+        a budget was required), and `` +guard FAIL`` when a correctness guard failed."""
+        budget = self.raw.get("budget") if isinstance(self.raw.get("budget"), dict) else {}
+        return budget_status(budget) + (" +guard FAIL" if self.guard_failures else "")
+
+    @property
+    def guard_failures(self) -> list[str]:
+        """One line per correctness-guard check this case failed, as the case's failure says it."""
+        guard = self.raw.get("guard") if isinstance(self.raw.get("guard"), dict) else {}
+        return [f"{self.case}: correctness guard ({c.get('kind')}): {c.get('message')}"
+                for c in guard.get("checks") or [] if not c.get("ok")]
+
+    @property
+    def prediction_matches(self) -> bool | None:
+        """Whether the GPU-profile prediction of this run's own setup matched its measured breakdown (None: not
+        checked)."""
+        predicted = self.raw.get("predicted_memory") if isinstance(self.raw.get("predicted_memory"), dict) else {}
+        return (predicted.get("check") or {}).get("matches")
+
+    @property
+    def ranks(self) -> dict | None:
+        ranks = self.raw.get("ranks")
+        return ranks if isinstance(ranks, dict) else None
+
+    @property
+    def relaunches(self) -> list[str]:
+        """Notes of a job run again from the start after a crash below Python."""
+        return [note for note in self.raw.get("notes") or [] if str(note).startswith(RELAUNCH_NOTE)]
 
     @property
     def machine_load(self) -> dict | None:

@@ -29,7 +29,7 @@ def _uses_trainbench(item) -> bool:
 @dataclass
 class TrainbenchSession:
     options: Options
-    rows: list[dict] = field(default_factory=list)  # one per measured case (fixture.case_row), for summary and gate
+    cases: list = field(default_factory=list)  # trainbench.outcome.MeasuredCase of each case, for summary and gate
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
@@ -232,7 +232,7 @@ class TrainbenchSession:
 
     def pytest_benchmark_update_machine_info(self, config, machine_info):
         """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
-        if self.rows:
+        if self.cases:
             if self.doctor and "load_average" in self.doctor:
                 self.doctor["load_average"]["end"] = list(os.getloadavg())
             machine_info["trainbench"] = {**self.backend.identity(), "doctor": self.doctor}
@@ -290,12 +290,12 @@ class TrainbenchSession:
                                               strict=self.options.strict_timing)
         else:
             baseline = benchmark_adapter.loaded_baseline(session.config)
-            if not self.rows or baseline is None:
+            if not self.cases or baseline is None:
                 return
             from .compare import gate
 
             o = self.options
-            self.comparison = gate(self.rows, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
+            self.comparison = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
                                    o.compare_alpha, allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
         if self.options.compare_json is not None:
             from .files import write_json_atomic
@@ -309,5 +309,5 @@ class TrainbenchSession:
 
         if self.ab is not None and self.comparison is not None:
             write_ab(terminalreporter, self)
-        elif self.rows or self.failed_cases:
+        elif self.cases or self.failed_cases:
             write_summary(terminalreporter, self)

@@ -20,28 +20,29 @@ def write_summary(terminalreporter, state) -> None:
     for check in (state.doctor or {}).get("checks", []):
         if check["status"] in ("warn", "FAIL"):
             terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
-    for line in summary_table(state.rows):
+    records = [measured.record for measured in state.cases]
+    for line in summary_table(records):
         terminalreporter.write_line(line)
     for failed in state.failed_cases:
         terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
     for line in state.inconclusive:
         terminalreporter.write_line(f"INCONCLUSIVE {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
-    if any(row["speedup"] is not None and not row["paired"] for row in state.rows):
+    if any(r.speedup_vs_baseline is not None and not r.paired for r in records):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
                                     "(no ratio budget asked for interleaving), so machine drift is in the ratio")
-    mismatched = [row["case"] for row in state.rows if row.get("prediction_checked") is False]
-    if any(row["metrics"].get("predicted_gpu_peak_mib") is not None for row in state.rows):
+    mismatched = [r.case for r in records if r.prediction_matches is False]
+    if any(r.metrics.get("predicted_gpu_peak_mib") is not None for r in records):
         terminalreporter.write_line(
             "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
             "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
                                              f"breakdown: {', '.join(mismatched)}" if mismatched else
                                              "; each case's own setup predicted exactly as measured"))
-    for row in state.rows:
-        if row.get("ranks"):
-            terminalreporter.write_line(_ranks_line(row["case"], row["ranks"]))
-        for note in row.get("relaunches", ()):  # measured whole by the relaunch; the crash is shown, not hidden
-            terminalreporter.write_line(f"{row['case']}: {note}", yellow=True)
+    for r in records:
+        if r.ranks:
+            terminalreporter.write_line(_ranks_line(r.case, r.ranks))
+        for note in r.relaunches:  # measured whole by the relaunch; the crash is shown, not hidden
+            terminalreporter.write_line(f"{r.case}: {note}", yellow=True)
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
