@@ -57,6 +57,10 @@ class _Cases:
     params = [case_ids()]  # noqa: RUF012
     param_names = ["case"]  # noqa: RUF012
     timeout = 120  # each track only reads the cache
+    # What a track means: asv keeps results only while this matches (by default it hashes this file's code, so
+    # any change of the plumbing would orphan the history across PyTorch versions). Change it when the meaning
+    # of a metric or the measurement method changes, never for a refactor.
+    version = "trainbench-method-1"
 
     def setup_cache(self):
         return measure_all(budgets_path=BUDGETS)
