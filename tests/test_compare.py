@@ -137,7 +137,7 @@ def test_a_baseline_without_trainbench_data_is_a_clear_error():
 
 # A spec whose every step takes 20 ms (+-2%, in a fixed cycle) of a virtual clock that the inner test puts in
 # place of the backend's: its rounds are the same in every session whatever the machine's load, so these
-# tests check the gate's logic end to end, not this machine's noise (measured separately, see the README).
+# tests check the gate's logic end to end, not this machine's noise (measured separately: results/benchmarks/README.md).
 # The planted slowdown waits on the same clock.
 CASE = """
 import functools

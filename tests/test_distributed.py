@@ -210,7 +210,7 @@ def _run_nodes(command: list[str], logs: Path) -> tuple[list[int | None], str]:
 
 
 def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(capsys, tmp_path):
-    """What the README tells a multi-node user to do, with 2 "nodes" of 1 rank on this machine."""
+    """What docs/scale-out.md tells a multi-node user to do, with 2 "nodes" of 1 rank on this machine."""
     import json
     import shlex
     import shutil

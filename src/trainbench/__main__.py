@@ -132,7 +132,7 @@ def _releases(args: argparse.Namespace) -> int:
         envs = environments_of_commit(machine_dir, args.commit)
         if len(envs) < 2:
             raise AsvResultsError(f"{machine_dir}: commit {envs[0].commit[:8]} has one environment; "
-                                  "record another release first (see the README)")
+                                  "record another release first (docs/gate-and-ab.md, asv)")
     except AsvResultsError as e:
         print(f"trainbench releases: {e}", file=sys.stderr)
         return 2
