@@ -109,6 +109,45 @@ class ABCase:
     paths: list[str] = field(default_factory=list)  # the project's folders a user's spec imports from
 
 
+AB_LOSS_RTOL = 1e-5  # an A/B case's loss guard where its recipe sets none: numerics that moved, reported
+
+
+@dataclass(frozen=True)
+class ABPlan:
+    """A case as an A/B run takes it: what both sides build, or why it cannot be compared between environments."""
+
+    case: ABCase | None
+    skipped: str | None
+    loss_rtol: float
+
+
+def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> ABPlan:
+    """``recipe`` (a name or a Recipe) on ``spec`` (a TrainingSpec or a built-in workload's name) as both sides will
+    build it on ``runner``'s device and profile. A config or spec that cannot be trained raises its own error."""
+    from dataclasses import asdict
+
+    import torch
+
+    from .distributed import spec_reference
+    from .eligibility import Context, why_not
+    from .outcome import case_id
+    from .recipes import get_recipe
+    from .workloads import resolve_spec
+
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    spec = resolve_spec(spec, runner.profile)
+    config = recipe.config(runner.profile, **overrides)
+    loss_rtol = recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL
+    skipped = why_not(recipe, runner.caps, runner.profile, spec, config,
+                      Context(ab=True, fresh_process=runner.backend.fresh_process_reason))
+    if skipped:
+        return ABPlan(None, skipped, loss_rtol)
+    case = ABCase(case_id(spec.name, recipe.name), recipe.name, asdict(config), spec_reference(spec),
+                  runner.profile.name, asdict(runner.settings), recipe.extra_warmup_steps, torch.get_num_threads(),
+                  project_paths(rootpath))
+    return ABPlan(case, None, loss_rtol)
+
+
 def project_paths(root: str | Path) -> list[str]:
     """The entries of ``sys.path`` inside ``root`` (test folders, the project's source): what a spec defined in a
     test module needs on either side. Never a site-packages or standard library folder: each side keeps its own."""

@@ -10,7 +10,6 @@ import pytest
 from . import benchmark_adapter
 from .session import TrainbenchSession
 
-AB_LOSS_RTOL = 1e-5  # an A/B case's loss guard where its recipe sets none: numerics that moved, reported
 SESSION = pytest.StashKey[TrainbenchSession]()
 
 
@@ -61,40 +60,23 @@ class TrainBench:
 
     def _ab(self, recipe, spec, overrides: dict):
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
-        from dataclasses import asdict
-
-        from .ab import ABCase, SideError, ab_thresholds, project_paths
-        from .distributed import spec_reference
-        from .eligibility import Context, why_not
-        from .recipes import ConfigError, get_recipe
+        from .ab import SideError, ab_thresholds, plan_case
+        from .recipes import ConfigError
         from .spec import SpecError
-        from .workloads import resolve_spec
 
-        runner = self.session.runner
+        options, runner = self.session.options, self.session.runner
         try:
-            recipe = recipe if not isinstance(recipe, str) else get_recipe(recipe)
-            spec = resolve_spec(spec, runner.profile)
-            config = recipe.config(runner.profile, **overrides)
-            ab_run = Context(ab=True, fresh_process=runner.backend.fresh_process_reason)
-            skipped = why_not(recipe, runner.caps, runner.profile, spec, config, ab_run)
-            reference = spec_reference(spec)
+            plan = plan_case(recipe, spec, overrides, runner, options.rootpath)
         except (ConfigError, SpecError) as e:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {e}", pytrace=False)
-        if skipped:
-            pytest.skip(skipped)
-        import torch
-
-        from .outcome import case_id
-
-        case = case_id(spec.name, recipe.name)
-        thresholds = ab_thresholds(self.session.options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
+        if plan.skipped:
+            pytest.skip(plan.skipped)
+        case = plan.case.case
+        thresholds = ab_thresholds(options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
         try:
-            outcome = self.session.ab.run(
-                ABCase(case, recipe.name, asdict(config), reference, runner.profile.name, asdict(runner.settings),
-                       recipe.extra_warmup_steps, torch.get_num_threads(), project_paths(self.session.options.rootpath)),
-                thresholds, head_slowdown=self.session.options.fault.slowdown if self.session.options.fault else 0.0,
-                loss_rtol=recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL)
+            outcome = self.session.ab.run(plan.case, thresholds, loss_rtol=plan.loss_rtol,
+                                          head_slowdown=options.fault.slowdown if options.fault else 0.0)
         except SideError as e:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench A/B: {e}", pytrace=False)
@@ -102,8 +84,8 @@ class TrainBench:
         self.benchmark.extra_info.update({"case": case, "ab": {
             "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
             "guard": outcome.guard.message if outcome.guard else None}})
-        regressed = [c.describe() for c in outcome.comparisons if c.fails(self.session.options.strict_timing)]
-        if regressed and self.session.options.compare_fail is not None:
+        regressed = [c.describe() for c in outcome.comparisons if c.fails(options.strict_timing)]
+        if regressed and options.compare_fail is not None:
             pytest.fail("trainbench A/B: head regressed:\n" + "\n".join(regressed), pytrace=False)
         return outcome.head
 

@@ -8,13 +8,21 @@ pytest-benchmark runs exactly as without trainbench.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from . import benchmark_adapter
+from .files import write_json_atomic
 from .options import Options, discover_budgets, usage_error
+from .store import INCOMPLETE_KEY, NoBaselineError, choose_baseline, describe_device, device_of, why_no_baseline
+from .summary import write_ab, write_summary
+
+# Modules that import torch (device, runner, budgets, doctor, ...) are imported where they are first needed: a
+# pytest session that runs no trainbench case never pays for importing torch.
 
 # Settings recorded with a run's device identity that change what is measured as much as the device does.
 SETUP_KEYS = ("cpu_threads", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32")
@@ -62,8 +70,6 @@ class TrainbenchSession:
 
     def _choose_baseline(self, config) -> None:
         """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with."""
-        from .store import NoBaselineError, choose_baseline
-
         try:
             path = choose_baseline(config.getoption("benchmark_storage", None),
                                    config.getoption("benchmark_compare", None), self.device_here)
@@ -197,9 +203,6 @@ class TrainbenchSession:
         """SIGTERM (a CI job cancelled, a timeout) ends the session as Ctrl-C does: the case running stops, its
         setup closes (loader workers end), and the cases already measured are saved, marked incomplete.
         Without this, the default action kills the process with nothing written."""
-        import signal
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return
 
@@ -216,15 +219,11 @@ class TrainbenchSession:
         if self.ab is not None:
             self.ab.close(force=self.interrupted)  # both environments' workers end with the session
         if self.previous_sigterm is not None:
-            import signal
-
             signal.signal(signal.SIGTERM, self.previous_sigterm)
 
     # -- pytest-benchmark's storage and compare -------------------------------------------------------
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
         """Cases that failed before they had a result are in the saved run too, with why (they have no timing)."""
-        from .store import INCOMPLETE_KEY
-
         if self.failed_cases:
             output_json["trainbench_failed_cases"] = list(self.failed_cases)
         if self.interrupted:
@@ -242,8 +241,6 @@ class TrainbenchSession:
         """Refuse to compare trainbench runs of different devices or setups: their numbers say nothing about
         each other. First, so that pytest-benchmark's own check compares like with like: this session's
         device identity is in ``machine_info`` exactly when the compared run has one."""
-        from .store import describe_device, device_of
-
         theirs = device_of(compared_benchmark)
         if theirs is None:
             machine_info.pop("trainbench", None)
@@ -276,8 +273,6 @@ class TrainbenchSession:
         if self.options.compare_fail is None or not compare or self.ab is not None \
                 or benchmark_adapter.loaded_baseline(config) is not None:
             return
-        from .store import why_no_baseline
-
         raise usage_error("--trainbench-compare-fail: no baseline run to compare with: "
                           + why_no_baseline(config.getoption("benchmark_storage"), compare))
 
@@ -298,15 +293,11 @@ class TrainbenchSession:
             self.comparison = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
                                    o.compare_alpha, allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
         if self.options.compare_json is not None:
-            from .files import write_json_atomic
-
             write_json_atomic(self.options.compare_json, self.comparison.to_json())
         if self.comparison.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        from .summary import write_ab, write_summary
-
         if self.ab is not None and self.comparison is not None:
             write_ab(terminalreporter, self)
         elif self.cases or self.failed_cases:
