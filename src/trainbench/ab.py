@@ -210,7 +210,8 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
 
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
     base_rounds, head_rounds = [b for b, _ in times], [h for _, h in times]
-    results["base"].round_step_times_s, results["head"].round_step_times_s = base_rounds, head_rounds
+    results = {"base": results["base"].replace(round_step_times_s=base_rounds),
+               "head": results["head"].replace(round_step_times_s=head_rounds)}
     # The metrics read per round that the thresholds name (DEFAULT_PAIRED when they name none), pair by pair;
     # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
     paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED

@@ -197,12 +197,11 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         per_round = list(zip(*(r["round_step_times_s"] for r in gathered)))
-        result.round_step_times_s = [max(times) for times in per_round]  # the job goes at its slowest rank's pace
         ranks.update(world_size=world, launcher="torchrun (torch.distributed.run)", dist_backend=dist.get_backend(),
                      ideal_speedup=backend.ideal_ddp_speedup(world), per_rank=gathered)
-        result.ranks = ranks
-        result.notes.append(f"{world} ranks under torchrun; each timed round starts at a barrier and lasts as long "
-                            "as its slowest rank")
+        # The job goes at its slowest rank's pace.
+        result = result.replace(round_step_times_s=[max(times) for times in per_round], ranks=ranks).with_note(
+            f"{world} ranks under torchrun; each timed round starts at a barrier and lasts as long as its slowest rank")
     if rank == 0:
         tmp = out / "result.json.tmp"
         tmp.write_text(json.dumps(result.to_dict()))
@@ -405,10 +404,11 @@ def _errors(out: Path) -> str:
     return "\n".join(errors)
 
 
-def _note_relaunches(result: Result, crashes: list[str]) -> None:
+def _note_relaunches(result: Result, crashes: list[str]) -> Result:
     """The measurement is the relaunched job's, whole; the crash before it is recorded, never dropped."""
     for crash in crashes:
-        result.notes.append(f"{RELAUNCH_NOTE}: {crash}")
+        result = result.with_note(f"{RELAUNCH_NOTE}: {crash}")
+    return result
 
 
 def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
@@ -419,8 +419,7 @@ def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profi
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
     out, crashes = _launch(job, config.world_size, backend, "a DDP rank")
     try:
-        result = Result.from_dict(json.loads((out / "result.json").read_text()))
-        _note_relaunches(result, crashes)
+        result = _note_relaunches(Result.from_dict(json.loads((out / "result.json").read_text())), crashes)
         grads = None
         if want_grads:
             with np.load(out / "grads.npz", allow_pickle=False) as npz:
@@ -442,11 +441,10 @@ def measure_in_fresh_process(config: TrainConfig, spec: TrainingSpec, backend: B
                want_losses=want_losses, env=dict(env or {}))
     out, crashes = _launch(job, 1, backend, "the fresh process")
     try:
-        result = Result.from_dict(json.loads((out / "result.json").read_text()))
-        _note_relaunches(result, crashes)
+        result = _note_relaunches(Result.from_dict(json.loads((out / "result.json").read_text())), crashes)
         losses = json.loads((out / "losses.json").read_text()) if want_losses else None
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    result.notes.append("measured in a fresh process" + (f" ({', '.join(f'{k}={v}' for k, v in env.items())})"
-                                                           if env else ""))
+    result = result.with_note("measured in a fresh process" + (
+        f" ({', '.join(f'{k}={v}' for k, v in env.items())})" if env else ""))
     return result, losses

@@ -85,9 +85,10 @@ class Executor:
                 "did not deliver a batch: a hung dataset or transform); loader_timeout_s sets the limit"))
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
-            outcome.result.predicted_memory = self._predicted_memory(plan, outcome.result)
-            outcome.result.phase_seconds["predict"] = time.perf_counter() - started
-        outcome.result.notes.extend(plan.notes)
+            predicted = self._predicted_memory(plan, outcome.result)
+            self._revise(outcome, "result", predicted_memory=predicted,
+                         phase_seconds={**outcome.result.phase_seconds, "predict": time.perf_counter() - started})
+        self._revise(outcome, "result", notes=[*outcome.result.notes, *plan.notes])
         return outcome
 
     def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> None:
@@ -118,9 +119,20 @@ class Executor:
         meter = LoadMeter().start()
         self._measure(plan, outcome)
         load = meter.stop()
-        for result in (outcome.result, outcome.baseline):  # a baseline from earlier in the session keeps its own
+        for side in ("result", "baseline"):  # a baseline from earlier in the session keeps its own
+            result = getattr(outcome, side)
             if result is not None and result.machine_load is None:
-                result.machine_load = load
+                self._revise(outcome, side, machine_load=load)
+
+    def _revise(self, outcome: CaseOutcome, side: str, **changes) -> None:
+        """``outcome.result`` or ``outcome.baseline`` with ``changes``, in the outcome and wherever this session
+        keeps it as a baseline of later cases."""
+        old = getattr(outcome, side)
+        new = old.replace(**changes)
+        setattr(outcome, side, new)
+        for key, kept in self.results.items():
+            if kept is old:
+                self.results[key] = new
 
     def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> None:
         """The case and its baseline, the way the plan says (``plan`` lists the ways and why each)."""
@@ -137,8 +149,8 @@ class Executor:
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
                 outcome.baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name))
                 self.results[self._key(plan, base)] = outcome.baseline
-                outcome.result.notes.append(f"baseline {base.name} measured right after, not interleaved "
-                                            f"({plan.why_measuring})")
+                outcome.result = outcome.result.with_note(f"baseline {base.name} measured right after, not "
+                                                          f"interleaved ({plan.why_measuring})")
             elif base:
                 outcome.baseline = self.results.get(self._key(plan, base))
         if self.fault is None:  # a planted regression must not become another case's baseline
@@ -173,8 +185,7 @@ class Executor:
         finally:
             if tb is not None:
                 tb.close()
-        result.notes.append(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets")
-        return result, baseline
+        return result.with_note(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets"), baseline
 
     def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> None:
         """The case and its baseline, each in a new process (``Backend.fresh_process_reason`` says why)."""
@@ -183,7 +194,7 @@ class Executor:
         outcome.result, losses = measure_in_fresh_process(
             plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
             recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
-        outcome.result.notes.append(f"why a fresh process: {plan.why_measuring}")
+        outcome.result = outcome.result.with_note(f"why a fresh process: {plan.why_measuring}")
         if base is not None:
             outcome.baseline, base_losses = measure_in_fresh_process(
                 plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
@@ -228,7 +239,8 @@ class Executor:
         started = time.perf_counter()
         with phase("the correctness guard"):
             outcome.guard_verdicts = self._guard_verdicts(plan, outcome)
-        outcome.result.phase_seconds["guard"] = time.perf_counter() - started
+        self._revise(outcome, "result",
+                     phase_seconds={**outcome.result.phase_seconds, "guard": time.perf_counter() - started})
         outcome.failures += [f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
                              for v in outcome.guard_verdicts if not v.ok]
 

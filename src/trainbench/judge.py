@@ -54,7 +54,7 @@ class Judge:
             left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]
             verdicts = [v for v in verdicts if not is_timed(v.bound.metric)]
             if left_out:
-                outcome.result.notes.append(f"timed budgets not judged ({', '.join(left_out)}): {untimed}")
+                outcome.result = outcome.result.with_note(f"timed budgets not judged ({', '.join(left_out)}): {untimed}")
         outcome.budget_verdicts = [self._judged(v, outcome) for v in verdicts]
         outcome.failures += outcome.budget_failures()
 
@@ -81,8 +81,9 @@ class Judge:
         judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
         outcome.failures = [f for f in outcome.failures if f not in judged_before]
         measure_again()
-        outcome.result.predicted_memory = first.predicted_memory
-        outcome.result.phase_seconds.update({k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")})
-        outcome.result.notes.append(
+        kept = {k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")}
+        outcome.result = outcome.result.replace(predicted_memory=first.predicted_memory,
+                                                phase_seconds={**outcome.result.phase_seconds, **kept})
+        outcome.result = outcome.result.with_note(
             f"measured again (attempt {attempt}): the first measurement's timed budgets were inconclusive ({why}; "
             f"{first.samples_per_s or 0:.4g} samples/s, rounds {', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")

@@ -187,6 +187,13 @@ class Measurement:
             world_size=training.config.world_size,
         )
 
+    def _set(self, **fields) -> None:
+        """The result so far, with ``fields`` measured: each pass replaces it, none edits it in place."""
+        self.result = self.result.replace(**fields)
+
+    def _note(self, note: str) -> None:
+        self.result = self.result.with_note(note)
+
     # -- 1. warm-up ---------------------------------------------------------------
     def timed_step(self) -> None:
         """One step on the live iterator, recording the time blocked on the loader."""
@@ -204,7 +211,7 @@ class Measurement:
         s, timer = self.settings, self.backend.timer
         start = timer()
         self.timed_step()
-        self.result.first_step_s = timer() - start
+        self._set(first_step_s=timer() - start)
         done = 1
         while done < s.min_warmup_steps + self.extra_warmup_steps:
             self.timed_step()
@@ -220,17 +227,13 @@ class Measurement:
                 steady = True
                 break
             previous = window
-        self.result.warmup_steps = done
-        self.result.warmup_steady = steady
-        self.result.warmup_s = timer() - start
+        self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
         if s.fixed_warmup:
-            self.result.notes.append(f"fixed warm-up of {done} steps (ranks step in lockstep)")
+            self._note(f"fixed warm-up of {done} steps (ranks step in lockstep)")
         elif not settle:
-            self.result.notes.append(f"warm-up of {done} steps: this setup settled when measured earlier in the session")
+            self._note(f"warm-up of {done} steps: this setup settled when measured earlier in the session")
         elif not steady:
-            self.result.notes.append(
-                f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})"
-            )
+            self._note(f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})")
 
     # -- 2. timing ----------------------------------------------------------------
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
@@ -249,9 +252,12 @@ class Measurement:
 
         with phase(f"{self.result.recipe}'s timed rounds"):
             times = runner(step, s.rounds, s.steps_per_round, self.backend.timer)
-        self.result.rounds = len(times)
-        self.result.round_step_times_s = list(times)
-        self.result.data_wait_s = wait_in_rounds
+        self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds)
+
+    def start_rounds(self) -> None:
+        """Forget any timed rounds: ``time_one_round`` calls from here on are the case's rounds."""
+        self._wait_s = 0.0
+        self._set(round_step_times_s=[], rounds=0, data_wait_s=0.0)
 
     def time_one_round(self, rewarm_steps: int = 0) -> None:
         """One more timed round, appended to the result (for interleaved A/B timing), after ``rewarm_steps``
@@ -265,9 +271,9 @@ class Measurement:
             start = timer()
             for _ in range(s.steps_per_round):
                 self.timed_step()
-            self.result.round_step_times_s.append((timer() - start) / s.steps_per_round)
-        self.result.rounds = len(self.result.round_step_times_s)
-        self.result.data_wait_s += self._wait_s - before
+            round_time = (timer() - start) / s.steps_per_round
+        times = [*self.result.round_step_times_s, round_time]
+        self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before)
 
     # -- 3 and 4. after timing ---------------------------------------------------------
     def measure_after_timing(self) -> None:
@@ -284,13 +290,13 @@ class Measurement:
             # DataParallel runs its replicas in threads of its own: dispatch modes (growth, MemTracker, FLOP and op
             # counts) see only the main thread's share, and the tracker's module hooks race between them.
             passes = passes[:2]
-            self.result.notes.append("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads "
-                                     "are invisible to dispatch modes); allocator peaks are the first GPU's")
+            self._note("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are invisible "
+                       "to dispatch modes); allocator peaks are the first GPU's")
         for name, run in passes:
             started = time.perf_counter()
             with phase(f"{self.result.recipe}'s {name} pass"):
                 run()
-            self.result.phase_seconds[name] = time.perf_counter() - started
+            self._set(phase_seconds={**self.result.phase_seconds, name: time.perf_counter() - started})
 
     # -- 3. memory ----------------------------------------------------------------
     def measure_peaks(self) -> None:
@@ -305,17 +311,16 @@ class Measurement:
             self.timed_step()
         backend.synchronize()
         peak = backend.peak_memory()
-        self.result.peak_allocated_bytes = peak.allocated_bytes
-        self.result.peak_reserved_bytes = peak.reserved_bytes
-        self.result.alloc_retries = peak.alloc_retries
-        # What the step leaves reserved for the next one: the figure empty_cache lowers (its in-step peak it cannot).
-        self.result.reserved_between_steps_bytes = backend.reserved_bytes()
+        # Reserved between steps: what the step leaves for the next one, the figure empty_cache lowers (its in-step
+        # peak it cannot).
+        self._set(peak_allocated_bytes=peak.allocated_bytes, peak_reserved_bytes=peak.reserved_bytes,
+                  alloc_retries=peak.alloc_retries, reserved_between_steps_bytes=backend.reserved_bytes())
 
     def measure_memory(self) -> None:
         """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""
         self._measure_growth()
         if self.settings.breakdown:
-            self.result.memory_breakdown_bytes = self.tracked_breakdown()
+            self._set(memory_breakdown_bytes=self.tracked_breakdown())
 
     def _measure_growth(self) -> None:
         """Live tensor memory and kept autograd nodes added per step, over GROWTH_STEPS steps (x log_every) after a first."""
@@ -339,8 +344,8 @@ class Measurement:
         # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
         # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
         # step's backward graph each step.
-        self.result.memory_growth_bytes_per_step = (live_after[1] - live_after[0]) / steps
-        self.result.graph_nodes_growth_per_step = (nodes_after[1] - nodes_after[0]) / steps
+        self._set(memory_growth_bytes_per_step=(live_after[1] - live_after[0]) / steps,
+                  graph_nodes_growth_per_step=(nodes_after[1] - nodes_after[0]) / steps)
 
     def tracked_breakdown(self) -> dict[str, int]:
         """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
@@ -383,7 +388,7 @@ class Measurement:
         # Steps that sync every N (loss_history="item", log_every=N) are counted over N steps.
         n = training.config.log_every
         steps = [training.fetch(self._batches) for _ in range(n)]
-        self.result.h2d_bytes_per_sample = training.h2d_bytes(steps[0]) / training.samples_per_step
+        self._set(h2d_bytes_per_sample=training.h2d_bytes(steps[0]) / training.samples_per_step)
         if not self.settings.work:
             return
         counter = _OpCounter(self.backend)
@@ -392,11 +397,10 @@ class Measurement:
             for micro_batches in steps:
                 self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
-        self.result.flops_per_step = int(flops.get_total_flops()) // n
-        self.result.ops_per_step = sum(counter.ops.values()) / n
-        self.result.syncs_per_step = counter.syncs / n
-        self.result.top_ops = {op: count / n for op, count in counter.ops.most_common(15)}
-        self.result.peak_precision, self.result.peak_tflops = self.backend.mfu_peak(self.training.config.amp)
+        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp)
+        self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
+                  syncs_per_step=counter.syncs / n, top_ops={op: count / n for op, count in counter.ops.most_common(15)},
+                  peak_precision=precision, peak_tflops=peak_tflops)
 
     def count_calls(self) -> None:
         """aten calls and device kernels of one step, from PyTorch's profiler.
@@ -412,16 +416,16 @@ class Measurement:
         if self.training.config.debug == "profiler" or torch.autograd.profiler._is_profiler_enabled:
             # A second profiler fails to start and, on its way out, stops the one running
             # (torch 2.9 then crashes when that one is closed).
-            self.result.notes.append("aten call count skipped: a profiler is already running")
+            self._note("aten call count skipped: a profiler is already running")
             return
         micro_batches = self.training.fetch(self._batches)
         with profile(activities=self.backend.profiler_activities()) as prof:
             self._last_loss = self.training.step(micro_batches)
             self.backend.synchronize()
         events = prof.events()
-        self.result.aten_calls_per_step = sum(1 for e in events if e.name.startswith("aten::"))
+        self._set(aten_calls_per_step=sum(1 for e in events if e.name.startswith("aten::")))
         if self.backend.counts_kernels:
-            self.result.kernels_per_step = sum(1 for e in events if self.backend.is_device_kernel(e))
+            self._set(kernels_per_step=sum(1 for e in events if self.backend.is_device_kernel(e)))
 
     def rewarm(self) -> None:
         """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
@@ -438,13 +442,12 @@ class Measurement:
 
     def reuse_passes(self, earlier: Result) -> None:
         """Take the memory and work figures of an earlier measurement of the same setup instead of re-running them."""
-        for name in self.PASS_FIELDS:
-            setattr(self.result, name, getattr(earlier, name))
-        self.result.notes.append("memory and work figures from this setup's earlier measurement in the session")
+        self._set(**{name: getattr(earlier, name) for name in self.PASS_FIELDS})
+        self._note("memory and work figures from this setup's earlier measurement in the session")
 
     def finish(self) -> Result:
         if self._last_loss is not None:
-            self.result.final_loss = float(self._last_loss)  # one sync, after all timing
+            self._set(final_loss=float(self._last_loss))  # one sync, after all timing
         return self.result
 
     def run(self, runner: RoundRunner = run_rounds) -> Result:
@@ -472,7 +475,7 @@ def interleave_rounds(case: Measurement, baseline: Measurement) -> None:
     case.warm_up()
     baseline.rewarm()
     for m in (case, baseline):
-        m.result.round_step_times_s, m.result.data_wait_s, m._wait_s = [], 0.0, 0.0
+        m.start_rounds()
     for r in range(case.settings.rounds):
         for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
             m.time_one_round()

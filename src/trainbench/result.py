@@ -17,7 +17,7 @@ RELAUNCH_NOTE = "relaunched from the start after a crash below Python"
 MIB = 2**20
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
     case: str
     workload: str
@@ -64,6 +64,13 @@ class Result:
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
     # DDP: world size, launcher, each rank's rounds and memory, the gradients' spread between ranks, the ideal speed-up
     ranks: dict | None = None
+
+    def replace(self, **changes) -> Result:
+        """This result with ``changes``: a measured result is never edited in place."""
+        return dataclasses.replace(self, **changes)
+
+    def with_note(self, note: str) -> Result:
+        return self.replace(notes=[*self.notes, note])
 
     def to_dict(self) -> dict:
         """Every field, JSON-ready: how a Result crosses a process boundary (ranks, fresh processes, A/B workers)."""
