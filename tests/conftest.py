@@ -60,6 +60,14 @@ def quick():
 
 
 @pytest.fixture
+def quick_options():
+    """The command line of an inner pytest session (pytester) that measures on the CPU with just enough rounds and
+    steps to exercise every path. A test that needs other numbers appends its own options: the last one given wins."""
+    return ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
+            "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
+
+
+@pytest.fixture
 def mlp(profile):
     """The built-in two-layer MLP spec on the CPU profile."""
     from trainbench.workloads import resolve_spec

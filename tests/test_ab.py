@@ -85,9 +85,6 @@ def test_a_side_whose_worker_cannot_start_names_the_side_and_why(tmp_path):
         start(sys.executable, broken)
 
 
-PLUGIN_QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-                "--trainbench-min-warmup=2", "--trainbench-ab-pairs=8", "-p", "no:cacheprovider"]
-
 CASES = """
 import pytest
 from trainbench.plugin import recipe_params
@@ -96,6 +93,12 @@ from trainbench.plugin import recipe_params
 def test_mlp(train_bench, recipe):
     train_bench(recipe, "mlp")
 """
+
+
+@pytest.fixture
+def ab_options(quick_options):
+    """The quick options with two warm-up steps and eight ABBA pairs of rounds."""
+    return [*quick_options, "--trainbench-min-warmup=2", "--trainbench-ab-pairs=8"]
 
 
 @pytest.fixture
@@ -109,12 +112,12 @@ def one_thread():
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_verdict(pytester):
+def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_verdict(pytester, ab_options):
     import json
 
     pytester.makepyfile(test_cases=CASES)
     same = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:100%",
-                              "--trainbench-compare-json=ab.json", "-rs", *PLUGIN_QUICK)
+                              "--trainbench-compare-json=ab.json", "-rs", *ab_options)
     same.assert_outcomes(passed=1, skipped=1)
     same.stdout.fnmatch_lines(["*trainbench A/B: base vs head*", f"base: {sys.executable}: torch *",
                                f"head: {sys.executable}: torch *", "*mlp-baseline*step_time_ms*",
@@ -127,7 +130,7 @@ def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_ver
     pytester.makefile(".toml", budgets='[cpu."*"]\ncompare_fail = "step_time_ms:950%,samples_per_s:950%"\n')
     slow = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:20%",
                               "--trainbench-budgets=budgets.toml", "--trainbench-inject-slowdown=900%",
-                              "-k", "baseline", *PLUGIN_QUICK)
+                              "-k", "baseline", *ab_options)
     assert slow.ret == pytest.ExitCode.TESTS_FAILED
     slow.stdout.fnmatch_lines(["*REGRESSION mlp-baseline step_time_ms: * regressed (threshold 20.0%)*"])
 
@@ -139,12 +142,12 @@ def test_an_ab_run_takes_timed_thresholds_from_its_command_line_never_from_the_b
         {"step_time_ms": 0.05, "peak_memory_mib": 0.0}
 
 
-def test_ab_options_that_contradict_each_other_are_usage_errors(pytester):
+def test_ab_options_that_contradict_each_other_are_usage_errors(pytester, ab_options):
     pytester.makepyfile(test_cases=CASES)
-    saved = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--benchmark-save=x", *PLUGIN_QUICK)
+    saved = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--benchmark-save=x", *ab_options)
     assert saved.ret == pytest.ExitCode.USAGE_ERROR
     saved.stderr.fnmatch_lines(["*--benchmark-save with --trainbench-ab: an A/B run compares two environments*"])
-    missing = pytester.runpytest("--trainbench-ab=/nonexistent/python", *PLUGIN_QUICK)
+    missing = pytester.runpytest("--trainbench-ab=/nonexistent/python", *ab_options)
     assert missing.ret == pytest.ExitCode.USAGE_ERROR
     missing.stderr.fnmatch_lines(["*--trainbench-ab=/nonexistent/python: no such executable*"])
 

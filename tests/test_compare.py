@@ -8,10 +8,7 @@ import pytest
 
 from trainbench.compare import CompareError, compare_case, parse_spec
 from trainbench.gate import Verdict, verdict_table
-from trainbench.result import CaseRecord, RecordError
-
-QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=7", "--trainbench-steps-per-round=5",
-         "--trainbench-min-warmup=3", "-p", "no:cacheprovider"]
+from trainbench.result import CaseRecord
 
 
 def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8), activation=1.0, samples=16):
@@ -126,13 +123,6 @@ def test_verdict_json_and_table_name_every_comparison():
     assert any("activation_mib" in row and "regressed" in row and "+100.0%" in row for row in table)
 
 
-def test_a_baseline_without_trainbench_data_is_a_clear_error():
-    with pytest.raises(RecordError, match="base.json: test_x: not a trainbench case"):
-        CaseRecord.read({"foo": 1}, "base.json: test_x")
-    with pytest.raises(RecordError, match="base.json: test_x: ops_per_step = 'lots': expected a number or null"):
-        CaseRecord.read({"case": "c", "samples_per_step": 16, "ops_per_step": "lots"}, "base.json: test_x")
-
-
 # -- the plugin: save, compare, plant regressions ----------------------------------------
 
 # A spec whose every step takes 20 ms (+-2%, in a fixed cycle) of a virtual clock that the inner test puts in
@@ -194,54 +184,60 @@ def test_steady(train_bench):
 """
 
 
-def _save(pytester, *args):
-    return pytester.runpytest("--benchmark-save=base", *QUICK, *args)
+@pytest.fixture
+def gate_options(quick_options):
+    """The quick options with 7 rounds of 5 steps: enough rounds for the gate's statistics."""
+    return [*quick_options, "--trainbench-rounds=7", "--trainbench-steps-per-round=5", "--trainbench-min-warmup=3"]
 
 
-def _compare(pytester, *args):
-    return pytester.runpytest("--benchmark-compare", "--trainbench-compare-json=verdict.json", *QUICK, *args)
+def _save(pytester, options, *args):
+    return pytester.runpytest("--benchmark-save=base", *options, *args)
+
+
+def _compare(pytester, options, *args):
+    return pytester.runpytest("--benchmark-compare", "--trainbench-compare-json=verdict.json", *options, *args)
 
 
 @pytest.fixture
-def saved_baseline(pytester):
+def saved_baseline(pytester, gate_options):
     """A project with the steady case and one saved run of it (0001_base) to compare against."""
     pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
+    _save(pytester, gate_options).assert_outcomes(passed=1)
 
 
-def test_runs_are_stored_where_pytest_benchmark_stores_them_with_the_device_in_machine_info(pytester):
+def test_runs_are_stored_where_pytest_benchmark_stores_them_with_the_device_in_machine_info(pytester, gate_options):
     from pytest_benchmark.utils import get_machine_id
 
     pytester.makepyfile(test_case=CASE)
-    _save(pytester, "--benchmark-storage=store").assert_outcomes(passed=1)
+    _save(pytester, gate_options, "--benchmark-storage=store").assert_outcomes(passed=1)
     saved = pytester.path / "store" / get_machine_id() / "0001_base.json"
     assert json.loads(saved.read_text())["machine_info"]["trainbench"]["kind"] == "cpu"
     listed = pytester.run("pytest-benchmark", "--storage", "store", "list")  # its own command line finds it
     assert "0001_base.json" in listed.stdout.str()
 
 
-def test_a_bare_compare_takes_the_latest_run_of_this_device(pytester):
+def test_a_bare_compare_takes_the_latest_run_of_this_device(pytester, gate_options):
     from pytest_benchmark.utils import get_machine_id
 
     pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
-    _save(pytester).assert_outcomes(passed=1)
+    _save(pytester, gate_options).assert_outcomes(passed=1)
+    _save(pytester, gate_options).assert_outcomes(passed=1)
     [_, latest] = sorted((pytester.path / ".benchmarks" / get_machine_id()).glob("000*_base.json"))
     data = json.loads(latest.read_text())
     data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")  # the latest is a GPU's
     latest.write_text(json.dumps(data))
-    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytester):
-    same = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytester, gate_options):
+    same = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%")
     assert same.ret == 0, same.stdout.str()
     same.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*", "*steady-baseline*samples_per_s*unchanged*"])
 
-    slow = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-inject-slowdown=20%")
+    slow = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-inject-slowdown=20%")
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([("*REGRESSION steady-baseline samples_per_s: * -> * samples/s (-*%, 95% CI *, p=*) "
                                 "regressed (threshold 10.0%)*")])
@@ -250,8 +246,8 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester):
-    leak = _compare(pytester, "--trainbench-compare-fail=memory_growth_mib_per_step:0%,tracked_peak_mib:0%",
+def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester, gate_options):
+    leak = _compare(pytester, gate_options, "--trainbench-compare-fail=memory_growth_mib_per_step:0%,tracked_peak_mib:0%",
                     "--trainbench-inject-leak-mib=1")
     assert leak.ret == 1
     leak.stdout.fnmatch_lines(["*REGRESSION steady-baseline memory_growth_mib_per_step: 0 -> 1 MiB (+inf%) regressed*",
@@ -259,33 +255,33 @@ def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester):
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester):
-    result = _compare(pytester, "--trainbench-inject-slowdown=50%")
+def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester, gate_options):
+    result = _compare(pytester, gate_options, "--trainbench-inject-slowdown=50%")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*no gate (--trainbench-compare-fail not given)*",
                                  "*regressed (not gated): steady-baseline samples_per_s*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_comparing_with_another_device_is_refused_unless_asked(pytester):
+def test_comparing_with_another_device_is_refused_unless_asked(pytester, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["machine_info"]["trainbench"].update(kind="cuda", name="NVIDIA H100 80GB HBM3")
     saved.write_text(json.dumps(data))
-    refused = _compare(pytester)
+    refused = _compare(pytester, gate_options)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines([("*would compare this * (cpu, *) with NVIDIA H100 80GB HBM3 (cuda)*"
                                    "--trainbench-allow-cross-device*")])
-    assert _compare(pytester, "--trainbench-allow-cross-device").ret == 0
+    assert _compare(pytester, gate_options, "--trainbench-allow-cross-device").ret == 0
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_cpu_run_with_other_kernels_is_another_device(pytester):
+def test_a_cpu_run_with_other_kernels_is_another_device(pytester, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["machine_info"]["trainbench"]["cpu_capability"] = "ZVECTOR"  # no x86 machine dispatches to these
     saved.write_text(json.dumps(data))
-    refused = _compare(pytester)
+    refused = _compare(pytester, gate_options)
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*would compare this * (cpu, *) with * (cpu, ZVECTOR)*"])
 
@@ -296,13 +292,13 @@ def _as_other_device(run: Path, name: str) -> None:
     run.with_name(name).write_text(json.dumps(data))
 
 
-def test_a_baseline_glob_compares_with_the_newest_complete_run_of_this_device(pytester):
+def test_a_baseline_glob_compares_with_the_newest_complete_run_of_this_device(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
-    pytester.runpytest("--benchmark-save=baseline", *QUICK).assert_outcomes(passed=1)
+    pytester.runpytest("--benchmark-save=baseline", *gate_options).assert_outcomes(passed=1)
     [ours] = list(pytester.path.rglob("0001_baseline.json"))
     _as_other_device(ours, "0002_baseline.json")  # a GPU runner's baseline, committed later beside it
     gated = ["--benchmark-compare=*_baseline", "--trainbench-compare-fail=deterministic:0%",
-             "--trainbench-compare-json=verdict.json", *QUICK]
+             "--trainbench-compare-json=verdict.json", *gate_options]
     result = pytester.runpytest(*gated)
     assert result.ret == 0, result.stdout.str()
     assert json.loads((pytester.path / "verdict.json").read_text())["baseline"].endswith("0001_baseline.json")
@@ -314,12 +310,12 @@ def test_a_baseline_glob_compares_with_the_newest_complete_run_of_this_device(py
                                   "machine with --benchmark-save (make baseline) and commit it")])
 
 
-def test_per_case_thresholds_from_the_budgets_file_override_the_command_line(pytester):
+def test_per_case_thresholds_from_the_budgets_file_override_the_command_line(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
     budgets = pytester.makefile(".toml", budgets='[cpu."*"]\ncompare_fail = "samples_per_s:1%"\n'
                                                   '[cpu."steady-baseline"]\ncompare_fail = "samples_per_s:500%"\n')
-    _save(pytester, f"--trainbench-budgets={budgets}").assert_outcomes(passed=1)
-    result = _compare(pytester, f"--trainbench-budgets={budgets}", "--trainbench-compare-fail=samples_per_s:5%",
+    _save(pytester, gate_options, f"--trainbench-budgets={budgets}").assert_outcomes(passed=1)
+    result = _compare(pytester, gate_options, f"--trainbench-budgets={budgets}", "--trainbench-compare-fail=samples_per_s:5%",
                       "--trainbench-inject-slowdown=40%")
     assert result.ret == 0, result.stdout.str()  # 40% slower is within this case's 500%
 
@@ -345,23 +341,23 @@ def test_noise_study_counts_false_alarms_per_threshold(tmp_path, capsys):
 
 # -- the gate fails closed -------------------------------------------------------------------------
 
-def test_a_significance_level_outside_0_1_is_refused(pytester):
+def test_a_significance_level_outside_0_1_is_refused(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
-    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-compare-alpha=-1")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-compare-alpha=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--trainbench-compare-alpha must be between 0 and 1*got -1.0*"])
 
 
-def test_a_gate_without_a_comparison_is_refused(pytester):
+def test_a_gate_without_a_comparison_is_refused(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
-    result = pytester.runpytest("--trainbench-compare-fail=samples_per_s:10%", *QUICK)
+    result = pytester.runpytest("--trainbench-compare-fail=samples_per_s:10%", *gate_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--trainbench-compare-fail gates a comparison, but no --benchmark-compare*"])
 
 
-def test_a_gate_with_no_saved_run_stops_before_any_case(pytester):
+def test_a_gate_with_no_saved_run_stops_before_any_case(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
-    result = _compare(pytester, "--trainbench-compare-fail=samples_per_s:10%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*no baseline run to compare with:*no saved runs*--benchmark-save*"])
     assert "test_steady PASSED" not in result.stdout.str() and not (pytester.path / "verdict.json").exists()
@@ -370,51 +366,51 @@ def test_a_gate_with_no_saved_run_stops_before_any_case(pytester):
 @pytest.mark.parametrize(("content", "problem"), [("", "empty file"), ('{"machine_info": {', "invalid JSON"),
                                                   ('{"machine_info": {}}', "no 'benchmarks' list")])
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_broken_baseline_fails_the_gate_naming_the_file(pytester, content, problem):
+def test_a_broken_baseline_fails_the_gate_naming_the_file(pytester, content, problem, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     saved.write_text(content)
-    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*no baseline run to compare with: *0001_base.json: {problem}*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_case_the_baseline_lacks_fails_a_gate_unless_new_cases_are_allowed(pytester):
+def test_a_case_the_baseline_lacks_fails_a_gate_unless_new_cases_are_allowed(pytester, gate_options):
     pytester.makepyfile(test_other=CASE.replace("def test_steady", "def test_other"))
-    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*FAIL steady-baseline: not in the baseline run (new case; nothing compared*"])
     assert json.loads((pytester.path / "verdict.json").read_text())["failed"]
-    allowed = _compare(pytester, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-new-cases")
+    allowed = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-new-cases")
     assert allowed.ret == 0, allowed.stdout.str()
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_gated_metric_the_baseline_lacks_fails(pytester):
+def test_a_gated_metric_the_baseline_lacks_fails(pytester, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["benchmarks"][0]["extra_info"]["ops_per_step"] = None
     saved.write_text(json.dumps(data))
-    result = _compare(pytester, "--trainbench-compare-fail=ops_per_step:0%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=ops_per_step:0%")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*FAIL steady-baseline ops_per_step: not measured in the baseline run*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
-def test_a_baseline_with_other_thread_settings_is_refused_unless_asked(pytester):
+def test_a_baseline_with_other_thread_settings_is_refused_unless_asked(pytester, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
     data["machine_info"]["trainbench"]["cpu_threads"] = 1  # the baseline ran with OMP_NUM_THREADS=1
     saved.write_text(json.dumps(data))
-    refused = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    refused = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*compare runs made with other settings (cpu_threads 1 there, * here)*"])
-    assert _compare(pytester, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-cross-device").ret == 0
+    assert _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-cross-device").ret == 0
 
 
-def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester):
+def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)
+    _save(pytester, gate_options).assert_outcomes(passed=1)
     [saved] = list(pytester.path.rglob("0001_base.json"))
     load = json.loads(saved.read_text())["machine_info"]["trainbench"]["doctor"]["load_average"]
     assert len(load["start"]) == len(load["end"]) == 3 and all(value >= 0 for value in load["start"] + load["end"])
@@ -431,14 +427,14 @@ def test_z_terminated(train_bench):
 """
 
 
-def test_sigterm_keeps_the_finished_cases_marked_incomplete_and_never_as_the_next_baseline(pytester):
+def test_sigterm_keeps_the_finished_cases_marked_incomplete_and_never_as_the_next_baseline(pytester, gate_options):
     import signal
 
     before = signal.getsignal(signal.SIGTERM)
     pytester.makepyfile(test_case=CASE)
-    _save(pytester).assert_outcomes(passed=1)  # 0001: complete
+    _save(pytester, gate_options).assert_outcomes(passed=1)  # 0001: complete
     pytester.makepyfile(test_case=INTERRUPTED)
-    interrupted = pytester.runpytest("--benchmark-save=base", *QUICK, no_reraise_ctrlc=True)
+    interrupted = pytester.runpytest("--benchmark-save=base", *gate_options, no_reraise_ctrlc=True)
     assert interrupted.ret == pytest.ExitCode.INTERRUPTED
     assert signal.getsignal(signal.SIGTERM) is before  # restored when the session ended
     [first, second] = sorted(pytester.path.rglob("000*_base.json"))
@@ -447,7 +443,7 @@ def test_sigterm_keeps_the_finished_cases_marked_incomplete_and_never_as_the_nex
     assert [b["name"] for b in kept["benchmarks"]] == ["test_steady"]  # the case that finished before SIGTERM
     assert "trainbench_incomplete" not in json.loads(first.read_text())
     pytester.makepyfile(test_case=CASE)
-    result = _compare(pytester, "--trainbench-compare-fail=deterministic:0%")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*"])
 

@@ -399,7 +399,7 @@ def test_b_stuck_ddp(train_bench):
 
 
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
-def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(pytester, signum):
+def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(pytester, signum, quick_options):
     import json
     import os
     import signal
@@ -410,8 +410,7 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
     pytester.makepyfile(test_session=SESSION_WITH_A_STUCK_DDP_CASE)
     # A shell runs background jobs (nohup ... &, some CI runners) with SIGINT ignored, and Python then keeps it
     # ignored: the session gets SIGINT's default, as one started in a terminal has.
-    arguments = ["--benchmark-save=run", "--trainbench-device=cpu", "--trainbench-rounds=2",
-                 "--trainbench-steps-per-round=2", "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
+    arguments = ["--benchmark-save=run", *quick_options]
     session = subprocess.Popen(
         [sys.executable, "-c", ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
                                f"sys.exit(pytest.main({arguments!r}))")],

@@ -10,8 +10,6 @@ import torch
 from trainbench.device import CpuBackend
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
-QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-         "--trainbench-min-warmup=1", "-p", "no:cacheprovider", "-rs", "-W", "error::trainbench.plugin.NoBudgetWarning"]
 BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
 
 
@@ -20,11 +18,11 @@ BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
     ("contrastive", 4, 0),
     ("regression", 3, 1),  # optimizer_fused: plain SGD built by a lambda takes no fused=
 ])
-def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped):
+def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, quick_options):
     for path in (EXAMPLES / example).iterdir():
         if path.is_file():
             shutil.copy(path, pytester.path / path.name)
-    result = pytester.runpytest(*QUICK)
+    result = pytester.runpytest(*quick_options, "-rs", "-W", "error::trainbench.plugin.NoBudgetWarning")
     result.assert_outcomes(passed=passed, skipped=skipped)
     summary = result.stdout.str().split("trainbench summary", 1)[1]
     assert " none" not in summary and "FAIL" not in summary  # every measured case had its budget, and met it

@@ -46,7 +46,7 @@ def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, mlp, monkeyp
     assert not compare_trajectories(broken, base, r.loss_rtol).ok
 
 
-def test_plugin_fails_a_case_whose_guard_fails(pytester):
+def test_plugin_fails_a_case_whose_guard_fails(pytester, quick_options):
     pytester.makepyfile(test_broken="""
 from trainbench import spec
 
@@ -54,8 +54,7 @@ def test_broken_uint8(train_bench, monkeypatch):
     monkeypatch.setattr(spec, "normalize_uint8", lambda images: images.float())
     train_bench("uint8_transfer", "mlp")
 """)
-    result = pytester.runpytest("--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-                                "--trainbench-min-warmup=1", "-p", "no:cacheprovider")
+    result = pytester.runpytest(*quick_options)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([("*mlp-uint8_transfer: correctness guard (loss): loss vs baseline over 4 seeded steps: "
                                   "worst relative difference * tolerance 1e-06*")])

@@ -1,13 +1,5 @@
 """pytest-xdist: timed cases on a shared device are refused; untimed deterministic checks run in parallel."""
 
-import os
-
-import torch
-
-from trainbench.device import pin_to_one_gpu
-
-QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-         "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
 
 CASES = """
 import pytest
@@ -27,41 +19,23 @@ max_ops_per_step = 1
 """
 
 
-def test_timed_cases_on_workers_sharing_a_device_are_refused_with_the_reason(pytester):
+def test_timed_cases_on_workers_sharing_a_device_are_refused_with_the_reason(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-n", "2", *QUICK)
+    result = pytester.runpytest("-n", "2", *quick_options)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([("*trainbench: timed case refused: 2 pytest-xdist workers share * (cpu), and cases "
                                  "timed side by side measure each other. Run it without -n*--benchmark-disable*")])
 
 
-def test_with_benchmark_disable_workers_judge_the_deterministic_budgets_and_not_the_timed_ones(pytester):
+def test_with_benchmark_disable_workers_judge_the_deterministic_budgets_and_not_the_timed_ones(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     pytester.makefile(".toml", budgets=BUDGETS)
-    result = pytester.runpytest("-n", "2", "--benchmark-disable", "--trainbench-budgets=budgets.toml", "-rA", *QUICK)
+    result = pytester.runpytest("-n", "2", "--benchmark-disable", "--trainbench-budgets=budgets.toml", "-rA", *quick_options)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*mlp-baseline [[]cpu[]]: ops_per_step: measured * vs budget <= 1*"])
     result.stdout.no_fnmatch_line("*samples_per_s ratio vs baseline*")
 
 
-def test_one_worker_times_its_cases(pytester):
+def test_one_worker_times_its_cases(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    pytester.runpytest("-n", "1", "-k", "baseline", *QUICK).assert_outcomes(passed=1)
-
-
-def test_each_worker_is_pinned_to_its_own_gpu_where_there_are_enough(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 4)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
-    assert pin_to_one_gpu(1, 4) == "5"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
-    assert pin_to_one_gpu(0, 8) is None and os.environ["CUDA_VISIBLE_DEVICES"] == "3,5,6,7"  # too few GPUs
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert pin_to_one_gpu(0, 2) is None  # CUDA already started: the variable would change nothing
-
-
-def test_no_gpu_means_no_pinning(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert pin_to_one_gpu(0, 2) is None
+    pytester.runpytest("-n", "1", "-k", "baseline", *quick_options).assert_outcomes(passed=1)

@@ -5,9 +5,6 @@ import time
 
 import pytest
 
-QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-         "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
-
 CASES = """
 import pytest
 from trainbench.plugin import recipe_params
@@ -69,7 +66,7 @@ def test_gpu():
     pytester.runpytest("-m", "slow", "-p", "no:cacheprovider").assert_outcomes(passed=1, deselected=1)
 
 
-def test_budgets_pass_fail_and_gpu_recipes_skip(pytester):
+def test_budgets_pass_fail_and_gpu_recipes_skip(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     path = budgets(pytester, """
 [cpu."mlp-baseline"]
@@ -79,7 +76,7 @@ max_ops_per_step = 1
 max_ops_per_step_ratio = 0.99
 max_gflops_per_sample_ratio = 1.0001
 """)
-    result = pytester.runpytest("-rs", f"--trainbench-budgets={path}", *QUICK)
+    result = pytester.runpytest("-rs", f"--trainbench-budgets={path}", *quick_options)
     result.assert_outcomes(passed=1, failed=1, skipped=2)
     result.stdout.fnmatch_lines([
         "*mlp-baseline [[]cpu[]]: ops_per_step: measured * vs budget <= 1 (over by *%)*",
@@ -90,58 +87,58 @@ max_gflops_per_sample_ratio = 1.0001
     ])
 
 
-def test_relative_budget_measures_the_baseline_when_it_did_not_run(pytester):
+def test_relative_budget_measures_the_baseline_when_it_did_not_run(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     path = budgets(pytester, '[cpu."mlp-set_to_none"]\nmax_ops_per_step_ratio = 0.99\n')
-    result = pytester.runpytest("-k", "set_to_none", f"--trainbench-budgets={path}", *QUICK)
+    result = pytester.runpytest("-k", "set_to_none", f"--trainbench-budgets={path}", *quick_options)
     result.assert_outcomes(passed=1, deselected=3)
 
 
-def test_malformed_budgets_file_fails_at_start_up(pytester):
+def test_malformed_budgets_file_fails_at_start_up(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     path = budgets(pytester, '[cpu."mlp-baseline"]\nmax_ops_per_stepp = 1\n')
-    result = pytester.runpytest(f"--trainbench-budgets={path}", *QUICK)
+    result = pytester.runpytest(f"--trainbench-budgets={path}", *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_ops_per_stepp'*"])
     folder, empty = pytester.mkdir("budgets_dir"), budgets(pytester, "")
     for bad, expected in [(folder, "cannot read it"), (empty, "no budgets in it")]:
-        result = pytester.runpytest(f"--trainbench-budgets={bad}", *QUICK)
+        result = pytester.runpytest(f"--trainbench-budgets={bad}", *quick_options)
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         result.stderr.fnmatch_lines([f"*trainbench: {bad}: {expected}*"])
         assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
 
 
-def test_a_budget_entry_one_typo_from_a_case_fails_at_start_up_and_a_case_of_ones_own_stands(pytester):
+def test_a_budget_entry_one_typo_from_a_case_fails_at_start_up_and_a_case_of_ones_own_stands(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     path = budgets(pytester, '[cpu."mlp-basline"]\nmax_ops_per_step = 1000\n')
-    result = pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *QUICK)
+    result = pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([(f'*trainbench: {path}: [[]cpu."mlp-basline"[]] names no case; did you mean '
                                   '"mlp-baseline"?*')])
     path = budgets(pytester, '[cpu."mlp-baseline"]\nmax_ops_per_step = 1000\n'
                              '[cpu."my_own_spec-my_own_recipe"]\nmax_ops_per_step = 1000\n')
-    pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *QUICK).assert_outcomes(passed=1,
+    pytester.runpytest(f"--trainbench-budgets={path}", "-k", "baseline", *quick_options).assert_outcomes(passed=1,
                                                                                               deselected=3)
 
 
-def test_case_without_budget_runs_and_says_so(pytester):
+def test_case_without_budget_runs_and_says_so(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", *QUICK)
+    result = pytester.runpytest("-k", "baseline", *quick_options)
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
     result.stdout.fnmatch_lines(["*mlp-baseline: no budget: no budgets file configured*; nothing was checked*"])
     pytester.makefile(".toml", budgets='[cuda."mlp-baseline"]\nmax_ops_per_step = 1\n')
-    other_device = pytester.runpytest("-k", "baseline", *QUICK)
+    other_device = pytester.runpytest("-k", "baseline", *quick_options)
     other_device.assert_outcomes(passed=1, deselected=3, warnings=1)
     other_device.stdout.fnmatch_lines(["*mlp-baseline: no budget: *budgets.toml has no section for * (looked for [[]cpu[]])*"])
-    strict = pytester.runpytest("-k", "baseline", "--trainbench-require-budgets", *QUICK)
+    strict = pytester.runpytest("-k", "baseline", "--trainbench-require-budgets", *quick_options)
     strict.assert_outcomes(failed=1, deselected=3)
     strict.stdout.fnmatch_lines(["*mlp-baseline: no budget* (--trainbench-require-budgets)*", "*trainbench summary*",
                                  "mlp-baseline * FAIL"])
 
 
-def test_benchmark_json_carries_every_metric(pytester):
+def test_benchmark_json_carries_every_metric(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *QUICK)
+    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *quick_options)
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
     data = json.loads((pytester.path / "out.json").read_text())
     (bench,) = data["benchmarks"]
@@ -182,9 +179,9 @@ def test_a_gpu_job_that_finds_no_gpu_fails_before_any_case(pytester, monkeypatch
     assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
 
 
-def test_the_doctors_checks_are_saved_with_the_run(pytester):
+def test_the_doctors_checks_are_saved_with_the_run(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *QUICK)
+    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *quick_options)
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
     doctor = json.loads((pytester.path / "out.json").read_text())["machine_info"]["trainbench"]["doctor"]
     assert doctor["blockers"] == 0
@@ -228,7 +225,7 @@ BIG_BATCH = Recipe("big_batch", "4x batch", {"batch_multiplier": 4})
 """
 
 
-def test_own_spec_and_recipe(pytester):
+def test_own_spec_and_recipe(pytester, quick_options):
     pytester.makepyfile(test_own=OWN + """
 def test_mine(train_bench):
     result = train_bench(BIG_BATCH, SPEC)
@@ -237,22 +234,22 @@ def test_mine(train_bench):
 """)
     pytester.makefile(".toml", budgets='[cpu."my_bag_of_words-big_batch"]\nmin_gflops_per_sample_ratio = 0.99\n'
                                        'max_gflops_per_sample_ratio = 1.01\n')
-    result = pytester.runpytest(*QUICK)  # budgets.toml beside the test is found without options
+    result = pytester.runpytest(*quick_options)  # budgets.toml beside the test is found without options
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*my_bag_of_words-big_batch*ok 2*"])
 
 
-def test_the_command_line_and_the_ini_override_the_budgets_beside_the_tests(pytester):
+def test_the_command_line_and_the_ini_override_the_budgets_beside_the_tests(pytester, quick_options):
     pytester.makepyfile(test_own=OWN + "\ndef test_mine(train_bench):\n    train_bench('baseline', SPEC)\n")
     pytester.makefile(".toml", budgets='[cpu."my_bag_of_words-baseline"]\nmax_ops_per_step = 1\n')
-    pytester.runpytest(*QUICK).assert_outcomes(failed=1)
+    pytester.runpytest(*quick_options).assert_outcomes(failed=1)
     other = pytester.makefile(".toml", other='[cpu."my_bag_of_words-baseline"]\nmax_ops_per_step = 100000\n')
-    pytester.runpytest(f"--trainbench-budgets={other}", *QUICK).assert_outcomes(passed=1)
+    pytester.runpytest(f"--trainbench-budgets={other}", *quick_options).assert_outcomes(passed=1)
     pytester.makeini("[pytest]\ntrainbench_budgets = other.toml\n")
-    pytester.runpytest(*QUICK).assert_outcomes(passed=1)
+    pytester.runpytest(*quick_options).assert_outcomes(passed=1)
 
 
-def test_an_override_composes_with_the_recipe_or_is_refused(pytester):
+def test_an_override_composes_with_the_recipe_or_is_refused(pytester, quick_options):
     pytester.makepyfile(test_own=OWN + """
 def test_composes(train_bench):
     assert train_bench("larger_batch", SPEC, batch_size=8).batch_size == 32  # 4x the overridden batch
@@ -260,12 +257,12 @@ def test_composes(train_bench):
 def test_cancels(train_bench):
     train_bench(BIG_BATCH, SPEC, batch_multiplier=1)
 """)
-    result = pytester.runpytest(*QUICK)
+    result = pytester.runpytest(*quick_options)
     result.assert_outcomes(passed=1, failed=1, warnings=1)
     result.stdout.fnmatch_lines(["*the override batch_multiplier=1 would cancel recipe 'big_batch'*batch_multiplier=4*"])
 
 
-def test_a_recipe_that_cannot_apply_to_a_spec_is_skipped_with_what_is_missing(pytester):
+def test_a_recipe_that_cannot_apply_to_a_spec_is_skipped_with_what_is_missing(pytester, quick_options):
     pytester.makepyfile(test_own=OWN + """
 import pytest
 
@@ -273,7 +270,7 @@ import pytest
 def test_mine(train_bench, recipe):
     train_bench(recipe, SPEC)
 """)
-    result = pytester.runpytest("-rs", *QUICK)
+    result = pytester.runpytest("-rs", *quick_options)
     result.assert_outcomes(skipped=4)
     result.stdout.fnmatch_lines(["*checkpointing: the spec names no checkpoint_blocks*",
                                  "*uint8_transfer: the spec's dataset serves no uint8 pixels*",
@@ -313,10 +310,10 @@ def test_a_session_without_trainbench_cases_does_not_import_torch(pytester):
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
-def test_a_malformed_budgets_file_beside_the_tests_stops_the_run_before_any_case(pytester):
+def test_a_malformed_budgets_file_beside_the_tests_stops_the_run_before_any_case(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     path = pytester.makefile(".toml", budgets='[cpu."mlp-baseline"]\nmax_bogus = 1\n')
-    result = pytester.runpytest(*QUICK)
+    result = pytester.runpytest(*quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*trainbench: {path}: [[]cpu.mlp-baseline[]] unknown budget key 'max_bogus'*"])
 
@@ -354,9 +351,9 @@ def test_b_after(train_bench):
 """
 
 
-def test_out_of_memory_fails_that_case_alone_and_is_kept_in_the_run(pytester):
+def test_out_of_memory_fails_that_case_alone_and_is_kept_in_the_run(pytester, quick_options):
     pytester.makepyfile(test_oom=OOM)
-    result = pytester.runpytest("--benchmark-json=out.json", *QUICK)
+    result = pytester.runpytest("--benchmark-json=out.json", *quick_options)
     result.assert_outcomes(passed=1, failed=1, warnings=1)
     result.stdout.fnmatch_lines([("*trainbench: bag-baseline: out of memory at batch 16: CUDA out of memory. Tried to "
                                  "allocate 20.00 GiB (planted)*")])
@@ -396,10 +393,10 @@ def test_hung(train_bench):
 """
 
 
-def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester):
+def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester, quick_options):
     pytester.makepyfile(test_hung=HUNG)
     started = time.monotonic()
-    result = pytester.runpytest(*QUICK)
+    result = pytester.runpytest(*quick_options)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*hung-multiprocess_loading: no progress for 1 s in the DataLoader*"])
     assert time.monotonic() - started < 120  # not forever: the limit, then the workers are shut down
@@ -416,10 +413,10 @@ def test_z_after(train_bench):
 """
 
 
-def test_a_case_hung_in_the_main_process_fails_alone_after_the_progress_limit_and_the_session_goes_on(pytester):
+def test_a_case_hung_in_the_main_process_fails_alone_after_the_progress_limit_and_the_session_goes_on(pytester, quick_options):
     pytester.makepyfile(test_hung=HUNG_IN_MAIN)
     started = time.monotonic()
-    result = pytester.runpytest(*QUICK, "--trainbench-timeout=2", "--benchmark-json=out.json")
+    result = pytester.runpytest(*quick_options, "--trainbench-timeout=2", "--benchmark-json=out.json")
     result.assert_outcomes(failed=1, passed=1)
 
 
@@ -428,8 +425,8 @@ def test_a_case_hung_in_the_main_process_fails_alone_after_the_progress_limit_an
     assert [f["case"] for f in failed] == ["hung-baseline"]
 
 
-def test_a_negative_timeout_is_refused(pytester):
+def test_a_negative_timeout_is_refused(pytester, quick_options):
     pytester.makepyfile(test_hung=HUNG_IN_MAIN)
-    result = pytester.runpytest(*QUICK, "--trainbench-timeout=-1")
+    result = pytester.runpytest(*quick_options, "--trainbench-timeout=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got -1.0*"])

@@ -12,7 +12,7 @@ from trainbench.predict import predict_memory, unpredictable, without_unpredicta
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
 from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.step import Training, module_to
+from trainbench.step import Training
 from trainbench.workloads import PROFILES, resolve_spec
 
 MIB = 2**20
@@ -102,46 +102,6 @@ def test_a_step_that_asks_the_data_a_question_is_not_predicted_but_said_why(cpu,
     assert "data-dependent" in prediction["reason"]
     # the same setup trains for real
     assert _measured_breakdown(get_recipe("baseline").config(profile), BRANCHING, cpu, steps=1)["total"] > 0
-
-
-class _Tied(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(16, 4)
-        self.head = nn.Linear(4, 16, bias=False)
-        self.head.weight = self.embed.weight
-
-
-def test_a_fake_model_moved_keeps_its_tied_weights_tied():
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = _Tied()
-        before = model.embed.weight
-        assert isinstance(before, FakeTensor)
-        moved = module_to(model, "cpu", dtype=torch.float64)
-    assert moved is model
-    assert model.head.weight is model.embed.weight and model.embed.weight is not before  # one new Parameter
-    assert isinstance(model.embed.weight, nn.Parameter) and isinstance(model.embed.weight, FakeTensor)
-    assert model.embed.weight.dtype == torch.float64 and model.embed.weight.requires_grad
-    assert len(list(model.parameters())) == 1
-
-
-def test_a_fake_model_in_channels_last_converts_4d_tensors_only():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
-        module_to(model, memory_format=torch.channels_last)  # BatchNorm's 1-D buffers and biases stay as they are
-    conv, bn = model
-    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
-    assert conv.bias.shape == (8,) and bn.running_mean.shape == (8,) and bn.num_batches_tracked.dim() == 0
-
-
-def test_a_real_model_is_moved_by_module_to_itself():
-    model = _Tied()
-    weight = model.embed.weight
-    assert module_to(model, "cpu") is model and model.embed.weight is weight  # Module.to: nothing to move
 
 
 def test_the_runner_records_the_gpu_profiles_prediction_and_checks_the_method_on_the_run(cpu, profile, quick):

@@ -1,11 +1,15 @@
 """The pytest-free runner from end to end: plan, execute, judge (each has its own test file)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from trainbench.budgets import Budgets
 from trainbench.device import CpuBackend
+from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
+from trainbench.workloads import resolve_spec
 
 
 def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):
@@ -54,3 +58,97 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
     check = next(c for c in outcome.record()["budget"]["checks"] if c["key"] == "min_speedup")
     assert not check["ok"] and check["inconclusive"].startswith("busy machine")
     assert outcome.record()["budget"]["status"] == "inconclusive"
+
+
+# -- how cases are judged on a GPU, checked on the CPU ----------------------------------------------------
+
+def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches(cpu, profile, quick, monkeypatch):
+    from trainbench import guards
+
+    guarded = []
+    real = guards.loss_trajectory
+
+    def recorded(config, spec, backend, *args, **kwargs):
+        guarded.append(config.synthetic)
+        return real(config, spec, backend, *args, **kwargs)
+
+    monkeypatch.setattr(guards, "loss_trajectory", recorded)
+    device_side = dataclasses.replace(profile, compute_data="device")  # the CPU profile's sizes, judged as on a GPU
+    outcome = Runner(cpu, device_side, quick, predict=False).run("set_to_none", "mlp")
+    assert outcome.skipped is None and not outcome.failures
+    assert outcome.result.config["synthetic"] == "device" and outcome.result.h2d_bytes_per_sample == 0
+    assert guarded == ["device", "device"]  # the baseline's trajectory and the case's
+    assert [v.kind for v in outcome.guard_verdicts] == ["loss"] and outcome.guard_verdicts[0].ok
+    assert any(note.startswith("judged against baseline with both on device-side synthetic batches")
+               for note in outcome.result.notes)
+
+
+def test_a_paired_baseline_is_measured_on_the_same_device_side_batches(cpu, profile, quick, tmp_path):
+    from trainbench.budgets import Budgets
+
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-set_to_none"]\nmax_ops_per_step_ratio = 2.0\n')
+    device_side = dataclasses.replace(profile, compute_data="device")
+    outcome = Runner(cpu, device_side, quick, predict=False).run("set_to_none", "mlp", budgets=Budgets.load(path))
+    assert outcome.paired and outcome.baseline is not None
+    assert outcome.baseline.config["synthetic"] == outcome.result.config["synthetic"] == "device"
+
+
+# -- setups measured in a fresh process -----------------------------------------------------------
+
+class _FreshForDeterministic(CpuBackend):
+    """A CPU backend that, like CUDA's, measures deterministic setups in a new process with an environment."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+
+    def fresh_process_reason(self, config):
+        return "test reason" if config.deterministic else None
+
+    def fresh_process_env(self, config):
+        return {"TRAINBENCH_TEST_ENV": "1"}
+
+
+def test_a_setup_a_device_keeps_per_process_is_measured_with_its_baseline_in_fresh_processes(profile, quick):
+    # Two new interpreters (the case and its baseline); each re-creates the plain CPU backend and the built-in spec.
+    outcome = Runner(_FreshForDeterministic(), profile, quick, predict=False).run("deterministic", "mlp")
+    assert outcome.skipped is None and not outcome.failures
+    assert "measured in a fresh process (TRAINBENCH_TEST_ENV=1)" in outcome.result.notes
+    assert "why a fresh process: test reason" in outcome.result.notes
+    assert outcome.result.config["deterministic"] is True and outcome.result.rounds == quick.rounds
+    assert outcome.baseline is not None and outcome.baseline.recipe == "baseline"
+    assert "measured in a fresh process (TRAINBENCH_TEST_ENV=1)" in outcome.baseline.notes
+    # the loss guard compares the trajectories the two processes ran
+    [verdict] = outcome.guard_verdicts
+    assert verdict.kind == "loss" and verdict.ok
+    assert (verdict.losses, verdict.baseline_losses) == outcome.fresh_losses and len(verdict.losses) == 4
+
+
+# -- the memory gate ------------------------------------------------------------------------------
+
+class _DeviceOfMemory(CpuBackend):
+    def __init__(self, total_bytes):
+        super().__init__(torch.device("cpu"))
+        self.total_bytes = total_bytes
+
+    def total_memory_bytes(self):
+        return self.total_bytes
+
+
+def test_a_case_predicted_not_to_fit_the_device_is_skipped_with_its_need(profile, quick):
+    outcome = Runner(_DeviceOfMemory(10 * 2**20), profile, quick, predict=False).run("larger_batch", "resnet18")
+    assert outcome.result is None
+    assert outcome.skipped.startswith("larger_batch: needs ~") and " GiB (predicted tensor peak " in outcome.skipped
+    assert outcome.skipped.endswith("has 0.0 GiB")
+
+
+def test_a_case_that_fits_runs(profile, quick):
+    small, large = _DeviceOfMemory(4 * 2**20), _DeviceOfMemory(64 * 2**30)
+    larger_batch = get_recipe("larger_batch")
+    mlp = resolve_spec("mlp", profile)
+    # the MLP's parameters, gradients and momentum alone are ~9 MiB: 4 MiB cannot hold it, 64 GiB can
+    assert "needs ~" in Runner(small, profile, quick, predict=False).planner.plan(larger_batch, mlp).skipped
+    runner = Runner(large, profile, quick, predict=False)
+    assert runner.planner.plan(larger_batch, mlp).skipped is None
+    outcome = runner.run("larger_batch", "mlp")
+    assert outcome.skipped is None and outcome.result.batch_size == 4 * profile.batch_size

@@ -8,9 +8,6 @@ import pytest
 from trainbench.runner import Runner
 from trainbench.trace import ACTIVE_STEPS, TraceRequest, case_folder_name
 
-QUICK = ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-         "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
-
 
 def _load_with_tensorboard_plugin(path: Path, tmp_path: Path):
     """What TensorBoard's PyTorch Profiler plugin does with each file of a run folder."""
@@ -65,20 +62,20 @@ def test_mlp(train_bench, recipe):
 """
 
 
-def test_the_option_traces_the_cases_its_expression_selects(pytester):
+def test_the_option_traces_the_cases_its_expression_selects(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("--trainbench-profile-trace=traces",
-                                "--trainbench-profile-trace-cases=mlp and not set_to_none", *QUICK)
+                                "--trainbench-profile-trace-cases=mlp and not set_to_none", *quick_options)
     result.assert_outcomes(passed=2, warnings=2)
     result.stdout.fnmatch_lines(["*profile trace mlp-baseline: *traces/mlp-baseline/mlp-baseline.*.pt.trace.json*"])
     assert [p.name for p in (pytester.path / "traces").iterdir()] == ["mlp-baseline"]
 
 
-def test_a_trace_filter_that_does_not_parse_or_has_no_folder_is_a_usage_error(pytester):
+def test_a_trace_filter_that_does_not_parse_or_has_no_folder_is_a_usage_error(pytester, quick_options):
     pytester.makepyfile(test_cases=CASES)
-    bad = pytester.runpytest("--trainbench-profile-trace=traces", "--trainbench-profile-trace-cases=mlp and (", *QUICK)
+    bad = pytester.runpytest("--trainbench-profile-trace=traces", "--trainbench-profile-trace-cases=mlp and (", *quick_options)
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--trainbench-profile-trace-cases='mlp and (': *"])
-    alone = pytester.runpytest("--trainbench-profile-trace-cases=mlp", *QUICK)
+    alone = pytester.runpytest("--trainbench-profile-trace-cases=mlp", *quick_options)
     assert alone.ret == pytest.ExitCode.USAGE_ERROR
     alone.stderr.fnmatch_lines(["*--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR*"])

@@ -1,0 +1,278 @@
+"""The training step: each knob of a config taking effect on a spec's model, loader and optimizer, what the step
+leaves behind, and the setups that cannot apply saying what is missing."""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+from trainbench import step
+from trainbench.device import CpuBackend
+from trainbench.recipes import NotApplicable, TrainConfig, get_recipe
+from trainbench.runner import Runner
+from trainbench.spec import SpecError, TrainingSpec, classification_loss
+from trainbench.step import Training, module_to
+from trainbench.workloads import resolve_spec
+
+
+def test_endless_loader_survives_epoch_boundaries(training, profile):
+    with training(batch_size=512) as setup:
+        it = setup.batches()
+        steps = profile.dataset_size // 512 * 3  # three epochs on one iterator
+        for _ in range(steps):
+            inputs, _ = next(it)
+            assert inputs.shape[0] == 512
+
+
+def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
+    from trainbench.step import add_conv_bias
+    from trainbench.workloads import resolve_spec
+
+    model = resolve_spec("resnet18", profile).model()
+    before = sum(p.numel() for p in model.parameters())
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    add_conv_bias(model)
+    assert sum(p.numel() for p in model.parameters()) - before == sum(c.out_channels for c in convs)
+
+
+# -- knobs of the step that matter on a GPU -------------------------------------------------------
+
+@pytest.mark.parametrize(("recipe", "workload", "resets"), [
+    ("compile", "mlp", 1),
+    ("fuse_pointwise_compile", "gelu_mlp", 1),
+    ("baseline", "mlp", 0),
+])
+def test_closing_a_compiled_setup_resets_dynamo(recipe, workload, resets, cpu, profile, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("reset"))
+    training = step.Training(get_recipe(recipe).config(profile), resolve_spec(workload, profile), cpu)
+    assert calls == []  # building compiles nothing yet
+    training.close()  # without a step: nothing compiled, the caches are reset all the same
+    assert len(calls) == resets
+
+
+@pytest.mark.parametrize("warn_only", [True, False])
+def test_deterministic_algorithms_fail_rather_than_warn_and_restore_the_previous_state(warn_only):
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic)
+    try:
+        torch.use_deterministic_algorithms(warn_only, warn_only=warn_only)  # (True, warn) or all off
+        torch.backends.cudnn.deterministic = False
+        with step._deterministic_algorithms():
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.is_deterministic_algorithms_warn_only_enabled()
+            assert torch.backends.cudnn.deterministic
+        assert torch.are_deterministic_algorithms_enabled() is warn_only
+        assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
+        assert torch.backends.cudnn.deterministic is False
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic = saved[2]
+
+
+def _loss_without_deterministic_kernel(model, batch):
+    if torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError("fake_op_backward does not have a deterministic implementation, but you set "
+                           "'torch.use_deterministic_algorithms(True)'")
+    return classification_loss(model, batch)
+
+
+def _random_features(batch_size, gen):
+    return (torch.randn(batch_size, 8, generator=gen, device=gen.device),
+            torch.randint(0, 2, (batch_size,), generator=gen, device=gen.device))
+
+
+NONDETERMINISTIC = TrainingSpec(
+    name="nondeterministic", model=lambda: nn.Linear(8, 2), loss_fn=_loss_without_deterministic_kernel,
+    optimizer=functools.partial(torch.optim.SGD, lr=0.01), batch_size=4, batches=_random_features)
+
+
+def test_a_model_without_deterministic_kernels_skips_the_deterministic_case(cpu, profile, quick):
+    runner = Runner(cpu, profile, quick, predict=False)
+    outcome = runner.run("deterministic", NONDETERMINISTIC)
+    assert outcome.result is None
+    assert outcome.skipped.startswith("deterministic: an op of the model has no deterministic kernel here: "
+                                      "fake_op_backward does not have a deterministic implementation")
+    assert not torch.are_deterministic_algorithms_enabled()  # the failed setup restored the flag
+    assert runner.run("baseline", NONDETERMINISTIC).skipped is None  # the same spec trains without the flag
+
+
+class _ClockLog(CpuBackend):
+    """A CPU backend whose clock is a counter (10 s a read) and whose waits and syncs are logged, not waited."""
+
+    def __init__(self, log):
+        super().__init__(torch.device("cpu"))
+        self.log, self.now = log, 0.0
+
+    def clock(self):
+        self.log.append(("clock", self.now))
+        self.now += 10.0
+        return self.now - 10.0
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+    def busy_wait(self, seconds):
+        self.log.append(("busy_wait", seconds))
+
+
+@pytest.mark.parametrize(("fault", "after_the_update"), [
+    (step.InjectedFault(slowdown=0.5), ["synchronize", ("clock", 10.0), ("busy_wait", 5.0)]),
+    (None, []),
+])
+def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_the_update, profile):
+    log = []
+    with step.Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
+                       fault) as training:
+        training.optimizer.register_step_post_hook(lambda *args: log.append("optimizer step"))
+        micro_batches = training.fetch(training.batches())
+        log.clear()
+        training.backend.now = 0.0
+        training.step(micro_batches)
+    # the step's start, its work, then (with the fault) the device drained before the elapsed time is read:
+    # a fraction of the whole step, not of the host's share of it
+    assert log == [("clock", 0.0), "optimizer step", *after_the_update]
+
+
+# -- moving a model, fake tensors included (trainbench.predict builds models under FakeTensorMode) ----------
+
+class _Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+        self.head = nn.Linear(4, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_fake_model_moved_keeps_its_tied_weights_tied():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = _Tied()
+        before = model.embed.weight
+        assert isinstance(before, FakeTensor)
+        moved = module_to(model, "cpu", dtype=torch.float64)
+    assert moved is model
+    assert model.head.weight is model.embed.weight and model.embed.weight is not before  # one new Parameter
+    assert isinstance(model.embed.weight, nn.Parameter) and isinstance(model.embed.weight, FakeTensor)
+    assert model.embed.weight.dtype == torch.float64 and model.embed.weight.requires_grad
+    assert len(list(model.parameters())) == 1
+
+
+def test_a_fake_model_in_channels_last_converts_4d_tensors_only():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+        module_to(model, memory_format=torch.channels_last)  # BatchNorm's 1-D buffers and biases stay as they are
+    conv, bn = model
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+    assert conv.bias.shape == (8,) and bn.running_mean.shape == (8,) and bn.num_batches_tracked.dim() == 0
+
+
+def test_a_real_model_is_moved_by_module_to_itself():
+    model = _Tied()
+    weight = model.embed.weight
+    assert module_to(model, "cpu") is model and model.embed.weight is weight  # Module.to: nothing to move
+
+
+# -- the data a step trains on ----------------------------------------------------------------------------
+
+def test_the_ranks_samplers_together_serve_each_global_batch_of_the_one_process_sampler():
+    one_process = step.EndlessSampler(40, seed=3)
+    ranks = [step.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
+    streams = [iter(one_process)] + [iter(r) for r in ranks]
+    for _ in range(25):  # past the end of the first permutation
+        global_batch = [next(streams[0]) for _ in range(8)]
+        assert [next(streams[1]) for _ in range(4)] + [next(streams[2]) for _ in range(4)] == global_batch
+
+
+def test_synthetic_batches_are_seeded_and_made_where_the_config_asks(cpu, profile):
+    mlp = resolve_spec("mlp", profile)
+    with Training(TrainConfig(synthetic="host"), mlp, cpu) as first, \
+            Training(TrainConfig(synthetic="host"), mlp, cpu) as second:
+        assert first.loader is None
+        a, b = next(first.batches()), next(second.batches())
+        assert torch.equal(a[0], b[0]) and a[0].shape == (profile.batch_size, 3, 32, 32)
+        assert first.h2d_bytes([a]) > 0
+    with Training(TrainConfig(synthetic="device"), mlp, cpu) as on_device:
+        assert on_device.h2d_bytes(on_device.fetch(on_device.batches())) == 0  # made where it trains: nothing copied
+
+
+def test_a_step_fetches_one_loader_batch_per_micro_batch(training, profile):
+    with training("grad_accumulation") as setup:
+        micro_batches = setup.fetch(setup.batches())
+        # 4x the spec's batch per step, as 4 loader batches of the spec's size
+        assert len(micro_batches) == setup.config.accumulation_steps == 4
+        assert [len(labels) for _, labels in micro_batches] == [profile.batch_size] * 4
+        assert setup.samples_per_step == 4 * setup.batch_size == 4 * profile.batch_size
+
+
+# -- what each knob does to the model and the step ----------------------------------------------------------
+
+@pytest.mark.parametrize(("knobs", "missing"), [
+    ({"channels_last": True}, "the model has no 2-D convolution"),
+    ({"conv_bias": True}, "the model has no bias-free convolution to give a bias"),
+    ({"fuse_pointwise": "script"}, "the model has no module with a `pointwise` function to fuse"),
+    ({"checkpointing": True}, "the spec names no checkpoint_blocks"),
+])
+def test_a_knob_the_mlp_has_nothing_for_is_not_applicable(knobs, missing, cpu, profile):
+    with pytest.raises(NotApplicable, match=missing):
+        Training(TrainConfig(**knobs), resolve_spec("mlp", profile), cpu)
+
+
+def test_a_spec_whose_model_or_optimizer_is_not_what_torch_expects_is_a_clear_error(cpu, profile):
+    mlp = resolve_spec("mlp", profile)
+    with pytest.raises(SpecError, match="model\\(\\) returned function, expected an nn.Module"):
+        Training(TrainConfig(), dataclasses.replace(mlp, model=lambda: (lambda x: x)), cpu)
+    with pytest.raises(SpecError, match="optimizer returned list, expected a torch.optim.Optimizer"):
+        Training(TrainConfig(), dataclasses.replace(mlp, optimizer=lambda params: list(params)), cpu)
+    transformer = resolve_spec("transformer", profile)
+    with pytest.raises(SpecError, match="checkpoint block 'encoder.nope' is not a submodule of the model"):
+        Training(TrainConfig(checkpointing=True), dataclasses.replace(transformer, checkpoint_blocks=("encoder.nope",)),
+                 cpu)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
+    model = resolve_spec("gelu_mlp", profile).model()
+    assert step.fuse_pointwise(model, "script") == 1
+    assert isinstance(model.pointwise, torch.jit.ScriptFunction)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(model(x), model.head(model.pointwise(model.fc2(model.pointwise(model.fc1(x.flatten(1)))))))
+
+
+@pytest.mark.parametrize(("mode", "grad_after_zero"), [("zeros", "zeros"), ("set_to_none", None), ("param_none", None)])
+def test_each_zero_grad_mode_leaves_the_gradients_as_it_says(mode, grad_after_zero, cpu, profile):
+    with Training(TrainConfig(zero_grad=mode), resolve_spec("mlp", profile), cpu) as setup:
+        setup.step(setup.fetch(setup.batches()))
+        setup.zero_grad()
+        grads = [p.grad for p in setup.model.parameters()]
+    if grad_after_zero is None:
+        assert all(g is None for g in grads)
+    else:
+        assert all(g is not None and not g.any() for g in grads)
+
+
+def test_a_running_loss_kept_as_a_tensor_keeps_every_steps_graph_and_a_detached_one_none(cpu, profile):
+    mlp = resolve_spec("mlp", profile)
+    kept = {}
+    for history in ("tensor", "detach"):
+        with Training(TrainConfig(loss_history=history), mlp, cpu) as setup:
+            batches = setup.batches()
+            nodes = []
+            for _ in range(3):
+                setup.step(setup.fetch(batches))
+                nodes.append(setup.retained_graph_nodes())
+            kept[history] = nodes
+    assert kept["detach"] == [0, 0, 0]
+    assert kept["tensor"][0] > 0 and kept["tensor"][2] - kept["tensor"][1] == kept["tensor"][1] - kept["tensor"][0] > 0
+
+
+def test_the_step_returns_a_detached_loss_and_counts_itself(cpu, profile):
+    with Training(TrainConfig(), resolve_spec("mlp", profile), cpu) as setup:
+        loss = setup.step(setup.fetch(setup.batches()))
+        assert loss.requires_grad is False and loss.dim() == 0 and setup.steps_done == 1
