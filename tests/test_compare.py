@@ -198,11 +198,26 @@ def _compare(pytester, options, *args):
     return pytester.runpytest("--benchmark-compare", "--trainbench-compare-json=verdict.json", *options, *args)
 
 
+@pytest.fixture(scope="module")
+def _first_saved_run():
+    """The saved run the first test of this module to need one made: its path under the project and its bytes."""
+    return {}
+
+
 @pytest.fixture
-def saved_baseline(pytester, gate_options):
-    """A project with the steady case and one saved run of it (0001_base) to compare against."""
+def saved_baseline(pytester, gate_options, _first_saved_run):
+    """A project with the steady case and one saved run of it (0001_base) to compare against.
+
+    One session saves it; later tests get a copy of that file (the steady case's rounds come from a virtual clock,
+    so every session would save the same run)."""
     pytester.makepyfile(test_case=CASE)
-    _save(pytester, gate_options).assert_outcomes(passed=1)
+    if not _first_saved_run:
+        _save(pytester, gate_options).assert_outcomes(passed=1)
+        [saved] = pytester.path.rglob("0001_base.json")
+        _first_saved_run[saved.relative_to(pytester.path)] = saved.read_bytes()
+    for relative, content in _first_saved_run.items():
+        (pytester.path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / relative).write_bytes(content)
 
 
 def test_runs_are_stored_where_pytest_benchmark_stores_them_with_the_device_in_machine_info(pytester, gate_options):

@@ -19,6 +19,23 @@ def budgets(pytester, text):
     return str(pytester.makefile(".toml", budgets=text))
 
 
+@pytest.fixture(scope="module")
+def _sessions():
+    """Inner sessions that several tests read, by name: run once for the module."""
+    return {}
+
+
+@pytest.fixture
+def baseline_without_budgets(pytester, quick_options, _sessions):
+    """(result, saved JSON) of one inner session measuring the MLP baseline with no budgets file and
+    --benchmark-json: the first test to ask runs it, the others read that same session."""
+    if "baseline" not in _sessions:
+        pytester.makepyfile(test_cases=CASES)
+        result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *quick_options)
+        _sessions["baseline"] = result, json.loads((pytester.path / "out.json").read_text())
+    return _sessions["baseline"]
+
+
 def test_markers_are_listed_and_namespaced(pytester):
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.trainbench_gpu(what=...):*", "@pytest.mark.trainbench_min_gpus(n):*",
@@ -121,11 +138,11 @@ def test_a_budget_entry_one_typo_from_a_case_fails_at_start_up_and_a_case_of_one
                                                                                               deselected=3)
 
 
-def test_case_without_budget_runs_and_says_so(pytester, quick_options):
-    pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", *quick_options)
+def test_case_without_budget_runs_and_says_so(pytester, quick_options, baseline_without_budgets):
+    result, _ = baseline_without_budgets
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
     result.stdout.fnmatch_lines(["*mlp-baseline: no budget: no budgets file configured*; nothing was checked*"])
+    pytester.makepyfile(test_cases=CASES)
     pytester.makefile(".toml", budgets='[cuda."mlp-baseline"]\nmax_ops_per_step = 1\n')
     other_device = pytester.runpytest("-k", "baseline", *quick_options)
     other_device.assert_outcomes(passed=1, deselected=3, warnings=1)
@@ -136,11 +153,9 @@ def test_case_without_budget_runs_and_says_so(pytester, quick_options):
                                  "mlp-baseline * FAIL"])
 
 
-def test_benchmark_json_carries_every_metric(pytester, quick_options):
-    pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *quick_options)
+def test_benchmark_json_carries_every_metric(baseline_without_budgets):
+    result, data = baseline_without_budgets
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
-    data = json.loads((pytester.path / "out.json").read_text())
     (bench,) = data["benchmarks"]
     info = bench["extra_info"]
     for key in ["samples_per_s", "step_time_ms", "step_time_iqr_ms", "peak_memory_mib", "activation_mib",
@@ -179,11 +194,10 @@ def test_a_gpu_job_that_finds_no_gpu_fails_before_any_case(pytester, monkeypatch
     assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
 
 
-def test_the_doctors_checks_are_saved_with_the_run(pytester, quick_options):
-    pytester.makepyfile(test_cases=CASES)
-    result = pytester.runpytest("-k", "baseline", "--benchmark-json=out.json", *quick_options)
+def test_the_doctors_checks_are_saved_with_the_run(baseline_without_budgets):
+    result, data = baseline_without_budgets
     result.assert_outcomes(passed=1, deselected=3, warnings=1)
-    doctor = json.loads((pytester.path / "out.json").read_text())["machine_info"]["trainbench"]["doctor"]
+    doctor = data["machine_info"]["trainbench"]["doctor"]
     assert doctor["blockers"] == 0
     names = {check["name"] for check in doctor["checks"]}
     assert {"cuda", "shm", "timing", "cpu"} <= names
@@ -282,10 +296,13 @@ PLAIN = """
 def test_plain(benchmark):
     benchmark(sum, range(100))
 """
+# pytest-benchmark times a plain benchmark for up to a second by default; where it stores and what it compares
+# does not depend on how long.
+PLAIN_OPTIONS = ["--benchmark-max-time=0.01", "-p", "no:cacheprovider"]
 
 
 def _saved(pytester, *args):
-    result = pytester.runpytest("--benchmark-autosave", "--benchmark-save=plain", "-p", "no:cacheprovider", *args)
+    result = pytester.runpytest("--benchmark-autosave", "--benchmark-save=plain", *PLAIN_OPTIONS, *args)
     result.assert_outcomes(passed=1)
     return sorted(str(p.relative_to(pytester.path)) for p in (pytester.path / ".benchmarks").rglob("*.json"))
 
@@ -299,7 +316,7 @@ def test_plain_pytest_benchmark_tests_store_and_compare_as_without_trainbench(py
     assert [p.replace("0001", "0002") for p in without] == with_plugin  # same folder, the next number
     machine_info = [json.loads((pytester.path / p).read_text())["machine_info"] for p in with_plugin + without]
     assert all("trainbench" not in info for info in machine_info)  # the plugin adds nothing to a plain run
-    compared = pytester.runpytest("--benchmark-compare", "-p", "no:cacheprovider")
+    compared = pytester.runpytest("--benchmark-compare", *PLAIN_OPTIONS)
     compared.assert_outcomes(passed=1)
     assert "(0002_plain)" in compared.stdout.str()  # pytest-benchmark's own choice: the latest run
     assert "trainbench summary" not in compared.stdout.str() and "trainbench compare" not in compared.stdout.str()
@@ -393,7 +410,12 @@ def test_hung(train_bench):
 """
 
 
-def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester, quick_options):
+def test_a_hung_dataset_fails_that_case_after_the_loader_timeout(pytester, quick_options, monkeypatch):
+    import torch.utils.data._utils
+
+    # Closing the loader, torch waits this long for each stuck worker to exit before it terminates it (5 s by
+    # default): the same shutdown, without 10 s of waiting in every test run.
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
     pytester.makepyfile(test_hung=HUNG)
     started = time.monotonic()
     result = pytester.runpytest(*quick_options)
