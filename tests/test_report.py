@@ -57,10 +57,14 @@ def run_file(tmp_path):
     return path
 
 
-@pytest.fixture
-def report(run_file, tmp_path):
-    out = tmp_path / "report"
-    written = write_ladder_report(run_file, out)
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """The report of the synthetic run, rendered once (figures included) for the tests that only read it."""
+    folder = tmp_path_factory.mktemp("report")
+    run = folder / "0001_run.json"
+    run.write_text(json.dumps(synthetic_run()))
+    out = folder / "report"
+    written = write_ladder_report(run, out)
     return out, written, (out / "ladders.md").read_text()
 
 
