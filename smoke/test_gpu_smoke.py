@@ -125,11 +125,11 @@ def test_kernel_counts_are_stable(runner):
 
 def test_grad_scaler_and_guard_gradients_are_finite(runner):
     from trainbench.recipes import get_recipe
-    from trainbench.step import Training
+    from trainbench.training import TrainingSetup
     from trainbench.workloads import resolve_spec
 
     profile = runner.profile
-    with Training(get_recipe("amp_fp16").config(profile), resolve_spec("resnet18", profile), runner.backend) as t:
+    with TrainingSetup(get_recipe("amp_fp16").config(profile), resolve_spec("resnet18", profile), runner.backend) as t:
         batches = t.batches()
         for _ in range(5):
             t.step(t.fetch(batches))

@@ -79,12 +79,12 @@ def mlp(profile):
 def training(cpu, profile):
     """``training(recipe, workload="mlp", **overrides)``: the built setup of a recipe on a built-in workload."""
     from trainbench.recipes import get_recipe
-    from trainbench.step import Training
+    from trainbench.training import TrainingSetup
     from trainbench.workloads import resolve_spec
 
     def build(recipe="baseline", workload="mlp", backend=None, **overrides):
         config = get_recipe(recipe).config(profile, **overrides)
-        return Training(config, resolve_spec(workload, profile), backend or cpu)
+        return TrainingSetup(config, resolve_spec(workload, profile), backend or cpu)
 
     return build
 

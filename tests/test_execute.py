@@ -5,10 +5,10 @@ import torch
 
 from trainbench.budgets import Budgets
 from trainbench.device import CpuBackend
-from trainbench.measure import Measurement
+from trainbench.measure import Measurer
 from trainbench.result import CaseRecord
 from trainbench.runner import Runner
-from trainbench.step import InjectedFault
+from trainbench.training import InjectedFault
 
 
 class LoggingBackend(CpuBackend):
@@ -24,13 +24,13 @@ class LoggingBackend(CpuBackend):
 @pytest.fixture
 def log(monkeypatch):
     entries = []
-    real = Measurement.measure_after_timing
+    real = Measurer.measure_after_timing
 
     def logged(self):
         entries.append(f"passes {self.result.recipe}")
         real(self)
 
-    monkeypatch.setattr(Measurement, "measure_after_timing", logged)
+    monkeypatch.setattr(Measurer, "measure_after_timing", logged)
     return entries
 
 

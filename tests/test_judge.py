@@ -13,7 +13,7 @@ from trainbench.measure import MeasureSettings, measure
 from trainbench.outcome import CaseOutcome
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 from trainbench.watchdog import NoProgress
 from trainbench.workloads import PROFILES, resolve_spec
 
@@ -30,7 +30,7 @@ def result():
     profile = PROFILES["cpu"]
     settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
                                memory_steps=1)
-    with Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile),
+    with TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile),
                   CpuBackend(torch.device("cpu"))) as setup:
         return measure(setup, "mlp-baseline", "baseline", settings, 0, profile.name)
 

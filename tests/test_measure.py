@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench import step
+from trainbench import training as setup_module
 from trainbench.device import CpuBackend
-from trainbench.measure import Measurement, MeasureSettings, _OpCounter, run_rounds
+from trainbench.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
 from trainbench.recipes import TrainConfig, get_recipe
 from trainbench.result import MIB
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 from trainbench.workloads import resolve_spec
 
 MLP_PARAMS = 3072 * 256 + 256 + 256 * 10 + 10  # Flatten -> Linear(3072, 256) -> ReLU -> Linear(256, 10)
@@ -41,11 +41,11 @@ def _log_each_step(training, log, entry):
 
 @contextlib.contextmanager
 def _warmed_up_with_a_log(mlp, quick):
-    """A warmed-up Measurement of the MLP whose backend and steps write to ``log`` (cleared after the warm-up)."""
+    """A warmed-up Measurer of the MLP whose backend and steps write to ``log`` (cleared after the warm-up)."""
     log = []
-    with Training(TrainConfig(), mlp, RecordingBackend(log)) as training:
+    with TrainingSetup(TrainConfig(), mlp, RecordingBackend(log)) as training:
         _log_each_step(training, log, lambda: "step")
-        m = Measurement(training, "mlp-baseline", "baseline", quick)
+        m = Measurer(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
         log.clear()
         yield m, log
@@ -75,9 +75,9 @@ def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, qu
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     log = []
-    with Training(TrainConfig(), mlp, cpu) as training:
+    with TrainingSetup(TrainConfig(), mlp, cpu) as training:
         _log_each_step(training, log, lambda: "mode" if _get_current_dispatch_mode() is not None else "as timed")
-        m = Measurement(training, "mlp-baseline", "baseline", quick)
+        m = Measurer(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
         m.time_rounds()
         log.clear()
@@ -135,13 +135,13 @@ def test_flops_ops_and_bytes_of_a_known_model(measured):
 def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(measured, monkeypatch):
     # e.g. a loss recomputed for logging: the memory tracker must not stop at the second forward
     once = measured("baseline", batch_size=16)
-    single_loss = Training._loss
+    single_loss = TrainingSetup._loss
 
     def loss_computed_twice(self, batch):
         single_loss(self, batch)
         return single_loss(self, batch)
 
-    monkeypatch.setattr(Training, "_loss", loss_computed_twice)
+    monkeypatch.setattr(TrainingSetup, "_loss", loss_computed_twice)
     twice = measured("baseline", batch_size=16)
     forward = 2 * 16 * (3072 * 256 + 256 * 10)
     assert twice.flops_per_step == once.flops_per_step + forward
@@ -167,7 +167,7 @@ def test_warmup_runs_recipe_extra_steps_and_reports_first_step(training):
     settings = MeasureSettings(min_warmup_steps=2, max_warmup_steps=2, steady_window=1, rounds=1,
                                steps_per_round=1, breakdown=False, work=False)
     with training() as setup:
-        m = Measurement(setup, "c", "r", settings, extra_warmup_steps=3)
+        m = Measurer(setup, "c", "r", settings, extra_warmup_steps=3)
         m.warm_up()
     assert m.result.warmup_steps == 5
     assert m.result.first_step_s > 0
@@ -203,7 +203,7 @@ def test_item_every_step_syncs_every_step_and_every_n_once_per_n(metrics_of):
 
 def test_a_sum_pending_between_syncs_is_not_growth_at_any_point_of_its_cycle(training, quick):
     with training("loss_item_every_n") as setup:
-        m = Measurement(setup, "mlp-loss_item_every_n", "loss_item_every_n", quick)
+        m = Measurer(setup, "mlp-loss_item_every_n", "loss_item_every_n", quick)
         m.warm_up()
         batches = setup.batches()
         for offset in range(4):  # start the growth window at different points of the N-step cycle
@@ -293,12 +293,12 @@ def test_the_op_counter_counts_item_as_a_sync_and_a_dtype_cast_as_none():
 # -- passes a setup's threads escape ---------------------------------------------------------------------
 
 def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile, quick):
-    from trainbench.measure import Measurement
+    from trainbench.measure import Measurer
 
-    with step.Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
+    with setup_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
         # DataParallel needs 2 GPUs; the pass selection only reads the config, so the CPU setup stands in.
         training.config = dataclasses.replace(training.config, parallel="dp", replicas=2)
-        m = Measurement(training, "mlp-data_parallel", "data_parallel", quick)
+        m = Measurer(training, "mlp-data_parallel", "data_parallel", quick)
         m.warm_up(settle=False)
         m.measure_after_timing()
     assert set(m.result.phase_seconds) == {"peaks", "calls"}

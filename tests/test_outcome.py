@@ -12,7 +12,7 @@ from trainbench.measure import MeasureSettings, measure
 from trainbench.outcome import CaseOutcome, failed_without_result
 from trainbench.recipes import get_recipe
 from trainbench.result import CaseRecord
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 from trainbench.workloads import PROFILES, resolve_spec
 
 OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
@@ -27,7 +27,7 @@ def measured():
                                memory_steps=1)
     results = {}
     for name in ("baseline", "set_to_none"):
-        with Training(get_recipe(name).config(profile), resolve_spec("mlp", profile),
+        with TrainingSetup(get_recipe(name).config(profile), resolve_spec("mlp", profile),
                       CpuBackend(torch.device("cpu"))) as setup:
             results[name] = measure(setup, f"mlp-{name}", name, settings, 0, profile.name)
     return results

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from trainbench.measure import Measurement, MeasureSettings
+from trainbench.measure import Measurer, MeasureSettings
 from trainbench.recipes import TrainConfig
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 
 REPETITIONS = 41  # pairs of adjacent rounds
 ROUNDS, STEPS_PER_ROUND = 1, 20
@@ -35,9 +35,9 @@ def test_harness_overhead_is_within_10_percent_of_a_bare_loop(cpu, mlp):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # intra-op work on this thread only: its CPU time is all the step's work
     try:
-        with Training(TrainConfig(zero_grad="set_to_none"), mlp, cpu) as training:
+        with TrainingSetup(TrainConfig(zero_grad="set_to_none"), mlp, cpu) as training:
             batches = training.batches()
-            harness = Measurement(training, "mlp-baseline", "baseline", settings)
+            harness = Measurer(training, "mlp-baseline", "baseline", settings)
             harness.warm_up()
 
             def harness_cost():

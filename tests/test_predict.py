@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from trainbench.measure import Measurement, MeasureSettings
+from trainbench.measure import Measurer, MeasureSettings
 from trainbench.predict import predict_memory, unpredictable, without_unpredictable
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
 from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 from trainbench.workloads import PROFILES, resolve_spec
 
 MIB = 2**20
@@ -20,8 +20,8 @@ MIB = 2**20
 
 def _measured_breakdown(config, spec, backend, steps=3):
     """The tracked breakdown as the runner measures it: after real steps (gradients and optimizer state exist)."""
-    with Training(config, spec, backend) as training:
-        measurement = Measurement(training, "measured", "measured", MeasureSettings(), 0, "cpu")
+    with TrainingSetup(config, spec, backend) as training:
+        measurement = Measurer(training, "measured", "measured", MeasureSettings(), 0, "cpu")
         for _ in range(steps):
             measurement.timed_step()
         return measurement.tracked_breakdown()
@@ -56,7 +56,7 @@ def test_the_prediction_is_the_measured_breakdown(workload, recipe, cpu, profile
     ("data_parallel", "data parallelism"),
 ])
 def test_a_setup_fake_tensors_cannot_run_is_not_predicted_but_said_why(recipe, why, cpu, profile, mlp, monkeypatch):
-    monkeypatch.setattr(Training, "__init__", lambda *a, **k: pytest.fail("built a setup it cannot predict"))
+    monkeypatch.setattr(TrainingSetup, "__init__", lambda *a, **k: pytest.fail("built a setup it cannot predict"))
     config = get_recipe(recipe).config(profile)
     assert unpredictable(config).startswith(why)
     assert predict_memory(config, mlp, cpu) == {"reason": unpredictable(config)}

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from trainbench.recipes import NotApplicable, TrainConfig
 from trainbench.spec import SpecError, TrainingSpec, batch_nbytes, batch_to_device
-from trainbench.step import Training
+from trainbench.training import TrainingSetup
 from trainbench.workloads import resolve_spec
 
 
@@ -45,7 +45,7 @@ def test_nested_batches_move_leaf_by_leaf_and_count_every_tensor():
 def test_a_two_input_model_with_its_own_loss_and_float_targets_trains(cpu):
     from trainbench.measure import measure
 
-    with Training(TrainConfig(), NESTED, cpu) as setup:
+    with TrainingSetup(TrainConfig(), NESTED, cpu) as setup:
         same_batch = setup.fetch(setup.batches())
         losses = [float(setup.step(same_batch)) for _ in range(20)]
         result = measure(setup, "nested-baseline", "baseline", _quick(), 0, "cpu")
@@ -72,7 +72,7 @@ def test_a_spec_states_what_it_needs():
 
 def test_a_loss_that_is_not_a_scalar_is_a_clear_error(cpu):
     bad = dataclasses.replace(NESTED, loss_fn=lambda model, batch: model(batch["x"], batch["rest"][0]))
-    with Training(TrainConfig(), bad, cpu) as setup, pytest.raises(SpecError, match="loss_fn returned a tensor of shape"):
+    with TrainingSetup(TrainConfig(), bad, cpu) as setup, pytest.raises(SpecError, match="loss_fn returned a tensor of shape"):
         setup.step(setup.fetch(setup.batches()))
 
 
@@ -82,7 +82,7 @@ def test_an_optimizer_that_ignores_fused_is_not_applicable(cpu):
             super().__init__(params, lr=lr)
 
     with pytest.raises(NotApplicable, match="Quiet did not take fused=True"):
-        Training(TrainConfig(optimizer_impl="fused"), dataclasses.replace(NESTED, optimizer=Quiet), cpu)
+        TrainingSetup(TrainConfig(optimizer_impl="fused"), dataclasses.replace(NESTED, optimizer=Quiet), cpu)
 
 
 def test_accumulation_needs_micro_batches_that_divide_the_batch():

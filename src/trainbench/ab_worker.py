@@ -37,9 +37,9 @@ class _Worker:
         import torch
 
         from trainbench.distributed import load_spec
-        from trainbench.measure import Measurement, MeasureSettings
+        from trainbench.measure import Measurer, MeasureSettings
         from trainbench.recipes import TrainConfig
-        from trainbench.step import InjectedFault, Training
+        from trainbench.training import InjectedFault, TrainingSetup
         from trainbench.workloads import PROFILES
 
         if threads:
@@ -49,8 +49,8 @@ class _Worker:
         self.spec = load_spec(spec, PROFILES[profile])
         self.config = TrainConfig(**config)
         fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
-        self.training = Training(self.config, self.spec, self.backend, fault)
-        self.measurement = Measurement(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,
+        self.training = TrainingSetup(self.config, self.spec, self.backend, fault)
+        self.measurement = Measurer(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,
                                        profile)
         self.measurement.warm_up()
         return {"warmup_steps": self.measurement.result.warmup_steps}

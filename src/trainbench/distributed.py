@@ -3,7 +3,7 @@
 ``measure_ddp`` runs ``world_size`` rank processes through PyTorch's own launcher,
 ``torch.distributed.run`` (torchrun's elastic agent: c10d rendezvous, ``RANK``/``LOCAL_RANK``/
 ``WORLD_SIZE`` in each rank's environment, ``init_process_group`` from it; gloo on the CPU,
-NCCL on GPUs). Every rank runs the same ``Measurement``; its timed rounds start at a barrier, so
+NCCL on GPUs). Every rank runs the same ``Measurer``; its timed rounds start at a barrier, so
 round N is the same round on every rank, and the case's round time is the slowest rank's (the
 job goes at its pace). Ranks must run identical step counts or their all-reduces deadlock, so
 warm-up is fixed rather than adaptive. Rank 0 gathers every rank's round times, memory breakdown
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from .device import Backend
-from .measure import Measurement, MeasureSettings
+from .measure import Measurer, MeasureSettings
 from .recipes import TrainConfig
 from .result import RELAUNCH_NOTE, Result
 from .spec import SpecError, TrainingSpec
@@ -155,7 +155,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     from .device import get_backend
     from .guards import loss_trajectory
     from .measure import run_rounds
-    from .step import Training
+    from .training import TrainingSetup
 
     sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
     config = TrainConfig(**job["config"])
@@ -178,7 +178,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     spec = load_spec(job["spec"], profile)
     settings = MeasureSettings(**job["settings"])
     ranks: dict = {}
-    with watch(settings.no_progress_s), Training(config, spec, backend) as training:
+    with watch(settings.no_progress_s), TrainingSetup(config, spec, backend) as training:
         if distributed:
             # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
             # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
@@ -187,7 +187,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
             ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)
             if job["want_grads"] and rank == 0:
                 np.savez(out / "grads.npz", **{n: g.cpu().numpy() for n, g in grads.items()})
-        m = Measurement(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
+        m = Measurer(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
         result = m.run(barrier_rounds(dist.barrier) if distributed else run_rounds)
     if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
         (out / "losses.json").write_text(json.dumps(loss_trajectory(config, spec, backend)))

@@ -17,15 +17,15 @@ from .device import Backend, DeviceCaps
 from .distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from .eligibility import Context, why_not
 from .host import LoadMeter
-from .measure import Measurement, MeasureSettings, interleave_rounds, run_rounds
+from .measure import Measurer, MeasureSettings, interleave_rounds, run_rounds
 from .outcome import CaseOutcome, case_id, failed_without_result
 from .plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
 from .predict import PredictionCache
 from .recipes import ConfigError, NotApplicable, Recipe, TrainConfig, judging_overrides
 from .result import Result
 from .spec import TrainingSpec
-from .step import InjectedFault, Training
 from .trace import TraceRequest, record_trace
+from .training import InjectedFault, TrainingSetup
 from .watchdog import NoProgress, phase, watch
 from .workloads import PROFILES, Profile, resolve_spec
 
@@ -164,17 +164,17 @@ class Executor:
         """
         recipe, base, spec, settings = plan.recipe, plan.baseline, plan.spec, self.settings
         earlier = self.results.get(self._key(plan, base))
-        tb = Training(plan.baseline_config, spec, self.backend)
+        tb = TrainingSetup(plan.baseline_config, spec, self.backend)
         try:
-            mb = Measurement(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
+            mb = Measurer(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
                              self.profile.name)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             if earlier is not None:
                 mb.reuse_passes(earlier)
             else:
                 mb.measure_after_timing()
-            with Training(plan.config, spec, self.backend, self.fault) as tc:
-                mc = Measurement(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
+            with TrainingSetup(plan.config, spec, self.backend, self.fault) as tc:
+                mc = Measurer(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
                 interleave_rounds(mc, mb)
                 baseline = mb.finish()
                 tb.close()
@@ -212,8 +212,8 @@ class Executor:
             if grads is not None:
                 self._ddp_grads = grads
             return result
-        with Training(config, spec, self.backend, fault) as training:
-            m = Measurement(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
+        with TrainingSetup(config, spec, self.backend, fault) as training:
+            m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
             return m.run(run_rounds)
 
     @staticmethod

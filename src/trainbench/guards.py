@@ -22,7 +22,7 @@ import torch
 from .device import Backend
 from .recipes import TrainConfig
 from .spec import TrainingSpec
-from .step import Training
+from .training import TrainingSetup
 
 GUARD_STEPS = 4
 
@@ -39,7 +39,7 @@ class GuardVerdict:
 
 def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = GUARD_STEPS) -> list[float]:
     """Losses of the first ``steps`` steps from seeded weights on seeded batches."""
-    with Training(config, spec, backend) as training:
+    with TrainingSetup(config, spec, backend) as training:
         batches = training.batches()
         losses = [training.step(training.fetch(batches)) for _ in range(steps)]
         return [float(loss) for loss in losses]  # syncs once per step, after the steps ran
@@ -60,7 +60,7 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
 
 def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> dict[str, torch.Tensor]:
     """Gradients of the first step (before any update), by parameter name, in fp32 on the host."""
-    with Training(config, spec, backend) as training:
+    with TrainingSetup(config, spec, backend) as training:
         training.forward_backward(training.fetch(training.batches()))
         scale = training.scaler.get_scale() if training.scaler is not None else 1.0
         return {name: (p.grad.detach().float() / scale).cpu()

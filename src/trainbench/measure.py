@@ -36,7 +36,7 @@ from .device import Backend
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 from .result import Result
-from .step import Training
+from .training import TrainingSetup
 from .watchdog import phase
 
 
@@ -159,14 +159,14 @@ _MEMTRACKER_CATEGORIES = {
 }
 
 
-class Measurement:
+class Measurer:
     """Measures one training setup; ``run()`` returns a ``Result``.
 
     The pieces (``warm_up``, ``time_rounds``/``time_one_round``, ``measure_after_timing``)
     are public so the pytest plugin can drive them with its own runners.
     """
 
-    def __init__(self, training: Training, case: str, recipe_name: str, settings: MeasureSettings,
+    def __init__(self, training: TrainingSetup, case: str, recipe_name: str, settings: MeasureSettings,
                  extra_warmup_steps: int = 0, profile_name: str = ""):
         self.training = training
         self.backend: Backend = training.backend
@@ -457,13 +457,13 @@ class Measurement:
         return self.finish()
 
 
-def measure(training: Training, case: str, recipe_name: str, settings: MeasureSettings, extra_warmup_steps: int = 0,
+def measure(training: TrainingSetup, case: str, recipe_name: str, settings: MeasureSettings, extra_warmup_steps: int = 0,
             profile_name: str = "", runner: RoundRunner = run_rounds) -> Result:
     """Measure a built training setup (one process) with the whole method."""
-    return Measurement(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
+    return Measurer(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
 
 
-def interleave_rounds(case: Measurement, baseline: Measurement) -> None:
+def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
     """Time a case's and its (already warm) baseline's rounds interleaved, in ABBA order.
 
     A shared runner's speed drifts over seconds; timed back to back, a slow spell lands

@@ -117,7 +117,7 @@ class Options:
     compare_json: Path | None
     allow_new_cases: bool
     allow_cross_device: bool
-    fault: object  # trainbench.step.InjectedFault planted by --trainbench-inject-*, or None
+    fault: object  # trainbench.training.InjectedFault planted by --trainbench-inject-*, or None
     trace: object  # trainbench.trace.TraceRequest from --trainbench-profile-trace, or None
     ab: ABOptions | None
     benchmark_disabled: bool  # --benchmark-disable: nothing is timed or stored
@@ -270,6 +270,6 @@ def _gate_options(config, ab: bool = False):
         raise usage_error(f"--trainbench-inject-leak-mib must be >= 0, got {leak}")
     if not (slowdown or leak):
         return gate, None
-    from .step import InjectedFault
+    from .training import InjectedFault
 
     return gate, InjectedFault(slowdown=slowdown, leak_mib=leak)

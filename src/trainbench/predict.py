@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from .device import Backend, DeviceCaps
 from .recipes import TrainConfig
 from .spec import TrainingSpec
-from .step import Training
+from .training import TrainingSetup
 
 PREDICTED_STEPS = 1  # untracked steps before the tracked one: gradients and optimizer state exist
 
@@ -102,8 +102,8 @@ def _no_weight_init():
             setattr(init, name, fn)
 
 
-class _PredictedTraining(Training):
-    """A ``Training`` whose data never comes from a real loader and whose steps never ask the data a question."""
+class _PredictedTraining(TrainingSetup):
+    """A ``TrainingSetup`` whose data never comes from a real loader and whose steps never ask the data a question."""
 
     def batches(self) -> Iterator:
         if self._iterator is None:
@@ -131,7 +131,7 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from .measure import Measurement, MeasureSettings
+    from .measure import Measurer, MeasureSettings
 
     reason = unpredictable(config)
     if reason:
@@ -145,7 +145,7 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
                 warnings.filterwarnings("ignore", message="This DataLoader will create")
                 training = _PredictedTraining(config, spec, backend)
             stack.enter_context(training)
-            measurement = Measurement(training, "predicted", "predicted", MeasureSettings(), 0, "")
+            measurement = Measurer(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
             for _ in range(steps):
                 training.step(training.fetch(batches))

@@ -3,7 +3,7 @@
 A ``Recipe`` names the knobs it turns (``amp="fp16"``, ``num_workers=8`` ...), what the
 device must offer for it to make sense (CUDA, a compute capability, several GPUs) and
 how much extra warm-up it needs. Recipes compose, so the seeds' cumulative ladders are
-lists of recipes. ``step.py`` is the one place where each knob takes effect.
+lists of recipes. ``training.py`` is the one place where each knob takes effect.
 
 Whether a recipe can run on a device, for a spec, is ``eligibility.why_not``'s answer.
 """
@@ -248,7 +248,7 @@ OPTIMIZER_IMPL_KWARGS = {"loop": {"foreach": False, "fused": False}, "foreach": 
 
 
 def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
-    """What ``spec`` lacks for ``config``'s knobs, or None (what only the built model tells is checked by step.py)."""
+    """What ``spec`` lacks for ``config``'s knobs, or None (what only the built model tells is checked by training.py)."""
     if config.pixels and config.pixels not in spec.pixels:
         return f"the spec's dataset serves no {config.pixels} pixels (TrainingSpec.pixels names {list(spec.pixels)})"
     if config.checkpointing and not spec.checkpoint_blocks:

@@ -31,8 +31,8 @@ from .plan import Planner
 from .predict import NOMINAL_GPU, PredictionCache
 from .recipes import Recipe
 from .result import Result
-from .step import InjectedFault
 from .trace import TraceRequest
+from .training import InjectedFault
 from .workloads import PROFILES, Profile, SpecSource
 
 

@@ -4,7 +4,7 @@ A ``TrainingSpec`` says how to build the model and the optimizer, how to compute
 loss of a batch (``loss_fn(model, batch)``: any forward signature, any batch
 structure), where the data comes from (a ``Dataset`` for loader cases, a batch factory
 for synthetic ones) and how many samples a batch holds. Recipes (``trainbench.recipes``)
-change *how* it is trained; ``trainbench.step`` builds the training from a spec and a
+change *how* it is trained; ``trainbench.training`` builds the training from a spec and a
 recipe's config. The built-in workloads (``trainbench.workloads``) are specs like any
 user's.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from .device import Backend
 from .recipes import TrainConfig
 from .spec import TrainingSpec
-from .step import Training
+from .training import TrainingSetup
 from .watchdog import phase
 
 WARMUP_STEPS = 2  # the profiler's own start-up cost lands here, not in the recorded steps
@@ -62,7 +62,7 @@ def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, fold
         (out / "ops.txt").write_text(f"{case}: {ACTIVE_STEPS} training steps after {WARMUP_STEPS} warm-up steps, "
                                      f"{backend.name}\n{table}\n", encoding="utf-8")
 
-    with phase("the profile trace"), Training(config, spec, backend) as training:
+    with phase("the profile trace"), TrainingSetup(config, spec, backend) as training:
         batches = training.batches()
         with backend.memory_history(out / "memory_snapshot.pickle"), \
                 profile(activities=backend.profiler_activities(), record_shapes=True, profile_memory=True,

@@ -161,7 +161,7 @@ class InjectedFault:
     leak_mib: float = 0.0
 
 
-class Training:
+class TrainingSetup:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
     def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None):
@@ -435,7 +435,7 @@ class Training:
             # (a new batch size recompiles with a dynamic batch dimension). Each compiled case starts clean.
             torch._dynamo.reset()
 
-    def __enter__(self) -> Training:  # noqa: PYI034 (typing.Self needs Python 3.11)
+    def __enter__(self) -> TrainingSetup:  # noqa: PYI034 (typing.Self needs Python 3.11)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,12 +9,12 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from trainbench import step
+from trainbench import training as setup_module
 from trainbench.device import CpuBackend
 from trainbench.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.runner import Runner
 from trainbench.spec import SpecError, TrainingSpec, classification_loss
-from trainbench.step import Training, module_to
+from trainbench.training import TrainingSetup, module_to
 from trainbench.workloads import resolve_spec
 
 
@@ -28,7 +28,7 @@ def test_endless_loader_survives_epoch_boundaries(training, profile):
 
 
 def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
-    from trainbench.step import add_conv_bias
+    from trainbench.training import add_conv_bias
     from trainbench.workloads import resolve_spec
 
     model = resolve_spec("resnet18", profile).model()
@@ -48,7 +48,7 @@ def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
 def test_closing_a_compiled_setup_resets_dynamo(recipe, workload, resets, cpu, profile, monkeypatch):
     calls = []
     monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("reset"))
-    training = step.Training(get_recipe(recipe).config(profile), resolve_spec(workload, profile), cpu)
+    training = setup_module.TrainingSetup(get_recipe(recipe).config(profile), resolve_spec(workload, profile), cpu)
     assert calls == []  # building compiles nothing yet
     training.close()  # without a step: nothing compiled, the caches are reset all the same
     assert len(calls) == resets
@@ -61,7 +61,7 @@ def test_deterministic_algorithms_fail_rather_than_warn_and_restore_the_previous
     try:
         torch.use_deterministic_algorithms(warn_only, warn_only=warn_only)  # (True, warn) or all off
         torch.backends.cudnn.deterministic = False
-        with step._deterministic_algorithms():
+        with setup_module._deterministic_algorithms():
             assert torch.are_deterministic_algorithms_enabled()
             assert not torch.is_deterministic_algorithms_warn_only_enabled()
             assert torch.backends.cudnn.deterministic
@@ -120,12 +120,12 @@ class _ClockLog(CpuBackend):
 
 
 @pytest.mark.parametrize(("fault", "after_the_update"), [
-    (step.InjectedFault(slowdown=0.5), ["synchronize", ("clock", 10.0), ("busy_wait", 5.0)]),
+    (setup_module.InjectedFault(slowdown=0.5), ["synchronize", ("clock", 10.0), ("busy_wait", 5.0)]),
     (None, []),
 ])
 def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_the_update, profile):
     log = []
-    with step.Training(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
+    with setup_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
                        fault) as training:
         training.optimizer.register_step_post_hook(lambda *args: log.append("optimizer step"))
         micro_batches = training.fetch(training.batches())
@@ -182,8 +182,8 @@ def test_a_real_model_is_moved_by_module_to_itself():
 # -- the data a step trains on ----------------------------------------------------------------------------
 
 def test_the_ranks_samplers_together_serve_each_global_batch_of_the_one_process_sampler():
-    one_process = step.EndlessSampler(40, seed=3)
-    ranks = [step.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
+    one_process = setup_module.EndlessSampler(40, seed=3)
+    ranks = [setup_module.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
     streams = [iter(one_process)] + [iter(r) for r in ranks]
     for _ in range(25):  # past the end of the first permutation
         global_batch = [next(streams[0]) for _ in range(8)]
@@ -192,13 +192,13 @@ def test_the_ranks_samplers_together_serve_each_global_batch_of_the_one_process_
 
 def test_synthetic_batches_are_seeded_and_made_where_the_config_asks(cpu, profile):
     mlp = resolve_spec("mlp", profile)
-    with Training(TrainConfig(synthetic="host"), mlp, cpu) as first, \
-            Training(TrainConfig(synthetic="host"), mlp, cpu) as second:
+    with TrainingSetup(TrainConfig(synthetic="host"), mlp, cpu) as first, \
+            TrainingSetup(TrainConfig(synthetic="host"), mlp, cpu) as second:
         assert first.loader is None
         a, b = next(first.batches()), next(second.batches())
         assert torch.equal(a[0], b[0]) and a[0].shape == (profile.batch_size, 3, 32, 32)
         assert first.h2d_bytes([a]) > 0
-    with Training(TrainConfig(synthetic="device"), mlp, cpu) as on_device:
+    with TrainingSetup(TrainConfig(synthetic="device"), mlp, cpu) as on_device:
         assert on_device.h2d_bytes(on_device.fetch(on_device.batches())) == 0  # made where it trains: nothing copied
 
 
@@ -221,25 +221,25 @@ def test_a_step_fetches_one_loader_batch_per_micro_batch(training, profile):
 ])
 def test_a_knob_the_mlp_has_nothing_for_is_not_applicable(knobs, missing, cpu, profile):
     with pytest.raises(NotApplicable, match=missing):
-        Training(TrainConfig(**knobs), resolve_spec("mlp", profile), cpu)
+        TrainingSetup(TrainConfig(**knobs), resolve_spec("mlp", profile), cpu)
 
 
 def test_a_spec_whose_model_or_optimizer_is_not_what_torch_expects_is_a_clear_error(cpu, profile):
     mlp = resolve_spec("mlp", profile)
     with pytest.raises(SpecError, match="model\\(\\) returned function, expected an nn.Module"):
-        Training(TrainConfig(), dataclasses.replace(mlp, model=lambda: (lambda x: x)), cpu)
+        TrainingSetup(TrainConfig(), dataclasses.replace(mlp, model=lambda: (lambda x: x)), cpu)
     with pytest.raises(SpecError, match="optimizer returned list, expected a torch.optim.Optimizer"):
-        Training(TrainConfig(), dataclasses.replace(mlp, optimizer=lambda params: list(params)), cpu)
+        TrainingSetup(TrainConfig(), dataclasses.replace(mlp, optimizer=lambda params: list(params)), cpu)
     transformer = resolve_spec("transformer", profile)
     with pytest.raises(SpecError, match="checkpoint block 'encoder.nope' is not a submodule of the model"):
-        Training(TrainConfig(checkpointing=True), dataclasses.replace(transformer, checkpoint_blocks=("encoder.nope",)),
+        TrainingSetup(TrainConfig(checkpointing=True), dataclasses.replace(transformer, checkpoint_blocks=("encoder.nope",)),
                  cpu)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
     model = resolve_spec("gelu_mlp", profile).model()
-    assert step.fuse_pointwise(model, "script") == 1
+    assert setup_module.fuse_pointwise(model, "script") == 1
     assert isinstance(model.pointwise, torch.jit.ScriptFunction)
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(model(x), model.head(model.pointwise(model.fc2(model.pointwise(model.fc1(x.flatten(1)))))))
@@ -247,7 +247,7 @@ def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
 
 @pytest.mark.parametrize(("mode", "grad_after_zero"), [("zeros", "zeros"), ("set_to_none", None), ("param_none", None)])
 def test_each_zero_grad_mode_leaves_the_gradients_as_it_says(mode, grad_after_zero, cpu, profile):
-    with Training(TrainConfig(zero_grad=mode), resolve_spec("mlp", profile), cpu) as setup:
+    with TrainingSetup(TrainConfig(zero_grad=mode), resolve_spec("mlp", profile), cpu) as setup:
         setup.step(setup.fetch(setup.batches()))
         setup.zero_grad()
         grads = [p.grad for p in setup.model.parameters()]
@@ -261,7 +261,7 @@ def test_a_running_loss_kept_as_a_tensor_keeps_every_steps_graph_and_a_detached_
     mlp = resolve_spec("mlp", profile)
     kept = {}
     for history in ("tensor", "detach"):
-        with Training(TrainConfig(loss_history=history), mlp, cpu) as setup:
+        with TrainingSetup(TrainConfig(loss_history=history), mlp, cpu) as setup:
             batches = setup.batches()
             nodes = []
             for _ in range(3):
@@ -273,6 +273,6 @@ def test_a_running_loss_kept_as_a_tensor_keeps_every_steps_graph_and_a_detached_
 
 
 def test_the_step_returns_a_detached_loss_and_counts_itself(cpu, profile):
-    with Training(TrainConfig(), resolve_spec("mlp", profile), cpu) as setup:
+    with TrainingSetup(TrainConfig(), resolve_spec("mlp", profile), cpu) as setup:
         loss = setup.step(setup.fetch(setup.batches()))
         assert loss.requires_grad is False and loss.dim() == 0 and setup.steps_done == 1
