@@ -3,7 +3,7 @@
 import pytest
 
 from trainbench import spec as spec_module
-from trainbench import training as setup_module
+from trainbench import training as training_module
 from trainbench.guards import compare_trajectories, loss_trajectory
 from trainbench.recipes import get_recipe
 
@@ -34,13 +34,13 @@ def test_uint8_transfer_that_forgets_to_scale_fails_the_guard(cpu, profile, mlp,
 
 
 def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, mlp, monkeypatch):
-    original = setup_module.EndlessSampler.__init__
+    original = training_module.EndlessSampler.__init__
 
     def shifted_seed(self, length, seed=0):
         original(self, length, seed + 1)  # workers that read other samples than the baseline
 
     base = loss_trajectory(get_recipe("baseline").config(profile), mlp, cpu)
-    monkeypatch.setattr(setup_module.EndlessSampler, "__init__", shifted_seed)
+    monkeypatch.setattr(training_module.EndlessSampler, "__init__", shifted_seed)
     r = get_recipe("multiprocess_loading")
     broken = loss_trajectory(r.config(profile), mlp, cpu)
     assert not compare_trajectories(broken, base, r.loss_rtol).ok
@@ -84,7 +84,7 @@ def test_accumulated_micro_batches_give_the_large_batch_gradients(cpu, profile):
 
 
 def test_accumulation_that_forgets_to_divide_the_loss_fails_the_guard(cpu, profile, monkeypatch):
-    monkeypatch.setattr(setup_module.TrainingSetup, "scale_for_accumulation", staticmethod(lambda loss, k: loss))
+    monkeypatch.setattr(training_module.TrainingSetup, "scale_for_accumulation", staticmethod(lambda loss, k: loss))
     verdict = _grad_verdict("grad_accumulation", "mlp", cpu, profile)
     assert not verdict.ok
     assert verdict.max_rel_diff == pytest.approx(3.0, rel=1e-3)  # 4 micro-batches summed, not averaged: 4x - 1
@@ -97,13 +97,13 @@ def test_checkpointing_gives_identical_gradients(cpu, profile):
 
 
 def test_checkpointing_that_drops_a_block_fails_the_guard(cpu, profile, monkeypatch):
-    real = setup_module.enable_checkpointing
+    real = training_module.enable_checkpointing
 
     def drops_first_block(model, names):
         real(model, names)
         model.get_submodule(names[0]).forward = lambda src, *args, **kwargs: src  # the block's output never computed
 
-    monkeypatch.setattr(setup_module, "enable_checkpointing", drops_first_block)
+    monkeypatch.setattr(training_module, "enable_checkpointing", drops_first_block)
     verdict = _grad_verdict("checkpointing", "transformer", cpu, profile)
     assert not verdict.ok
     assert "no gradient for encoder.layers.0" in verdict.message

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench import training as setup_module
+from trainbench import training as training_module
 from trainbench.device import CpuBackend
 from trainbench.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
 from trainbench.recipes import TrainConfig, get_recipe
@@ -295,7 +295,7 @@ def test_the_op_counter_counts_item_as_a_sync_and_a_dtype_cast_as_none():
 def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile, quick):
     from trainbench.measure import Measurer
 
-    with setup_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
+    with training_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
         # DataParallel needs 2 GPUs; the pass selection only reads the config, so the CPU setup stands in.
         training.config = dataclasses.replace(training.config, parallel="dp", replicas=2)
         m = Measurer(training, "mlp-data_parallel", "data_parallel", quick)

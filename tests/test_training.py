@@ -9,7 +9,7 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from trainbench import training as setup_module
+from trainbench import training as training_module
 from trainbench.device import CpuBackend
 from trainbench.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.runner import Runner
@@ -48,7 +48,7 @@ def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
 def test_closing_a_compiled_setup_resets_dynamo(recipe, workload, resets, cpu, profile, monkeypatch):
     calls = []
     monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("reset"))
-    training = setup_module.TrainingSetup(get_recipe(recipe).config(profile), resolve_spec(workload, profile), cpu)
+    training = training_module.TrainingSetup(get_recipe(recipe).config(profile), resolve_spec(workload, profile), cpu)
     assert calls == []  # building compiles nothing yet
     training.close()  # without a step: nothing compiled, the caches are reset all the same
     assert len(calls) == resets
@@ -61,7 +61,7 @@ def test_deterministic_algorithms_fail_rather_than_warn_and_restore_the_previous
     try:
         torch.use_deterministic_algorithms(warn_only, warn_only=warn_only)  # (True, warn) or all off
         torch.backends.cudnn.deterministic = False
-        with setup_module._deterministic_algorithms():
+        with training_module._deterministic_algorithms():
             assert torch.are_deterministic_algorithms_enabled()
             assert not torch.is_deterministic_algorithms_warn_only_enabled()
             assert torch.backends.cudnn.deterministic
@@ -120,12 +120,12 @@ class _ClockLog(CpuBackend):
 
 
 @pytest.mark.parametrize(("fault", "after_the_update"), [
-    (setup_module.InjectedFault(slowdown=0.5), ["synchronize", ("clock", 10.0), ("busy_wait", 5.0)]),
+    (training_module.InjectedFault(slowdown=0.5), ["synchronize", ("clock", 10.0), ("busy_wait", 5.0)]),
     (None, []),
 ])
 def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_the_update, profile):
     log = []
-    with setup_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
+    with training_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
                        fault) as training:
         training.optimizer.register_step_post_hook(lambda *args: log.append("optimizer step"))
         micro_batches = training.fetch(training.batches())
@@ -182,8 +182,8 @@ def test_a_real_model_is_moved_by_module_to_itself():
 # -- the data a step trains on ----------------------------------------------------------------------------
 
 def test_the_ranks_samplers_together_serve_each_global_batch_of_the_one_process_sampler():
-    one_process = setup_module.EndlessSampler(40, seed=3)
-    ranks = [setup_module.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
+    one_process = training_module.EndlessSampler(40, seed=3)
+    ranks = [training_module.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
     streams = [iter(one_process)] + [iter(r) for r in ranks]
     for _ in range(25):  # past the end of the first permutation
         global_batch = [next(streams[0]) for _ in range(8)]
@@ -239,7 +239,7 @@ def test_a_spec_whose_model_or_optimizer_is_not_what_torch_expects_is_a_clear_er
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
     model = resolve_spec("gelu_mlp", profile).model()
-    assert setup_module.fuse_pointwise(model, "script") == 1
+    assert training_module.fuse_pointwise(model, "script") == 1
     assert isinstance(model.pointwise, torch.jit.ScriptFunction)
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(model(x), model.head(model.pointwise(model.fc2(model.pointwise(model.fc1(x.flatten(1)))))))
