@@ -47,16 +47,47 @@ def cpu():
     return CpuBackend(torch.device("cpu"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def profile():
     return PROFILES["cpu"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def quick():
-    """Just enough measurement to exercise every path."""
+    """Just enough measurement to exercise every path (frozen: a module's shared measurement may use it too)."""
     return MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
                            memory_steps=1)
+
+
+@pytest.fixture
+def impossible_speedup(tmp_path):
+    """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
+    from trainbench.budgets import Budgets
+
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
+    return Budgets.load(path)
+
+
+@pytest.fixture
+def machine_load(monkeypatch):
+    """``machine_load(load)``: every case measured from now on saw ``load`` (what other processes used)."""
+    return lambda load: monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))
+
+
+@pytest.fixture
+def device_of_memory():
+    """``device_of_memory(total_bytes)``: the CPU backend, reporting a device memory of ``total_bytes``."""
+
+    class DeviceOfMemory(CpuBackend):
+        def __init__(self, total_bytes):
+            super().__init__(torch.device("cpu"))
+            self.total_bytes = total_bytes
+
+        def total_memory_bytes(self):
+            return self.total_bytes
+
+    return DeviceOfMemory
 
 
 @pytest.fixture

@@ -6,16 +6,16 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.budgets import Bound, Budgets, CaseBudget
+from trainbench.budgets import Bound, CaseBudget
 from trainbench.device import CpuBackend
 from trainbench.judge import Judge
-from trainbench.measure import MeasureSettings, measure
+from trainbench.measure import measure
 from trainbench.outcome import CaseOutcome
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
 from trainbench.training import TrainingSetup
 from trainbench.watchdog import NoProgress
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.workloads import resolve_spec
 
 HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
 QUIET = {"cpus": 2, "seconds": 3.0, "other_cpus": 0.02, "load_average_1m": [1.9, 2.0]}
@@ -25,14 +25,11 @@ OPS = Bound("ops_per_step", "max", False, 1e9, "max_ops_per_step")
 
 
 @pytest.fixture(scope="module")
-def result():
+def result(profile, quick):
     """One measured MLP baseline, shared: the judge reads it and never changes what it measured."""
-    profile = PROFILES["cpu"]
-    settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
-                               memory_steps=1)
     with TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile),
-                  CpuBackend(torch.device("cpu"))) as setup:
-        return measure(setup, "mlp-baseline", "baseline", settings, 0, profile.name)
+                       CpuBackend(torch.device("cpu"))) as setup:
+        return measure(setup, "mlp-baseline", "baseline", quick, 0, profile.name)
 
 
 def _outcome(result, *bounds, load=None):
@@ -94,29 +91,19 @@ def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result)
 
 # -- through a run: a ratio budget on paired rounds ---------------------------------------------------
 
-@pytest.fixture
-def impossible_speedup(tmp_path):
-    """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
-    return Budgets.load(path)
 
 
-def _machine(monkeypatch, load):
-    monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))
-
-
-def test_strict_timing_fails_what_a_busy_machine_leaves_inconclusive(monkeypatch, profile, quick, impossible_speedup):
-    _machine(monkeypatch, HOG)
+def test_strict_timing_fails_what_a_busy_machine_leaves_inconclusive(machine_load, profile, quick, impossible_speedup):
+    machine_load(HOG)
     runner = Runner(CpuBackend(torch.device("cpu")), profile, quick, strict_timing=True)
     outcome = runner.run("set_to_none", "mlp", budgets=impossible_speedup)
     [failure] = outcome.failures
     assert "samples_per_s ratio vs baseline" in failure and not outcome.inconclusive
 
 
-def test_a_speed_budget_missed_on_a_quiet_machine_by_every_pair_fails_at_once(monkeypatch, profile, quick,
+def test_a_speed_budget_missed_on_a_quiet_machine_by_every_pair_fails_at_once(machine_load, profile, quick,
                                                                               impossible_speedup):
-    _machine(monkeypatch, QUIET)
+    machine_load(QUIET)
     outcome = Runner(CpuBackend(torch.device("cpu")), profile, quick).run("set_to_none", "mlp",
                                                                           budgets=impossible_speedup)
     [failure] = outcome.failures  # 100x is outside any interval of the pairs: conclusive, not measured again

@@ -8,28 +8,25 @@ import torch
 from trainbench.budgets import Bound, CaseBudget, Verdict
 from trainbench.device import CpuBackend
 from trainbench.guards import GuardVerdict
-from trainbench.measure import MeasureSettings, measure
+from trainbench.measure import measure
 from trainbench.outcome import CaseOutcome, failed_without_result
 from trainbench.recipes import get_recipe
 from trainbench.result import CaseRecord
 from trainbench.training import TrainingSetup
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.workloads import resolve_spec
 
 OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
 SPEED = Bound("samples_per_s", "min", True, 2.0, "min_speedup")
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(profile, quick):
     """An MLP baseline and set_to_none, each measured once for the module."""
-    profile = PROFILES["cpu"]
-    settings = MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
-                               memory_steps=1)
     results = {}
     for name in ("baseline", "set_to_none"):
         with TrainingSetup(get_recipe(name).config(profile), resolve_spec("mlp", profile),
-                      CpuBackend(torch.device("cpu"))) as setup:
-            results[name] = measure(setup, f"mlp-{name}", name, settings, 0, profile.name)
+                           CpuBackend(torch.device("cpu"))) as setup:
+            results[name] = measure(setup, f"mlp-{name}", name, quick, 0, profile.name)
     return results
 
 

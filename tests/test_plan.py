@@ -37,13 +37,6 @@ class _FreshForDeterministic(CpuBackend):
         return "the library reads its setting once" if config.deterministic else None
 
 
-class _DeviceOfMemory(CpuBackend):
-    def __init__(self, total_bytes):
-        super().__init__(torch.device("cpu"))
-        self.total_bytes = total_bytes
-
-    def total_memory_bytes(self):
-        return self.total_bytes
 
 
 # -- how the case and its baseline are measured ----------------------------------------------------
@@ -99,14 +92,14 @@ def test_a_case_then_its_baseline_must_be_able_to_run_here(cpu, profile, budgets
     assert outcome.skipped == base.skipped and outcome.result is None and outcome.baseline_recipe.name == "pinned_memory"
 
 
-def test_both_setups_must_fit_the_devices_memory_the_case_first(profile):
+def test_both_setups_must_fit_the_devices_memory_the_case_first(profile, device_of_memory):
     asked = []
 
     def predictions(profile_name, config, spec):
         asked.append(config.zero_grad)
         return {"breakdown_bytes": {"total": 4 * GiB if config.zero_grad == "zeros" else 2**20}}
 
-    backend = _DeviceOfMemory(GiB)
+    backend = device_of_memory(GiB)
     plan = _planner(backend, profile, predictions).plan("set_to_none", "mlp")
     assert plan.skipped == (f"baseline: needs ~5.0 GiB (predicted tensor peak 4.0 GiB + 25% for the allocator and "
                             f"workspaces); {backend.name} has 1.0 GiB")  # built side by side, so both must fit

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import pytest
 import torch
 
 from trainbench.budgets import Budgets
@@ -31,21 +30,11 @@ def test_a_case_whose_baseline_cannot_apply_is_skipped_with_that_reason(profile,
 HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
 
 
-@pytest.fixture
-def impossible_speedup(tmp_path):
-    """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
-    return Budgets.load(path)
 
 
-def _machine(monkeypatch, load):
-    monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))
-
-
-def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclusive(monkeypatch, profile, quick,
+def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclusive(machine_load, profile, quick,
                                                                                        impossible_speedup):
-    _machine(monkeypatch, HOG)
+    machine_load(HOG)
     outcome = Runner(CpuBackend(torch.device("cpu")), profile, quick).run("set_to_none", "mlp",
                                                                           budgets=impossible_speedup)
     assert not outcome.failures and outcome.budget_status == "ok 1, 1 inconclusive"
@@ -84,7 +73,6 @@ def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches
 
 
 def test_a_paired_baseline_is_measured_on_the_same_device_side_batches(cpu, profile, quick, tmp_path):
-    from trainbench.budgets import Budgets
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-set_to_none"]\nmax_ops_per_step_ratio = 2.0\n')
@@ -126,24 +114,17 @@ def test_a_setup_a_device_keeps_per_process_is_measured_with_its_baseline_in_fre
 
 # -- the memory gate ------------------------------------------------------------------------------
 
-class _DeviceOfMemory(CpuBackend):
-    def __init__(self, total_bytes):
-        super().__init__(torch.device("cpu"))
-        self.total_bytes = total_bytes
-
-    def total_memory_bytes(self):
-        return self.total_bytes
 
 
-def test_a_case_predicted_not_to_fit_the_device_is_skipped_with_its_need(profile, quick):
-    outcome = Runner(_DeviceOfMemory(10 * 2**20), profile, quick, predict=False).run("larger_batch", "resnet18")
+def test_a_case_predicted_not_to_fit_the_device_is_skipped_with_its_need(profile, quick, device_of_memory):
+    outcome = Runner(device_of_memory(10 * 2**20), profile, quick, predict=False).run("larger_batch", "resnet18")
     assert outcome.result is None
     assert outcome.skipped.startswith("larger_batch: needs ~") and " GiB (predicted tensor peak " in outcome.skipped
     assert outcome.skipped.endswith("has 0.0 GiB")
 
 
-def test_a_case_that_fits_runs(profile, quick):
-    small, large = _DeviceOfMemory(4 * 2**20), _DeviceOfMemory(64 * 2**30)
+def test_a_case_that_fits_runs(profile, quick, device_of_memory):
+    small, large = device_of_memory(4 * 2**20), device_of_memory(64 * 2**30)
     larger_batch = get_recipe("larger_batch")
     mlp = resolve_spec("mlp", profile)
     # the MLP's parameters, gradients and momentum alone are ~9 MiB: 4 MiB cannot hold it, 64 GiB can

@@ -233,7 +233,7 @@ def test_a_spec_whose_model_or_optimizer_is_not_what_torch_expects_is_a_clear_er
     transformer = resolve_spec("transformer", profile)
     with pytest.raises(SpecError, match="checkpoint block 'encoder.nope' is not a submodule of the model"):
         TrainingSetup(TrainConfig(checkpointing=True), dataclasses.replace(transformer, checkpoint_blocks=("encoder.nope",)),
-                 cpu)
+                      cpu)
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")

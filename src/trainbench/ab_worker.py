@@ -51,7 +51,7 @@ class _Worker:
         fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
         self.training = TrainingSetup(self.config, self.spec, self.backend, fault)
         self.measurement = Measurer(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,
-                                       profile)
+                                    profile)
         self.measurement.warm_up()
         return {"warmup_steps": self.measurement.result.warmup_steps}
 

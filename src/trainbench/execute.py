@@ -167,7 +167,7 @@ class Executor:
         tb = TrainingSetup(plan.baseline_config, spec, self.backend)
         try:
             mb = Measurer(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
-                             self.profile.name)
+                          self.profile.name)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             if earlier is not None:
                 mb.reuse_passes(earlier)
