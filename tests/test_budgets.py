@@ -159,3 +159,15 @@ def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_pa
     fine = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\n[cpu."gelu_mlp-baseline"]\n'
                                         'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'))
     fine.check_case_ids(known)  # the suite's, the wildcard, and a user's own case (known only when it runs)
+
+
+def test_a_bound_under_the_wildcard_entry_is_refused_not_silently_unapplied(tmp_path):
+    # "*" sets the gate's thresholds for every case; a bound there was accepted and never checked any case
+    path = write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\nmax_ops_per_step = 3\n')
+    with pytest.raises(BudgetError) as raised:
+        Budgets.load(path)
+    message = str(raised.value)
+    assert message.startswith(f'{path}: [cpu.*] max_ops_per_step: a "*" entry holds compare_fail')
+    assert "put it under each case" in message and "\n" not in message
+    kept = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\nnote = "why 50%"\n'))
+    assert kept.sections["cpu"]["*"].bounds == () and kept.sections["cpu"]["*"].compare_fail

@@ -363,6 +363,15 @@ def test_a_significance_level_outside_0_1_is_refused(pytester, gate_options):
     result.stderr.fnmatch_lines(["*--trainbench-compare-alpha must be between 0 and 1*got -1.0*"])
 
 
+@pytest.mark.parametrize("spec", ["", " , "])
+def test_an_empty_gate_is_refused_not_run_ungated(pytester, gate_options, spec):
+    # make gate GATE_FAIL= used to run the whole suite with no gate and exit 0
+    pytester.makepyfile(test_case=CASE)
+    result = _compare(pytester, gate_options, f"--trainbench-compare-fail={spec}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--trainbench-compare-fail: empty gate; expected METRIC:THRESHOLD*"])
+
+
 def test_a_gate_without_a_comparison_is_refused(pytester, gate_options):
     pytester.makepyfile(test_case=CASE)
     result = pytester.runpytest("--trainbench-compare-fail=samples_per_s:10%", *gate_options)
@@ -486,3 +495,15 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
     path.write_text('{"baseline": "x"')  # truncated
     assert main(["verdict", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"trainbench verdict: {path}: ")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
+    from trainbench.compare import gate
+    from trainbench.outcome import MeasuredCase
+
+    stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
+                                   "round_step_times_s": run_of().round_step_times_s}}}
+    verdict = gate([MeasuredCase(run_of(), "t", {})], stored, "base.json", {}, {"activation_mib": 0.0})
+    assert verdict.failed and not verdict.comparisons
+    assert list(verdict.errors) == [f"base.json: t: activation_mib = {bad!r}: expected a finite number or null"]

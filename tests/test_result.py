@@ -25,7 +25,7 @@ def test_samples_per_s_and_step_time_come_from_the_same_median():
 def test_a_baseline_without_trainbench_data_is_a_clear_error():
     with pytest.raises(RecordError, match="base.json: test_x: not a trainbench case"):
         CaseRecord.read({"foo": 1}, "base.json: test_x")
-    with pytest.raises(RecordError, match="base.json: test_x: ops_per_step = 'lots': expected a number or null"):
+    with pytest.raises(RecordError, match="base.json: test_x: ops_per_step = 'lots': expected a finite number or null"):
         CaseRecord.read({"case": "c", "samples_per_step": 16, "ops_per_step": "lots"}, "base.json: test_x")
 
 
@@ -76,12 +76,17 @@ def test_a_record_saved_before_samples_per_step_reads_its_batch_size():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"round_step_times_s": "fast"}, "round_step_times_s: expected a list of seconds"),
-    ({"round_step_times_s": [0.01, True]}, "round_step_times_s: expected a list of seconds"),
+    ({"round_step_times_s": "fast"}, "round_step_times_s: expected a list of finite seconds"),
+    ({"round_step_times_s": [0.01, True]}, "round_step_times_s: expected a list of finite seconds"),
     ({"samples_per_step": 0}, "samples_per_step = 0: expected a positive int"),
     ({"samples_per_step": None, "batch_size": None}, "samples_per_step = None: expected a positive int"),
-    ({"speedup_vs_baseline": "2x"}, "speedup_vs_baseline = '2x': expected a number or null"),
-    ({"samples_per_s": True}, "samples_per_s = True: expected a number or null"),
+    ({"speedup_vs_baseline": "2x"}, "speedup_vs_baseline = '2x': expected a finite number or null"),
+    ({"samples_per_s": True}, "samples_per_s = True: expected a finite number or null"),
+    ({"samples_per_s": float("nan")}, "samples_per_s = nan: expected a finite number or null"),
+    ({"ops_per_step": float("inf")}, "ops_per_step = inf: expected a finite number or null"),
+    ({"tracked_peak_mib": float("-inf")}, "tracked_peak_mib = -inf: expected a finite number or null"),
+    ({"round_step_times_s": [0.01, float("nan")]}, "round_step_times_s: expected a list of finite seconds"),
+    ({"speedup_vs_baseline": float("inf")}, "speedup_vs_baseline = inf: expected a finite number or null"),
 ])
 def test_a_malformed_record_names_where_and_what_was_expected(change, message):
     info = {"case": "c", "samples_per_step": 16, "round_step_times_s": [0.01], **change}

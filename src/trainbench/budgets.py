@@ -165,6 +165,9 @@ class Budgets:
                                           "negative, so the bound could only always fail or always pass)")
                     bounds.append(Bound(metric, bound, relative, float(value), key))
                 _check_consistent(bounds, where)
+                if case == "*" and bounds:  # "*" sets the gate's thresholds only: a bound there would check nothing
+                    raise BudgetError(f"{where} {bounds[0].key}: a \"*\" entry holds compare_fail (and a note) only; "
+                                      "bounds apply per case: put it under each case it should check")
                 sections[device_key][case] = CaseBudget(device_key, case, tuple(bounds), note, compare_fail, path)
         return sections
 

@@ -253,7 +253,7 @@ def _gate_options(config, ab: bool = False):
 
     spec = config.getoption("--trainbench-compare-fail")
     try:
-        gate = parse_spec(spec) if spec else None
+        gate = parse_spec(spec) if spec is not None else None  # an empty spec is an error, never an ungated gate
         slowdown = config.getoption("--trainbench-inject-slowdown")
         slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
     except CompareError as e:

@@ -5,6 +5,7 @@ reads it back for the gate, the report and calibration)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -231,19 +232,21 @@ class CaseRecord:
         metrics = {}
         for name in METRICS:
             value = info.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise RecordError(f"{where}: {name} = {value!r}: expected a number or null")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise RecordError(f"{where}: {name} = {value!r}: expected a finite number or null")
             metrics[name] = value
         rounds = info.get("round_step_times_s") or []
         if not isinstance(rounds, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
-                                                   for t in rounds):
-            raise RecordError(f"{where}: round_step_times_s: expected a list of seconds")
+                                                   and math.isfinite(t) for t in rounds):
+            raise RecordError(f"{where}: round_step_times_s: expected a list of finite seconds")
         samples = info.get("samples_per_step", info.get("batch_size"))
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise RecordError(f"{where}: samples_per_step = {samples!r}: expected a positive int")
         speedup = info.get("speedup_vs_baseline")
-        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
-            raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a number or null")
+        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))
+                                    or not math.isfinite(speedup)):
+            raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a finite number or null")
         ladder = info.get("ladder")
         paired = info.get("paired")
         return cls(info["case"], metrics, [float(t) for t in rounds], samples, speedup,
