@@ -507,3 +507,26 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     verdict = gate([MeasuredCase(run_of(), "t", {})], stored, "base.json", {}, {"activation_mib": 0.0})
     assert verdict.failed and not verdict.comparisons
     assert list(verdict.errors) == [f"base.json: t: activation_mib = {bad!r}: expected a finite number or null"]
+
+
+@pytest.mark.parametrize("option", ["--trainbench-compare-json={blocked}/verdict.json",
+                                    "--trainbench-profile-trace={blocked}/traces",
+                                    "--benchmark-storage={blocked}/runs"])
+def test_an_output_folder_that_cannot_take_a_file_stops_the_session_before_any_case(pytester, quick_options, option):
+    # found after the whole run, an unwritable verdict, trace or storage folder lost what was measured
+    pytester.makepyfile(test_case=CASE)
+    blocked = pytester.path / "a_file"
+    blocked.write_text("in the way of a folder")
+    result = pytester.runpytest(*quick_options, "--benchmark-save=run", option.format(blocked=blocked))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    name = option.split("=")[0]
+    result.stderr.fnmatch_lines([f"*{name}: cannot write into {blocked}*; expected a writable folder*"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_a_plain_benchmark_session_is_left_to_pytest_benchmark_whatever_its_storage(pytester, quick_options):
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    blocked = pytester.path / "a_file"
+    blocked.write_text("in the way of a folder")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--benchmark-storage={blocked}/runs", "--benchmark-save=x")
+    assert result.ret == pytest.ExitCode.OK  # no trainbench case: trainbench checks nothing of it

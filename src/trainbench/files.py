@@ -29,3 +29,14 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def cannot_write(folder: Path) -> str | None:
+    """Why nothing can be written into ``folder`` (created if missing), or None: checked by writing, since
+    permission bits do not tell (root ignores them; a read-only mount or a file in the way does not)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as e:
+        return e.strerror or str(e)

@@ -16,9 +16,17 @@ from pathlib import Path
 import pytest
 
 from . import benchmark_adapter
-from .files import write_json_atomic
+from .files import cannot_write, write_json_atomic
 from .options import Options, discover_budgets, usage_error
-from .store import INCOMPLETE_KEY, NoBaselineError, choose_baseline, describe_device, device_of, why_no_baseline
+from .store import (
+    INCOMPLETE_KEY,
+    NoBaselineError,
+    choose_baseline,
+    describe_device,
+    device_of,
+    storage_folder,
+    why_no_baseline,
+)
 from .summary import write_ab, write_summary
 
 # Modules that import torch (device, runner, budgets, doctor, ...) are imported where they are first needed: a
@@ -67,6 +75,18 @@ class TrainbenchSession:
             ab = self.options.ab
             self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec)
         self._choose_baseline(config)
+        outputs = [("--trainbench-compare-json", self.options.compare_json.parent if self.options.compare_json else None),
+                   ("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)]
+        self._check_writable(outputs)
+
+    @staticmethod
+    def _check_writable(outputs: list[tuple[str, Path | None]]) -> None:
+        """Every folder the session will write into takes a file now: found after the whole run, an unwritable one
+        lost what was measured."""
+        for option, folder in outputs:
+            problem = folder is not None and cannot_write(folder)
+            if problem:
+                raise usage_error(f"{option}: cannot write into {folder} ({problem}); expected a writable folder")
 
     def _choose_baseline(self, config) -> None:
         """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with."""
@@ -136,6 +156,10 @@ class TrainbenchSession:
         if any(_uses_trainbench(item) for item in items):
             self._check_runner()
             self._stop_cleanly_on_sigterm()
+            saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
+            storage = config.getoption("benchmark_storage", None)
+            if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
+                self._check_writable([("--benchmark-storage", storage_folder(storage))])
         paths = set()
         for item in items:
             reason = self._marker_skip_reason(item)
