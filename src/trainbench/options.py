@@ -143,8 +143,7 @@ class Options:
             budgets_override=_budgets_override(config),
             compare_fail=compare_fail,
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
-            compare_json=Path(config.getoption("--trainbench-compare-json")) if config.getoption(
-                "--trainbench-compare-json") else None,
+            compare_json=_optional_path(config.getoption("--trainbench-compare-json")),
             allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
             allow_cross_device=config.getoption("--trainbench-allow-cross-device"),
             fault=fault,
@@ -155,6 +154,10 @@ class Options:
             xdist_workers=workers,
             xdist_index=index,
         )
+
+
+def _optional_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 def _settings_overrides(config) -> dict:

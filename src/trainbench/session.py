@@ -273,7 +273,7 @@ class TrainbenchSession:
         # The doctor's record tells how this run's machine was set up (free /dev/shm, warnings), not which device
         # it is: the compared run's own record stands in, so pytest-benchmark compares device identities only.
         machine_info["trainbench"] = {**self.backend.identity(), "doctor": stored.get("doctor")}
-        mine = device_of({"machine_info": machine_info})
+        mine = self.device_here()
         if self.options.allow_cross_device:
             return
         if mine != theirs:

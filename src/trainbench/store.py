@@ -57,24 +57,30 @@ def storage_folder(storage: str) -> Path | None:
     return Path(storage.removeprefix("file://")) / get_machine_id()
 
 
-def matching_runs(folder: Path, name: str | bool | None = None) -> list[Path]:
-    """The saved runs in ``folder`` whose file name matches ``name`` as ``--benchmark-compare=NAME`` reads it
-    (a prefix or glob: ``0003``, ``*_baseline``; True or None: every run), oldest first."""
-    if not folder.is_dir():
+def _query(storage: Path, machine: str, pattern: str) -> list[Path]:
+    """pytest-benchmark's own matching (``FileStorage.query``): runs in ``storage``'s ``machine`` folder (a glob)
+    whose file name matches ``pattern`` as --benchmark-compare reads it, in its order (run number, then folder)."""
+    if not storage.is_dir():  # FileStorage would create it
         return []
     from pytest_benchmark.storage.file import FileStorage
 
-    pattern = RUN_FILES if name in (None, True) else str(name)
-    storage = FileStorage(folder.parent, logger=None, default_machine_id=folder.name)
-    # query() answers resolved paths; each run is named as the caller named its folder
-    return [folder / Path(path).name for path in storage.query(pattern) if Path(path).parent.name == folder.name]
+    found = FileStorage(storage, logger=None, default_machine_id=machine).query(pattern)
+    # query() answers resolved paths, and also matches files at the top of the storage: keep the machine folders'
+    # runs, named under ``storage`` as the caller named it
+    return [storage / path.parent.name / path.name for path in map(Path, found) if path.parent != storage.resolve()]
+
+
+def matching_runs(folder: Path, name: str | bool | None = None) -> list[Path]:
+    """The saved runs in ``folder`` whose file name matches ``name`` as ``--benchmark-compare=NAME`` reads it
+    (a prefix or glob: ``0003``, ``*_baseline``; True or None: every run), oldest first."""
+    return _query(folder.parent, folder.name, RUN_FILES if name in (None, True) else str(name))
 
 
 def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
     """The newest saved run under ``runs_dir`` (pytest-benchmark's storage), in pytest-benchmark's own order
     (run number, then machine folder): never the file's modification time, which a checkout resets."""
     runs_dir = Path(runs_dir)
-    runs = sorted((p for p in runs_dir.glob(f"*/{RUN_FILES}*.json") if p.is_file()), key=lambda p: (p.name, p.parent))
+    runs = _query(runs_dir, "*", RUN_FILES)
     if not runs:
         runs = sorted((p for p in runs_dir.rglob("*.json") if p.is_file()), key=lambda p: (p.name, str(p.parent)))
     if not runs:
