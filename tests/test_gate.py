@@ -6,11 +6,18 @@ import pytest
 
 from trainbench.ab import ABOutcome
 from trainbench.ab import verdict as ab_verdict
-from trainbench.gate import MetricComparison, Verdict, verdict_markdown, verdict_table
+from trainbench.gate import (
+    EXIT_COULD_NOT_JUDGE,
+    MetricComparison,
+    Verdict,
+    judge_change,
+    verdict_markdown,
+    verdict_table,
+)
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
-GATE_KEYS = ["baseline", "device", "counts", "failed", "comparisons", "gated", "new_cases", "new_cases_allowed",
-             "errors", "strict"]
+GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
+             "new_cases_allowed", "errors", "allow_inconclusive"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
                    "reason", "unit", "line"}
 
@@ -30,9 +37,9 @@ def verdict(*outcomes: str, **options) -> Verdict:
     (["regressed"], {"gated": True}, True),
     (["regressed"], {"gated": False}, False),  # shown, not gated
     (["missing"], {"gated": True}, True),  # nothing compared: a gate fails closed
-    (["inconclusive"], {"gated": True}, False),
-    (["inconclusive"], {"gated": True, "strict": True}, True),
-    (["inconclusive"], {"gated": False, "strict": True}, False),
+    (["inconclusive"], {"gated": True}, True),  # never green without evidence
+    (["inconclusive"], {"gated": True, "allow_inconclusive": True}, False),  # the explicit opt-out
+    (["inconclusive"], {"gated": False}, False),
     ([], {"gated": True, "new_cases": ("new-case",)}, True),
     ([], {"gated": True, "new_cases": ("new-case",), "new_cases_allowed": True}, False),
     ([], {"gated": False, "errors": ("base.json: unreadable",)}, True),  # an unreadable baseline fails ungated too
@@ -60,16 +67,68 @@ IDENTITIES = {label: {"python": f"/{label}/python", "trainbench": "0.1.0", "iden
 
 def test_an_ab_verdict_is_the_gates_with_both_environments():
     data = ab_verdict([_ab_outcome("unchanged")], IDENTITIES, gated=True).to_json()
-    assert list(data) == GATE_KEYS[:5] + ["ab", "pairs", "numerics"] + GATE_KEYS[5:]
+    assert list(data) == GATE_KEYS[:6] + ["ab", "pairs", "numerics"] + GATE_KEYS[6:]
     assert data["baseline"] == "A/B: base vs head" and set(data["ab"]) == {"base", "head"}
     assert data["pairs"] == {"mlp-baseline": [(0.01, 0.012)] * 3} and not data["failed"]
 
 
-def test_strict_timing_fails_an_inconclusive_ab_run_as_it_fails_a_gate():
-    lenient = ab_verdict([_ab_outcome("inconclusive")], IDENTITIES, gated=True)
-    strict = ab_verdict([_ab_outcome("inconclusive")], IDENTITIES, gated=True, strict=True)
-    assert not lenient.failed and strict.failed and strict.to_json()["strict"]
-    assert ab_verdict([_ab_outcome("missing")], IDENTITIES, gated=True).failed
+def test_an_inconclusive_ab_run_could_not_judge_unless_allowed_as_a_gate():
+    unsure = ab_verdict([_ab_outcome("inconclusive")], IDENTITIES, gated=True)
+    allowed = ab_verdict([_ab_outcome("inconclusive")], IDENTITIES, gated=True, allow_inconclusive=True)
+    assert unsure.failed and unsure.could_not_judge and unsure.exit_status == EXIT_COULD_NOT_JUDGE
+    assert not allowed.failed and allowed.exit_status == 0 and allowed.to_json()["allow_inconclusive"]
+    assert ab_verdict([_ab_outcome("missing")], IDENTITIES, gated=True).exit_status == 1
+
+
+@pytest.mark.parametrize(("outcomes", "options", "status"), [
+    (["inconclusive", "unchanged"], {}, EXIT_COULD_NOT_JUDGE),
+    (["inconclusive", "regressed"], {}, 1),  # a regression is the stronger finding
+    (["inconclusive", "missing"], {}, 1),  # so is a metric left unchecked
+    (["inconclusive"], {"new_cases": ("new-case",)}, 1),
+    (["inconclusive"], {"errors": ("base.json: unreadable",)}, 1),
+    (["unchanged", "improved"], {}, 0),
+])
+def test_could_not_judge_has_its_own_exit_status_only_when_nothing_else_failed(outcomes, options, status):
+    assert verdict(*outcomes, gated=True, **options).exit_status == status
+
+
+# -- the one rule of a timed change -----------------------------------------------------------------------------
+# judge_change takes the interval of current / baseline. Samples/s: higher is better; 5% threshold.
+
+
+@pytest.mark.parametrize(("ci", "p_worse", "p_better", "expected"), [
+    ((0.98, 1.03), 0.4, 0.4, "unchanged"),  # the whole interval inside +-5%
+    ((0.96, 1.06), 0.4, 0.4, "inconclusive"),  # reaches +5%: "no change" is not shown
+    ((1.0, 3.275), 0.5, 0.02, "inconclusive"),  # the busy A/B run quoted in the issue: +0.0%..+227.5%
+    ((0.80, 0.90), 0.001, 0.99, "regressed"),  # wholly beyond -5%, significant
+    ((0.80, 0.90), 0.2, 0.8, "inconclusive"),  # beyond, but the test does not support it
+    ((0.90, 0.97), 0.001, 0.99, "inconclusive"),  # worse, but the interval reaches the threshold
+    ((1.10, 1.20), 0.99, 0.001, "improved"),
+    ((float("nan"), 1.0), 0.5, 0.5, "inconclusive"),
+])
+def test_a_timed_change_is_judged_by_where_its_interval_lies(ci, p_worse, p_better, expected):
+    verdict_, reason = judge_change(ci, p_worse, p_better, 0.05, higher_is_better=True, alpha=0.05)
+    assert verdict_ == expected and (reason is None) == (expected != "inconclusive")
+
+
+def test_a_lower_is_better_metric_is_judged_in_its_own_direction():
+    # The head environment ~10% slower at a 5% gate, interval -0.0%..+10.1% (the issue's A/B run): not unchanged.
+    assert judge_change((1.0, 1.101), 0.03, 0.9, 0.05, higher_is_better=False, alpha=0.05)[0] == "inconclusive"
+    assert judge_change((1.08, 1.12), 0.001, 0.99, 0.05, higher_is_better=False, alpha=0.05)[0] == "regressed"
+    assert judge_change((0.88, 0.92), 0.99, 0.001, 0.05, higher_is_better=False, alpha=0.05)[0] == "improved"
+
+
+def test_a_busy_machine_makes_a_change_inconclusive_never_a_pass():
+    # The issue's gate run: samples/s -86.4%, 95% CI -89.4%..-85.0%, p=0.004, on a busy runner at a 50% gate.
+    busy = ("busy machine: other processes used 1.01 of 2 CPUs while it ran",)
+    verdict_, reason = judge_change((0.106, 0.150), 0.004, 0.99, 0.50, True, 0.05, busy)
+    assert verdict_ == "inconclusive" and reason.startswith("regressed beyond the threshold, on timing that cannot")
+    assert "1.01 of 2 CPUs" in reason
+    assert judge_change((0.99, 1.01), 0.5, 0.5, 0.05, True, 0.05, busy)[0] == "unchanged"  # inside is inside
+
+
+def test_a_threshold_of_zero_never_lets_a_timed_change_read_unchanged():
+    assert judge_change((0.999, 1.001), 0.5, 0.5, 0.0, True, 0.05)[0] == "inconclusive"
 
 
 def test_a_comparison_reads_as_one_line_and_one_table_row():

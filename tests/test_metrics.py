@@ -19,6 +19,7 @@ from trainbench.metrics import (
     metrics_in,
     per_round,
     resolve,
+    rounds_of,
     timed_metrics,
 )
 from trainbench.result import CaseRecord, Result, case_record
@@ -37,7 +38,7 @@ def test_a_metric_whose_kind_and_group_disagree_is_refused(kind, group):
 
 
 def test_the_queries_partition_the_metrics():
-    assert timed_metrics() == ["samples_per_s", "step_time_ms", "achieved_tflops", "mfu"]
+    assert timed_metrics() == ["samples_per_s", "step_time_ms", "cpu_time_ms", "achieved_tflops", "mfu"]
     assert allocator_metrics() == ["peak_memory_mib", "peak_reserved_mib", "reserved_between_steps_mib"]
     assert len(deterministic_metrics()) == 16 and "tracked_peak_mib" in deterministic_metrics()
     assert not set(deterministic_metrics()) & {name for name in METRICS if is_timed(name)}
@@ -75,13 +76,14 @@ def test_per_round_values_follow_the_metric():
 
 def _measured() -> Result:
     return Result("mlp-baseline", "mlp", "baseline", "cpu", batch_size=16, config={}, device={}, steps_per_round=2,
-                  round_step_times_s=[0.010, 0.012, 0.011, 0.014, 0.009], flops_per_step=4e9, peak_tflops=2.0)
+                  round_step_times_s=[0.010, 0.012, 0.011, 0.014, 0.009], flops_per_step=4e9, peak_tflops=2.0,
+                  round_cpu_times_s=[0.019, 0.022, 0.020, 0.027, 0.018])
 
 
 @pytest.mark.parametrize("metric", timed_metrics())
 def test_each_timed_metric_round_by_round_is_its_value_at_the_median_round(metric):
     result = _measured()
-    rounds = per_round(metric, result.metrics()[metric], result.round_step_times_s)
+    rounds = per_round(metric, result.metrics()[metric], rounds_of(metric, result))
     assert len(rounds) == 5 and statistics.median(rounds) == pytest.approx(result.metrics()[metric])
 
 
@@ -90,8 +92,10 @@ def test_a_stored_records_rounds_are_read_by_the_same_rule():
     record = CaseRecord.read(case_record(result), "mlp-baseline")
     for metric in timed_metrics():
         assert record.per_round(metric) == pytest.approx(per_round(metric, result.metrics()[metric],
-                                                                  result.round_step_times_s))
+                                                                  rounds_of(metric, result)))
     assert record.per_round("samples_per_s") == pytest.approx([16 / t for t in result.round_step_times_s])
     # MFU per round is MFU (it was samples/s): 4 GFLOP per step at 2 TFLOP/s peak
     assert record.per_round("mfu") == pytest.approx([4e9 / t / 1e12 / 2.0 for t in result.round_step_times_s])
     assert record.per_round("activation_mib") == []
+    # CPU time follows each round's CPU seconds, not its wall time
+    assert record.per_round("cpu_time_ms") == pytest.approx([t * 1e3 for t in result.round_cpu_times_s])

@@ -3,7 +3,7 @@
 import pytest
 
 from trainbench.host import LoadMeter, busy_cpu_seconds
-from trainbench.noise import baseline_too_noisy, busy_reason, dispersion, inconclusive_reason
+from trainbench.noise import busy_reason, dispersion, inconclusive_reason
 
 QUIET = {"cpus": 2, "seconds": 5.0, "other_cpus": 0.04, "load_average_1m": [2.0, 2.1]}
 HOG = {"cpus": 2, "seconds": 5.0, "other_cpus": 1.02, "load_average_1m": [3.9, 4.2]}
@@ -40,13 +40,6 @@ def test_a_busy_machine_makes_a_timed_miss_inconclusive_but_never_a_deterministi
 def test_an_absolute_timed_limit_is_judged_on_the_rounds_themselves():
     assert inconclusive_reason("step_time_ms", 10.0, 12.0, [11.9, 12.0, 12.1], None, False, [QUIET]) is None
     assert inconclusive_reason("step_time_ms", 10.0, 12.0, [6.0, 12.0, 18.0], None, False, [QUIET]) is not None
-
-
-def test_a_baseline_scattered_beyond_the_threshold_is_named():
-    assert baseline_too_noisy("samples_per_s", [100, 100, 101, 99], 0.05) is None
-    assert baseline_too_noisy("samples_per_s", [60, 100, 140, 80, 120], 0.10).startswith(
-        "baseline too noisy for a 10% gate: IQR/median 40%")
-    assert baseline_too_noisy("tracked_peak_mib", [60, 100, 140], 0.0) is None
 
 
 STAT = """cpu  900 0 300 5000 10 0 20 0 0 0

@@ -5,7 +5,9 @@ Python, so each imports its own torch. For a case, both sides build the same set
 recipe, spec, seeds and data), warm up, and then their timed rounds alternate on the same
 device in ABBA order (base, head, head, base, ...), so a slow spell of the machine falls on
 both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
-Their median, a 95% bootstrap interval and a one-sided sign test decide the timed verdict;
+Their median, a 95% bootstrap interval and one-sided sign tests decide the timed verdict by the gate's
+rule (``gate.judge_change``: *unchanged* only when the interval lies inside the threshold), and an
+inconclusive one is measured again with more pairs, up to a time budget;
 deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
 metric the thresholds name as a value; the loss guard compares both sides' losses over the seeded
 steps. The verdict is the gate's (``trainbench.gate.Verdict``), with both environments' identities.
@@ -19,16 +21,19 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .compare import DEFAULT_ALPHA, compare_case, parse_spec
-from .gate import MetricComparison, Verdict
-from .metrics import METRICS, is_timed, per_round, timed_metrics
+from .gate import MetricComparison, Verdict, judge_change
+from .metrics import METRICS, is_timed, per_round, rounds_of, timed_metrics
 from .result import CaseRecord, Result, case_record
 
 # What is compared pair by pair when the thresholds name no timed metric.
 DEFAULT_PAIRED = parse_spec("step_time_ms:5%,samples_per_s:5%", "the A/B default")
+# An inconclusive case gets more pairs, up to this many times the pairs asked for (and the time budget).
+MAX_PAIRS_FACTOR = 8
 START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
 # Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted
 # and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
@@ -191,37 +196,61 @@ def start(base_python: str, head_python: str, base_env: dict | None = None, head
 
 
 def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[str, float],
-             head_slowdown: float = 0.0, alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
-    """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare."""
+             head_slowdown: float = 0.0, alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None,
+             remeasure_s: float = 0.0) -> ABOutcome:
+    """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare; while a timed
+    verdict is inconclusive, add ``pairs`` more at a time for up to ``remeasure_s`` seconds (``MAX_PAIRS_FACTOR``)."""
     build = {"config": case.config, "recipe": case.recipe, "extra_warmup_steps": case.extra_warmup_steps,
              "spec": case.spec, "profile": case.profile, "settings": case.settings, "case": case.case,
              "threads": case.threads, "paths": case.paths}
     base.call("build", **build)
     head.call("build", **build, slowdown=head_slowdown)
-    times: list[tuple[float, float]] = []
-    for i in range(pairs):
-        order = (base, head) if i % 2 == 0 else (head, base)  # ABBA: neither side always goes first
-        measured = {side.label: side.call("round", rewarm_steps=REWARM_STEPS)["step_time_s"] for side in order}
-        times.append((measured["base"], measured["head"]))
-    results = {side.label: Result.from_dict(side.call("finish")["result"]) for side in (base, head)}  # one at a time
+    # The metrics read per round that the thresholds name (DEFAULT_PAIRED when they name none), pair by pair;
+    # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
+    paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED
+    rounds = _alternate(base, head, pairs, [])
+    started = time.monotonic()
+    while remeasure_s > 0 and len(rounds) < MAX_PAIRS_FACTOR * pairs and time.monotonic() - started < remeasure_s:
+        provisional = {side.label: _paired(Result.from_dict(side.call("snapshot")["result"]), side.label, rounds)
+                       for side in (base, head)}
+        if not any(paired_comparison(case.case, m, provisional["base"], provisional["head"], t, alpha).verdict
+                   == "inconclusive" for m, t in paired.items()):
+            break
+        rounds = _alternate(base, head, pairs, rounds)
+    results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
+               for side in (base, head)}  # one at a time
+    if len(rounds) > pairs:
+        results["head"] = results["head"].with_note(f"{len(rounds)} ABBA pairs: {len(rounds) - pairs} more were "
+                                                    f"measured while a timed verdict was inconclusive")
     guard = None
     if loss_rtol is not None:  # an upgrade that changes numerics beyond the recipe's tolerance is reported
         from .guards import compare_trajectories
 
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
-    base_rounds, head_rounds = [b for b, _ in times], [h for _, h in times]
-    results = {"base": results["base"].replace(round_step_times_s=base_rounds),
-               "head": results["head"].replace(round_step_times_s=head_rounds)}
-    # The metrics read per round that the thresholds name (DEFAULT_PAIRED when they name none), pair by pair;
-    # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
-    paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED
     comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], limit, alpha)
                    for metric, limit in paired.items()]
     as_values = {m: thresholds.get(m, 0.0) for m, spec in METRICS.items()
                  if spec.deterministic or (m in thresholds and m not in paired)}
     comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
                                 CaseRecord.read(case_record(results["base"]), "base"), as_values, alpha)
+    times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
     return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
+
+
+def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[dict]:
+    """``rounds`` and ``pairs`` more, each a timed round of both sides in ABBA order (neither always goes first)."""
+    rounds = list(rounds)
+    for _ in range(pairs):
+        order = (base, head) if len(rounds) % 2 == 0 else (head, base)
+        rounds.append({side.label: side.call("round", rewarm_steps=REWARM_STEPS) for side in order})
+    return rounds
+
+
+def _paired(result: Result, label: str, rounds: list[dict]) -> Result:
+    """A side's result with its rounds as the pairs ran (its own list may hold rounds no pair has)."""
+    cpu = [r[label].get("cpu_time_s") for r in rounds]
+    return result.replace(round_step_times_s=[r[label]["step_time_s"] for r in rounds],
+                          round_cpu_times_s=cpu if all(t is not None for t in cpu) else [])
 
 
 def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str, float]) -> dict[str, float]:
@@ -238,35 +267,31 @@ def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str,
 def paired_comparison(case: str, metric: str, base: Result, head: Result, threshold: float,
                       alpha: float = DEFAULT_ALPHA) -> MetricComparison:
     """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its 95% bootstrap
-    interval, and a one-sided sign test in the direction of the change."""
+    interval and one-sided sign tests, judged by the gate's rule (``gate.judge_change``)."""
     from scipy import stats
 
     from .noise import median_ratio_interval
 
-    base_values = per_round(metric, base.metrics()[metric], base.round_step_times_s)
-    head_values = per_round(metric, head.metrics()[metric], head.round_step_times_s)
+    base_values = per_round(metric, base.metrics()[metric], rounds_of(metric, base))
+    head_values = per_round(metric, head.metrics()[metric], rounds_of(metric, head))
     if not base_values or not head_values:  # not measured on a side (MFU off a known GPU): nothing to compare
         return MetricComparison(case, metric, base.metrics()[metric], head.metrics()[metric], None, threshold,
                                 "missing")
     ratios = sorted(h / b for h, b in zip(head_values, base_values))
-    median_ratio = _median(ratios)
-    change = median_ratio - 1.0
+    if not all(math.isfinite(r) and r > 0 for r in ratios):
+        return MetricComparison(case, metric, _median(base_values), _median(head_values), None, threshold, "missing",
+                                reason=f"a non-finite or non-positive {metric} in a round of a side")
+    change = _median(ratios) - 1.0
     higher_is_better = METRICS[metric].higher_is_better
-    worse = -change if higher_is_better else change
-    low, high = median_ratio_interval(head_values, base_values, paired=True)
-    worse_pairs = sum((r < 1.0) if higher_is_better else (r > 1.0) for r in ratios)
-    direction_worse = worse > 0
-    k = worse_pairs if direction_worse else len(ratios) - worse_pairs
-    p = float(stats.binomtest(k, len(ratios), 0.5, alternative="greater").pvalue) if ratios else math.nan
-    reason = None
-    if abs(worse) > threshold:
-        verdict = "regressed" if direction_worse else "improved"
-        if not p < alpha:
-            reason = f"beyond the threshold but not significant over {len(ratios)} pairs (sign test p={p:.3g})"
-    else:
-        verdict = "unchanged"
-    return MetricComparison(case, metric, _median(base_values), _median(head_values), change, threshold,
-                            "inconclusive" if reason else verdict, p, (low, high), reason)
+    ci = median_ratio_interval(head_values, base_values, paired=True)
+    head_worse = sum((r < 1.0) if higher_is_better else (r > 1.0) for r in ratios)
+    head_better = sum((r > 1.0) if higher_is_better else (r < 1.0) for r in ratios)
+    p_worse = float(stats.binomtest(head_worse, len(ratios), 0.5, alternative="greater").pvalue)
+    p_better = float(stats.binomtest(head_better, len(ratios), 0.5, alternative="greater").pvalue)
+    verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha)
+    p = p_worse if (change < 0) == higher_is_better else p_better  # the sign test in the direction of the change
+    return MetricComparison(case, metric, _median(base_values), _median(head_values), change, threshold, verdict, p,
+                            ci, reason)
 
 
 def _median(values: list[float]) -> float:
@@ -275,12 +300,12 @@ def _median(values: list[float]) -> float:
     return (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else math.nan
 
 
-def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, strict: bool = False) -> Verdict:
-    """The A/B verdict: the gate's, with both environments' identities (``strict``: an inconclusive pair-by-pair
-    verdict fails it too)."""
+def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inconclusive: bool = False) -> Verdict:
+    """The A/B verdict: the gate's, with both environments' identities (``allow_inconclusive``: a pair-by-pair
+    verdict that stayed inconclusive is reported, not failed)."""
     return Verdict(
         "A/B: base vs head", identities.get("head", {}).get("identity", {}),
-        tuple(c for o in outcomes for c in o.comparisons), gated=gated, strict=strict,
+        tuple(c for o in outcomes for c in o.comparisons), gated=gated, allow_inconclusive=allow_inconclusive,
         sides={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
                for label, h in identities.items()},
         pairs={o.case: o.pairs for o in outcomes},
@@ -292,8 +317,10 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, strict: bo
 class ABSession:
     """Both sides for a whole session: started at the first case, closed at the end, every case's outcome kept."""
 
-    def __init__(self, base_python: str, head_python: str, pairs: int, device_spec: str = "auto"):
+    def __init__(self, base_python: str, head_python: str, pairs: int, device_spec: str = "auto",
+                 remeasure_s: float = 0.0):
         self.base_python, self.head_python, self.pairs = base_python, head_python, pairs
+        self.remeasure_s = remeasure_s
         self.env = {"TRAINBENCH_AB_DEVICE": device_spec}
         self.sides: tuple[Side, Side] | None = None
         self.identities: dict = {}
@@ -304,12 +331,12 @@ class ABSession:
         if self.sides is None:
             base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env)
             self.sides = (base, head)
-        outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol)
+        outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol, self.remeasure_s)
         self.outcomes.append(outcome)
         return outcome
 
-    def verdict(self, gated: bool, strict: bool = False) -> Verdict:
-        return verdict(self.outcomes, self.identities, gated, strict)
+    def verdict(self, gated: bool, allow_inconclusive: bool = False) -> Verdict:
+        return verdict(self.outcomes, self.identities, gated, allow_inconclusive)
 
     def close(self, force: bool = False) -> None:
         for side in self.sides or ():

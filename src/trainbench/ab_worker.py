@@ -16,7 +16,7 @@ import traceback
 
 from trainbench.watchdog import watch
 
-PROTOCOL = 2  # 2: round takes rewarm_steps
+PROTOCOL = 3  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot
 
 
 class _Worker:
@@ -57,7 +57,13 @@ class _Worker:
 
     def round(self, rewarm_steps: int = 0) -> dict:
         self.measurement.time_one_round(rewarm_steps)
-        return {"step_time_s": self.measurement.result.round_step_times_s[-1]}
+        result = self.measurement.result
+        return {"step_time_s": result.round_step_times_s[-1],
+                "cpu_time_s": result.round_cpu_times_s[-1] if result.round_cpu_times_s else None}
+
+    def snapshot(self) -> dict:
+        """The result so far (timing only: the memory and work passes run at ``finish``)."""
+        return {"result": self.measurement.result.to_dict()}
 
     def finish(self) -> dict:
         self.measurement.measure_after_timing()

@@ -3,13 +3,12 @@
 A gate is a set of thresholds, e.g. ``samples_per_s:5%,peak_memory:2%``. For each case
 present in both runs and each gated metric:
 
-- **timed metrics** read round by round (samples/s, step time, TFLOP/s, MFU: ``metrics.per_round``)
-  are compared over the rounds of both runs:
-  the change of the medians, a one-sided Mann-Whitney U test that the current rounds
-  are worse (better), and a bootstrap confidence interval of the ratio. A change beyond
-  the threshold is a regression only if it is also significant and neither run was
-  measured on a busy machine (``trainbench.noise``); otherwise it is *inconclusive*, as is
-  an unchanged median against a baseline whose rounds scatter more than the threshold;
+- **timed metrics** read round by round (samples/s, step time, CPU time, TFLOP/s, MFU: ``metrics.per_round``)
+  are compared over the rounds of both runs: the change of the medians, a one-sided Mann-Whitney U test
+  that the current rounds are worse (better), and a bootstrap confidence interval of the ratio, judged by
+  ``gate.judge_change`` (the rule A/B uses too): *unchanged* only when the interval lies inside the
+  threshold, *regressed*/*improved* when it lies beyond it, the test is significant and neither run was
+  measured on a busy machine (``trainbench.noise``); otherwise *inconclusive*, with the reason;
 - **every other metric** (deterministic ones: memory breakdown, FLOPs, bytes, ops, syncs; allocator
   peaks; single-value timings) is compared as a value against the threshold (0% = exactly).
 
@@ -21,14 +20,15 @@ from __future__ import annotations
 
 import math
 
-from .gate import MetricComparison, Verdict
-from .metrics import ALIASES, METRICS, deterministic_metrics, resolve
-from .noise import baseline_too_noisy, busy_reason, median_ratio_interval
+from .gate import MetricComparison, Verdict, judge_change
+from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
+from .noise import busy_reason, median_ratio_interval
 from .render import Column, Table, number
 from .result import CaseRecord, RecordError
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
 DEFAULT_ALPHA = 0.05
+MIN_ROUNDS = 3  # per side, for a timed comparison: fewer cannot place a change
 
 
 class CompareError(ValueError):
@@ -88,24 +88,22 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
         return MetricComparison(current.case, metric, base, cur, None, threshold, "missing")
     higher_is_better = METRICS[metric].higher_is_better
     change = (cur - base) / abs(base) if base else (0.0 if cur == base else math.copysign(math.inf, cur - base))
-    worse = -change if higher_is_better else change  # > 0: worse
-    cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
-    if len(cur_rounds) >= 3 and len(base_rounds) >= 3:  # a timed metric read round by round
+    if METRICS[metric].kind == TIMED:  # read round by round, judged by the interval of the change
+        cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
+        if len(cur_rounds) < MIN_ROUNDS or len(base_rounds) < MIN_ROUNDS:
+            return MetricComparison(current.case, metric, base, cur, change, threshold, "inconclusive", reason=(
+                f"{len(base_rounds)} baseline and {len(cur_rounds)} current rounds: at least {MIN_ROUNDS} each are "
+                "needed to place the change"))
         p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
-        reason = None
-        if worse > threshold or -worse > threshold:
-            p = p_worse if worse > 0 else p_better
-            verdict = "regressed" if worse > 0 else "improved"
-            if p >= alpha:
-                reason = f"beyond the threshold but not significant over the rounds (p={p:.3g} >= {alpha:g})"
-            elif verdict == "regressed":  # a slower run on a loaded machine says nothing about the code
-                reason = "; ".join(r for r in (busy_reason(current.machine_load), busy_reason(baseline.machine_load))
-                                   if r) or None
-        else:
-            verdict, p = "unchanged", min(p_worse, p_better)
-            reason = baseline_too_noisy(metric, base_rounds, threshold)
-        return MetricComparison(current.case, metric, base, cur, change, threshold,
-                                "inconclusive" if reason else verdict, p, ci, reason)
+        # A busy run is slower than its code: a loaded current run cannot show a regression, a loaded baseline
+        # cannot show an improvement.
+        worse = (change < 0) == higher_is_better
+        busy = busy_reason((current if worse else baseline).machine_load)
+        doubts = (busy,) if busy else ()
+        verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha, doubts)
+        p = p_worse if worse else p_better  # the test in the direction of the change
+        return MetricComparison(current.case, metric, base, cur, change, threshold, verdict, p, ci, reason)
+    worse = -change if higher_is_better else change  # > 0: worse
     slack = max(threshold, EXACT)
     verdict = "regressed" if worse > slack else "improved" if -worse > slack else "unchanged"
     return MetricComparison(current.case, metric, base, cur, change, threshold, verdict)
@@ -157,15 +155,16 @@ def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, threshol
 
 
 def gate(cases: list, baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, strict: bool = False) -> Verdict:
+         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, allow_inconclusive: bool = False) -> Verdict:
     """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate.
 
     A gate fails closed (``Verdict.failed``): a gated metric measured on one side only, and a case the baseline
-    lacks (unless ``allow_new_cases``), fail it, since nothing was compared; ``strict``: an inconclusive timed
-    verdict (noise, a busy machine) fails it too.
+    lacks (unless ``allow_new_cases``), fail it, since nothing was compared; so does an inconclusive timed verdict
+    (noise, a busy machine: "could not judge"), unless ``allow_inconclusive``.
     """
     comparisons, new_cases, errors = compare_runs(cases, baseline, baseline_path, thresholds, alpha)
-    return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None, strict=strict,
+    return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
+                   allow_inconclusive=allow_inconclusive,
                    new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors))
 
 

@@ -139,6 +139,11 @@ class Backend:
         self.synchronize()
         return self.clock()
 
+    def cpu_clock(self) -> float | None:
+        """CPU seconds this process has used, where they are the step's work; None where the host mostly waits for
+        the device (a CUDA synchronize spins, so its CPU time is wall time)."""
+        return None
+
     def busy_wait(self, seconds: float) -> None:
         """Hold the host for ``seconds`` of ``clock`` (sleep granularity is coarse for millisecond steps)."""
         deadline = self.clock() + seconds
@@ -277,6 +282,10 @@ class CpuBackend(Backend):
     def synchronize(self) -> None:
         # CPU ops run to completion when they return: there is no queue to drain.
         pass
+
+    def cpu_clock(self) -> float | None:
+        # Every thread of the process (intra-op threads included); loader worker processes are not counted.
+        return time.process_time()
 
     def reset_peak_memory(self) -> None:
         pass

@@ -8,6 +8,7 @@ back (``Verdict.to_json``) and printed as a table or as Markdown.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .metrics import METRICS
@@ -15,6 +16,43 @@ from .render import Column, Table, change, interval, number
 
 # Every verdict a comparison can have, in the order the counts list them.
 OUTCOMES = ("regressed", "inconclusive", "improved", "unchanged", "missing")
+# The exit status of a gated session whose only failures are comparisons it could not judge (pytest's own codes end
+# at 5): CI shows the job failed, and a script can tell "could not judge" from "regressed" (1).
+EXIT_COULD_NOT_JUDGE = 6
+
+
+def judge_change(ci: tuple[float, float], p_worse: float, p_better: float, threshold: float, higher_is_better: bool,
+                 alpha: float, doubts: tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """The one rule for a timed change read over rounds (the gate) or pairs (A/B): (verdict, why inconclusive).
+
+    ``ci``: the 95% interval of current / baseline; ``p_worse``/``p_better``: one-sided tests that current is
+    worse/better; ``doubts``: why the timing itself cannot be trusted (a busy machine), which no interval can
+    answer. *unchanged* needs the whole interval inside the threshold (an equivalence test: "no change" is a claim
+    too); *regressed*/*improved* need it wholly beyond the threshold, the test significant and no doubt; anything
+    else is *inconclusive*, with the reason.
+    """
+    low, high = ci
+    if not all(math.isfinite(v) for v in (low, high, p_worse, p_better)):
+        return "inconclusive", f"no interval could be computed (interval {low}..{high}, p {p_worse}/{p_better})"
+    # The change in the worse direction, as a fraction: > 0 is worse, whichever way the metric points.
+    worse_low, worse_high = (1.0 - high, 1.0 - low) if higher_is_better else (low - 1.0, high - 1.0)
+    span = f"the 95% interval of the change, {_signed(low - 1)}..{_signed(high - 1)},"
+    beyond = "regressed" if worse_low > threshold else "improved" if worse_high < -threshold else None
+    if beyond is not None:
+        p = p_worse if beyond == "regressed" else p_better
+        if not p < alpha:
+            return "inconclusive", f"{span} lies beyond the threshold but the test is not significant (p={p:.3g})"
+        if doubts:
+            return "inconclusive", f"{beyond} beyond the threshold, on timing that cannot be trusted: " + "; ".join(doubts)
+        return beyond, None
+    if -threshold < worse_low and worse_high < threshold:
+        return "unchanged", None
+    return "inconclusive", "; ".join((f"{span} reaches the {threshold:.1%} threshold: too few or too scattered "
+                                      "rounds to tell", *doubts))
+
+
+def _signed(fraction: float) -> str:
+    return f"{fraction:+.1%}"
 
 
 @dataclass(frozen=True)
@@ -34,17 +72,17 @@ class MetricComparison:
     def unit(self) -> str:
         return METRICS[self.metric].unit
 
-    def fails(self, strict: bool) -> bool:
+    def fails(self, allow_inconclusive: bool = False) -> bool:
         """Whether this comparison fails a gate: a regression, a metric measured on one side only (nothing was
-        compared), and under ``strict`` a timed verdict the rounds could not support."""
-        return self.verdict in ("regressed", "missing") or (strict and self.verdict == "inconclusive")
+        compared), and a timed verdict the rounds could not support (unless ``allow_inconclusive``: reported only)."""
+        return self.verdict in ("regressed", "missing") or (self.verdict == "inconclusive" and not allow_inconclusive)
 
     def describe(self) -> str:
         """One line: case, metric, baseline, current, change, statistics, verdict."""
         if self.verdict == "missing":
             side = "the baseline run" if self.baseline is None else "this run"
-            return (f"{self.case} {self.metric}: not measured in {side} (baseline {number(self.baseline)}, now "
-                    f"{number(self.current)}): nothing to compare")
+            return (f"{self.case} {self.metric}: " + (self.reason or f"not measured in {side}") + f" (baseline "
+                    f"{number(self.baseline)}, now {number(self.current)}): nothing to compare")
         stats = f", 95% CI {interval(self.ci)}, p={self.p_value:.3g}" if self.ci is not None else ""
         return (f"{self.case} {self.metric}: {number(self.baseline)} -> {number(self.current)} {self.unit} "
                 f"({change(self.change)}{stats}) {self.verdict} (threshold {self.threshold:.1%})"
@@ -62,7 +100,7 @@ class Verdict:
     device: dict  # this run's device identity
     comparisons: tuple[MetricComparison, ...]
     gated: bool  # thresholds were given (--trainbench-compare-fail): without them nothing but an error fails
-    strict: bool = False  # an inconclusive timed verdict fails too
+    allow_inconclusive: bool = False  # an inconclusive timed verdict is reported, not failed (an explicit opt-out)
     new_cases: tuple[str, ...] = ()  # cases the baseline run lacks
     new_cases_allowed: bool = False
     errors: tuple[str, ...] = ()  # baseline cases that could not be read
@@ -83,15 +121,30 @@ class Verdict:
         if self.errors:
             return True
         unchecked = bool(self.new_cases) and not self.new_cases_allowed
-        return self.gated and (unchecked or any(c.fails(self.strict) for c in self.comparisons))
+        return self.gated and (unchecked or any(c.fails(self.allow_inconclusive) for c in self.comparisons))
+
+    @property
+    def could_not_judge(self) -> bool:
+        """It failed only because timed comparisons stayed inconclusive: nothing regressed, nothing was left
+        unchecked, and nothing was shown to be fine either (``EXIT_COULD_NOT_JUDGE``)."""
+        if not self.failed or self.errors or (self.new_cases and not self.new_cases_allowed):
+            return False
+        return not any(c.fails(allow_inconclusive=True) for c in self.comparisons)
+
+    @property
+    def exit_status(self) -> int:
+        """0 passed, 1 failed (a regression, a metric or case left unchecked, an unreadable baseline),
+        ``EXIT_COULD_NOT_JUDGE`` could not judge."""
+        return EXIT_COULD_NOT_JUDGE if self.could_not_judge else int(self.failed)
 
     def to_json(self) -> dict:
         """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
         ab = {} if self.sides is None else {"ab": self.sides, "pairs": self.pairs or {}, "numerics": self.numerics or {}}
         return {"baseline": self.baseline, "device": self.device, "counts": self.counts, "failed": self.failed,
-                "comparisons": [c.to_json() for c in self.comparisons], **ab, "gated": self.gated,
+                "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
+                "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
-                "errors": list(self.errors), "strict": self.strict}
+                "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive}
 
 
 # -- printing a verdict ----------------------------------------------------------------------------
@@ -115,7 +168,8 @@ def verdict_markdown(verdict: dict) -> str:
     """A verdict's JSON (``Verdict.to_json``, as read from its file) as Markdown (a CI job summary, a PR comment):
     the outcome and counts, a table of every comparison that is not "unchanged", and the whole table folded away."""
     counts = verdict.get("counts") or {}
-    outcome = "FAILED" if verdict.get("failed") else "passed" if verdict.get("gated") else "not gated"
+    outcome = ("COULD NOT JUDGE" if verdict.get("could_not_judge") else "FAILED" if verdict.get("failed")
+               else "passed" if verdict.get("gated") else "not gated")
     lines = [f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
              ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing compared", ""]
     lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .budgets import Verdict, evaluate
-from .metrics import is_timed, per_round
+from .metrics import is_timed, per_round, rounds_of
 from .noise import inconclusive_reason
 from .outcome import CaseOutcome, failed_without_result
 from .watchdog import NoProgress
@@ -65,8 +65,8 @@ class Judge:
         if verdict.ok or verdict.measured is None or self.strict_timing:
             return verdict
         result, base = outcome.result, outcome.baseline if b.relative else None
-        current = per_round(b.metric, result.metrics().get(b.metric), result.round_step_times_s)
-        reference = per_round(b.metric, base.metrics().get(b.metric), base.round_step_times_s) if base else None
+        current = per_round(b.metric, result.metrics().get(b.metric), rounds_of(b.metric, result))
+        reference = per_round(b.metric, base.metrics().get(b.metric), rounds_of(b.metric, base)) if base else None
         reason = inconclusive_reason(b.metric, b.limit, verdict.measured, current, reference, outcome.paired,
                                      [result.machine_load] + ([base.machine_load] if base else []))
         return replace(verdict, inconclusive=reason) if reason else verdict

@@ -101,6 +101,14 @@ class RoundRunner(Protocol):
     def __call__(self, step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]: ...
 
 
+def _round_cpu_times(marks: list[float | None], rounds: int, steps_per_round: int) -> list[float]:
+    """CPU seconds per step of each round from the CPU clock read at each round's start and end ([] where the
+    device has no CPU clock, or a runner read the timer other than twice a round)."""
+    if len(marks) != 2 * rounds or any(m is None for m in marks):
+        return []
+    return [(marks[2 * i + 1] - marks[2 * i]) / steps_per_round for i in range(rounds)]
+
+
 def run_rounds(step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]:
     """The plain round loop; identical in shape to pytest-benchmark's pedantic runner."""
     times = []
@@ -250,14 +258,22 @@ class Measurer:
                 wait_in_rounds += self._wait_s - before
                 counted += 1
 
+        cpu_marks: list[float | None] = []
+
+        def timer() -> float:  # the runner reads it at each round's start and end: CPU time is read there too
+            now = self.backend.timer()
+            cpu_marks.append(self.backend.cpu_clock())
+            return now
+
         with phase(f"{self.result.recipe}'s timed rounds"):
-            times = runner(step, s.rounds, s.steps_per_round, self.backend.timer)
-        self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds)
+            times = runner(step, s.rounds, s.steps_per_round, timer)
+        self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds,
+                  round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round))
 
     def start_rounds(self) -> None:
         """Forget any timed rounds: ``time_one_round`` calls from here on are the case's rounds."""
         self._wait_s = 0.0
-        self._set(round_step_times_s=[], rounds=0, data_wait_s=0.0)
+        self._set(round_step_times_s=[], round_cpu_times_s=[], rounds=0, data_wait_s=0.0)
 
     def time_one_round(self, rewarm_steps: int = 0) -> None:
         """One more timed round, appended to the result (for interleaved A/B timing), after ``rewarm_steps``
@@ -268,12 +284,15 @@ class Measurer:
             self.timed_step()
         before = self._wait_s
         with phase(f"{self.result.recipe}'s timed rounds"):
-            start = timer()
+            start, cpu_start = timer(), self.backend.cpu_clock()
             for _ in range(s.steps_per_round):
                 self.timed_step()
             round_time = (timer() - start) / s.steps_per_round
+            cpu_end = self.backend.cpu_clock()
         times = [*self.result.round_step_times_s, round_time]
-        self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before)
+        cpu = [*self.result.round_cpu_times_s, *_round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round)]
+        self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before,
+                  round_cpu_times_s=cpu if len(cpu) == len(times) else [])
 
     # -- 3 and 4. after timing ---------------------------------------------------------
     def measure_after_timing(self) -> None:

@@ -35,6 +35,7 @@ class Metric:
     kind: str  # one of KINDS
     description: str
     group: str = "speed"  # one of GROUPS: "speed" exactly for the timed kinds
+    rounds: str = "round_step_times_s"  # the per-round series a timed metric follows (a Result's, a CaseRecord's)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
@@ -59,6 +60,8 @@ class Metric:
 METRICS: dict[str, Metric] = {
     "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time"),
     "step_time_ms": Metric("ms", False, TIMED, "median time of a step (per-round means)"),
+    "cpu_time_ms": Metric("ms", False, TIMED, "CPU seconds the process used per step (median of per-round means; CPU "
+                          "devices): what other processes' load moves least", rounds="round_cpu_times_s"),
     "step_time_iqr_ms": Metric("ms", False, TIMED_ONCE, "inter-quartile range of the per-round step times"),
     "data_wait_fraction": Metric("", False, TIMED_ONCE, "share of timed wall time blocked in next(loader)"),
     "first_step_s": Metric("s", False, TIMED_ONCE, "the first step: compilation, autotuning, worker start-up"),
@@ -146,9 +149,14 @@ def is_timed(metric: str) -> bool:
     return METRICS[metric].timed
 
 
+def rounds_of(metric: str, holder: object) -> list[float]:
+    """The per-round series ``metric`` follows (``Metric.rounds``), from a ``Result`` or a ``CaseRecord``."""
+    return list(getattr(holder, METRICS[metric].rounds, None) or [])
+
+
 def per_round(metric: str, value: float | None, round_times_s: list[float]) -> list[float]:
-    """``metric`` round by round, from each round's mean step time: a throughput scales as 1 / step time, a time
-    as the step time, around ``value`` at the median round. [] where the metric is not read per round, or
+    """``metric`` round by round, from each round's mean step time (or CPU time: ``rounds_of``): a throughput scales
+    as 1 / step time, a time as the step time, around ``value`` at the median round. [] where the metric is not read per round, or
     ``value`` or the rounds were not measured."""
     spec = METRICS[metric]
     times = [t for t in round_times_s if t > 0]

@@ -83,12 +83,3 @@ def inconclusive_reason(metric: str, limit: float, value: float, current: list[f
                            f"{limit:g} (IQR/median {spread:.0%})")
     reasons += [r for r in dict.fromkeys(busy_reason(load) for load in loads) if r]
     return "; ".join(reasons) or None
-
-
-def baseline_too_noisy(metric: str, baseline: list[float], threshold: float) -> str | None:
-    """A baseline whose rounds scatter more than the gate's threshold cannot support it: why, or None."""
-    spread = dispersion(baseline)
-    if not is_timed(metric) or spread is None or spread <= threshold:
-        return None
-    return (f"baseline too noisy for a {threshold:.0%} gate: IQR/median {spread:.0%} "
-            f"(rounds {min(baseline):.4g}..{max(baseline):.4g})")

@@ -54,6 +54,13 @@ def _add_compare_options(group) -> None:
                     help="with --benchmark-compare: fail the session when a case regressed beyond METRIC:THRESHOLD "
                          "(e.g. samples_per_s:5%%,peak_memory:2%%,deterministic:0%%); timed metrics must also be "
                          "significant over the rounds of both runs")
+    group.addoption("--trainbench-allow-inconclusive", action="store_true",
+                    help="with --trainbench-compare-fail (or --trainbench-ab): a timed comparison that stays "
+                         "inconclusive after measuring again is reported and passes (default: the session ends "
+                         "'could not judge', exit status 6)")
+    group.addoption("--trainbench-remeasure-s", type=float, default=DEFAULT_REMEASURE_S, metavar="SECONDS",
+                    help="with a gate or A/B: measure a case whose timed comparison is inconclusive again (more rounds "
+                         f"or pairs) for up to this many seconds (default {DEFAULT_REMEASURE_S:g}; 0: never)")
     group.addoption("--trainbench-compare-alpha", type=float, default=0.05,
                     help="significance level of the one-sided rank test on timed metrics (default 0.05)")
     group.addoption("--trainbench-compare-json", default=None, metavar="PATH",
@@ -88,6 +95,9 @@ def _add_trace_and_ab_options(group) -> None:
                     help="with --trainbench-ab: ABBA pairs of timed rounds per case (default 12)")
 
 
+DEFAULT_REMEASURE_S = 120.0
+
+
 def usage_error(message: str) -> pytest.UsageError:
     return pytest.UsageError(f"trainbench: {message}")
 
@@ -115,6 +125,8 @@ class Options:
     compare_fail: dict | None  # the regression gate's thresholds (trainbench.compare.parse_spec)
     compare_alpha: float
     compare_json: Path | None
+    allow_inconclusive: bool  # an inconclusive timed comparison passes (reported)
+    remeasure_s: float  # seconds per case spent measuring an inconclusive timed comparison again
     allow_new_cases: bool
     allow_cross_device: bool
     fault: object  # trainbench.training.InjectedFault planted by --trainbench-inject-*, or None
@@ -144,6 +156,8 @@ class Options:
             compare_fail=compare_fail,
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
             compare_json=_optional_path(config.getoption("--trainbench-compare-json")),
+            allow_inconclusive=config.getoption("--trainbench-allow-inconclusive"),
+            remeasure_s=_remeasure_s(config),
             allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
             allow_cross_device=config.getoption("--trainbench-allow-cross-device"),
             fault=fault,
@@ -174,6 +188,13 @@ def _settings_overrides(config) -> dict:
         raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
     overrides["no_progress_s"] = timeout
     return overrides
+
+
+def _remeasure_s(config) -> float:
+    seconds = config.getoption("--trainbench-remeasure-s")
+    if not (0 <= seconds < float("inf")):
+        raise usage_error(f"--trainbench-remeasure-s must be a number of seconds >= 0 (0: never), got {seconds}")
+    return seconds
 
 
 def _xdist_worker(config) -> tuple[int, int]:

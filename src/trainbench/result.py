@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from .metrics import METRICS, per_round
+from .metrics import METRICS, per_round, rounds_of
 
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
 # the summary shows it beside the case.
@@ -32,6 +32,9 @@ class Result:
     rounds: int = 0
     steps_per_round: int = 0
     round_step_times_s: list[float] = field(default_factory=list)  # mean step time of each round
+    # Mean CPU seconds per step of each round, the whole process (CPU devices; [] elsewhere): other processes'
+    # load moves it far less than wall time.
+    round_cpu_times_s: list[float] = field(default_factory=list)
     data_wait_s: float = 0.0
     warmup_steps: int = 0
     warmup_steady: bool = False
@@ -102,6 +105,10 @@ class Result:
         return statistics.median(self.round_step_times_s) if self.round_step_times_s else None
 
     @property
+    def cpu_time_s(self) -> float | None:
+        return statistics.median(self.round_cpu_times_s) if self.round_cpu_times_s else None
+
+    @property
     def step_time_iqr_s(self) -> float | None:
         times = self.round_step_times_s
         if len(times) < 2:
@@ -124,6 +131,7 @@ class Result:
         return {
             "samples_per_s": self.samples_per_s,
             "step_time_ms": step * 1e3 if step is not None else None,
+            "cpu_time_ms": self.cpu_time_s * 1e3 if self.cpu_time_s is not None else None,
             "step_time_iqr_ms": self.step_time_iqr_s * 1e3 if self.step_time_iqr_s is not None else None,
             "data_wait_fraction": self.data_wait_s / self.timed_seconds if self.timed_seconds > 0 else None,
             "first_step_s": self.first_step_s if self.warmup_steps else None,
@@ -185,6 +193,7 @@ def case_record(result: Result, **case_fields) -> dict:
                    "first_step_s": result.first_step_s},
         "steps_per_round": result.steps_per_round,
         "round_step_times_s": result.round_step_times_s,
+        "round_cpu_times_s": result.round_cpu_times_s,
         "final_loss": result.final_loss,
         "device": result.device,
         "notes": result.notes,
@@ -208,6 +217,15 @@ def budget_status(budget: dict) -> str:
     return f"ok {len(checks) - unsure}, {unsure} inconclusive" if unsure else f"ok {len(checks)}"
 
 
+def _seconds(info: dict, key: str, where: str) -> list[float]:
+    """A record's per-round seconds under ``key`` ([] where absent), checked."""
+    values = info.get(key) or []
+    if not isinstance(values, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                               and math.isfinite(t) for t in values):
+        raise RecordError(f"{where}: {key}: expected a list of finite seconds")
+    return [float(t) for t in values]
+
+
 @dataclass(frozen=True)
 class CaseRecord:
     """A case as read back from a stored record: what the gate, the report and calibration use."""
@@ -216,6 +234,7 @@ class CaseRecord:
     metrics: dict[str, float | None]
     round_step_times_s: list[float]
     samples_per_step: int
+    round_cpu_times_s: list[float] = field(default_factory=list)
     speedup_vs_baseline: float | None = None
     paired: bool | None = None  # the speed-up comes from rounds interleaved with the baseline's (None: not recorded)
     profile: str | None = None
@@ -236,10 +255,7 @@ class CaseRecord:
                                       or not math.isfinite(value)):
                 raise RecordError(f"{where}: {name} = {value!r}: expected a finite number or null")
             metrics[name] = value
-        rounds = info.get("round_step_times_s") or []
-        if not isinstance(rounds, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
-                                                   and math.isfinite(t) for t in rounds):
-            raise RecordError(f"{where}: round_step_times_s: expected a list of finite seconds")
+        rounds, cpu_rounds = (_seconds(info, key, where) for key in ("round_step_times_s", "round_cpu_times_s"))
         samples = info.get("samples_per_step", info.get("batch_size"))
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise RecordError(f"{where}: samples_per_step = {samples!r}: expected a positive int")
@@ -249,7 +265,7 @@ class CaseRecord:
             raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a finite number or null")
         ladder = info.get("ladder")
         paired = info.get("paired")
-        return cls(info["case"], metrics, [float(t) for t in rounds], samples, speedup,
+        return cls(info["case"], metrics, rounds, samples, cpu_rounds, speedup,
                    bool(paired) if paired is not None else None,
                    info.get("profile"), ladder if isinstance(ladder, dict) else None,
                    info.get("device") if isinstance(info.get("device"), dict) else None, info)
@@ -292,4 +308,4 @@ class CaseRecord:
 
     def per_round(self, metric: str) -> list[float]:
         """``metric`` round by round (``trainbench.metrics.per_round``; [] where it is not read per round)."""
-        return per_round(metric, self.metrics.get(metric), self.round_step_times_s)
+        return per_round(metric, self.metrics.get(metric), rounds_of(metric, self))

@@ -73,7 +73,8 @@ class TrainbenchSession:
             from .ab import ABSession
 
             ab = self.options.ab
-            self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec)
+            self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec,
+                                self.options.remeasure_s)
         self._choose_baseline(config)
         outputs = [("--trainbench-compare-json", self.options.compare_json.parent if self.options.compare_json else None),
                    ("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)]
@@ -306,7 +307,7 @@ class TrainbenchSession:
         """Compare every case with the baseline run (or the A/B sides); fail on a gated regression."""
         if self.ab is not None and self.ab.outcomes:
             self.comparison = self.ab.verdict(gated=self.options.compare_fail is not None,
-                                              strict=self.options.strict_timing)
+                                              allow_inconclusive=self.options.allow_inconclusive)
         else:
             baseline = benchmark_adapter.loaded_baseline(session.config)
             if not self.cases or baseline is None:
@@ -315,11 +316,12 @@ class TrainbenchSession:
 
             o = self.options
             self.comparison = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
-                                   o.compare_alpha, allow_new_cases=o.allow_new_cases, strict=o.strict_timing)
+                                   o.compare_alpha, allow_new_cases=o.allow_new_cases,
+                                   allow_inconclusive=o.allow_inconclusive)
         if self.options.compare_json is not None:
             write_json_atomic(self.options.compare_json, self.comparison.to_json())
-        if self.comparison.failed:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
+            session.exitstatus = self.comparison.exit_status
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         if self.ab is not None and self.comparison is not None:

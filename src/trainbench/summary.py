@@ -109,14 +109,22 @@ def _write_verdict_table(terminalreporter, verdict) -> None:
 
 def _write_findings(terminalreporter, verdict) -> None:
     """A line per comparison that failed the verdict or could have: in red what fails it (``Verdict.failed``'s
-    rule), in yellow an inconclusive timing that does not."""
+    rule), in yellow an inconclusive timing that does not (--trainbench-allow-inconclusive, or no gate)."""
     for c in verdict.comparisons:
-        fails = verdict.gated and c.fails(verdict.strict)
+        fails = verdict.gated and c.fails(verdict.allow_inconclusive)
         if c.verdict == "inconclusive":
-            terminalreporter.write_line(("FAIL (strict) " if fails else "INCONCLUSIVE ") + c.describe(),
+            terminalreporter.write_line(("COULD NOT JUDGE " if fails else "INCONCLUSIVE ") + c.describe(),
                                         red=fails, yellow=not fails)
         if c.verdict == "missing" and verdict.gated:
             terminalreporter.write_line("FAIL " + c.describe(), red=True)
         if c.verdict == "regressed":
             terminalreporter.write_line(("REGRESSION " if fails else "regressed (not gated): ") + c.describe(),
                                         red=fails)
+    if verdict.could_not_judge:
+        from .gate import EXIT_COULD_NOT_JUDGE
+
+        unsure = sum(c.verdict == "inconclusive" for c in verdict.comparisons)
+        terminalreporter.write_line(
+            f"trainbench: COULD NOT JUDGE: {unsure} timed comparison(s) stayed inconclusive after measuring again, "
+            f"and nothing regressed (exit status {EXIT_COULD_NOT_JUDGE}; --trainbench-remeasure-s measures longer, "
+            "--trainbench-allow-inconclusive reports them without failing)", red=True)
