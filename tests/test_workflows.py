@@ -1,7 +1,7 @@
 """The CI workflows are linted here, so that a broken one fails CI before GitHub ever runs it.
 
 check-jsonschema validates each file against the GitHub workflow schema it vendors (no network),
-shellcheck reads every shell step and ``.ci/run``, and the steps call only what exists: make targets of
+shellcheck reads every shell step, ``.ci/run`` and ``.ci/ab-base``, and the steps call only what exists: make targets of
 the Makefile and subcommands of ``python -m trainbench``.
 """
 
@@ -50,7 +50,7 @@ def test_the_schema_check_fails_a_broken_workflow(tmp_path):
     assert result.returncode != 0 and "run-on" in result.stdout
 
 
-@pytest.mark.parametrize("path", WORKFLOWS + [ROOT / ".ci" / "run"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", WORKFLOWS + [ROOT / ".ci" / "run", ROOT / ".ci" / "ab-base"], ids=lambda p: p.name)
 def test_every_shell_step_passes_shellcheck(path, tmp_path):
     shellcheck = shutil.which("shellcheck", path=str(BIN)) or shutil.which("shellcheck")
     assert shellcheck, "shellcheck not installed (pip install -e '.[dev]')"
