@@ -72,7 +72,7 @@ def test_steps_call_only_make_targets_and_trainbench_commands_that_exist():
     ci_run = (ROOT / ".ci" / "run").read_text()
     for path in WORKFLOWS:
         for script in _run_steps(_load(path)) + [ci_run]:
-            for target in re.findall(r"\bmake\s+(?:\"\$\{TRAINBENCH_CI_SUITE:-)?([a-z][\w-]*)", script):
+            for target in re.findall(r"\bmake\s+(?:-\w+\s+)*(?:\"\$\{TRAINBENCH_CI_SUITE:-)?([a-z][\w-]*)", script):
                 assert target in targets, f"{path.name}: make {target}: no such target in the Makefile"
             for command in re.findall(r"-m trainbench (\w+)", script):
                 assert command in commands, f"{path.name}: python -m trainbench {command}: no such command"
@@ -84,12 +84,36 @@ def test_ci_runs_the_same_script_as_ci_here_and_gates_the_cpu_suite():
     [job] = ci["jobs"].values()
     steps = {step.get("name", ""): step for step in job["steps"]}
     suite = next(step for step in job["steps"] if step.get("run", "").strip() == "bash .ci/run")
-    assert suite["env"] == {"CI": "true", "TRAINBENCH_CI_SUITE": "gate", "GATE_OUT": "results/ci"}
+    assert suite["env"] == {"CI": "true", "TRAINBENCH_CI_SUITE": "gate", "GATE_OUT": "results/ci",
+                            "GATE_FAIL": "deterministic:0%"}  # the committed baseline gates the deterministic signals
     assert "gate:" in (ROOT / "Makefile").read_text() and "--benchmark-compare='*_baseline'" in (ROOT / "Makefile").read_text()
     assert any("GITHUB_STEP_SUMMARY" in s.get("run", "") and "trainbench verdict" in s.get("run", "")
                for s in steps.values())
     upload = next(step for step in job["steps"] if str(step.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["with"]["path"] == "results/ci/" and upload["if"] == "always()"
+
+
+def test_a_pull_request_judges_timing_paired_against_its_merge_base_in_a_cached_venv():
+    ci = _load(ROOT / ".github/workflows/ci.yml")
+    [job] = ci["jobs"].values()
+    steps = job["steps"]
+    assert steps[0]["uses"].startswith("actions/checkout") and steps[0]["with"]["fetch-depth"] == 0
+    suite = next(i for i, s in enumerate(steps) if s.get("run", "").strip() == "bash .ci/run")
+    base = next(i for i, s in enumerate(steps) if s.get("id") == "base")
+    assert "github.event_name == 'pull_request'" in steps[base]["if"]
+    assert steps[base]["env"]["UPSTREAM"] == "origin/${{ github.base_ref }}"
+    assert ".ci/ab-base base" in steps[base]["run"] and "make -s ab-base-key" in steps[base]["run"]
+    cache = next(i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("actions/cache"))
+    assert steps[cache]["with"]["path"] == ".trainbench-base/venv"
+    assert "${{ steps.base.outputs.key }}" in steps[cache]["with"]["key"]
+    ab = next(i for i, s in enumerate(steps) if s.get("run", "").strip() == "make ab-base")
+    assert steps[ab]["env"]["BASE"] == "${{ steps.base.outputs.sha }}" and "step_time_ms" in steps[ab]["env"]["AB_FAIL"]
+    assert suite < base < cache < ab
+    for i in (cache, ab):
+        assert "steps.base.outcome == 'success'" in steps[i]["if"]
+    summary = next(s for s in steps if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
+    assert "trainbench verdict results/ci/ab-verdict.json" in summary["run"] and summary["if"] == "always()"
+    assert "ab-base:" in (ROOT / "Makefile").read_text() and ".trainbench-base/" in (ROOT / ".gitignore").read_text()
 
 
 def test_the_nightly_runs_doctor_then_the_gated_gpu_suite_on_a_gpu_runner():
