@@ -8,7 +8,7 @@ import torch
 
 from trainbench.budgets import Bound, CaseBudget
 from trainbench.device import CpuBackend
-from trainbench.judge import Judge
+from trainbench.judge import MAX_REMEASURES, Judge
 from trainbench.measure import measure
 from trainbench.outcome import CaseOutcome
 from trainbench.recipes import get_recipe
@@ -62,8 +62,36 @@ def test_a_missed_timed_bound_on_a_busy_machine_is_measured_again_as_often_as_al
     judged = Judge(remeasure_inconclusive=2).judge(outcome, measure_again)
     assert len(again) == 2 and judged.failures == [] and judged.budget_status == "ok 1, 1 inconclusive"
     [note] = judged.result.notes
-    assert note.startswith("measured again (attempt 3): the first measurement's timed budgets were inconclusive "
+    rounds = len(result.round_step_times_s)
+    assert judged.result.round_step_times_s == result.round_step_times_s * 3  # each measurement adds its rounds
+    assert note.startswith(f"measured again (attempt 3, rounds now {3 * rounds}): timed checks were inconclusive "
                            "(busy machine: other processes used 1.05 of 2 CPUs")
+
+
+def test_a_gates_undecided_comparison_is_measured_again_within_the_time_budget(result):
+    outcome = _outcome(result, OPS, load=QUIET)  # its budget alone is judged at once
+    again, asked = [], []
+
+    def measure_again():
+        again.append(1)
+        outcome.result = dataclasses.replace(result, notes=[])
+
+    def still_unsure(o):
+        asked.append(len(o.result.round_step_times_s))
+        return ["mlp-baseline step_time_ms: the 95% interval reaches the threshold"] if len(asked) < 3 else []
+
+    judged = Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again, still_unsure=still_unsure)
+    rounds = len(result.round_step_times_s)
+    assert len(again) == 2 and asked == [rounds, 2 * rounds, 3 * rounds]  # judged afresh on the added rounds
+    assert "the 95% interval reaches the threshold" in judged.result.notes[-1]
+    # Without seconds to spend, only the first measurement again: then the gate says it could not judge.
+    outcome = _outcome(result, OPS, load=QUIET)
+    again.clear()
+    Judge(remeasure_inconclusive=1, remeasure_s=0).judge(outcome, measure_again, still_unsure=lambda o: ["unsure"])
+    assert len(again) == 1
+    again.clear()
+    Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again, still_unsure=lambda o: ["unsure"])
+    assert len(again) == MAX_REMEASURES
 
 
 def test_strict_timing_fails_a_missed_timed_bound_at_once(result):

@@ -109,6 +109,14 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
     return MetricComparison(current.case, metric, base, cur, change, threshold, verdict)
 
 
+def undecided(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
+              alpha: float = DEFAULT_ALPHA) -> list[str]:
+    """The timed comparisons of ``current`` with ``baseline`` that are inconclusive, one line each: what measuring
+    the case again (more rounds) may decide."""
+    timed = {metric: limit for metric, limit in thresholds.items() if METRICS[metric].kind == TIMED}
+    return [c.describe() for c in compare_case(current, baseline, timed, alpha) if c.verdict == "inconclusive"]
+
+
 def _round_statistics(cur: list[float], base: list[float], higher_is_better: bool):
     """One-sided Mann-Whitney p-values (worse, better) and a bootstrap CI of median(cur) / median(base)."""
     from scipy import stats

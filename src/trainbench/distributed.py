@@ -200,8 +200,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
         ranks.update(world_size=world, launcher="torchrun (torch.distributed.run)", dist_backend=dist.get_backend(),
                      ideal_speedup=backend.ideal_ddp_speedup(world), per_rank=gathered)
         # The job goes at its slowest rank's pace.
-        # One process's CPU time is not the job's: the rank-0 figure would leave out the others' work.
-        result = result.replace(round_step_times_s=[max(times) for times in per_round], round_cpu_times_s=[],
+        result = result.replace(round_step_times_s=[max(times) for times in per_round], round_cpu_times_s=[],  # not one rank's
                                 ranks=ranks).with_note(
             f"{world} ranks under torchrun; each timed round starts at a barrier and lasts as long as its slowest rank")
     if rank == 0:

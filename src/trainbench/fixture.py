@@ -25,10 +25,14 @@ class InconclusiveTimingWarning(UserWarning):
 class TrainBench:
     """Callable behind the ``train_bench`` fixture: run one case, hand its rounds to pytest-benchmark, check it."""
 
-    def __init__(self, benchmark, session, budgets):
+    def __init__(self, benchmark, session, budgets, config):
         self.benchmark = benchmark
         self.session = session
         self.budgets = budgets
+        self.config = config
+
+    def _still_unsure(self):
+        return self.session.still_unsure(self.config, self.benchmark.fullname, self.budgets)
 
     def __call__(self, recipe, spec, baseline=None, **overrides):
         """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
@@ -40,7 +44,8 @@ class TrainBench:
         if self.session.ab is not None:
             return self._ab(recipe, spec, overrides)
         try:
-            outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides)
+            outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides,
+                                              still_unsure=self._still_unsure())
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {e}", pytrace=False)
@@ -56,7 +61,7 @@ class TrainBench:
             if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
                 pytest.skip(skipped)
             return self._ab(case.recipe_name, case.workload, overrides)
-        return self._finish(self.session.runner.run_case(case, self.budgets, **overrides))
+        return self._finish(self.session.runner.run_case(case, self.budgets, self._still_unsure(), **overrides))
 
     def _ab(self, recipe, spec, overrides: dict):
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""
@@ -138,4 +143,4 @@ class TrainBench:
 def train_bench(request, benchmark) -> TrainBench:
     """Measure a recipe on a training spec: ``result = train_bench("amp_bf16", SPEC)``."""
     session = request.config.stash[SESSION]
-    return TrainBench(benchmark, session, session.budgets_of(request.node))
+    return TrainBench(benchmark, session, session.budgets_of(request.node), request.config)

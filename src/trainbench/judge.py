@@ -1,14 +1,18 @@
-"""Judges a measured case by its budget (``budgets.evaluate``), and measures it again when the rounds cannot
-judge a timed bound (noise, a busy machine) before calling that bound inconclusive.
+"""Judges a measured case by its budget (``budgets.evaluate``), and measures it again while the rounds cannot
+judge a timed bound (noise, a busy machine) or a timed comparison with a baseline run.
 
 Deterministic bounds (memory, work) stand as evaluated. A missed timed bound whose rounds cannot
-show the miss (``noise.inconclusive_reason``) is measured again, at most ``remeasure_inconclusive``
-times, then reported as inconclusive; ``strict_timing`` fails it instead. A session whose timing
-means nothing (``untimed``: parallel workers sharing the device) judges its deterministic bounds only.
+show the miss (``noise.inconclusive_reason``), or a gate's timed comparison that is inconclusive
+(``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then again while less than
+``remeasure_s`` seconds went into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
+the earlier ones, so the interval narrows. A bound still inconclusive is reported; ``strict_timing``
+fails it instead. A session whose timing means nothing (``untimed``: parallel workers sharing the
+device) judges its deterministic bounds only.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -16,31 +20,49 @@ from .budgets import Verdict, evaluate
 from .metrics import is_timed, per_round, rounds_of
 from .noise import inconclusive_reason
 from .outcome import CaseOutcome, failed_without_result
+from .result import Result
 from .watchdog import NoProgress
+
+MAX_REMEASURES = 4  # a case measured five times that still cannot be judged will not be by a sixth
+# Why a case's timed comparisons with a stored run cannot be judged yet ([]: they can): set by a gate.
+StillUnsure = Callable[[CaseOutcome], list[str]]
 
 
 class Judge:
     """The budget rules of a session: a missing budget fails the case or not, timing is strict or not."""
 
-    def __init__(self, require_budgets: bool = False, strict_timing: bool = False, remeasure_inconclusive: int = 1):
+    def __init__(self, require_budgets: bool = False, strict_timing: bool = False, remeasure_inconclusive: int = 1,
+                 remeasure_s: float = 0.0):
         self.require_budgets = require_budgets  # a case without a budget fails (--trainbench-require-budgets)
         self.strict_timing = strict_timing
         self.remeasure_inconclusive = remeasure_inconclusive
+        self.remeasure_s = remeasure_s
 
-    def judge(self, outcome: CaseOutcome, measure_again: Callable[[], None], untimed: str | None = None) -> CaseOutcome:
+    def judge(self, outcome: CaseOutcome, measure_again: Callable[[], None], untimed: str | None = None,
+              still_unsure: StillUnsure | None = None) -> CaseOutcome:
         """Check the case's budget, measuring it again (``measure_again`` refills ``outcome``) while a timed
-        bound is inconclusive. ``untimed``: why this session's timing means nothing, or None."""
+        bound, or a timed comparison ``still_unsure`` names, is inconclusive. ``untimed``: why this session's
+        timing means nothing, or None."""
         self.check_budget(outcome, untimed)
-        for attempt in range(2, self.remeasure_inconclusive + 2):
-            if not outcome.inconclusive:
+        started = time.monotonic()
+        for attempt in range(2, MAX_REMEASURES + 2):
+            why = self._unsure(outcome, still_unsure)
+            more = attempt - 2 < self.remeasure_inconclusive or time.monotonic() - started < self.remeasure_s
+            if not why or not more:
                 break
             try:
-                self._measure_again(outcome, measure_again, attempt)
+                self._measure_again(outcome, measure_again, attempt, why)
             except NoProgress as e:
                 return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
                                                       "(--trainbench-timeout sets the limit)")
             self.check_budget(outcome, untimed)
         return outcome
+
+    @staticmethod
+    def _unsure(outcome: CaseOutcome, still_unsure: StillUnsure | None) -> str:
+        """Why the case cannot be judged yet: its inconclusive budget bounds and comparisons ("" when it can)."""
+        budget = [v.inconclusive for v in outcome.budget_verdicts if v.inconclusive]
+        return "; ".join(dict.fromkeys([*budget, *(still_unsure(outcome) if still_unsure else [])]))
 
     def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> None:
         """The case's budget verdicts, and a failure line for each bound it missed."""
@@ -72,18 +94,28 @@ class Judge:
         return replace(verdict, inconclusive=reason) if reason else verdict
 
     @staticmethod
-    def _measure_again(outcome: CaseOutcome, measure_again: Callable[[], None], attempt: int) -> None:
-        """Measure an inconclusive case again (timing, memory and work), to be judged afresh on the new measurement.
-
-        The guard verdicts and the GPU prediction do not depend on timing and are kept."""
-        why = "; ".join(dict.fromkeys(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive))
-        first = outcome.result
+    def _measure_again(outcome: CaseOutcome, measure_again: Callable[[], None], attempt: int, why: str) -> None:
+        """Measure an inconclusive case again (timing, memory and work), to be judged afresh with the new rounds
+        added to the earlier ones. The guard verdicts and the GPU prediction do not depend on timing and are kept."""
+        first, first_baseline = outcome.result, outcome.baseline
         judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
         outcome.failures = [f for f in outcome.failures if f not in judged_before]
         measure_again()
         kept = {k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")}
-        outcome.result = outcome.result.replace(predicted_memory=first.predicted_memory,
-                                                phase_seconds={**outcome.result.phase_seconds, **kept})
+        outcome.result = _with_rounds_of(first, outcome.result).replace(
+            predicted_memory=first.predicted_memory, phase_seconds={**outcome.result.phase_seconds, **kept})
+        if first_baseline is not None and outcome.baseline is not first_baseline:  # measured again with the case
+            outcome.baseline = _with_rounds_of(first_baseline, outcome.baseline)
         outcome.result = outcome.result.with_note(
-            f"measured again (attempt {attempt}): the first measurement's timed budgets were inconclusive ({why}; "
-            f"{first.samples_per_s or 0:.4g} samples/s, rounds {', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")
+            f"measured again (attempt {attempt}, rounds now {outcome.result.rounds}): timed checks were inconclusive "
+            f"({why}; first {first.samples_per_s or 0:.4g} samples/s, rounds "
+            f"{', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")
+
+
+def _with_rounds_of(earlier: Result, later: Result) -> Result:
+    """``later`` with ``earlier``'s timed rounds before its own: more rounds of the same setup, a narrower interval.
+    (Rounds stay in measuring order, so the rounds of a case and of its interleaved baseline stay paired.)"""
+    times = [*earlier.round_step_times_s, *later.round_step_times_s]
+    cpu = [*earlier.round_cpu_times_s, *later.round_cpu_times_s]
+    return later.replace(round_step_times_s=times, rounds=len(times),
+                         round_cpu_times_s=cpu if len(cpu) == len(times) else [])

@@ -23,7 +23,7 @@ from .cases import Case
 from .device import Backend
 from .eligibility import why_not
 from .execute import Executor
-from .judge import Judge
+from .judge import Judge, StillUnsure
 from .ladders import LADDERS
 from .measure import MeasureSettings
 from .outcome import CaseOutcome
@@ -41,7 +41,7 @@ class Runner:
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
                  require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
-                 remeasure_inconclusive: int = 1, trace: TraceRequest | None = None):
+                 remeasure_inconclusive: int = 1, trace: TraceRequest | None = None, remeasure_s: float = 0.0):
         self.backend = backend
         self.caps = backend.caps()
         self.profile = profile
@@ -52,7 +52,7 @@ class Runner:
         predictions = PredictionCache(backend)  # the memory check before a case and the prediction after share it
         self.planner = Planner(backend, self.caps, profile, predictions)
         self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace)
-        self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive)
+        self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive, remeasure_s)
 
     @property
     def results(self) -> dict[tuple, Result]:
@@ -61,11 +61,13 @@ class Runner:
 
     def run(self, recipe: Recipe | str, spec: SpecSource, *, baseline: Recipe | str | None = None,
             budgets: Budgets | None = None, case: str | None = None, overrides: dict | None = None,
-            ladder: dict | None = None, gpu_recipe: Recipe | None = None) -> CaseOutcome:
+            ladder: dict | None = None, gpu_recipe: Recipe | None = None,
+            still_unsure: StillUnsure | None = None) -> CaseOutcome:
         """Measure ``recipe`` on ``spec`` against ``baseline`` (default: the recipe's own), check it, and say how it went.
 
         ``gpu_recipe``: what the case runs on a GPU where that differs from ``recipe`` (a ladder rung that
-        leaves out a GPU-only step here); its memory is the one predicted for the GPU profile.
+        leaves out a GPU-only step here); its memory is the one predicted for the GPU profile. ``still_unsure``:
+        a gate's timed comparisons that cannot be judged yet (the case is measured again while there are any).
         An override that contradicts the recipe raises ``recipes.ConfigError``.
         """
         plan = self.planner.plan(recipe, spec, baseline=baseline, budgets=budgets, case=case, overrides=overrides,
@@ -76,15 +78,18 @@ class Runner:
         outcome = self.executor.execute(plan, outcome)
         if outcome.skipped or outcome.error:
             return outcome
-        outcome = self.judge.judge(outcome, functools.partial(self.executor.measure_again, plan, outcome), self.untimed)
+        outcome = self.judge.judge(outcome, functools.partial(self.executor.measure_again, plan, outcome), self.untimed,
+                                   still_unsure)
         if outcome.error:
             return outcome
         return self.executor.trace(plan, outcome)
 
-    def run_case(self, case: Case, budgets: Budgets | None = None, **overrides) -> CaseOutcome:
+    def run_case(self, case: Case, budgets: Budgets | None = None, still_unsure: StillUnsure | None = None,
+                 **overrides) -> CaseOutcome:
         """A suite case (``trainbench.cases``): a recipe on a built-in workload, or a ladder rung against rung 0."""
         if case.ladder is None:
-            return self.run(case.recipe_name, case.workload, budgets=budgets, case=case.id, overrides=overrides)
+            return self.run(case.recipe_name, case.workload, budgets=budgets, case=case.id, overrides=overrides,
+                            still_unsure=still_unsure)
         reason = why_not(case, self.caps, self.profile)  # a rung needs what its own step needs
         if reason:
             return CaseOutcome(case.id, case.own_recipe(), skipped=reason)
@@ -92,4 +97,4 @@ class Runner:
         return self.run(ladder.rung_recipe(case.rung, self.caps, self.profile), case.workload,
                         baseline=ladder.rung_recipe(0, self.caps, self.profile), budgets=budgets, case=case.id,
                         overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile),
-                        gpu_recipe=ladder.rung_recipe(case.rung, NOMINAL_GPU, PROFILES["gpu"]))
+                        gpu_recipe=ladder.rung_recipe(case.rung, NOMINAL_GPU, PROFILES["gpu"]), still_unsure=still_unsure)

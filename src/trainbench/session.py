@@ -127,7 +127,8 @@ class TrainbenchSession:
             name = self.backend.profile_name if o.profile_name == "auto" else o.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
-                                  predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace)
+                                  predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
+                                  remeasure_s=o.remeasure_s)
         return self._runner
 
     def budgets(self, path: Path | None):
@@ -140,6 +141,28 @@ class TrainbenchSession:
             except BudgetError as e:
                 raise usage_error(str(e)) from None
         return self.budget_files[path]
+
+    def still_unsure(self, config, fullname: str, budgets):
+        """Under a gate, why a case's timed comparisons with its baseline record cannot be judged yet
+        (``compare.undecided``, for the runner to measure it again), or None where nothing compares it."""
+        baseline = benchmark_adapter.loaded_baseline(config)
+        stored = baseline[1].get(fullname) if baseline and self.options.compare_fail is not None else None
+        if stored is None:
+            return None
+        from .compare import undecided
+        from .result import CaseRecord, RecordError
+
+        try:
+            base = CaseRecord.read(stored.get("extra_info") or {}, f"{baseline[0]}: {fullname}")
+        except RecordError:
+            return None  # the gate names the broken record at the end
+
+        def unsure(outcome) -> list[str]:
+            limits = {**self.options.compare_fail, **budgets.compare_thresholds(self.runner.caps, outcome.case)}
+            current = CaseRecord.read(outcome.record(), outcome.case)
+            return undecided(current, base, limits, self.options.compare_alpha)
+
+        return unsure
 
     def budgets_of(self, item):
         return self.budgets(item.stash.get(BUDGETS_PATH, self.options.budgets_override))
