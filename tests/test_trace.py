@@ -52,6 +52,33 @@ def test_only_the_cases_asked_for_are_traced_and_one_that_cannot_be_says_why(cpu
     assert case_folder_name("test_mlp[resnet18-amp_bf16]/x y") == "test_mlp_resnet18-amp_bf16_x_y"
 
 
+def test_a_trace_that_cannot_be_written_keeps_the_measurement_and_says_why(cpu, profile, quick, tmp_path):
+    (tmp_path / "mlp-baseline").write_text("a file where the case's trace folder goes")
+    runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path))
+    outcome = runner.run("baseline", "mlp")
+    assert outcome.error is None and outcome.failures == [] and len(outcome.result.round_step_times_s) == quick.rounds
+    assert outcome.trace["error"].startswith("FileExistsError: ") and "mlp-baseline" in outcome.trace["error"]
+    assert outcome.record()["trace"] == outcome.trace
+
+
+def test_a_trace_file_the_profiler_failed_to_write_is_an_error_not_a_silent_gap(cpu, profile, quick, tmp_path,
+                                                                               monkeypatch):
+    # kineto logs a failed write of the trace file and raises nothing: a handler that writes nothing stands in
+    monkeypatch.setattr("torch.profiler.tensorboard_trace_handler", lambda folder, worker_name: lambda prof: None)
+    outcome = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path)).run("baseline", "mlp")
+    assert outcome.failures == [] and outcome.result is not None
+    assert outcome.trace == {"error": f"OSError: the profiler wrote no trace file into {tmp_path / 'mlp-baseline'}"}
+
+
+def test_a_long_case_id_gets_a_short_name_of_its_own(cpu, profile, quick, tmp_path):
+    long_a, long_b = "mlp-baseline[" + "a" * 300 + "-1]", "mlp-baseline[" + "a" * 300 + "-2]"
+    assert len(case_folder_name(long_a)) <= 120 and case_folder_name(long_a) != case_folder_name(long_b)
+    assert case_folder_name(long_a).startswith("mlp-baseline_aaa")
+    outcome = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path)).run("baseline", "mlp", case=long_a)
+    assert outcome.failures == [] and "files" in outcome.trace  # not ENAMETOOLONG
+    assert {Path(f).parent.name for f in outcome.trace["files"]} == {case_folder_name(long_a)}
+
+
 CASES = """
 import pytest
 from trainbench.plugin import recipe_params
@@ -79,3 +106,25 @@ def test_a_trace_filter_that_does_not_parse_or_has_no_folder_is_a_usage_error(py
     alone = pytester.runpytest("--trainbench-profile-trace-cases=mlp", *quick_options)
     assert alone.ret == pytest.ExitCode.USAGE_ERROR
     alone.stderr.fnmatch_lines(["*--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR*"])
+
+
+BLOCKED = """
+from pathlib import Path
+
+def test_mlp(train_bench):
+    Path("traces/mlp-baseline").write_text("the folder became unusable after start-up")
+    train_bench("baseline", "mlp")
+
+def test_next(train_bench):
+    train_bench("baseline", "mlp", batch_size=8)
+"""
+
+
+def test_a_trace_lost_after_start_up_fails_no_case_and_the_summary_says_why(pytester, quick_options):
+    pytester.makepyfile(test_cases=BLOCKED)
+    result = pytester.runpytest("--trainbench-profile-trace=traces", "--benchmark-json=out.json", *quick_options)
+    result.assert_outcomes(passed=2, warnings=2)
+    result.stdout.fnmatch_lines(["*profile trace mlp-baseline: not written: FileExistsError: *traces/mlp-baseline*"])
+    data = json.loads((pytester.path / "out.json").read_text())
+    assert [b["name"] for b in data["benchmarks"]] == ["test_mlp", "test_next"]  # both measurements kept
+    assert data["benchmarks"][0]["extra_info"]["trace"]["error"].startswith("FileExistsError")

@@ -110,6 +110,9 @@ class Executor:
                 files = record_trace(plan.config, plan.spec, self.backend, self.trace_request.folder, outcome.case)
         except NoProgress as e:
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
+        except OSError as e:  # a full disk, a folder gone or read-only: the trace is lost, not the measurement
+            outcome.trace = {"error": f"{type(e).__name__}: {e}"}
+            return outcome
         outcome.trace = {"files": [str(f) for f in files]}
         return outcome
 

@@ -36,7 +36,7 @@ class CaseOutcome:
     ladder: dict | None = None
     error: str | None = None  # the case failed before it had a result (out of memory)
     fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
-    trace: dict | None = None  # a profile trace asked for: {"files": [...]} or {"skipped": why} (trainbench.trace)
+    trace: dict | None = None  # a profile trace asked for: {"files": [...]}, {"skipped": why} or {"error": why not written}
 
     @property
     def speedup(self) -> float | None:

@@ -45,7 +45,9 @@ def write_summary(terminalreporter, state) -> None:
             terminalreporter.write_line(f"{r.case}: {note}", yellow=True)
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
-            ", ".join(trace["files"]) if "files" in trace else f"not taken: {trace['skipped']}"))
+            ", ".join(trace["files"]) if "files" in trace else
+            f"not written: {trace['error']}" if "error" in trace else f"not taken: {trace['skipped']}"),
+            yellow="error" in trace)
     if state.comparison is not None:
         _write_comparison(terminalreporter, state)
 

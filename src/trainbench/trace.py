@@ -14,10 +14,12 @@ synchronized, and writes into ``<folder>/<case>/``:
   and free of those steps with its stack (``Backend.memory_history``), for pytorch.org/memory_viz.
 
 Whether a case can be traced in this process is ``eligibility.why_not`` with ``Context(traced=True)``.
+A trace that cannot be written raises ``OSError``; the case keeps its measurement (``Executor.trace``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable
@@ -42,9 +44,18 @@ class TraceRequest:
     wants: Callable[[str], bool] = lambda case: True
 
 
+# Room for the trace file's ".<milliseconds>.pt.trace.json" within a file system's 255-byte name limit.
+MAX_NAME_CHARS = 120
+
+
 def case_folder_name(case: str) -> str:
-    """A file-system-safe folder name for a case id (ids hold brackets, commas and slashes)."""
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", case).strip("_") or "case"
+    """A file-system-safe folder and file name for a case id (ids hold brackets, commas and slashes); a long id
+    is cut and ends with a hash of the whole id, so two long ids that share their start stay apart."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", case).strip("_") or "case"
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    digest = hashlib.sha1(case.encode("utf-8")).hexdigest()[:10]
+    return f"{name[:MAX_NAME_CHARS - len(digest) - 1]}-{digest}"
 
 
 def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, folder: Path, case: str) -> list[Path]:
@@ -72,4 +83,7 @@ def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, fold
                 training.step(training.fetch(batches))
                 backend.synchronize()  # each recorded step ends with its device work
                 prof.step()
-    return sorted(p for p in out.iterdir() if p.stat().st_mtime_ns >= started_ns)
+    files = sorted(p for p in out.iterdir() if p.stat().st_mtime_ns >= started_ns)
+    if not any(p.name.endswith(".pt.trace.json") for p in files):  # the profiler logs a failed write, raises nothing
+        raise OSError(f"the profiler wrote no trace file into {out}")
+    return files
