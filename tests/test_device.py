@@ -286,3 +286,16 @@ def test_setting_cudnn_autotuning_returns_the_setting_to_restore():
         assert device.set_cudnn_benchmark(False) is True and torch.backends.cudnn.benchmark is False
     finally:
         torch.backends.cudnn.benchmark = saved
+
+
+@pytest.mark.parametrize(("error", "out_of_memory"), [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:119] DefaultCPUAllocator: can't allocate memory: you tried to "
+                  "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"), True),
+    (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8589934592 bytes."), True),
+    (MemoryError(), True),
+    (RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn"), False),
+    (ValueError("can't allocate memory"), False),
+])
+def test_out_of_memory_is_told_alike_for_the_device_and_the_host(error, out_of_memory):
+    assert device.is_out_of_memory(error) is out_of_memory

@@ -1,5 +1,7 @@
 """Executing a plan: each way of measuring a case and its baseline, the session's baselines, the guard's inputs."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,7 +10,9 @@ from trainbench.device import CpuBackend
 from trainbench.measure import Measurer
 from trainbench.result import CaseRecord
 from trainbench.runner import Runner
+from trainbench.spec import classification_loss
 from trainbench.training import InjectedFault
+from trainbench.workloads import resolve_spec
 
 
 class LoggingBackend(CpuBackend):
@@ -77,3 +81,63 @@ def test_a_planted_regression_never_becomes_another_cases_baseline(profile, quic
     runner = Runner(CpuBackend(torch.device("cpu")), profile, quick, fault=InjectedFault(slowdown=0.1))
     outcome = runner.run("baseline", "mlp")
     assert outcome.result is not None and runner.results == {}
+
+
+def _loss_failing_after(steps: int, fault):
+    """A classification loss whose step ``steps + 1`` on applies ``fault`` (raises, or turns the loss non-finite)."""
+    calls = [0]
+
+    def loss(model, batch):
+        calls[0] += 1
+        value = classification_loss(model, batch)
+        return fault(value) if calls[0] > steps else value
+
+    return loss
+
+
+def _nan(loss):
+    return loss * float("nan")
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "set_to_none"])  # alone, and paired with its baseline
+def test_a_loss_that_turns_nan_fails_that_case_naming_the_step_and_the_next_case_runs(recipe, ratio_budgets, cpu,
+                                                                                       profile, quick):
+    mlp = resolve_spec("mlp", profile)
+    runner = Runner(cpu, profile, quick)
+    warm_up = quick.min_warmup_steps + quick.max_warmup_steps  # the most warm-up steps quick settings run
+    outcome = runner.run(recipe, dataclasses.replace(mlp, loss_fn=_loss_failing_after(warm_up + 1, _nan)),
+                         budgets=ratio_budgets)
+    assert outcome.result is None and outcome.failures == [outcome.error]
+    assert outcome.error.startswith(f"mlp-{recipe}: the loss of training spec 'mlp' is nan at step ")
+    # alone, its warm-up's end was checked too (paired, the case warms up inside the interleaved rounds)
+    assert ("(the last timed step; finite when checked at step " if recipe == "baseline" else
+            "(the last timed step)") in outcome.error
+    assert runner.results == {}  # a diverged setup is no later case's baseline
+    assert runner.run("baseline", "mlp").error is None
+
+
+def test_a_loss_found_non_finite_after_the_rounds_or_in_another_process_fails_the_case(cpu, profile, quick,
+                                                                                      monkeypatch):
+    # fresh and rank processes return only their result: its final loss is what this process can check
+    finish = Measurer.finish
+    monkeypatch.setattr(Measurer, "finish", lambda self: finish(self).replace(final_loss=float("inf")))
+    outcome = Runner(cpu, profile, quick).run("baseline", "mlp")
+    assert outcome.error.startswith("mlp-baseline: the loss of training spec 'mlp' is inf at the end of baseline's "
+                                    f"measurement (")
+    assert f"{quick.rounds} rounds of {quick.steps_per_round})" in outcome.error
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:119] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 1099511627776 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError(),
+])
+def test_a_host_out_of_memory_reads_as_a_device_one(error, cpu, profile, quick):
+    def out_of_memory(loss):
+        raise error
+
+    mlp = resolve_spec("mlp", profile)
+    outcome = Runner(cpu, profile, quick).run("baseline", dataclasses.replace(
+        mlp, loss_fn=_loss_failing_after(3, out_of_memory)))
+    first = str(error).splitlines()[0][:200] if str(error) else "MemoryError"
+    assert outcome.error == f"mlp-baseline: out of memory at batch {mlp.batch_size}: {first}"

@@ -452,3 +452,64 @@ def test_a_negative_timeout_is_refused(pytester, quick_options):
     result = pytester.runpytest(*quick_options, "--trainbench-timeout=-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got -1.0*"])
+
+
+USER_FAULTS = """
+import dataclasses
+
+import torch
+from torch import nn
+from trainbench.spec import classification_loss
+from trainbench.workloads import PROFILES, resolve_spec
+
+MLP = resolve_spec("mlp", PROFILES["cpu"])
+STEPS = [0]
+
+
+def diverging(model, batch):
+    STEPS[0] += 1
+    return classification_loss(model, batch) * (float("nan") if STEPS[0] > 2 else 1.0)
+
+
+def host_out_of_memory(model, batch):
+    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes.")
+
+
+def test_a_no_grad_loss(train_bench):
+    train_bench("baseline", dataclasses.replace(MLP, loss_fn=lambda m, b: classification_loss(m, b).detach()))
+
+
+def test_b_no_parameters(train_bench):
+    train_bench("baseline", dataclasses.replace(MLP, model=nn.Flatten))
+
+
+def test_c_empty_dataset(train_bench):
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 3, 32, 32), torch.zeros(0, dtype=torch.long))
+    train_bench("baseline", dataclasses.replace(MLP, dataset=lambda: empty))
+
+
+def test_d_host_out_of_memory(train_bench):
+    train_bench("baseline", dataclasses.replace(MLP, loss_fn=host_out_of_memory))
+
+
+def test_e_nan_loss(train_bench):
+    train_bench("baseline", dataclasses.replace(MLP, loss_fn=diverging))
+
+
+def test_f_after(train_bench):
+    train_bench("baseline", MLP)
+"""
+
+
+def test_user_faults_fail_their_case_alone_in_one_line_and_the_session_goes_on(pytester, quick_options):
+    pytester.makepyfile(test_faults=USER_FAULTS)
+    result = pytester.runpytest(*quick_options)
+    result.assert_outcomes(passed=1, failed=5, warnings=1)
+    result.stdout.fnmatch_lines([
+        "*_ test_a_no_grad_loss _*", "trainbench: training spec 'mlp': loss_fn returned a loss that does not require grad*",
+        "*_ test_b_no_parameters _*", "trainbench: training spec 'mlp': the model has no parameters to train",
+        "*_ test_c_empty_dataset _*", "trainbench: the dataset of training spec 'mlp' yields no batches (its length is 0)",
+        "*_ test_d_host_out_of_memory _*", "trainbench: mlp-baseline: out of memory at batch 16: DefaultCPUAllocator: *",
+        "*_ test_e_nan_loss _*", "trainbench: mlp-baseline: the loss of training spec 'mlp' is nan at step *",
+    ])
+    assert "Traceback" not in result.stdout.str() and "Error code" not in result.stdout.str()

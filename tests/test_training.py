@@ -236,6 +236,48 @@ def test_a_spec_whose_model_or_optimizer_is_not_what_torch_expects_is_a_clear_er
                       cpu)
 
 
+def _first_step(setup: TrainingSetup) -> torch.Tensor:
+    return setup.step(setup.fetch(setup.batches()))
+
+
+def test_a_spec_that_cannot_train_says_so_in_one_line_naming_it(cpu, profile):
+    mlp = resolve_spec("mlp", profile)
+    with pytest.raises(SpecError, match="^training spec 'mlp': the model has no parameters to train$"):
+        TrainingSetup(TrainConfig(), dataclasses.replace(mlp, model=nn.Flatten), cpu)
+    empty = dataclasses.replace(mlp, dataset=lambda: torch.utils.data.TensorDataset(torch.zeros(0, 3), torch.zeros(0)))
+    with pytest.raises(SpecError, match="^the dataset of training spec 'mlp' yields no batches \\(its length is 0\\)$"):
+        TrainingSetup(TrainConfig(), empty, cpu)  # the endless sampler used to look for a first index forever
+    detached = dataclasses.replace(mlp, loss_fn=lambda model, batch: classification_loss(model, batch).detach())
+    with TrainingSetup(TrainConfig(), detached, cpu) as setup, pytest.raises(SpecError, match="does not require grad"):
+        _first_step(setup)
+    with TrainingSetup(TrainConfig(eval_mode="no_grad"), detached, cpu) as setup:
+        _first_step(setup)  # an evaluation step has no backward: its loss needs no graph
+    dry = dataclasses.replace(mlp, dataset=None, batches=lambda batch_size, generator: next(iter([])))
+    with TrainingSetup(TrainConfig(), dry, cpu) as setup, \
+            pytest.raises(SpecError, match="^the data of training spec 'mlp' yields no more batches$"):
+        _first_step(setup)
+
+
+def test_the_loss_check_names_the_step_it_found_non_finite_and_the_last_finite_one(cpu, profile):
+    mlp = resolve_spec("mlp", profile)
+    steps = []
+
+    def diverging(model, batch):
+        steps.append(1)
+        return classification_loss(model, batch) * (float("nan") if len(steps) > 3 else 1.0)
+
+    with TrainingSetup(TrainConfig(), dataclasses.replace(mlp, loss_fn=diverging), cpu) as setup:
+        for _ in range(2):
+            _first_step(setup)
+        setup.check_loss("the end of warm-up")  # finite: no sync inside the steps, one here
+        for _ in range(3):
+            _first_step(setup)
+        with pytest.raises(training_module.NonFiniteLoss,
+                           match=r"^the loss of training spec 'mlp' is nan at step 5 \(the last timed step; finite "
+                                 r"when checked at step 2\): the training diverged"):
+            setup.check_loss("the last timed step")
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
     model = resolve_spec("gelu_mlp", profile).model()

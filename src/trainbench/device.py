@@ -518,6 +518,17 @@ def unsupported_arch(capability: tuple[int, int], arch_list: list[str]) -> str |
             "this GPU (see the README's GPU runner section)")
 
 
+# How torch's host allocator says it ran out (torch.OutOfMemoryError is the CUDA and XPU allocators' own type).
+_HOST_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device's or the host's allocator running out of memory."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(message in str(error) for message in _HOST_OUT_OF_MEMORY)
+
+
 def is_cuda_kernel_event(event) -> bool:
     """A compute kernel in a CUDA profile: not a memcpy, a memset or a user annotation's GPU range."""
     if event.device_type != torch.autograd.DeviceType.CUDA or getattr(event, "is_user_annotation", False):

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from . import guards  # by module: tests replace its functions to see what the guard computes
-from .device import Backend, DeviceCaps
+from .device import Backend, DeviceCaps, is_out_of_memory
 from .distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from .eligibility import Context, why_not
 from .host import LoadMeter
@@ -25,9 +23,30 @@ from .recipes import ConfigError, NotApplicable, Recipe, TrainConfig, judging_ov
 from .result import Result
 from .spec import TrainingSpec
 from .trace import TraceRequest, record_trace
-from .training import InjectedFault, TrainingSetup
+from .training import InjectedFault, NonFiniteLoss, TrainingSetup, check_finite_loss
 from .watchdog import NoProgress, phase, watch
 from .workloads import PROFILES, Profile, resolve_spec
+
+
+def _rounds_checking_loss(training: TrainingSetup):
+    """The plain round runner, the loss checked finite at the end of warm-up and after the last timed step (each
+    check a sync, outside the timing)."""
+    def rounds(step, count: int, steps_per_round: int, timer) -> list[float]:
+        training.check_loss("the end of warm-up")
+        times = run_rounds(step, count, steps_per_round, timer)
+        training.check_loss("the last timed step")
+        return times
+
+    return rounds
+
+
+def _check_final_losses(outcome: CaseOutcome) -> None:
+    """The last loss of each side's whole measurement (rank and fresh processes' too) must be finite."""
+    for result in (outcome.result, outcome.baseline):
+        if result is not None and result.final_loss is not None:
+            check_finite_loss(result.final_loss, result.workload,
+                              f"at the end of {result.recipe}'s measurement ({result.warmup_steps} warm-up steps, "
+                              f"{result.rounds} rounds of {result.steps_per_round})")
 
 
 def _rank_failures(outcome: CaseOutcome) -> list[str]:
@@ -71,13 +90,15 @@ class Executor:
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
         except ProcessFailed as e:  # a rank or fresh process crashed or hung: its traceback, this case alone fails
             return failed_without_result(outcome, str(e))
+        except NonFiniteLoss as e:  # a diverged training measures nothing worth keeping
+            return failed_without_result(outcome, f"{outcome.case}: {e}")
         except NotApplicable as e:
             outcome.skipped = f"{plan.recipe.name}: {e}"
             return outcome
-        except torch.OutOfMemoryError as e:
-            # This case alone fails; what it held goes back before the next case measures its peaks.
-            return failed_without_result(outcome, self._out_of_memory(plan, e))
-        except RuntimeError as e:
+        except (RuntimeError, MemoryError) as e:
+            if is_out_of_memory(e):
+                # This case alone fails; what it held goes back before the next case measures its peaks.
+                return failed_without_result(outcome, self._out_of_memory(plan, e))
             if "DataLoader timed out" not in str(e):  # torch's message for a worker batch past `timeout`
                 raise
             return failed_without_result(outcome, (
@@ -122,6 +143,7 @@ class Executor:
         meter = LoadMeter().start()
         self._measure(plan, outcome)
         load = meter.stop()
+        _check_final_losses(outcome)
         for side in ("result", "baseline"):  # a baseline from earlier in the session keeps its own
             result = getattr(outcome, side)
             if result is not None and result.machine_load is None:
@@ -172,6 +194,7 @@ class Executor:
             mb = Measurer(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
                           self.profile.name)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
+            tb.check_loss("the end of warm-up")
             if earlier is not None:
                 mb.reuse_passes(earlier)
             else:
@@ -179,6 +202,8 @@ class Executor:
             with TrainingSetup(plan.config, spec, self.backend, self.fault) as tc:
                 mc = Measurer(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
                 interleave_rounds(mc, mb)
+                for training in (tc, tb):
+                    training.check_loss("the last timed step")
                 baseline = mb.finish()
                 tb.close()
                 tb = mb = None  # the baseline's tensors go before the case's memory is measured
@@ -217,7 +242,7 @@ class Executor:
             return result
         with TrainingSetup(config, spec, self.backend, fault) as training:
             m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
-            return m.run(run_rounds)
+            return m.run(_rounds_checking_loss(training))
 
     @staticmethod
     def _key(plan: CasePlan, recipe: Recipe) -> tuple:

@@ -44,7 +44,7 @@ class TraceRequest:
     wants: Callable[[str], bool] = lambda case: True
 
 
-# Room for the trace file's ".<milliseconds>.pt.trace.json" within a file system's 255-byte name limit.
+# Room for the trace file's ".<nanoseconds>.pt.trace.json" within a file system's 255-byte name limit.
 MAX_NAME_CHARS = 120
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -124,6 +125,9 @@ def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
 def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
     """The spec's optimizer with the implementation ``impl`` asks for, checked to have taken effect."""
     kwargs = OPTIMIZER_IMPL_KWARGS.get(impl, {})
+    params = list(params)
+    if not params:  # torch's own "optimizer got an empty parameter list" names neither the spec nor the cause
+        raise SpecError(f"training spec {spec.name!r}: the model has no parameters to train")
     optimizer = spec.optimizer(params, **kwargs)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise SpecError(f"training spec {spec.name!r}: optimizer returned {type(optimizer).__name__}, "
@@ -145,6 +149,17 @@ def sdpa_context(backend: str | None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
+
+
+class NonFiniteLoss(Exception):
+    """The training diverged: a loss turned NaN or infinite, so its steps measure no real training."""
+
+
+def check_finite_loss(value: float, spec_name: str, when: str) -> None:
+    """Raise ``NonFiniteLoss`` naming the spec and ``when`` (the step) if ``value`` is NaN or infinite."""
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"the loss of training spec {spec_name!r} is {value} {when}: the training diverged "
+                            "(a learning rate too high, an fp16 overflow, bad data?)")
 
 
 @dataclass(frozen=True)
@@ -203,10 +218,14 @@ class TrainingSetup:
         self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
         self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
         self._iterator = None
+        self._last_loss: torch.Tensor | None = None  # what the last step returned, for check_loss
+        self._finite_at = 0  # the last step whose loss check_loss found finite
 
     def _loader(self, spec: TrainingSpec, config: TrainConfig) -> DataLoader:
         """The spec's dataset behind an endless sampler (this rank's share under DDP/FSDP), workers persistent."""
         dataset = spec.make_dataset(config.pixels)
+        if len(dataset) == 0:  # the endless sampler would look for a first index forever
+            raise SpecError(f"the dataset of training spec {spec.name!r} yields no batches (its length is 0)")
         if config.rank_processes:
             import torch.distributed as dist
 
@@ -273,7 +292,10 @@ class TrainingSetup:
 
     def fetch(self, batches: Iterator) -> list:
         """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""
-        micro_batches = [next(batches) for _ in range(self.config.accumulation_steps)]
+        try:
+            micro_batches = [next(batches) for _ in range(self.config.accumulation_steps)]
+        except StopIteration:  # the loader's sampler is endless: only a batches factory can run dry
+            raise SpecError(f"the data of training spec {self.spec.name!r} yields no more batches") from None
         beat()  # progress for the case's watchdog (trainbench.watchdog)
         return micro_batches
 
@@ -313,6 +335,9 @@ class TrainingSetup:
                 what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned {what}, expected a scalar "
                                 "floating-point tensor")
+            if not self.config.eval_mode and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
+                raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned a loss that does not require "
+                                "grad (computed under no_grad, detached, or from no trainable parameter)")
             self._loss_checked = True
         return loss
 
@@ -383,7 +408,17 @@ class TrainingSetup:
             self.backend.busy_wait(self.fault.slowdown * self.backend.elapsed_since(started))
         if self.fault is not None and self.fault.leak_mib:
             self._leaked.append(torch.empty(int(self.fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
-        return loss.detach()
+        self._last_loss = loss.detach()
+        return self._last_loss
+
+    def check_loss(self, when: str) -> None:
+        """``NonFiniteLoss`` if the last step's loss is NaN or infinite, naming that step and the last one found
+        finite. It waits for the device: call it outside timed rounds (the steps themselves never sync for it)."""
+        if self._last_loss is None:
+            return
+        since = f"; finite when checked at step {self._finite_at}" if self._finite_at else ""
+        check_finite_loss(float(self._last_loss), self.spec.name, f"at step {self.steps_done} ({when}{since})")
+        self._finite_at = self.steps_done
 
     def optimizer_step(self) -> None:
         """The update, through the GradScaler where there is one (it skips a step whose gradients overflowed)."""
