@@ -123,7 +123,7 @@ def test_a_loss_found_non_finite_after_the_rounds_or_in_another_process_fails_th
     monkeypatch.setattr(Measurer, "finish", lambda self: finish(self).replace(final_loss=float("inf")))
     outcome = Runner(cpu, profile, quick).run("baseline", "mlp")
     assert outcome.error.startswith("mlp-baseline: the loss of training spec 'mlp' is inf at the end of baseline's "
-                                    f"measurement (")
+                                    "measurement (")
     assert f"{quick.rounds} rounds of {quick.steps_per_round})" in outcome.error
 
 
