@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainbench.compare import CompareError, compare_case, parse_spec
-from trainbench.gate import Verdict, verdict_table
+from trainbench.gate import EXIT_COULD_NOT_JUDGE, Verdict, verdict_table
 from trainbench.result import CaseRecord
 
 
@@ -275,6 +275,28 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())
     assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_7x_slowdown_on_a_busy_machine_ends_could_not_judge_never_green(pytester, gate_options):
+    # The run of the issue: samples/s -86% beside another job using 1.01 of 2 CPUs passed as "inconclusive".
+    pytester.makepyfile(test_case=CASE.replace('"other_cpus": 0.0', '"other_cpus": 1.01'))
+    busy = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:50%",
+                    "--trainbench-inject-slowdown=600%", "--trainbench-remeasure-s=0")
+    assert busy.ret == EXIT_COULD_NOT_JUDGE, busy.stdout.str()
+    busy.stdout.fnmatch_lines([
+        "*COULD NOT JUDGE steady-baseline samples_per_s: * -> * samples/s (-8*%, 95% CI *) inconclusive (threshold "
+        "50.0%): regressed beyond the threshold, on timing that cannot be trusted: busy machine: other processes "
+        "used 1.01 of 2 CPUs*",
+        "*trainbench: COULD NOT JUDGE: 1 timed comparison(s) stayed inconclusive after measuring again*"])
+    busy.stdout.fnmatch_lines(["*test_steady (NOW)* 14 * 5*"])  # measured again: 7 rounds added to the first 7
+    verdict = json.loads((pytester.path / "verdict.json").read_text())
+    assert verdict["failed"] and verdict["could_not_judge"]
+    allowed = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:50%",
+                       "--trainbench-inject-slowdown=600%", "--trainbench-remeasure-s=0",
+                       "--trainbench-allow-inconclusive")
+    assert allowed.ret == 0  # the explicit opt-out: reported, not failed
+    allowed.stdout.fnmatch_lines(["*INCONCLUSIVE steady-baseline samples_per_s*"])
 
 
 @pytest.mark.usefixtures("saved_baseline")
