@@ -67,8 +67,10 @@ def test_a_slowdown_planted_in_the_head_is_caught_pair_by_pair(sides):
 class ScriptedSide:
     """A side whose step times the test decides, round by round: the pair-by-pair logic without a worker."""
 
-    def __init__(self, label: str, step_times):
-        self.label, self.step_times, self.rounds = label, iter(step_times), []
+    python = "scripted"
+
+    def __init__(self, label: str, step_times, final_loss: float | None = None):
+        self.label, self.step_times, self.rounds, self.final_loss = label, iter(step_times), [], final_loss
 
     def call(self, command: str, **arguments) -> dict:
         if command == "round":
@@ -76,7 +78,8 @@ class ScriptedSide:
             return {"step_time_s": self.rounds[-1], "cpu_time_s": self.rounds[-1]}
         if command in ("snapshot", "finish"):
             return {"result": Result("mlp-baseline", "mlp", "baseline", "cpu", batch_size=16, config={}, device={},
-                                     steps_per_round=2, round_step_times_s=list(self.rounds)).to_dict()}
+                                     steps_per_round=2, round_step_times_s=list(self.rounds),
+                                     final_loss=self.final_loss).to_dict()}
         return {}
 
 
@@ -103,6 +106,12 @@ def test_an_inconclusive_case_gets_more_pairs_until_its_interval_decides():
     assert outcome.head.notes[-1].endswith("more were measured while a timed verdict was inconclusive")
     _, unsure = _scripted(base_times, head_times, pairs=4)  # no time to measure again: it stays unjudged
     assert unsure.verdict == "inconclusive"
+
+
+def test_a_side_whose_loss_diverged_is_named_not_compared():
+    base, head = ScriptedSide("base", [0.1] * 4, 2.3), ScriptedSide("head", [0.1] * 4, float("nan"))
+    with pytest.raises(SideError, match=r"head side \(scripted\): mlp-baseline: the loss of training spec 'mlp' is nan"):
+        run_case(base, head, CASE, pairs=4, thresholds={"step_time_ms": 0.05})
 
 
 def _wrapper(tmp_path, body: str) -> str:

@@ -117,6 +117,17 @@ def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result)
     assert judged.failures == [judged.error]
 
 
+def test_a_loss_that_diverges_while_measured_again_fails_the_case_alone(result):
+    from trainbench.training import NonFiniteLoss
+
+    def diverges():
+        raise NonFiniteLoss("the loss of training spec 'mlp' is nan at step 12")
+
+    judged = Judge().judge(_outcome(result, SPEED, load=HOG), diverges)
+    assert judged.result is None and judged.failures == [judged.error]
+    assert judged.error == "mlp-baseline: the loss of training spec 'mlp' is nan at step 12, measuring it again"
+
+
 # -- through a run: a ratio budget on paired rounds ---------------------------------------------------
 
 

@@ -219,6 +219,11 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         rounds = _alternate(base, head, pairs, rounds)
     results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
                for side in (base, head)}  # one at a time
+    for label, result in results.items():  # a side whose training diverged measured nothing worth comparing
+        if result.final_loss is not None and not math.isfinite(result.final_loss):
+            raise SideError(f"{label} side ({(base if label == 'base' else head).python}): {case.case}: the loss of "
+                            f"training spec {result.workload!r} is {result.final_loss} after the timed rounds: the "
+                            "training diverged")
     if len(rounds) > pairs:
         results["head"] = results["head"].with_note(f"{len(rounds)} ABBA pairs: {len(rounds) - pairs} more were "
                                                     f"measured while a timed verdict was inconclusive")

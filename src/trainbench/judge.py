@@ -21,6 +21,7 @@ from .metrics import is_timed, per_round, rounds_of
 from .noise import inconclusive_reason
 from .outcome import CaseOutcome, failed_without_result
 from .result import Result
+from .training import NonFiniteLoss
 from .watchdog import NoProgress
 
 MAX_REMEASURES = 4  # a case measured five times that still cannot be judged will not be by a sixth
@@ -55,6 +56,8 @@ class Judge:
             except NoProgress as e:
                 return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
                                                       "(--trainbench-timeout sets the limit)")
+            except NonFiniteLoss as e:  # diverged this time: what was measured before is no longer the case's
+                return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again")
             self.check_budget(outcome, untimed)
         return outcome
 
