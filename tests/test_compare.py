@@ -118,6 +118,23 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
     assert c.verdict == "inconclusive" and "at least 3 each" in c.reason
 
 
+def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
+    from trainbench.compare import gate
+    from trainbench.gate import verdict_markdown
+    from trainbench.outcome import MeasuredCase
+
+    def stored(record):
+        return {"extra_info": {**record.metrics, "case": record.case, "samples_per_step": 16,
+                               "round_step_times_s": record.round_step_times_s}}
+
+    baseline = {"t[mlp]": stored(run_of()), "t[gelu]": stored(run_of("gelu_mlp-baseline")),
+                "plain": {"extra_info": {}}}  # a plain pytest-benchmark test: not a trainbench case
+    verdict = gate([MeasuredCase(run_of(), "t[mlp]", {})], baseline, "base.json", {}, {"activation_mib": 0.0})
+    assert verdict.not_run == ("gelu_mlp-baseline",) and not verdict.failed
+    assert "not compared: 1 case(s) of the baseline this run did not run: gelu_mlp-baseline" in \
+        verdict_markdown(verdict.to_json())
+
+
 def test_faster_rounds_are_an_improvement():
     fast = run_of(step_ms=[t * 0.7 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     [c] = compare_case(fast, run_of(), {"samples_per_s": 0.05})

@@ -171,9 +171,13 @@ def gate(cases: list, baseline: dict, baseline_path: str, device: dict, threshol
     (noise, a busy machine: "could not judge"), unless ``allow_inconclusive``.
     """
     comparisons, new_cases, errors = compare_runs(cases, baseline, baseline_path, thresholds, alpha)
+    ran = {measured.fullname for measured in cases}
+    not_run = tuple(str((bench.get("extra_info") or {}).get("case") or name) for name, bench in baseline.items()
+                    if name not in ran and isinstance(bench, dict) and (bench.get("extra_info") or {}).get("case"))
     return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
                    allow_inconclusive=allow_inconclusive,
-                   new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors))
+                   new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors),
+                   not_run=not_run)
 
 
 def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",

@@ -104,6 +104,7 @@ class Verdict:
     new_cases: tuple[str, ...] = ()  # cases the baseline run lacks
     new_cases_allowed: bool = False
     errors: tuple[str, ...] = ()  # baseline cases that could not be read
+    not_run: tuple[str, ...] = ()  # baseline cases this session did not run (deselected, skipped): not compared
     # A/B only: both environments' identities, each case's (base, head) step seconds per pair, and each case's
     # loss comparison between the sides.
     sides: dict | None = None
@@ -144,7 +145,8 @@ class Verdict:
                 "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
                 "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
-                "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive}
+                "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
+                "not_run": list(self.not_run)}
 
 
 # -- printing a verdict ----------------------------------------------------------------------------
@@ -175,6 +177,10 @@ def verdict_markdown(verdict: dict) -> str:
     lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
               if verdict.get("gated") and not verdict.get("new_cases_allowed")]
     lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
+    not_run = verdict.get("not_run") or []
+    if not_run:
+        lines.append(f"- not compared: {len(not_run)} case(s) of the baseline this run did not run: "
+                     + ", ".join(not_run[:10]) + (", ..." if len(not_run) > 10 else ""))
     comparisons = verdict.get("comparisons") or []
     notable = [c for c in comparisons if c.get("verdict") != "unchanged"]
     if notable:

@@ -97,6 +97,10 @@ def _write_comparison(terminalreporter, state) -> None:
                                        else ")"), red=failing)
     for error in verdict.errors:
         terminalreporter.write_line(f"ERROR {error}", red=True)
+    if verdict.not_run:  # deselected or skipped here: the verdict says nothing about them
+        terminalreporter.write_line(f"not compared: {len(verdict.not_run)} case(s) of the baseline run did not run in "
+                                    f"this session: {', '.join(verdict.not_run[:10])}"
+                                    + (", ..." if len(verdict.not_run) > 10 else ""), yellow=True)
     _write_findings(terminalreporter, verdict)
 
 
