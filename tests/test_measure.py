@@ -89,6 +89,33 @@ def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, qu
     assert m.result.aten_calls_per_step and m.result.flops_per_step and m.result.memory_breakdown_bytes
 
 
+class SteppedCpuClock(RecordingBackend):
+    """A backend whose CPU clock advances 30 ms per logged step: CPU time per step is known exactly."""
+
+    def cpu_clock(self):
+        return 0.030 * self.log.count("step")
+
+
+def test_cpu_time_per_step_is_read_at_each_rounds_boundaries(mlp, quick):
+    log = []
+    with TrainingSetup(TrainConfig(), mlp, SteppedCpuClock(log)) as training:
+        _log_each_step(training, log, lambda: "step")
+        m = Measurer(training, "mlp-baseline", "baseline", quick)
+        m.warm_up()
+        m.time_rounds()
+        assert m.result.round_cpu_times_s == pytest.approx([0.030] * quick.rounds)
+        m.time_one_round(rewarm_steps=2)  # the untimed steps are outside the round's CPU time too
+        assert m.result.round_cpu_times_s == pytest.approx([0.030] * (quick.rounds + 1))
+    assert m.result.metrics()["cpu_time_ms"] == pytest.approx(30.0)
+
+
+def test_a_device_without_a_cpu_clock_records_no_cpu_time(mlp, quick):
+    with _warmed_up_with_a_log(mlp, quick) as (m, log):
+        m.backend.cpu_clock = lambda: None  # a CUDA host spins in synchronize: its CPU time is wall time
+        m.time_rounds()
+    assert m.result.round_cpu_times_s == [] and m.result.metrics()["cpu_time_ms"] is None
+
+
 def test_run_rounds_divides_each_round_by_its_steps():
     ticks = iter([0.0, 1.0, 1.0, 4.0])  # two rounds lasting 1 s and 3 s
     calls = []
