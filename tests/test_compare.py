@@ -565,6 +565,26 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     assert list(verdict.errors) == [f"base.json: t: activation_mib = {bad!r}: expected a finite number or null"]
 
 
+@pytest.mark.parametrize(("corrupt", "problem"), [
+    # a NaN load reads as a busy machine, which decides whether a timed change counts
+    ({"machine_load": {"cpus": 2, "other_cpus": float("nan")}},
+     "machine_load.other_cpus = nan: expected a finite number >= 0 or null"),
+    # without its rounds samples/s cannot be judged: a corrupt record, failed even where "could not judge" is allowed
+    ({"round_step_times_s": None}, "samples_per_s = 1600.0 without round_step_times_s: expected the rounds"),
+])
+def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
+    from trainbench.compare import gate
+    from trainbench.outcome import MeasuredCase
+
+    slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
+    stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 1600.0,
+                                   "round_step_times_s": run_of().round_step_times_s, **corrupt}}}
+    verdict = gate([MeasuredCase(_loaded(slow, 0.05), "t", {})], stored, "base.json", {}, {"samples_per_s": 0.05})
+    assert verdict.failed and not verdict.comparisons
+    [error] = verdict.errors
+    assert error.startswith(f"base.json: t: {problem}")
+
+
 @pytest.mark.parametrize("option", ["--trainbench-compare-json={blocked}/verdict.json",
                                     "--trainbench-profile-trace={blocked}/traces",
                                     "--benchmark-storage={blocked}/runs"])

@@ -26,6 +26,7 @@ def ladder_benchmark(ladder, rung: int, samples_per_s: float, device: dict) -> d
     info = {
         "case": case, "workload": "resnet18", "recipe": ladder.rung_name(rung), "profile": "cpu", "batch_size": 16,
         "samples_per_s": samples_per_s, "step_time_ms": 16_000 / samples_per_s, "step_time_iqr_ms": 1.25,
+        "round_step_times_s": [16 / samples_per_s] * 3,
         "peak_memory_mib": 100.0 + 10 * rung, "tracked_peak_mib": 100.0 + 10 * rung, "activation_mib": 50.0,
         "device": device,
         "ladder": ladder.rung_info(rung, DeviceCaps.from_identity(device), PROFILES["cpu"]),
@@ -211,7 +212,7 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
     from trainbench.result import CaseRecord
 
     def record(**info):
-        return CaseRecord.read({"case": "c", "samples_per_step": 16, **info}, "c")
+        return CaseRecord.read({"case": "c", "samples_per_step": 16, "round_step_times_s": [0.1], **info}, "c")
 
     ladder = LADDERS["ladder000"]
     rungs = [RungResult(0, ladder.steps[0], record(samples_per_s=100.0)),
@@ -227,7 +228,8 @@ def test_the_session_summary_has_a_line_per_case_with_its_marks():
     from trainbench.report import summary_table
 
     metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
-               "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189}
+               "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189,
+               "round_step_times_s": [0.01296]}  # not a metric: the rounds the timed ones were measured in
     checks = [{"ok": True, "inconclusive": None}]
     rows = [CaseRecord.read({"case": "mlp-baseline", "samples_per_step": 16, **metrics,
                              "budget": {"status": "pass", "checks": checks}}, "base"),

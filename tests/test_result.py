@@ -87,6 +87,19 @@ def test_a_record_saved_before_samples_per_step_reads_its_batch_size():
     ({"tracked_peak_mib": float("-inf")}, "tracked_peak_mib = -inf: expected a finite number or null"),
     ({"round_step_times_s": [0.01, float("nan")]}, "round_step_times_s: expected a list of finite seconds"),
     ({"speedup_vs_baseline": float("inf")}, "speedup_vs_baseline = inf: expected a finite number or null"),
+    # a timed metric without its rounds would be judged as a bare value, with no interval
+    ({"samples_per_s": 1600.0, "round_step_times_s": None},
+     "samples_per_s = 1600.0 without round_step_times_s: expected the rounds it was measured in"),
+    ({"step_time_ms": 10.0, "round_step_times_s": []},
+     "step_time_ms = 10.0 without round_step_times_s: expected the rounds it was measured in"),
+    ({"round_step_times_s": ""}, "round_step_times_s: expected a list of finite seconds"),
+    # the machine's load decides whether a slowdown counts: a corrupt one must not pass for a quiet or a busy machine
+    ({"machine_load": "busy"}, "machine_load = 'busy': expected a dict (cpus, other_cpus, load_average_1m) or null"),
+    ({"machine_load": {"cpus": 2, "other_cpus": float("nan")}},
+     "machine_load.other_cpus = nan: expected a finite number >= 0 or null"),
+    ({"machine_load": {"cpus": "2", "other_cpus": 1.1}}, "machine_load.cpus = '2': expected a count or null"),
+    ({"machine_load": {"cpus": 2, "other_cpus": 1.1, "load_average_1m": [3.9]}},
+     "machine_load.load_average_1m = [3.9]: expected [start, end] or null"),
 ])
 def test_a_malformed_record_names_where_and_what_was_expected(change, message):
     info = {"case": "c", "samples_per_step": 16, "round_step_times_s": [0.01], **change}

@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from .metrics import METRICS, per_round, rounds_of
+from .metrics import METRICS, per_round, rounds_of, timed_metrics
 
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
 # the summary shows it beside the case.
@@ -217,13 +217,48 @@ def budget_status(budget: dict) -> str:
     return f"ok {len(checks) - unsure}, {unsure} inconclusive" if unsure else f"ok {len(checks)}"
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _seconds(info: dict, key: str, where: str) -> list[float]:
     """A record's per-round seconds under ``key`` ([] where absent), checked."""
-    values = info.get(key) or []
-    if not isinstance(values, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
-                                               and math.isfinite(t) for t in values):
+    values = info.get(key)
+    values = [] if values is None else values
+    if not isinstance(values, list) or not all(_finite(t) for t in values):
         raise RecordError(f"{where}: {key}: expected a list of finite seconds")
     return [float(t) for t in values]
+
+
+def _check_rounds(metrics: dict[str, float | None], series: dict[str, list[float]], where: str) -> None:
+    """A metric read round by round needs its rounds, or the gate would judge it as a bare value (a record that
+    lost them is corrupt: a measured one always has them)."""
+    for name in timed_metrics():
+        key = METRICS[name].rounds
+        if metrics[name] is not None and not any(t > 0 for t in series[key]):
+            raise RecordError(f"{where}: {name} = {metrics[name]!r} without {key}: expected the rounds it was "
+                              "measured in")
+
+
+def _check_machine_load(load: object, where: str) -> None:
+    """A ``host.LoadMeter`` record or null: the gate reads it to tell a busy machine, so a corrupt one must not
+    pass for a quiet (or a busy) machine."""
+    if load is None:
+        return
+    if not isinstance(load, dict):
+        raise RecordError(f"{where}: machine_load = {load!r}: expected a dict (cpus, other_cpus, load_average_1m) "
+                          "or null")
+    cpus, other, average = load.get("cpus"), load.get("other_cpus"), load.get("load_average_1m")
+    problems = [
+        (cpus is None or (isinstance(cpus, int) and not isinstance(cpus, bool) and cpus >= 0), "cpus",
+         "a count or null"),
+        (other is None or (_finite(other) and other >= 0), "other_cpus", "a finite number >= 0 or null"),
+        (average is None or (isinstance(average, list) and len(average) == 2 and all(map(_finite, average))),
+         "load_average_1m", "[start, end] or null"),
+    ]
+    for ok, key, expected in problems:
+        if not ok:
+            raise RecordError(f"{where}: machine_load.{key} = {load[key]!r}: expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -251,18 +286,19 @@ class CaseRecord:
         metrics = {}
         for name in METRICS:
             value = info.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
+            if value is not None and not _finite(value):
                 raise RecordError(f"{where}: {name} = {value!r}: expected a finite number or null")
             metrics[name] = value
-        rounds, cpu_rounds = (_seconds(info, key, where) for key in ("round_step_times_s", "round_cpu_times_s"))
+        series = {key: _seconds(info, key, where) for key in ("round_step_times_s", "round_cpu_times_s")}
+        _check_rounds(metrics, series, where)
+        rounds, cpu_rounds = series["round_step_times_s"], series["round_cpu_times_s"]
         samples = info.get("samples_per_step", info.get("batch_size"))
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise RecordError(f"{where}: samples_per_step = {samples!r}: expected a positive int")
         speedup = info.get("speedup_vs_baseline")
-        if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))
-                                    or not math.isfinite(speedup)):
+        if speedup is not None and not _finite(speedup):
             raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a finite number or null")
+        _check_machine_load(info.get("machine_load"), where)
         ladder = info.get("ladder")
         paired = info.get("paired")
         return cls(info["case"], metrics, rounds, samples, cpu_rounds, speedup,
