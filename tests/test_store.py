@@ -10,6 +10,7 @@ from trainbench.store import (
     INCOMPLETE_KEY,
     NoBaselineError,
     RunFileError,
+    UnusableBaselineError,
     choose_baseline,
     latest_run,
     load_run,
@@ -22,11 +23,19 @@ CPU_B = {"kind": "cpu", "name": "CPU B", "cpu_capability": "AVX2"}
 HERE = ("cpu", "CPU A", "AVX512")
 
 
-def _run(device: dict | None = None, incomplete: bool = False) -> str:
-    run = {"machine_info": {"trainbench": device} if device else {}, "benchmarks": []}
+def _run(device: dict | None = None, incomplete: bool = False, records: tuple = ()) -> str:
+    benchmarks = [{"name": f"test_{i}", "fullname": f"test_x.py::test_{i}", "stats": {}, "extra_info": info}
+                  for i, info in enumerate(records)]
+    run = {"machine_info": {"trainbench": device} if device else {}, "benchmarks": benchmarks}
     if incomplete:
         run[INCOMPLETE_KEY] = True
     return json.dumps(run)
+
+
+def _record(**changes) -> dict:
+    """A trainbench case record as the gate reads it, with ``changes``."""
+    return {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 100.0, "ops_per_step": 42,
+            "round_step_times_s": [0.16, 0.15, 0.17], **changes}
 
 
 @pytest.fixture
@@ -78,22 +87,30 @@ def test_no_saved_run_is_an_error_naming_the_folder(tmp_path):
         latest_run(tmp_path)
 
 
-def test_the_baseline_is_the_newest_complete_run_of_this_device(storage):
+def test_the_baseline_is_the_newest_complete_run_of_this_device_and_says_why(storage):
     mine = storage("0001_baseline.json", _run(CPU_A))
     storage("0002_baseline.json", _run(CPU_B))
-    storage("0003_baseline.json", _run(CPU_A, incomplete=True))
-    assert choose_baseline(storage.root, "*_baseline", lambda: HERE) == mine
-    assert choose_baseline(storage.root, True, lambda: HERE) == mine
+    storage("0003_other.json", _run(CPU_A))
+    storage("0004_baseline.json", _run(CPU_A, incomplete=True))
+    chosen = choose_baseline(storage.root, "*_baseline", lambda: HERE)
+    assert chosen.path == mine
+    assert chosen.why == (f"the newest complete run of this CPU A (cpu, AVX512) matching '*_baseline' in "
+                          f"{storage.folder} (passed over newer runs: interrupted 0004_baseline.json; "
+                          "of another device 0002_baseline.json)")
+    storage("0004_baseline.json", _run(CPU_A, incomplete=True))
+    assert choose_baseline(storage.root, True, lambda: HERE).path == storage.folder / "0003_other.json"
 
 
-def test_pytest_benchmark_keeps_its_choice_when_it_is_right(storage):
+def test_pytest_benchmark_keeps_its_choice_for_plain_runs_and_no_comparison(storage):
     storage("0001_baseline.json", _run(CPU_B))
-    storage("0002_baseline.json", _run(CPU_A))
+    newest = storage("0002_baseline.json", _run(CPU_A))
     asked = []
-    assert choose_baseline(storage.root, True, lambda: asked.append(1) or HERE) is None
+    assert choose_baseline(storage.root, True, lambda: asked.append(1) or HERE).path == newest
     assert choose_baseline(storage.root, False, lambda: asked.append(1) or HERE) is None
+    assert asked == [1]  # the device is asked for only when a run of some device must be chosen
     storage("0003_plain.json", _run(None))  # a plain pytest-benchmark run: its usual behaviour
     assert choose_baseline(storage.root, True, lambda: HERE) is None
+    assert choose_baseline(storage.root, "0002", lambda: HERE).why.startswith("the newest complete run of this CPU A")
 
 
 def test_a_named_baseline_of_other_devices_only_says_what_is_there(storage):
@@ -114,3 +131,79 @@ def test_why_no_baseline_with_nothing_saved(storage):
     assert why_no_baseline(storage.root, True).endswith("no saved runs; save one first with --benchmark-save=NAME "
                                                         "on the baseline code")
     assert "no saved run matching '*_baseline'" in why_no_baseline(storage.root, "*_baseline")
+
+
+# -- a run that cannot be the baseline is never passed over for an older one --------------------------
+
+UNREADABLE = [("", "empty file"), ('{"benchmarks": [', "invalid JSON"), ("[1, 2]", "no 'benchmarks' list"),
+              ('{"benchmarks": [{"name": "t"}]}', "t: no 'stats'")]
+
+
+@pytest.mark.parametrize(("content", "problem"), UNREADABLE)
+@pytest.mark.parametrize("compare", [True, "*_baseline", "0002"])
+def test_an_unreadable_newest_run_is_an_error_naming_it_not_a_fallback_to_an_older_one(storage, content, problem,
+                                                                                        compare):
+    storage("0001_baseline.json", _run(CPU_A))  # complete and readable, but older
+    storage("0002_baseline.json", content)  # a save killed mid-write
+    with pytest.raises(UnusableBaselineError) as raised:
+        choose_baseline(storage.root, compare, lambda: HERE)
+    message = str(raised.value)
+    assert message.startswith(f"{storage.folder / '0002_baseline.json'}: {problem}") and "\n" not in message
+    assert "expected a pytest-benchmark JSON run" in message
+
+
+def test_a_glob_matching_only_a_truncated_run_says_it_is_unreadable(storage):
+    storage("0001_x_baseline.json", '{"benchmarks": [')
+    with pytest.raises(UnusableBaselineError, match="0001_x_baseline.json: invalid JSON"):
+        choose_baseline(storage.root, "*_baseline", lambda: HERE)
+
+
+def test_an_unreadable_run_newer_than_this_devices_newest_stops_the_choice(storage):
+    storage("0001_baseline.json", _run(CPU_A))
+    storage("0002_baseline.json", "{")  # maybe this device's newest run
+    storage("0003_baseline.json", _run(CPU_B))
+    with pytest.raises(UnusableBaselineError, match="0002_baseline.json: invalid JSON.*newer than every complete run"):
+        choose_baseline(storage.root, True, lambda: HERE)
+
+
+@pytest.mark.parametrize("how", ["bare", "glob", "number", "path"])
+def test_an_interrupted_run_is_never_the_baseline_by_any_path(storage, how):
+    storage("0001_baseline.json", _run(CPU_B))
+    interrupted = storage("0002_baseline.json", _run(CPU_A, incomplete=True, records=(_record(),)))
+    compare = {"bare": True, "glob": "*_baseline", "number": "0002", "path": str(interrupted)}[how]
+    with pytest.raises(UnusableBaselineError) as raised:
+        choose_baseline(storage.root, compare, lambda: HERE)
+    message = str(raised.value)
+    assert message.startswith(f"{interrupted}: ") and "\n" not in message
+    assert f"interrupted" in message and INCOMPLETE_KEY in message and "never a baseline" in message
+    assert "compare with a complete run (--benchmark-compare=NNNN of one)" in message
+
+
+def test_a_run_named_by_its_path_is_used_as_it_is(storage):
+    older = storage("0001_baseline.json", _run(CPU_A))
+    storage("0002_baseline.json", _run(CPU_A))
+    chosen = choose_baseline(storage.root, str(older), lambda: HERE)
+    assert chosen.path == older and chosen.why == "named by --benchmark-compare"
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("samples_per_s", "fast", "samples_per_s = 'fast': expected a finite number or null"),
+    ("ops_per_step", [1, 2], "ops_per_step = [1, 2]: expected a finite number or null"),
+    ("round_step_times_s", "0.1", "round_step_times_s: expected a list of finite seconds"),
+    ("round_step_times_s", [0.1, "x"], "round_step_times_s: expected a list of finite seconds"),
+    ("samples_per_step", 1.5, "samples_per_step = 1.5: expected a positive int")])
+@pytest.mark.parametrize("compare", [True, "*_baseline"])
+def test_a_wrong_typed_record_of_the_chosen_run_is_found_when_it_is_chosen(storage, field, value, expected, compare):
+    storage("0001_baseline.json", _run(CPU_A, records=(_record(),)))
+    chosen = storage("0002_baseline.json", _run(CPU_A, records=(_record(case="mlp-amp"), _record(**{field: value}))))
+    with pytest.raises(UnusableBaselineError) as raised:
+        choose_baseline(storage.root, compare, lambda: HERE)
+    assert str(raised.value) == f"{chosen}: test_x.py::test_1: {expected}"
+
+
+def test_a_plain_benchmark_beside_trainbench_records_is_not_read_as_one(storage):
+    plain = {"name": "test_sum", "fullname": "test_p.py::test_sum", "stats": {}, "extra_info": {"note": "mine"}}
+    run = json.loads(_run(CPU_A, records=(_record(),)))
+    run["benchmarks"].append(plain)
+    saved = storage("0001_baseline.json", json.dumps(run))
+    assert choose_baseline(storage.root, True, lambda: HERE).path == saved

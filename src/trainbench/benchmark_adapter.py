@@ -12,11 +12,16 @@ them breaks this module alone (tests/test_architecture.py keeps the others off t
   pytest-benchmark's table, saved JSON and --benchmark-compare show exactly those rounds.
 - ``BenchmarkFixture._mode``: set for a case that ended before it was timed, so pytest-benchmark does not
   report "fixture not used" for it.
+- ``FileStorage.save`` and ``FileStorage._next_num``: ``save`` writes a run with a plain ``open()``, so a session
+  killed or out of disk mid-save leaves a truncated newest run; trainbench's sessions replace it (same name from
+  ``_next_num``, same bytes) with an atomic write.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from .files import write_text_atomic
 
 
 def _session(config):
@@ -41,6 +46,24 @@ def loaded_baseline(config) -> tuple[str, dict] | None:
 def compare_with(config, path: Path) -> None:
     """Make pytest-benchmark load ``path`` as the run to compare with (before its own configure reads it)."""
     config.option.benchmark_compare = str(path)
+
+
+def save_atomically(config) -> None:
+    """pytest-benchmark's --benchmark-save/--benchmark-autosave write the run through a temporary file that is
+    moved into place whole: never a 0-byte or partial run that the next --benchmark-compare would read."""
+    storage = getattr(_session(config), "storage", None)
+    if not hasattr(storage, "_next_num"):  # not its file storage (elasticsearch): left as it is
+        return
+    from pytest_benchmark.utils import safe_dumps
+
+    def save(output_json, save):  # FileStorage.save's naming and serialization
+        output_file = storage.get(f"{storage._next_num}_{save}.json")
+        if output_file.exists():
+            raise FileExistsError(f"{output_file}: a run of that number exists; not overwritten")
+        write_text_atomic(output_file, safe_dumps(output_json, ensure_ascii=True, indent=4))
+        storage.logger.info(f"Saved benchmark data in: {output_file}")
+
+    storage.save = save
 
 
 def mark_untimed(benchmark, why: str) -> None:

@@ -11,16 +11,28 @@ from typing import BinaryIO
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file next to ``path``, then move it into place."""
+    """``write(file)`` into a temporary file next to ``path``, flushed to disk, then moved into place: killed or out
+    of space mid-write, ``path`` is either the old file or the whole new one. The temporary file's name starts
+    with a dot and ends in ``.tmp``, so no glob of runs or reports takes it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if hasattr(os, "fchmod"):  # as open() would create it (mkstemp's is private to its owner)
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # read by setting it: the only portable way
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -105,6 +105,7 @@ class Verdict:
     new_cases_allowed: bool = False
     errors: tuple[str, ...] = ()  # baseline cases that could not be read
     not_run: tuple[str, ...] = ()  # baseline cases this session did not run (deselected, skipped): not compared
+    nothing_compared: str | None = None  # why no metric was compared (every case skipped): fails a gate
     # A/B only: both environments' identities, each case's (base, head) step seconds per pair, and each case's
     # loss comparison between the sides.
     sides: dict | None = None
@@ -117,9 +118,9 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        """The one rule: an unreadable baseline fails; under a gate, so does any failing comparison
-        (``MetricComparison.fails``) and a case the baseline lacks, unless new cases are allowed."""
-        if self.errors:
+        """The one rule: an unreadable baseline fails; under a gate, so does a comparison of nothing, any failing
+        comparison (``MetricComparison.fails``) and a case the baseline lacks, unless new cases are allowed."""
+        if self.errors or (self.gated and self.nothing_compared):
             return True
         unchecked = bool(self.new_cases) and not self.new_cases_allowed
         return self.gated and (unchecked or any(c.fails(self.allow_inconclusive) for c in self.comparisons))
@@ -128,7 +129,7 @@ class Verdict:
     def could_not_judge(self) -> bool:
         """It failed only because timed comparisons stayed inconclusive: nothing regressed, nothing was left
         unchecked, and nothing was shown to be fine either (``EXIT_COULD_NOT_JUDGE``)."""
-        if not self.failed or self.errors or (self.new_cases and not self.new_cases_allowed):
+        if not self.failed or self.errors or self.nothing_compared or (self.new_cases and not self.new_cases_allowed):
             return False
         return not any(c.fails(allow_inconclusive=True) for c in self.comparisons)
 
@@ -146,7 +147,7 @@ class Verdict:
                 "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
-                "not_run": list(self.not_run)}
+                "not_run": list(self.not_run), "nothing_compared": self.nothing_compared}
 
 
 # -- printing a verdict ----------------------------------------------------------------------------

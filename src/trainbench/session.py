@@ -20,14 +20,17 @@ from .files import cannot_write, write_json_atomic
 from .options import Options, discover_budgets, usage_error
 from .store import (
     INCOMPLETE_KEY,
+    PYTEST_BENCHMARKS_CHOICE,
+    Baseline,
     NoBaselineError,
+    UnusableBaselineError,
     choose_baseline,
     describe_device,
     device_of,
     storage_folder,
     why_no_baseline,
 )
-from .summary import write_ab, write_summary
+from .summary import write_ab, write_nothing_compared, write_summary
 
 # Modules that import torch (device, runner, budgets, doctor, ...) are imported where they are first needed: a
 # pytest session that runs no trainbench case never pays for importing torch.
@@ -51,6 +54,9 @@ class TrainbenchSession:
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     comparison: object = None  # trainbench.gate.Verdict, filled at session end when compared (or A/B ran)
+    baseline: Baseline | None = None  # the run chosen to compare with, and why (None: pytest-benchmark's choice)
+    unusable_baseline: str | None = None  # why the run to compare with cannot be used: stops a trainbench session
+    collected: int = 0  # trainbench cases collected
     interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
     doctor: dict | None = None  # trainbench.doctor.doctor_record of the checks run before the first case
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
@@ -90,16 +96,23 @@ class TrainbenchSession:
                 raise usage_error(f"{option}: cannot write into {folder} ({problem}); expected a writable folder")
 
     def _choose_baseline(self, config) -> None:
-        """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with."""
+        """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with. A run that
+        cannot be used stops a gated session now, and any other at collection if it has trainbench cases (a plain
+        pytest-benchmark session is left to pytest-benchmark's own warning)."""
         try:
-            path = choose_baseline(config.getoption("benchmark_storage", None),
-                                   config.getoption("benchmark_compare", None), self.device_here)
+            self.baseline = choose_baseline(config.getoption("benchmark_storage", None),
+                                            config.getoption("benchmark_compare", None), self.device_here)
+        except UnusableBaselineError as e:
+            self.unusable_baseline = f"--benchmark-compare: {e}"
+            if self.options.compare_fail is not None:
+                raise usage_error(self.unusable_baseline) from None
+            return
         except NoBaselineError as e:
             if self.options.compare_fail is not None:
                 raise usage_error(f"--trainbench-compare-fail: {e}") from None
             return
-        if path is not None:
-            benchmark_adapter.compare_with(config, path)
+        if self.baseline is not None:
+            benchmark_adapter.compare_with(config, self.baseline.path)
 
     @property
     def backend(self):
@@ -177,13 +190,17 @@ class TrainbenchSession:
 
     # -- collection -----------------------------------------------------------------------------------
     def pytest_collection_modifyitems(self, config, items):
-        if any(_uses_trainbench(item) for item in items):
+        self.collected = sum(map(_uses_trainbench, items))
+        if self.collected:
+            if self.unusable_baseline:
+                raise usage_error(self.unusable_baseline)
             self._check_runner()
             self._stop_cleanly_on_sigterm()
             saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
             storage = config.getoption("benchmark_storage", None)
             if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
+                benchmark_adapter.save_atomically(config)
         paths = set()
         for item in items:
             reason = self._marker_skip_reason(item)
@@ -327,27 +344,55 @@ class TrainbenchSession:
     # -- the verdict ----------------------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
-        """Compare every case with the baseline run (or the A/B sides); fail on a gated regression."""
-        if self.ab is not None and self.ab.outcomes:
-            self.comparison = self.ab.verdict(gated=self.options.compare_fail is not None,
-                                              allow_inconclusive=self.options.allow_inconclusive)
-        else:
-            baseline = benchmark_adapter.loaded_baseline(session.config)
-            if not self.cases or baseline is None:
-                return
-            from .compare import gate
-
-            o = self.options
-            self.comparison = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
-                                   o.compare_alpha, allow_new_cases=o.allow_new_cases,
-                                   allow_inconclusive=o.allow_inconclusive)
+        """Compare every case with the baseline run (or the A/B sides); fail on a gated regression, and fail a gate
+        that compared nothing."""
+        self.comparison = self._verdict(session.config)
+        if self.comparison is None:
+            return
         if self.options.compare_json is not None:
             write_json_atomic(self.options.compare_json, self.comparison.to_json())
         if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
             session.exitstatus = self.comparison.exit_status
 
+    def _verdict(self, config):
+        """The comparison's verdict (None: none asked for, or a plain pytest-benchmark session's)."""
+        import dataclasses
+
+        gated = self.options.compare_fail is not None
+        if not (gated or self.collected):
+            return None  # no trainbench case and no gate: pytest-benchmark's own comparison, as without trainbench
+        if self.ab is not None:
+            verdict = self.ab.verdict(gated=gated, allow_inconclusive=self.options.allow_inconclusive)
+            measured = len(self.ab.outcomes)
+        else:
+            baseline = benchmark_adapter.loaded_baseline(config)
+            if baseline is None:
+                return None
+            from .compare import gate
+
+            o = self.options
+            verdict = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
+                           o.compare_alpha, allow_new_cases=o.allow_new_cases,
+                           allow_inconclusive=o.allow_inconclusive)
+            measured = len(self.cases)
+        if verdict.comparisons or verdict.errors:
+            return verdict
+        why = ("no trainbench case ran (each was skipped or deselected)" if not measured else
+               f"no metric of the {measured} case(s) measured could be compared"
+               + (f" ({len(verdict.new_cases)} not in the baseline run)" if verdict.new_cases else ""))
+        return dataclasses.replace(verdict, nothing_compared=why)
+
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        if self.ab is not None and self.comparison is not None:
+        nothing = self.comparison is not None and self.comparison.nothing_compared
+        if self.ab is not None and self.comparison is not None and not nothing:
             write_ab(terminalreporter, self)
         elif self.cases or self.failed_cases:
             write_summary(terminalreporter, self)
+        if nothing:
+            write_nothing_compared(terminalreporter, self.comparison)
+
+    def baseline_used(self) -> Baseline | None:
+        """The run the comparison used and why (for the summary): trainbench's choice, or pytest-benchmark's."""
+        if self.baseline is not None or self.comparison is None or self.ab is not None:
+            return self.baseline
+        return Baseline(Path(self.comparison.baseline), PYTEST_BENCHMARKS_CHOICE)

@@ -93,7 +93,8 @@ def device_of(run: dict) -> tuple | None:
     """The comparable device identity trainbench recorded in a run (None: a plain pytest-benchmark run)."""
     from .device import comparable_device
 
-    return comparable_device((run.get("machine_info") or {}).get("trainbench"))
+    machine_info = run.get("machine_info")
+    return comparable_device(machine_info.get("trainbench") if isinstance(machine_info, dict) else None)
 
 
 def describe_device(device: tuple) -> str:
@@ -101,53 +102,145 @@ def describe_device(device: tuple) -> str:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The run a comparison uses, and why that one (a line of the summary)."""
+
+    path: Path
+    why: str
+
+
+# What the summary says of a run pytest-benchmark chose itself (not a run trainbench made, or not file storage).
+PYTEST_BENCHMARKS_CHOICE = "pytest-benchmark's own choice (not a run trainbench made)"
+
+
+@dataclass(frozen=True)
 class SavedRun:
     path: Path
-    device: tuple | None  # None: unreadable, or not made by trainbench
-    complete: bool
+    run: dict | None  # None: unreadable (``problem`` says why)
+    problem: str | None = None
+
+    @property
+    def device(self) -> tuple | None:  # None: unreadable, or not made by trainbench
+        return device_of(self.run) if self.run is not None else None
+
+    @property
+    def complete(self) -> bool:
+        return self.run is not None and not self.run.get(INCOMPLETE_KEY)
 
 
 def _read_saved(path: Path) -> SavedRun:
+    """A run as --benchmark-compare would load it: pytest-benchmark skips, with a warning, one whose benchmarks
+    have no ``stats``, so that one is unreadable too."""
     try:
         run = load_run(path)
-    except RunFileError:
-        return SavedRun(path, None, True)  # pytest-benchmark reports an unreadable run itself
-    return SavedRun(path, device_of(run), not run.get(INCOMPLETE_KEY))
+    except RunFileError as e:
+        return SavedRun(path, None, str(e))
+    for index, bench in enumerate(run["benchmarks"]):
+        if not isinstance(bench, dict) or not isinstance(bench.get("stats"), dict):
+            name = bench.get("fullname") or bench.get("name") if isinstance(bench, dict) else None
+            return SavedRun(path, None, f"{path}: {name or f'benchmark {index}'}: no 'stats'; expected a "
+                                        "pytest-benchmark JSON run")
+    return SavedRun(path, run)
 
 
 class NoBaselineError(Exception):
     """No saved run can be this device's baseline; ``str()`` says what is there and how to make one."""
 
 
-def choose_baseline(storage: str, compare, device_here) -> Path | None:
-    """The run ``--benchmark-compare[=NAME]`` compares with, when trainbench must choose: the newest complete
-    run of this device among those the name matches (a bare compare: among all). None: leave the choice to
-    pytest-benchmark (no comparison, a named file, not file storage, plain pytest-benchmark runs).
+class UnusableBaselineError(NoBaselineError):
+    """The run a compare names, or would take as the newest, cannot be a baseline (unreadable, interrupted, a
+    wrong-typed record): it is never passed over for an older one, which would compare with the wrong code."""
+
+
+def choose_baseline(storage: str, compare, device_here) -> Baseline | None:
+    """The run ``--benchmark-compare[=NAME]`` compares with, and why: a file named by its path, else the newest
+    complete run of this device among those the name matches (a bare compare: among all). None: leave the choice
+    to pytest-benchmark (no comparison, not file storage, no run matches, a plain pytest-benchmark run).
 
     ``device_here``: a callable giving this session's comparable device (called only when needed: it may
-    start the device). Raises NoBaselineError when a NAME matches runs of other devices only.
+    start the device). Raises UnusableBaselineError when the run it would take (or one newer) is unreadable or
+    interrupted, or has a wrong-typed record; NoBaselineError when a NAME matches runs of other devices only.
     """
-    if not compare or not storage or (compare is not True and ("/" in str(compare) or Path(str(compare)).is_file())):
+    if not compare or not storage:
         return None
+    if compare is not True and Path(str(compare)).is_file():
+        return _named_run(_read_saved(Path(str(compare))))
     folder = storage_folder(storage)
     if folder is None:
         return None
     runs = [_read_saved(path) for path in matching_runs(folder, compare)]
-    if not runs or runs[-1].device is None:
+    if not runs:
         return None
-    mine = device_here()
-    if runs[-1].device == mine and runs[-1].complete and compare is True:
-        return None  # pytest-benchmark's own choice is the right one
-    same_device = [run.path for run in runs if run.device == mine and run.complete]
-    if same_device:
-        return same_device[-1]
+    if runs[-1].problem:
+        raise UnusableBaselineError(f"{runs[-1].problem}; it is the newest run {_matching(compare)}, and an older "
+                                    "one would compare with other code: fix or remove it")
+    if runs[-1].device is None:
+        return None  # a plain pytest-benchmark run: its usual behaviour
+    return _newest_of_device(runs, device_here(), folder, compare)
+
+
+def _matching(compare) -> str:
+    return "saved" if compare is True else f"matching {str(compare)!r}"
+
+
+def _named_run(run: SavedRun) -> Baseline | None:
+    """A run named by its path: used as it is, or refused; never replaced by another."""
+    if run.problem:
+        raise UnusableBaselineError(run.problem)
+    if not run.complete:
+        raise UnusableBaselineError(_interrupted(run.path))
+    if run.device is None:
+        return None
+    _check_records(run)
+    return Baseline(run.path, "named by --benchmark-compare")
+
+
+def _interrupted(path: Path, what: str = "an interrupted run") -> str:
+    return (f"{path}: {what} ({INCOMPLETE_KEY}: its session was stopped before the end), never a baseline; "
+            "compare with a complete run (--benchmark-compare=NNNN of one) or save one with --benchmark-save")
+
+
+def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) -> Baseline | None:
+    """The newest complete run of ``mine`` in ``runs`` (oldest first), with the newer ones passed over and why;
+    an unreadable run newer than it may have been this device's newest, so it stops the choice."""
+    passed: dict[str, list[str]] = {}
+    for run in reversed(runs):
+        if run.problem:
+            raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
+                                        f"{_matching(compare)}: fix or remove it")
+        if run.device == mine and run.complete:
+            _check_records(run)
+            why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
+            skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
+            return Baseline(run.path, why + (f" (passed over newer runs: {skipped})" if skipped else ""))
+        what = ("interrupted" if run.device == mine else "of another device" if run.device
+                else "not made by trainbench")
+        passed.setdefault(what, []).append(run.path.name)
+    if "interrupted" in passed:
+        raise UnusableBaselineError(_interrupted(
+            folder / passed["interrupted"][0],
+            f"interrupted, as is every run of this {describe_device(mine)} {_matching(compare)}"))
     if compare is not True:
         others = sorted({describe_device(run.device) for run in runs if run.device})
         raise NoBaselineError(
             f"no complete run of this {describe_device(mine)} among the {len(runs)} in {folder} matching "
             f"{str(compare)!r} (runs of: {'; '.join(others)}); save one on this machine with --benchmark-save "
             "(make baseline) and commit it")
-    return None
+    return None  # only other devices' runs: pytest-benchmark loads the newest and the device check refuses it
+
+
+def _check_records(run: SavedRun) -> None:
+    """Every trainbench record of the chosen run reads as the gate will read it: a wrong-typed one found at the
+    end would have cost the whole run."""
+    from .result import CaseRecord, RecordError
+
+    for bench in run.run["benchmarks"]:
+        info = bench.get("extra_info")
+        if isinstance(info, dict) and "case" in info:
+            try:
+                CaseRecord.read(info, f"{run.path}: {bench.get('fullname') or bench.get('name')}")
+            except RecordError as e:
+                raise UnusableBaselineError(str(e)) from None
 
 
 def why_no_baseline(storage: str, compare) -> str:

@@ -48,7 +48,7 @@ def write_summary(terminalreporter, state) -> None:
             ", ".join(trace["files"]) if "files" in trace else
             f"not written: {trace['error']}" if "error" in trace else f"not taken: {trace['skipped']}"),
             yellow="error" in trace)
-    if state.comparison is not None:
+    if state.comparison is not None and not state.comparison.nothing_compared:
         _write_comparison(terminalreporter, state)
 
 
@@ -86,9 +86,20 @@ def _ranks_line(case: str, ranks: dict) -> str:
             f"median step per rank {medians} ms")
 
 
+def write_nothing_compared(terminalreporter, verdict) -> None:
+    """A comparison that compared nothing: under a gate it fails (``Verdict.failed``), without one it is said."""
+    failing = verdict.failed
+    terminalreporter.write_line(f"{'FAIL ' if failing else ''}trainbench compare vs {verdict.baseline}: nothing "
+                                f"compared: {verdict.nothing_compared}"
+                                + ("; a gate that saw nothing never passes" if failing else ""), red=failing)
+
+
 def _write_comparison(terminalreporter, state) -> None:
     verdict = state.comparison
     terminalreporter.write_sep("=", f"trainbench compare vs {verdict.baseline}")
+    baseline = state.baseline_used()
+    if baseline is not None:
+        terminalreporter.write_line(f"compared with {baseline.path}: {baseline.why}")
     _write_verdict_table(terminalreporter, verdict)
     for case in verdict.new_cases:
         failing = verdict.gated and not verdict.new_cases_allowed

@@ -1,0 +1,182 @@
+"""A session's saved runs, driven through inner pytest sessions (pytester): saves that cannot leave a partial run,
+the baseline chosen (or refused) at start-up and named in the summary, a gate that compared nothing."""
+
+import errno
+import json
+import os
+
+import pytest
+
+CASE = """
+import functools
+
+import pytest
+import torch
+from torch import nn
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.workloads import FakeTokens
+
+SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
+                    loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                    dataset=lambda: FakeTokens(256, 8, 100), batch_size=16)
+
+
+def test_tiny(train_bench):
+    train_bench("baseline", SPEC)
+"""
+SKIPPED = CASE.replace('train_bench("baseline", SPEC)', 'pytest.skip("no data on this runner")')
+GATE = "--trainbench-compare-fail=deterministic:0%"
+
+
+@pytest.fixture(scope="module")
+def _first_saved_run():
+    """The run the first test of this module to need one saved: its path under the project and its bytes."""
+    return {}
+
+
+@pytest.fixture
+def saved(pytester, quick_options, _first_saved_run):
+    """A project with the tiny case and one saved run of it, 0001_base.json (its path): one session saves it,
+    later tests get a copy of that file."""
+    pytester.makepyfile(test_case=CASE)
+    if not _first_saved_run:
+        pytester.runpytest("--benchmark-save=base", *quick_options).assert_outcomes(passed=1)
+        [path] = pytester.path.rglob("0001_base.json")
+        _first_saved_run[path.relative_to(pytester.path)] = path.read_bytes()
+    [(relative, content)] = _first_saved_run.items()
+    (pytester.path / relative).parent.mkdir(parents=True, exist_ok=True)
+    (pytester.path / relative).write_bytes(content)
+    return pytester.path / relative
+
+
+def _edited(path, name: str, edit) -> object:
+    """A copy of the saved run at ``path`` named ``name`` beside it, with ``edit(run)`` applied."""
+    run = json.loads(path.read_text())
+    edit(run)
+    path.with_name(name).write_text(json.dumps(run))
+    return path.with_name(name)
+
+
+class _DiskFullMidWrite:
+    """Stands in for the ``os`` module of trainbench.files: each file it opens takes half of the first write, then
+    the disk is full."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def fdopen(self, fd, mode):
+        real = os.fdopen(fd, mode)
+
+        class HalfWriter:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                real.close()
+
+            def write(self, data):
+                real.write(data[: len(data) // 2])
+                real.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return HalfWriter()
+
+
+def _unserializable(*args, **kwargs):
+    raise TypeError("Object of type Tensor is not JSON serializable")
+
+
+@pytest.mark.parametrize(("fault", "message"), [("disk full mid-write", "No space left on device"),
+                                                ("serialization fails", "is not JSON serializable")])
+def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_intact(pytester, saved, quick_options,
+                                                                                    monkeypatch, fault, message):
+    before = saved.read_bytes()
+    with monkeypatch.context() as patched:  # only this one: pytester's own patches (its working folder) stay
+        if fault == "disk full mid-write":
+            patched.setattr("trainbench.files.os", _DiskFullMidWrite())
+        else:  # pytest-benchmark's own save opened the file first: a 0-byte run was left
+            patched.setattr("pytest_benchmark.utils.safe_dumps", _unserializable)
+            patched.setattr("pytest_benchmark.storage.file.safe_dumps", _unserializable)
+        result = pytester.runpytest("--benchmark-save=base", *quick_options)
+    assert result.ret != pytest.ExitCode.OK
+    assert message in result.stdout.str() + result.stderr.str()
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["0001_base.json"]  # no 0002, no temporary file
+    assert saved.read_bytes() == before
+    result = pytester.runpytest("--benchmark-compare", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["compared with *0001_base.json: the newest complete run of this * saved in *"])
+
+
+def test_a_plain_benchmark_session_saves_through_pytest_benchmark_itself(pytester, monkeypatch):
+    pytester.makepyfile(test_plain="def test_plain(benchmark):\n    benchmark(sum, range(10))\n")
+    monkeypatch.setattr("trainbench.files.os", _DiskFullMidWrite())  # not used: the plain session's save is its own
+    result = pytester.runpytest("--benchmark-save=plain", "--benchmark-max-time=0.01", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert [p.name for p in pytester.path.rglob("*.json")] == ["0001_plain.json"]
+
+
+@pytest.mark.parametrize("compare", ["--benchmark-compare", "--benchmark-compare=*_base"])
+@pytest.mark.parametrize("gate", [[GATE], []])
+def test_an_unreadable_newest_run_stops_a_trainbench_session_before_any_case(pytester, saved, quick_options,
+                                                                            compare, gate):
+    truncated = saved.with_name("0002_base.json")
+    truncated.write_text(saved.read_text()[:500])  # a save killed mid-write, before saves were atomic
+    result = pytester.runpytest(compare, *gate, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--benchmark-compare: {truncated.relative_to(pytester.path)}: invalid JSON "
+                                 "(*truncated?); expected a pytest-benchmark JSON run; it is the newest run *"])
+    assert "passed" not in result.stdout.str()
+    pytester.makepyfile(test_case="def test_plain(benchmark):\n    benchmark(sum, range(10))\n")
+    plain = pytester.runpytest(compare, "--benchmark-max-time=0.01", "-p", "no:cacheprovider")
+    plain.assert_outcomes(passed=1)  # no trainbench case: pytest-benchmark's own warning, as without trainbench
+
+
+@pytest.mark.parametrize("how", ["number", "path"])
+def test_an_interrupted_run_named_explicitly_is_refused_in_one_line(pytester, saved, quick_options, how):
+    interrupted = _edited(saved, "0002_base.json", lambda run: run.update(trainbench_incomplete=True))
+    name = "0002" if how == "number" else str(interrupted)
+    result = pytester.runpytest(f"--benchmark-compare={name}", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--benchmark-compare: *0002_base.json: *interrupted* (trainbench_incomplete: its "
+                                 "session was stopped before the end), never a baseline; compare with a complete run*"])
+
+
+def test_the_summary_names_the_baseline_and_why_passing_over_an_interrupted_run(pytester, saved, quick_options):
+    _edited(saved, "0002_base.json", lambda run: run.update(trainbench_incomplete=True))
+    result = pytester.runpytest("--benchmark-compare=*_base", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines([f"compared with {saved.relative_to(pytester.path)}: the newest complete run of this "
+                                 "* (cpu, *) matching '*_base' in * (passed over newer runs: interrupted "
+                                 "0002_base.json)"])
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("samples_per_s", "fast", "samples_per_s = 'fast': expected a finite number or null"),
+    ("activation_mib", [1.0], "activation_mib = [[]1.0[]]: expected a finite number or null"),
+    ("round_step_times_s", 0.1, "round_step_times_s: expected a list of finite seconds")])
+@pytest.mark.parametrize("gate", [[GATE], []])
+def test_a_wrong_typed_baseline_record_stops_the_session_before_any_case(pytester, saved, quick_options, field,
+                                                                        value, expected, gate):
+    def wrong(run):
+        run["benchmarks"][0]["extra_info"][field] = value
+
+    _edited(saved, saved.name, wrong)
+    result = pytester.runpytest("--benchmark-compare", *gate, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--benchmark-compare: *0001_base.json: test_case.py::test_tiny: {expected}"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_a_gate_that_compared_nothing_fails_closed_and_writes_why(pytester, saved, quick_options):
+    pytester.makepyfile(test_case=SKIPPED)  # every case skips on this runner
+    result = pytester.runpytest("--benchmark-compare", GATE, "--trainbench-compare-json=verdict.json", *quick_options)
+    result.assert_outcomes(skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["FAIL trainbench compare vs *0001_base.json: nothing compared: no trainbench case "
+                                 "ran (each was skipped or deselected); a gate that saw nothing never passes"])
+    verdict = json.loads((pytester.path / "verdict.json").read_text())
+    assert verdict["failed"] and verdict["gated"] and verdict["comparisons"] == []
+    assert verdict["nothing_compared"] == "no trainbench case ran (each was skipped or deselected)"
+    ungated = pytester.runpytest("--benchmark-compare", *quick_options)
+    assert ungated.ret == pytest.ExitCode.OK
+    ungated.stdout.fnmatch_lines(["trainbench compare vs *0001_base.json: nothing compared: no trainbench case ran*"])
