@@ -17,7 +17,7 @@ from trainbench.gate import (
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
-             "new_cases_allowed", "errors", "allow_inconclusive", "not_run"]
+             "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
                    "reason", "unit", "line"}
 
@@ -43,9 +43,17 @@ def verdict(*outcomes: str, **options) -> Verdict:
     ([], {"gated": True, "new_cases": ("new-case",)}, True),
     ([], {"gated": True, "new_cases": ("new-case",), "new_cases_allowed": True}, False),
     ([], {"gated": False, "errors": ("base.json: unreadable",)}, True),  # an unreadable baseline fails ungated too
+    ([], {"gated": True, "nothing_compared": "every case skipped"}, True),  # a gate that saw nothing
+    ([], {"gated": False, "nothing_compared": "every case skipped"}, False),
 ])
 def test_one_rule_decides_failure(outcomes, options, failed):
     assert verdict(*outcomes, **options).failed is failed
+
+
+def test_a_gate_that_compared_nothing_fails_with_exit_status_1_not_could_not_judge():
+    nothing = verdict(gated=True, nothing_compared="every case skipped")
+    assert nothing.exit_status == 1 and not nothing.could_not_judge
+    assert nothing.to_json()["nothing_compared"] == "every case skipped"
 
 
 def test_the_json_keeps_its_keys_and_counts_every_outcome():

@@ -123,7 +123,7 @@ def test_an_unreadable_newest_run_stops_a_trainbench_session_before_any_case(pyt
     truncated.write_text(saved.read_text()[:500])  # a save killed mid-write, before saves were atomic
     result = pytester.runpytest(compare, *gate, *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--benchmark-compare: {truncated.relative_to(pytester.path)}: invalid JSON "
+    result.stderr.fnmatch_lines([f"*trainbench: --*: {truncated.relative_to(pytester.path)}: invalid JSON "
                                  "(*truncated?); expected a pytest-benchmark JSON run; it is the newest run *"])
     assert "passed" not in result.stdout.str()
     pytester.makepyfile(test_case="def test_plain(benchmark):\n    benchmark(sum, range(10))\n")
@@ -137,7 +137,7 @@ def test_an_interrupted_run_named_explicitly_is_refused_in_one_line(pytester, sa
     name = "0002" if how == "number" else str(interrupted)
     result = pytester.runpytest(f"--benchmark-compare={name}", GATE, *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--benchmark-compare: *0002_base.json: *interrupted* (trainbench_incomplete: its "
+    result.stderr.fnmatch_lines(["*trainbench: --*: *0002_base.json: *interrupted* (trainbench_incomplete: its "
                                  "session was stopped before the end), never a baseline; compare with a complete run*"])
 
 
@@ -163,7 +163,7 @@ def test_a_wrong_typed_baseline_record_stops_the_session_before_any_case(pyteste
     _edited(saved, saved.name, wrong)
     result = pytester.runpytest("--benchmark-compare", *gate, *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--benchmark-compare: *0001_base.json: test_case.py::test_tiny: {expected}"])
+    result.stderr.fnmatch_lines([f"*trainbench: --*: *0001_base.json: test_case.py::test_tiny: {expected}"])
     assert "passed" not in result.stdout.str()
 
 

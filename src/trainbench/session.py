@@ -103,9 +103,9 @@ class TrainbenchSession:
             self.baseline = choose_baseline(config.getoption("benchmark_storage", None),
                                             config.getoption("benchmark_compare", None), self.device_here)
         except UnusableBaselineError as e:
-            self.unusable_baseline = f"--benchmark-compare: {e}"
             if self.options.compare_fail is not None:
-                raise usage_error(self.unusable_baseline) from None
+                raise usage_error(f"--trainbench-compare-fail: no baseline run to compare with: {e}") from None
+            self.unusable_baseline = f"--benchmark-compare: {e}"
             return
         except NoBaselineError as e:
             if self.options.compare_fail is not None:
