@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainbench.ab import ABOutcome
 from trainbench.ab import verdict as ab_verdict
@@ -161,3 +163,21 @@ def test_the_markdown_lists_what_changed_and_folds_the_rest():
     assert "| mlp-baseline | samples_per_s | 100 | 80 | -20.0% | -25.0%..-15.0% | regressed |" in notable
     assert "| mlp-baseline | activation_mib | 100 | 100 | +0.0% | — | unchanged |" in folded
     assert "activation_mib" not in notable
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(low=st.floats(0.01, 10.0), width=st.floats(0.0, 5.0), threshold=st.floats(0.0, 1.0),
+       p=st.floats(0.0, 1.0), higher_is_better=st.booleans(), busy=st.booleans())
+def test_a_verdict_never_claims_what_its_interval_does_not_show(low, width, threshold, p, higher_is_better, busy):
+    high = low + width
+    doubts = ("busy machine",) if busy else ()
+    verdict_, reason = judge_change((low, high), p, 1 - p, threshold, higher_is_better, 0.05, doubts)
+    worse = (1 - high, 1 - low) if higher_is_better else (low - 1, high - 1)  # the change in the worse direction
+    if verdict_ == "unchanged":
+        assert -threshold < worse[0] and worse[1] < threshold
+    elif verdict_ == "regressed":
+        assert worse[0] > threshold and p < 0.05 and not busy
+    elif verdict_ == "improved":
+        assert worse[1] < -threshold and 1 - p < 0.05 and not busy
+    else:
+        assert verdict_ == "inconclusive" and reason
