@@ -148,3 +148,15 @@ def test_a_speed_budget_missed_on_a_quiet_machine_by_every_pair_fails_at_once(ma
     [failure] = outcome.failures  # 100x is outside any interval of the pairs: conclusive, not measured again
     assert "short by" in failure and not outcome.inconclusive
     assert not any(n.startswith("measured again") for n in outcome.result.notes)
+
+
+def test_a_budget_alone_gets_its_one_measurement_again_whatever_the_time_budget(result):
+    outcome = _outcome(result, SPEED, OPS, load=HOG)  # inconclusive on every measurement
+    again = []
+
+    def measure_again():
+        again.append(1)
+        outcome.result = dataclasses.replace(result, notes=[], machine_load=HOG)
+
+    Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again)
+    assert len(again) == 1  # a budget's inconclusive bound is reported, not failed: no time spent chasing it

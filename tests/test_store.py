@@ -175,7 +175,7 @@ def test_an_interrupted_run_is_never_the_baseline_by_any_path(storage, how):
         choose_baseline(storage.root, compare, lambda: HERE)
     message = str(raised.value)
     assert message.startswith(f"{interrupted}: ") and "\n" not in message
-    assert f"interrupted" in message and INCOMPLETE_KEY in message and "never a baseline" in message
+    assert "interrupted" in message and INCOMPLETE_KEY in message and "never a baseline" in message
     assert "compare with a complete run (--benchmark-compare=NNNN of one)" in message
 
 

@@ -3,8 +3,9 @@ judge a timed bound (noise, a busy machine) or a timed comparison with a baselin
 
 Deterministic bounds (memory, work) stand as evaluated. A missed timed bound whose rounds cannot
 show the miss (``noise.inconclusive_reason``), or a gate's timed comparison that is inconclusive
-(``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then again while less than
-``remeasure_s`` seconds went into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
+(``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
+(which fails the session if it stays inconclusive), again while less than ``remeasure_s`` seconds went
+into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
 the earlier ones, so the interval narrows. A bound still inconclusive is reported; ``strict_timing``
 fails it instead. A session whose timing means nothing (``untimed``: parallel workers sharing the
 device) judges its deterministic bounds only.
@@ -47,8 +48,11 @@ class Judge:
         self.check_budget(outcome, untimed)
         started = time.monotonic()
         for attempt in range(2, MAX_REMEASURES + 2):
-            why = self._unsure(outcome, still_unsure)
-            more = attempt - 2 < self.remeasure_inconclusive or time.monotonic() - started < self.remeasure_s
+            gate = still_unsure(outcome) if still_unsure else []
+            why = "; ".join(dict.fromkeys([*(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive), *gate]))
+            # A budget gets its re-measurements; a gate's comparison, which fails the session when it stays
+            # inconclusive, gets more while the time budget lasts.
+            more = attempt - 2 < self.remeasure_inconclusive or (gate and time.monotonic() - started < self.remeasure_s)
             if not why or not more:
                 break
             try:
@@ -60,12 +64,6 @@ class Judge:
                 return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again")
             self.check_budget(outcome, untimed)
         return outcome
-
-    @staticmethod
-    def _unsure(outcome: CaseOutcome, still_unsure: StillUnsure | None) -> str:
-        """Why the case cannot be judged yet: its inconclusive budget bounds and comparisons ("" when it can)."""
-        budget = [v.inconclusive for v in outcome.budget_verdicts if v.inconclusive]
-        return "; ".join(dict.fromkeys([*budget, *(still_unsure(outcome) if still_unsure else [])]))
 
     def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> None:
         """The case's budget verdicts, and a failure line for each bound it missed."""
