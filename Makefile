@@ -22,7 +22,7 @@ TEST_ARGS ?=
 # pytest arguments, where the verdict goes (ab-verdict.json), and the base's torch (default: the head's, TORCH_PKGS)
 BASE ?=
 UPSTREAM ?= origin/main
-AB_FAIL ?= step_time_ms:5%
+AB_FAIL ?= step_time_ms:5%,cpu_time_ms:5%
 AB_ARGS ?=
 AB_OUT ?= $(GATE_OUT)
 AB_BASE_TORCH_PKGS ?= $(TORCH_PKGS)

@@ -124,7 +124,7 @@ def test_a_run_builds_the_base_venv_with_the_heads_pins_and_runs_the_ab_gate(rep
     # Every dependency at the head's version, trainbench itself from the base's worktree
     assert (repo.path / ".trainbench-base" / "pins.txt").read_text() == FREEZE.replace("pytest-trainbench==0.1.0\n", "")
     assert calls[-1] == (f"{repo.python} -m pytest benchmarks -rs --trainbench-ab-base={repo.venv_python} "
-                         f"--trainbench-ab={repo.python} --trainbench-compare-fail=step_time_ms:5% "
+                         f"--trainbench-ab={repo.python} --trainbench-compare-fail=step_time_ms:5%,cpu_time_ms:5% "
                          f"--trainbench-compare-json=results/ci/ab-verdict.json -k resnet18 --trainbench-ab-pairs=8")
     assert base in result.stdout and head in result.stdout
     assert repo.git("status", "--porcelain") == ""  # the worktree and venv are ignored
