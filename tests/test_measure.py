@@ -40,10 +40,10 @@ def _log_each_step(training, log, entry):
 
 
 @contextlib.contextmanager
-def _warmed_up_with_a_log(mlp, quick):
+def _warmed_up_with_a_log(mlp, quick, backend=RecordingBackend):
     """A warmed-up Measurer of the MLP whose backend and steps write to ``log`` (cleared after the warm-up)."""
     log = []
-    with TrainingSetup(TrainConfig(), mlp, RecordingBackend(log)) as training:
+    with TrainingSetup(TrainConfig(), mlp, backend(log)) as training:
         _log_each_step(training, log, lambda: "step")
         m = Measurer(training, "mlp-baseline", "baseline", quick)
         m.warm_up()
@@ -97,11 +97,7 @@ class SteppedCpuClock(RecordingBackend):
 
 
 def test_cpu_time_per_step_is_read_at_each_rounds_boundaries(mlp, quick):
-    log = []
-    with TrainingSetup(TrainConfig(), mlp, SteppedCpuClock(log)) as training:
-        _log_each_step(training, log, lambda: "step")
-        m = Measurer(training, "mlp-baseline", "baseline", quick)
-        m.warm_up()
+    with _warmed_up_with_a_log(mlp, quick, SteppedCpuClock) as (m, _):
         m.time_rounds()
         assert m.result.round_cpu_times_s == pytest.approx([0.030] * quick.rounds)
         m.time_one_round(rewarm_steps=2)  # the untimed steps are outside the round's CPU time too
