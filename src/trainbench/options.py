@@ -32,8 +32,9 @@ def add_options(parser) -> None:
     group.addoption("--trainbench-require-budgets", action="store_true",
                     help="fail a case that has no budget for this device instead of warning")
     group.addoption("--trainbench-strict-timing", action="store_true",
-                    help="fail timed checks that are inconclusive (rounds too noisy to judge, or other processes "
-                         "loading the machine) instead of reporting them: for dedicated benchmark machines")
+                    help="fail timed budget checks that are inconclusive (rounds too noisy to judge, or other processes "
+                         "loading the machine) instead of reporting them: for dedicated benchmark machines (an "
+                         "inconclusive gate or A/B comparison fails without it: see --trainbench-allow-inconclusive)")
     group.addoption("--trainbench-slow", action="store_true", help="also run cases marked trainbench_slow")
     group.addoption("--trainbench-no-predict", action="store_true",
                     help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
