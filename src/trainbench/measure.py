@@ -204,10 +204,10 @@ class Measurer:
 
     # -- 1. warm-up ---------------------------------------------------------------
     def timed_step(self) -> None:
-        """One step on the live iterator, recording the time blocked on the loader."""
-        t0 = time.perf_counter()
+        """One step on the live iterator, recording the time blocked on the loader (on the clock rounds read)."""
+        t0 = self.backend.clock()
         micro_batches = self.training.fetch(self._batches)
-        self._wait_s += time.perf_counter() - t0
+        self._wait_s += self.backend.clock() - t0
         self._last_loss = self.training.step(micro_batches)
 
     def warm_up(self, settle: bool = True) -> None:
