@@ -89,10 +89,10 @@ def test_a_case_on_the_second_gpu():
 @pytest.mark.parametrize("milliseconds", [2, 20])
 def test_the_round_timer_agrees_with_cuda_events_on_a_known_kernel(runner, milliseconds):
     runner.backend.time_sleep_kernel(milliseconds / 1e3)  # first launch: module load
-    timer_s, event_s = runner.backend.time_sleep_kernel(milliseconds / 1e3)
-    # The timer adds a synchronize and a launch (tens of microseconds) to what the events see.
-    assert event_s > 0
-    assert abs(timer_s - event_s) <= 0.05 * event_s + 0.5e-3, f"timer {timer_s * 1e3:.3f} ms, events {event_s * 1e3:.3f} ms"
+    from trainbench.device import timer_event_disagreement
+
+    disagreement = timer_event_disagreement(*runner.backend.time_sleep_kernel(milliseconds / 1e3))
+    assert disagreement is None, disagreement
 
 
 def test_a_case_peak_does_not_depend_on_what_ran_before(runner):

@@ -4,6 +4,7 @@ synchronize waits for the device, and every figure comes from the backend's cloc
 import pytest
 from async_device import AsyncBackend, AsyncClock, spec
 
+from trainbench.device import time_with_events, timer_event_disagreement
 from trainbench.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.recipes import TrainConfig
 from trainbench.training import InjectedFault, TrainingSetup
@@ -89,6 +90,44 @@ def test_the_injected_slowdown_slows_the_measured_step_by_at_least_its_fraction(
     slowed = _timed(AsyncClock(), InjectedFault(slowdown=fraction), device_s=DEVICE_S, host_s=host_s).step_time_s
     # the host's hold is a fraction of the whole step, device work included: not of the launches alone
     assert slowed >= (1 + fraction) * plain - 1e-12
+
+
+# -- the timer-vs-events self-check of the GPU smoke run --------------------------------------------
+
+def _kernel_timed_with_events(clock, timer, seconds=0.020, launch_s=20e-6):
+    def kernel():
+        clock.host_work(launch_s)
+        clock.launch(seconds)
+
+    return time_with_events(timer, clock.record_event, lambda start, end: end - start, kernel)
+
+
+def test_the_round_timer_agrees_with_events_on_an_async_device():
+    clock = AsyncClock()
+    clock.launch(0.100)  # earlier work still queued: the timer's first synchronize keeps it out
+    timer_s, event_s = _kernel_timed_with_events(clock, AsyncBackend(clock).timer)
+    # the kernel's launch lies between the two events, as on a GPU: both see it
+    assert event_s == pytest.approx(0.020 + 20e-6)
+    assert timer_s == pytest.approx(event_s)
+    assert timer_event_disagreement(timer_s, event_s) is None
+
+
+@pytest.mark.parametrize("missing_sync", ["start", "end"])
+def test_the_self_check_catches_a_timer_that_does_not_wait_for_the_device(missing_sync):
+    clock = AsyncClock()
+    clock.launch(0.100)
+    backend = AsyncBackend(clock)
+    reads = iter([backend.clock, backend.timer] if missing_sync == "start" else [backend.timer, backend.clock])
+    timer_s, event_s = _kernel_timed_with_events(clock, lambda: next(reads)())
+    # no sync at the start counts the queued 100 ms; none at the end only the launch
+    assert timer_s == pytest.approx(0.120 if missing_sync == "start" else 20e-6)
+    assert "timer" in timer_event_disagreement(timer_s, event_s)
+
+
+def test_the_self_check_bound_is_five_percent_plus_half_a_millisecond():
+    assert timer_event_disagreement(0.0215, 0.020) is None
+    assert timer_event_disagreement(0.0216, 0.020) == "timer 21.600 ms, events 20.000 ms"
+    assert timer_event_disagreement(0.001, 0.0) is not None
 
 
 # -- the data-wait share ----------------------------------------------------------------------------
