@@ -7,7 +7,7 @@ import torch
 
 from trainbench import doctor, host
 from trainbench.__main__ import main
-from trainbench.device import unsupported_arch
+from trainbench.device import DeviceCaps, unsupported_arch
 from trainbench.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
 
 CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
@@ -118,13 +118,49 @@ def test_the_device_a_run_would_use():
 
 # -- memory ------------------------------------------------------------------------------------------
 
-def test_device_memory_against_a_predicted_need():
-    devices = [gpu(memory=16 * GiB)]
-    assert check_device_memory(devices, None)[0].status == "info"
-    assert check_device_memory(devices, 20 * GiB, "gpt-larger_batch")[0].status == "FAIL"
-    assert "gpt-larger_batch" in check_device_memory(devices, 20 * GiB, "gpt-larger_batch")[0].message
-    assert check_device_memory(devices, int(15.5 * GiB))[0].status == "warn"
-    assert check_device_memory(devices, 8 * GiB)[0].status == "ok"
+# What each heavy case's GPU-profile setup is predicted to hold (tensor peak), by workload: the GPT figure is
+# what the read of the CUDA paths found, beyond any GPU up to an H200 once the runner's headroom is added.
+PREDICTED_PEAK = {"gpt": 155_000 * MiB, "vit": 30_000 * MiB, "transformer": 20_000 * MiB, "resnet18": 8_000 * MiB}
+H100 = DeviceCaps("cuda", "NVIDIA H100 80GB HBM3", cuda=True, capability=(9, 0), gpu_count=1, bf16=True)
+
+
+def fake_prediction(config, spec):
+    return {"breakdown_bytes": {"total": PREDICTED_PEAK[spec.name]}}
+
+
+def test_a_case_too_large_for_the_gpu_is_skipped_as_the_runner_skips_it_not_a_blocker():
+    from trainbench.eligibility import Context, MemoryLimit, why_not
+    from trainbench.recipes import get_recipe
+    from trainbench.workloads import PROFILES, resolve_spec
+
+    cases = {c.case_id: c for c in doctor.heaviest_cases(H100, 80 * GiB, fake_prediction)}
+    assert set(cases) == set(doctor.HEAVIEST_CASES)
+    gpt = cases["gpt-larger_batch"]
+    profile = PROFILES["gpu"]
+    runner_says = why_not(get_recipe("larger_batch"), H100, profile, resolve_spec("gpt", profile),
+                          get_recipe("larger_batch").config(profile), Context(memory=MemoryLimit(80 * GiB, fake_prediction)))
+    assert gpt.skipped == runner_says and "needs ~189.2 GiB" in gpt.skipped  # the runner's own answer, not a copy
+    assert gpt.needed_bytes == int(155_000 * MiB * 1.25)
+    assert cases["vit-larger_batch"].skipped is None and cases["vit-larger_batch"].needed_bytes == 37_500 * MiB
+
+    checks = by_name(check_device_memory(gpu(memory=80 * GiB), list(cases.values())))
+    assert not blockers(checks.values())
+    memory = checks["gpu0_memory"]
+    assert memory.status == "ok"
+    assert memory.message == ("NVIDIA H100 80GB HBM3 has 81,920 MiB; the largest case that will run "
+                              "(vit-larger_batch) needs 37,500 MiB")
+    skipped = checks["gpu0_memory:gpt-larger_batch"]
+    assert skipped.status == "info"
+    assert skipped.message.startswith("gpt-larger_batch will be skipped (needs 193,750 MiB of 81,920): ")
+
+
+def test_device_memory_lines_for_a_tight_fit_nothing_predicted_and_nothing_running():
+    tight = [doctor.CaseMemory("vit-larger_batch", 15 * GiB)]
+    assert check_device_memory(gpu(memory=16 * GiB), tight)[0].status == "warn"
+    unpredicted = check_device_memory(gpu(memory=16 * GiB), [doctor.CaseMemory("gpt-larger_batch", None)])
+    assert unpredicted[0].status == "info" and "gpt-larger_batch needs is not predicted" in unpredicted[0].message
+    none_run = check_device_memory(gpu(memory=16 * GiB), [doctor.CaseMemory("gpt-larger_batch", 40 * GiB, "too big")])
+    assert [c.status for c in none_run] == ["info", "info"] and "none of " in none_run[0].message
 
 
 def test_shared_memory_needed_by_workers():
@@ -281,3 +317,26 @@ def test_doctor_for_the_cpu_of_this_machine_passes(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert not [line for line in lines if line.startswith("FAIL")]
     assert any(line.startswith("ok    device: cpu (") and "cpu profile" in line for line in lines)
+
+
+class _FakeH100:
+    """The backend of a run on an H100 that asks no driver: what the doctor's memory check reads of it."""
+
+    def caps(self):
+        return H100
+
+
+def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_needs(quiet_env, monkeypatch, capsys):
+    from trainbench import predict
+
+    monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(devices=[gpu(memory=80 * GiB)]))
+    monkeypatch.setattr(doctor, "get_backend", lambda spec: _FakeH100())
+    monkeypatch.setattr(predict, "predict_memory", lambda config, spec, backend: fake_prediction(config, spec))
+    monkeypatch.setattr(host, "shm_free_bytes", lambda path: 64 * GiB)
+    assert main(["doctor", "--device", "cuda"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "ok    gpu0_memory: NVIDIA H100 80GB HBM3 has 81,920 MiB; the largest case that will run " \
+           "(vit-larger_batch) needs 37,500 MiB" in lines
+    assert any(line.startswith("info  gpu0_memory:gpt-larger_batch: gpt-larger_batch will be skipped (needs 193,750 MiB")
+               for line in lines)
+

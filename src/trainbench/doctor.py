@@ -185,25 +185,13 @@ def select_device(device_spec: str | None, runtime: dict) -> tuple[Check, bool]:
     return Check("device", "ok", f"{spec} ({backend.name}), {backend.caps().profile_name} profile"), uses_gpu
 
 
-def check_device_memory(devices: list[dict], needed_bytes: int | None, case_id: str | None = None) -> list[Check]:
-    """Each GPU's memory against what the largest case needs (``needed_bytes``; None: not predicted)."""
-    checks = []
-    what = f"the largest case{f' ({case_id})' if case_id else ''}"
-    for d in devices:
-        total = d["total_memory_bytes"]
-        name = f"gpu{d['index']}_memory"
-        have = f"{d['name']} has {total / GiB:.1f} GiB"
-        if needed_bytes is None:
-            checks.append(Check(name, "info", f"{have}; what {what} needs is not predicted"))
-        elif total < needed_bytes:
-            checks.append(Check(name, "FAIL", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB: it would run out of "
-                                              "memory; use a larger GPU or deselect that case (-k)"))
-        elif total < needed_bytes * 1.1:
-            checks.append(Check(name, "warn", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB: under 10% headroom "
-                                              "for the CUDA context and fragmentation"))
-        else:
-            checks.append(Check(name, "ok", f"{have}, {what} needs {needed_bytes / GiB:.1f} GiB"))
-    return checks
+@dataclass(frozen=True)
+class CaseMemory:
+    """A heavy case on one GPU as the runner will treat it: its memory need, and whether it runs."""
+
+    case_id: str
+    needed_bytes: int | None  # predicted tensor peak with the runner's headroom; None: not predicted
+    skipped: str | None = None  # why the runner will skip it there (``eligibility.why_not``); None: it runs
 
 
 # The suite's heaviest setups on the GPU profile (the largest batches, fp32): the device-memory check
@@ -212,23 +200,49 @@ HEAVIEST_CASES = ("resnet18-ladder003-4_uint8_transfer", "transformer-larger_bat
                   "vit-larger_batch")
 
 
-def largest_predicted_memory(backend) -> tuple[str, int] | None:
-    """(case id, bytes) of the heaviest GPU-profile setup's predicted tensor peak times the runner's headroom,
-    under FakeTensorMode on ``backend``'s device; None when none could be predicted."""
+def heaviest_cases(caps, total_bytes: int, predict) -> list[CaseMemory]:
+    """The ``HEAVIEST_CASES`` on a GPU of ``caps`` with ``total_bytes`` of memory, each judged by the runner's own
+    rule (``eligibility.why_not`` with its memory gate); ``predict(config, spec)``: ``predict_memory``'s answer."""
     from .cases import all_cases
-    from .predict import HEADROOM, predict_memory, without_unpredictable
+    from .eligibility import Context, MemoryLimit, memory_needed, why_not
     from .workloads import PROFILES, resolve_spec
 
-    profile, caps = PROFILES["gpu"], backend.caps()
-    best = None
+    profile, limit = PROFILES["gpu"], MemoryLimit(total_bytes, predict)
+    found = []
     for case in all_cases():
         if case.id not in HEAVIEST_CASES:
             continue
-        config = without_unpredictable(case.recipe(caps, profile).config(profile))
-        predicted = predict_memory(config, resolve_spec(case.workload, profile), backend).get("breakdown_bytes")
-        if predicted and (best is None or predicted["total"] > best[1]):
-            best = (case.id, int(predicted["total"] * HEADROOM))
-    return best
+        recipe = case.recipe(caps, profile)
+        config, spec = recipe.config(profile), resolve_spec(case.workload, profile)
+        skipped = why_not(recipe, caps, profile, spec, config, Context(memory=limit))
+        needed = memory_needed(config, spec, limit)
+        found.append(CaseMemory(case.id, needed[1] if needed else None, skipped))
+    return found
+
+
+def check_device_memory(device: dict, cases: list[CaseMemory]) -> list[Check]:
+    """A GPU's memory against what the largest case that will run there needs; a line per case the runner will skip.
+
+    A case that does not fit is skipped by the runner's memory gate, not run out of memory: information, not a
+    blocker."""
+    total, name = device["total_memory_bytes"], f"gpu{device['index']}_memory"
+    have = f"{device['name']} has {total / MiB:,.0f} MiB"
+    checks = []
+    for case in cases:
+        if case.skipped:
+            need = f" (needs {case.needed_bytes / MiB:,.0f} MiB of {total / MiB:,.0f})" if case.needed_bytes else ""
+            checks.append(Check(f"{name}:{case.case_id}", "info", f"{case.case_id} will be skipped{need}: {case.skipped}"))
+    running = [c for c in cases if not c.skipped and c.needed_bytes is not None]
+    if not running:
+        unpredicted = [c.case_id for c in cases if not c.skipped]
+        what = (f"what {', '.join(unpredicted)} needs is not predicted" if unpredicted
+                else f"none of {', '.join(HEAVIEST_CASES)} will run on it")
+        return [Check(name, "info", f"{have}; {what}"), *checks]
+    largest = max(running, key=lambda c: c.needed_bytes)
+    line = f"{have}; the largest case that will run ({largest.case_id}) needs {largest.needed_bytes / MiB:,.0f} MiB"
+    if total < largest.needed_bytes * 1.1:
+        return [Check(name, "warn", f"{line}: under 10% to spare for the CUDA context and fragmentation"), *checks]
+    return [Check(name, "ok", line), *checks]
 
 
 # -- shared memory --------------------------------------------------------------------------
@@ -383,14 +397,18 @@ def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Ma
 
 
 def _device_memory_checks(device_spec: str, runtime: dict) -> list[Check]:
-    from .device import get_backend
+    from .predict import PredictionCache
 
     try:
-        largest = largest_predicted_memory(get_backend(device_spec))
+        backend = get_backend(device_spec)
+        caps, predict = backend.caps(), functools.partial(PredictionCache(backend), "gpu")  # one prediction per setup
+        checks = []
+        for device in runtime.get("devices") or []:  # each GPU judged as itself: a host may mix GPUs
+            own = dataclasses.replace(caps, name=device["name"], capability=tuple(device["capability"]))
+            checks += check_device_memory(device, heaviest_cases(own, device["total_memory_bytes"], predict))
+        return checks
     except Exception as e:  # noqa: BLE001 - the other checks still say what they found
-        return [Check("gpu_memory", "warn", f"could not predict the largest case: {type(e).__name__}: {e}")]
-    case_id, needed = largest if largest else (None, None)
-    return check_device_memory(runtime.get("devices") or [], needed, case_id)
+        return [Check("gpu_memory", "warn", f"could not predict the heaviest cases: {type(e).__name__}: {e}")]
 
 
 def format_checks(checks: list[Check]) -> list[str]:

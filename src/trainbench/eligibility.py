@@ -147,16 +147,26 @@ def _untraceable(config: TrainConfig, fresh: str | None) -> str | None:
     return None
 
 
-def _does_not_fit(recipe: Recipe, caps: DeviceCaps, spec: TrainingSpec, config: TrainConfig,
-                  memory: MemoryLimit) -> str | None:
-    """Why the setup would run out of the device's memory, from its predicted tensor peak.
+def memory_needed(config: TrainConfig, spec: TrainingSpec, memory: MemoryLimit) -> tuple[int, int] | None:
+    """(predicted tensor peak, what the setup needs with the allocator's headroom) in bytes, or None where the
+    setup cannot be predicted: the figure the memory gate judges, for callers that report it (doctor).
 
     Compiled and parallel setups are predicted without compilation and as one process of the
     same batch: close enough to tell that a 24 GiB setup will not fit a 16 GiB GPU.
     """
     predicted = memory.predict(without_unpredictable(config), spec).get("breakdown_bytes")
-    if not predicted or predicted["total"] * HEADROOM <= memory.total_bytes:
+    if not predicted:
         return None
-    return (f"{recipe.name}: needs ~{predicted['total'] * HEADROOM / 2**30:.1f} GiB (predicted tensor peak "
-            f"{predicted['total'] / 2**30:.1f} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
+    return int(predicted["total"]), int(predicted["total"] * HEADROOM)
+
+
+def _does_not_fit(recipe: Recipe, caps: DeviceCaps, spec: TrainingSpec, config: TrainConfig,
+                  memory: MemoryLimit) -> str | None:
+    """Why the setup would run out of the device's memory, from its predicted tensor peak (``memory_needed``)."""
+    needed = memory_needed(config, spec, memory)
+    if needed is None or needed[1] <= memory.total_bytes:
+        return None
+    peak, with_headroom = needed
+    return (f"{recipe.name}: needs ~{with_headroom / 2**30:.1f} GiB (predicted tensor peak "
+            f"{peak / 2**30:.1f} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
             f"{caps.name} has {memory.total_bytes / 2**30:.1f} GiB")
