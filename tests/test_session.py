@@ -180,3 +180,47 @@ def test_a_gate_that_compared_nothing_fails_closed_and_writes_why(pytester, save
     ungated = pytester.runpytest("--benchmark-compare", *quick_options)
     assert ungated.ret == pytest.ExitCode.OK
     ungated.stdout.fnmatch_lines(["trainbench compare vs *0001_base.json: nothing compared: no trainbench case ran*"])
+
+
+XDIST_WORKER_1_OF_2 = """
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    config.workerinput = {"workercount": 2, "workerid": "gw1"}  # what pytest-xdist gives its second worker
+"""
+
+
+def test_an_xdist_worker_is_pinned_to_its_gpu_before_the_doctor_asks_cuda_anything(pytester, monkeypatch):
+    """With --trainbench-device=auto on two GPUs, worker gw1 sees only the second one from the first CUDA query on:
+    CUDA reads CUDA_VISIBLE_DEVICES once, at its start."""
+    import importlib
+
+    import torch
+
+    # Through sys.modules: an earlier inner session may have left a stale ``trainbench.doctor`` attribute behind.
+    device, doctor = importlib.import_module("trainbench.device"), importlib.import_module("trainbench.doctor")
+    calls = []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
+    real_pin = device.pin_to_one_gpu
+
+    def pin(index, count):
+        calls.append(("pin", os.environ["CUDA_VISIBLE_DEVICES"]))
+        return real_pin(index, count)
+
+    def cuda_runtime():
+        calls.append(("cuda query", os.environ["CUDA_VISIBLE_DEVICES"]))
+        return {"torch": torch.__version__, "torch_cuda": None, "arch_list": [], "available": False, "devices": [],
+                "driver": None, "error": None}
+
+    monkeypatch.setattr(device, "pin_to_one_gpu", pin)
+    monkeypatch.setattr(doctor, "cuda_runtime", cuda_runtime)
+    monkeypatch.delenv("TRAINBENCH_EXPECT_CUDA", raising=False)
+    pytester.makeconftest(XDIST_WORKER_1_OF_2)
+    pytester.makepyfile(test_case=CASE)
+    result = pytester.runpytest("--collect-only", "--trainbench-device=auto", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert calls == [("pin", "0,1"), ("cuda query", "1")]

@@ -64,6 +64,7 @@ class TrainbenchSession:
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     _backend: object = None
     _runner: object = None
+    _pin_tried: bool = False
 
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
@@ -114,13 +115,24 @@ class TrainbenchSession:
         if self.baseline is not None:
             benchmark_adapter.compare_with(config, self.baseline.path)
 
+    def pin_gpu(self) -> None:
+        """One GPU per pytest-xdist worker (``device.pin_to_one_gpu``), once, before anything of this session asks
+        CUDA anything: CUDA reads ``CUDA_VISIBLE_DEVICES`` only at its start, so a query first (the doctor's)
+        would leave every worker on GPU 0."""
+        if self._pin_tried:
+            return
+        self._pin_tried = True
+        if self.options.xdist_workers > 1 and self.options.device_spec in ("auto", "cuda"):
+            from .device import pin_to_one_gpu
+
+            self.pinned_gpu = pin_to_one_gpu(self.options.xdist_index, self.options.xdist_workers)
+
     @property
     def backend(self):
         if self._backend is None:  # lazy: importing torch costs seconds in unrelated pytest runs
-            from .device import get_backend, pin_to_one_gpu
+            from .device import get_backend
 
-            if self.options.xdist_workers > 1 and self.options.device_spec in ("auto", "cuda"):  # before CUDA starts
-                self.pinned_gpu = pin_to_one_gpu(self.options.xdist_index, self.options.xdist_workers)
+            self.pin_gpu()
             self._backend = get_backend(self.options.device_spec)
         return self._backend
 
@@ -194,6 +206,7 @@ class TrainbenchSession:
         if self.collected:
             if self.unusable_baseline:
                 raise usage_error(self.unusable_baseline)
+            self.pin_gpu()  # before the doctor's CUDA queries
             self._check_runner()
             self._stop_cleanly_on_sigterm()
             saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
