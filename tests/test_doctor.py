@@ -268,6 +268,75 @@ def test_cublas_workspace_config_is_reported():
     assert ":4096:8" in doctor.check_cublas(None).message
 
 
+def test_the_allocator_configuration_is_recorded_and_a_tf32_override_warns():
+    assert by_name(doctor.check_cuda_env({}))["cuda_alloc_conf"].message.startswith("PYTORCH_CUDA_ALLOC_CONF unset")
+    conf = by_name(doctor.check_cuda_env({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}))
+    assert conf["cuda_alloc_conf"].status == "info" and "expandable_segments:True" in conf["cuda_alloc_conf"].message
+    off = by_name(doctor.check_cuda_env({"NVIDIA_TF32_OVERRIDE": "0"}))["tf32_override"]
+    assert off.status == "warn" and "whatever torch's flags say" in off.message
+    assert by_name(doctor.check_cuda_env({"NVIDIA_TF32_OVERRIDE": "1"}))["tf32_override"].status == "info"
+    assert by_name(doctor.check_cuda_env({}))["tf32_override"].status == "info"
+
+
+def test_library_logging_distorts_timing_as_a_warning():
+    distortions = host.timing_distortions({"CUDNN_LOGINFO_DBG": "1", "CUBLASLT_LOG_LEVEL": "2"}, False, False, 2, 2)
+    assert [c.status for c in check_timing(distortions, uses_cuda=True)] == ["warn", "warn"]
+    assert host.timing_distortions({"CUBLASLT_LOG_LEVEL": "0"}, False, False, 2, 2) == []
+
+
+def _gpu_states(*processes, mig=False, app=1755):
+    from trainbench.gpu_state import GpuProcess, GpuState
+
+    h100 = GpuState(0, "GPU-5a0e9b3e", "NVIDIA H100 80GB HBM3", mig, 1980, 1980, app, 1755,
+                    tuple(GpuProcess(pid, mib) for pid, mib in processes))
+    other = GpuState(1, "GPU-77777777", "NVIDIA H100 80GB HBM3", False, 1980, 1980, 1755, 1755, ((GpuProcess(9, 1),)))
+    return "nvidia-smi", [h100, other]
+
+
+def test_other_processes_mig_and_clocks_of_the_gpu_the_run_sees():
+    seen = [{**gpu(), "uuid": "5a0e9b3e"}]  # torch's bare UUID of the driver's GPU 0
+    quiet = by_name(doctor.check_gpu_state(_gpu_states(), seen))
+    assert set(quiet) == {"gpu0_processes", "gpu0_mig", "gpu0_clocks"}  # the other GPU's process is not this run's
+    assert quiet["gpu0_processes"].status == "ok" and quiet["gpu0_mig"].status == "ok"
+    assert quiet["gpu0_clocks"].status == "info" and "not locked" in quiet["gpu0_clocks"].message
+    busy = by_name(doctor.check_gpu_state(_gpu_states((4242, 30210), mig=True, app=1410), seen))
+    assert busy["gpu0_processes"].status == "warn" and "pid 4242 30,210 MiB" in busy["gpu0_processes"].message
+    assert busy["gpu0_mig"].status == "warn"
+    assert "applications clocks set to 1410 MHz (default 1755)" in busy["gpu0_clocks"].message
+    unmatched = doctor.check_gpu_state(_gpu_states(), [gpu()])  # no UUID from torch: every GPU the driver has
+    assert {c.name for c in unmatched} >= {"driver_gpu0_processes", "driver_gpu1_processes"}
+    [nothing] = doctor.check_gpu_state(None, seen)
+    assert nothing.status == "info" and "not checked" in nothing.message
+
+
+def test_a_missing_compiler_or_python_header_names_the_compile_cases_that_would_fail(tmp_path):
+    cases = doctor.compile_cases("gpu")
+    assert {"resnet18-compile", "gpt-compile", "gelu_mlp-fuse_pointwise_compile"} <= set(cases)
+    assert "resnet18-baseline" not in cases
+    no_cc = doctor.check_compile_toolchain(True, None, "/usr/include/python3.11/Python.h", cases)
+    assert no_cc.status == "warn" and "C compiler" in no_cc.message and "gpt-compile" in no_cc.message
+    no_header = doctor.check_compile_toolchain(False, "/usr/bin/c++", None, cases)
+    assert no_header.status == "warn" and "Python.h" in no_header.message and "C++ compiler" not in no_header.message
+    assert doctor.check_compile_toolchain(True, "/usr/bin/cc", "/x/Python.h", cases).status == "ok"
+
+
+def test_the_compiler_is_found_as_torch_compile_looks_for_it(monkeypatch, tmp_path):
+    gcc = tmp_path / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert host.c_compiler({}) == str(gcc)  # no cc: the next name
+    assert host.c_compiler({}, cxx=True) is None
+    assert host.c_compiler({"CC": "clang"}) is None  # the one CC names, not another
+    assert host.c_compiler({"CC": str(gcc)}) == str(gcc)
+    import sysconfig
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    assert host.python_header() is None  # headers not installed (no python3-dev)
+    (tmp_path / "Python.h").write_text("")
+    assert host.python_header() == str(tmp_path / "Python.h")
+
+
 def test_record_counts_blockers_and_warnings():
     checks = [Check("a", "ok", "x"), Check("b", "warn", "y"), Check("c", "FAIL", "z"), Check("d", "FAIL", "w")]
     record = doctor.doctor_record(checks)
@@ -326,14 +395,21 @@ class _FakeH100:
         return H100
 
 
-def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_needs(quiet_env, monkeypatch, capsys):
+def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_needs(quiet_env, monkeypatch, capsys,
+                                                                                     tmp_path):
     from trainbench import predict
 
-    monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(devices=[gpu(memory=80 * GiB)]))
+    monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(devices=[{**gpu(memory=80 * GiB), "uuid": "5a0e9b3e"}]))
     monkeypatch.setattr(doctor, "get_backend", lambda spec: _FakeH100())
+    monkeypatch.setattr(doctor, "gpu_states", lambda: _gpu_states((4242, 30210)))
     monkeypatch.setattr(predict, "predict_memory", lambda config, spec, backend: fake_prediction(config, spec))
     monkeypatch.setattr(host, "shm_free_bytes", lambda path: 64 * GiB)
-    assert main(["doctor", "--device", "cuda"]) == 0
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    assert main(["doctor", "--device", "cuda", "--json", str(tmp_path / "doctor.json")]) == 0
+    recorded = {c["name"]: c["status"] for c in json.loads((tmp_path / "doctor.json").read_text())}
+    assert {"gpu0_processes": "warn", "gpu0_mig": "ok", "gpu0_clocks": "info", "tf32_override": "warn",
+            "cuda_alloc_conf": "info"}.items() <= recorded.items()
+    assert recorded["compile_toolchain"] in ("ok", "warn")
     lines = capsys.readouterr().out.splitlines()
     assert "ok    gpu0_memory: NVIDIA H100 80GB HBM3 has 81,920 MiB; the largest case that will run " \
            "(vit-larger_batch) needs 37,500 MiB" in lines

@@ -590,6 +590,7 @@ def cuda_runtime() -> dict:
             props = torch.cuda.get_device_properties(index)
             capability = (props.major, props.minor)
             info["devices"].append({"index": index, "name": props.name, "capability": capability,
+                                    "uuid": str(getattr(props, "uuid", "") or ""),  # matches the driver's GPU
                                     "total_memory_bytes": props.total_memory,
                                     "unsupported": unsupported_arch(capability, info["arch_list"])})
     except Exception as e:  # noqa: BLE001 - a broken driver raises many kinds; doctor reports it as it is

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from . import host
 from .device import _cpu_model, cuda_runtime, get_backend
+from .gpu_state import GpuState, gpu_states, same_gpu
 
 STATUSES = ("ok", "info", "warn", "FAIL")
 MiB = 1 << 20
@@ -326,6 +327,92 @@ def check_cublas(config: str | None) -> Check:
                                              "deterministic case keeps :4096:8 or :16:8, else sets :4096:8)")
 
 
+def check_cuda_env(environ: Mapping[str, str]) -> list[Check]:
+    """The allocator's configuration (recorded) and NVIDIA_TF32_OVERRIDE, which overrules torch's TF32 flags."""
+    conf = {name: environ[name] for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if environ.get(name)}
+    checks = [Check("cuda_alloc_conf", "info", "; ".join(f"{name}={value}" for name, value in conf.items())
+                    + ": every case's caching allocator runs with it (memory peaks and fragmentation follow it)"
+                    if conf else "PYTORCH_CUDA_ALLOC_CONF unset: the caching allocator's defaults")]
+    override = environ.get("NVIDIA_TF32_OVERRIDE")
+    if override is None:
+        checks.append(Check("tf32_override", "info", "NVIDIA_TF32_OVERRIDE unset: torch's TF32 flags decide"))
+    elif override.strip() == "0":
+        checks.append(Check("tf32_override", "warn", "NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS and cuDNN "
+                                                     "whatever torch's flags say: fp32 matmuls and convolutions run in "
+                                                     "full fp32 while results record TF32 (precision, MFU peak); "
+                                                     "unset it"))
+    else:
+        checks.append(Check("tf32_override", "info", f"NVIDIA_TF32_OVERRIDE={override}: no effect (only 0 turns "
+                                                     "TF32 off)"))
+    return checks
+
+
+def check_gpu_state(state: tuple[str, list[GpuState]] | None, devices: list[dict]) -> list[Check]:
+    """Other processes, MIG mode and clocks of each GPU the run sees (matched to the driver's by UUID; all the
+    driver's GPUs where torch gave no UUID), from ``gpu_state.gpu_states()``."""
+    if state is None:
+        return [Check("gpu_state", "info", "neither NVML (nvidia-ml-py) nor nvidia-smi answered: other processes "
+                                           "on the GPU, MIG mode and clocks not checked")]
+    source, gpus = state
+    seen = [(f"gpu{d['index']}", g) for d in devices for g in gpus if same_gpu(g.uuid, d.get("uuid"))]
+    checks = []
+    for label, gpu in seen or [(f"driver_gpu{g.index}", g) for g in gpus]:
+        checks += _gpu_state_checks(label, gpu, source)
+    return checks
+
+
+def _gpu_state_checks(label: str, gpu: GpuState, source: str) -> list[Check]:
+    name = f"{gpu.name} ({source})"
+    if gpu.processes:
+        listed = ", ".join(f"pid {p.pid}" + (f" {p.used_mib:,} MiB" if p.used_mib is not None else "")
+                           for p in gpu.processes)
+        processes = Check(f"{label}_processes", "warn", f"{name}: {len(gpu.processes)} other process(es) on it "
+                                                        f"({listed}): they share its SMs and memory, and every timing "
+                                                        "measures them too")
+    else:
+        processes = Check(f"{label}_processes", "ok", f"{name}: no other process on it")
+    if gpu.mig is None:
+        mig = Check(f"{label}_mig", "info", f"{name}: no MIG mode")
+    elif gpu.mig:
+        mig = Check(f"{label}_mig", "warn", f"{name}: MIG mode on: the run measures one MIG slice, not the GPU; "
+                                            "its results compare only with runs on the same slice")
+    else:
+        mig = Check(f"{label}_mig", "ok", f"{name}: MIG mode off")
+    return [processes, mig, Check(f"{label}_clocks", "info", f"{name}: {_clocks(gpu)}")]
+
+
+def _clocks(gpu: GpuState) -> str:
+    now = f"SM clock {gpu.sm_clock_mhz if gpu.sm_clock_mhz is not None else '?'} MHz"
+    now += f" (max {gpu.max_sm_clock_mhz} MHz)" if gpu.max_sm_clock_mhz is not None else ""
+    if gpu.app_clocks_set:
+        return f"{now}; applications clocks set to {gpu.app_clock_mhz} MHz (default {gpu.default_app_clock_mhz})"
+    if gpu.app_clocks_set is None:
+        return f"{now}; applications clocks unknown"
+    return (f"{now}; applications clocks at their default, not locked: clocks follow load, power and temperature "
+            "(sudo nvidia-smi --lock-gpu-clocks=MIN,MAX holds them)")
+
+
+def compile_cases(profile_name: str) -> list[str]:
+    """The suite's cases whose setup torch.compile builds kernels for on ``profile_name``."""
+    from .cases import all_cases
+    from .workloads import PROFILES
+
+    profile = PROFILES[profile_name]
+    return [case.id for case in all_cases() if case.recipe(None, profile).config(profile).compiles]
+
+
+def check_compile_toolchain(uses_cuda: bool, compiler: str | None, header: str | None, cases: list[str]) -> Check:
+    """What torch.compile needs to build kernels: a C compiler for Triton's launchers on a GPU (a C++ one on the
+    CPU) and this Python's ``Python.h``; without them the compile cases fail."""
+    kind = "C compiler (CC, cc, gcc or clang) for Triton" if uses_cuda else "C++ compiler (CXX, c++, g++ or clang++)"
+    missing = [what for what, found in ((kind, compiler), ("Python.h (python3-dev)", header)) if not found]
+    if missing:
+        return Check("compile_toolchain", "warn", f"no {' and no '.join(missing)}: the {len(cases)} compile case(s) "
+                                                  f"would fail: {', '.join(cases) or 'none'}")
+    return Check("compile_toolchain", "ok", f"{compiler} and {header}: torch.compile can build the kernels of "
+                                            f"{len(cases)} compile case(s)")
+
+
 def check_timing(distortions: list[tuple[str, str]], uses_cuda: bool) -> list[Check]:
     """A warning per distorting setting; CUDA_LAUNCH_BLOCKING on a GPU run is a blocker: every number would be wrong."""
     if not distortions:
@@ -388,6 +475,10 @@ def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Ma
         checks += _device_memory_checks(device_spec, runtime)
 
     checks.append(check_cublas(host.cublas_workspace_config(environ)))
+    checks += check_cuda_env(environ)
+    if runtime.get("torch_cuda"):  # a CPU-only build's runner has no GPU to ask about
+        checks += check_gpu_state(gpu_states(), runtime.get("devices") or [])
+    checks.append(_toolchain_check(uses_cuda, profile_name, environ))
     usable = host.usable_cpus()
     checks += check_timing(host.timing_distortions(environ, torch.is_anomaly_enabled(), _profiler_running(),
                                                    torch.get_num_threads(), usable), uses_cuda)
@@ -409,6 +500,14 @@ def _device_memory_checks(device_spec: str, runtime: dict) -> list[Check]:
         return checks
     except Exception as e:  # noqa: BLE001 - the other checks still say what they found
         return [Check("gpu_memory", "warn", f"could not predict the heaviest cases: {type(e).__name__}: {e}")]
+
+
+def _toolchain_check(uses_cuda: bool, profile_name: str, environ: Mapping[str, str]) -> Check:
+    try:
+        cases = compile_cases(profile_name)
+    except Exception as e:  # noqa: BLE001 - a suite being edited must not hide the other checks
+        return Check("compile_toolchain", "warn", f"could not list the compile cases: {type(e).__name__}: {e}")
+    return check_compile_toolchain(uses_cuda, host.c_compiler(environ, cxx=not uses_cuda), host.python_header(), cases)
 
 
 def format_checks(checks: list[Check]) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 # Environment variables that change what a timing measures, and why. A variable counts when set
-# to a true value ("1", "true", "yes", "on").
+# to a true value ("1", "true", "yes", "on"), a log level (LOG_LEVEL_ENV) when above 0.
 DISTORTING_ENV: dict[str, str] = {
     "CUDA_LAUNCH_BLOCKING": "serializes every kernel launch: the host waits for each kernel, nothing overlaps, "
                             "every step time is wrong; unset it",
@@ -25,8 +25,12 @@ DISTORTING_ENV: dict[str, str] = {
     "TORCH_CUDNN_V8_API_DISABLED": "falls back to cuDNN's legacy API where the build still has it: other convolution "
                                    "algorithms than a default run; unset it",
     "TORCH_COMPILE_DEBUG": "torch.compile writes a debug folder for every compiled graph: compile times inflate; unset it",
+    "CUDNN_LOGINFO_DBG": "cuDNN logs every API call: each convolution pays for the logging; unset it",
+    "CUBLAS_LOGINFO_DBG": "cuBLAS logs every API call: each matmul pays for the logging; unset it",
+    "CUBLASLT_LOG_LEVEL": "cuBLASLt logs its calls: each matmul pays for the logging; unset it",
 }
 
+LOG_LEVEL_ENV = ("CUBLASLT_LOG_LEVEL",)
 _TRUE = {"1", "true", "yes", "on", "y"}
 
 
@@ -66,7 +70,8 @@ def _positive_int(value: str | None) -> int | None:
 def timing_distortions(environ: Mapping[str, str], anomaly_enabled: bool, profiler_enabled: bool, torch_threads: int,
                        cpu_count: int) -> list[tuple[str, str]]:
     """(name, why) for each setting of this process that makes timings measure something else than training."""
-    found = [(name, f"{name}={environ[name]}: {why}") for name, why in DISTORTING_ENV.items() if _is_true(environ.get(name))]
+    found = [(name, f"{name}={environ[name]}: {why}") for name, why in DISTORTING_ENV.items()
+             if (_positive_int if name in LOG_LEVEL_ENV else _is_true)(environ.get(name))]
 
     def add(name: str, message: str) -> None:
         found.append((name, message))
@@ -125,6 +130,25 @@ def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
         return None
     quota, period = parts
     return int(quota) / int(period)
+
+
+def c_compiler(environ: Mapping[str, str], cxx: bool = False) -> str | None:
+    """The compiler torch.compile's kernels are built with, as it looks for one: ``CC`` (``CXX``) first, then on
+    PATH. A GPU's Triton kernels need a C compiler for their launcher, the CPU's inductor kernels a C++ one."""
+    variable, names = ("CXX", ("c++", "g++", "clang++")) if cxx else ("CC", ("cc", "gcc", "clang"))
+    named = environ.get(variable, "").strip()
+    if named:
+        return shutil.which(named)
+    return next((path for path in map(shutil.which, names) if path), None)
+
+
+def python_header() -> str | None:
+    """This Python's ``Python.h`` (the compiled kernels' launchers include it), or None where its headers are not
+    installed (the python3-dev package)."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return str(path) if path.is_file() else None
 
 
 def cublas_workspace_config(environ: Mapping[str, str]) -> str | None:

@@ -81,6 +81,11 @@ class TrainConfig:
     dist_backend: str | None = None  # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
     seed: int = 0
 
+    @property
+    def compiles(self) -> bool:
+        """Whether torch.compile builds kernels for this setup (Triton on a GPU, C++ on the CPU)."""
+        return self.compile or self.fuse_pointwise == "compile"
+
     def validate(self) -> TrainConfig:
         """Knob values and combinations that make sense whatever the spec (``spec_unmet`` checks the spec's side)."""
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)

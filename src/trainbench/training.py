@@ -465,7 +465,7 @@ class TrainingSetup:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._closers.close()
-        if self.config.compile or self.config.fuse_pointwise == "compile":
+        if self.config.compiles:
             # Dynamo's caches and guards outlive the model: a later case would reuse or recompile them
             # (a new batch size recompiles with a dynamic batch dimension). Each compiled case starts clean.
             torch._dynamo.reset()
