@@ -130,3 +130,50 @@ def test_the_nightly_runs_doctor_then_the_gated_gpu_suite_on_a_gpu_runner():
         assert option in runs[suite]
     push = next(step for step in job["steps"] if "git push" in step.get("run", ""))
     assert push["if"] == "success() && inputs.torch == ''"  # a failed gate or a trial PyTorch never becomes the baseline
+
+
+def _step(workflow: dict, name: str) -> str:
+    [job] = workflow["jobs"].values()
+    return next(step["run"] for step in job["steps"] if step.get("name", "").startswith(name))
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
+
+
+def _night(runner: Path, steps: list[str]) -> subprocess.CompletedProcess:
+    """One night on a persistent runner: actions/checkout reuses the clone (it cleans with -ffdx, which deletes
+    the results worktree but leaves it registered in .git), then the workflow's steps, as GitHub runs them."""
+    _git(runner, "clean", "-ffdx")
+    _git(runner, "reset", "--hard", "HEAD")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(runner.parent), "GIT_CONFIG_NOSYSTEM": "1",
+           "RESULTS_BRANCH": "trainbench-results", "GITHUB_SHA": "0" * 40, "RUNNER_NAME": "gpu-1"}
+    script = "\n".join(steps)
+    return subprocess.run(["bash", "-e", "-c", script], cwd=runner, env=env, check=False, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("first_night", ["failed the gate", "pushed a baseline", "failed to push"])
+def test_the_nightly_sets_up_its_results_branch_again_on_the_second_night(tmp_path, first_night):
+    nightly = _load(ROOT / ".github/workflows/nightly-gpu.yml")
+    results, push = _step(nightly, "The results branch"), _step(nightly, "Keep the run")
+    origin, runner = tmp_path / "origin.git", tmp_path / "runner"
+    _git(tmp_path, "init", "-q", "--bare", str(origin))
+    _git(tmp_path, "clone", "-q", str(origin), str(runner))
+    (runner / "README.md").write_text("trainbench\n")
+    _git(runner, "add", "README.md")
+    _git(runner, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    _git(runner, "push", "-q", "origin", "HEAD")
+    steps = [results]
+    if first_night != "failed the gate":  # a run kept as the baseline: its saved run is committed
+        steps += ["echo '{}' > results-branch/benchmarks/run.json", push]
+    if first_night == "failed to push":
+        _git(runner, "remote", "set-url", "--push", "origin", str(tmp_path / "gone.git"))
+    first = _night(runner, steps)
+    assert (first.returncode == 0) == (first_night != "failed to push"), first.stderr
+    _git(runner, "remote", "set-url", "--push", "origin", str(origin))
+    second = _night(runner, [results])
+    assert second.returncode == 0, second.stderr
+    assert (runner / "results-branch" / "benchmarks").is_dir()
+    kept = (runner / "results-branch" / "benchmarks" / "run.json").exists()
+    assert kept == (first_night == "pushed a baseline")  # the pushed baseline is what the second night compares with
