@@ -7,15 +7,16 @@ metric of ``trainbench.metrics.METRICS`` for one case, in the unit asv shows, gr
 metric says: ``Speed`` (timing), ``Memory`` and ``Work`` (exact signals, the ones a shared CPU
 runner can gate on). Cases this device cannot run (GPU-only, several GPUs) are skipped; so
 are slow ones unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a regex) limits the cases
-measured. A metric this device does not produce (CUDA kernels on CPU) is n/a for that track;
-a case whose correctness guard failed fails its tracks.
+measured; TRAINBENCH_ASV_TIMEOUT (seconds, default 3600) bounds the one measurement of them all.
+A metric this device does not produce (CUDA kernels on CPU) is n/a for that track; a case whose
+correctness guard failed fails its tracks.
 """
 
 from pathlib import Path
 
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
-from trainbench.asv_suite import case_ids, measure_all
+from trainbench.asv_suite import cache_timeout_s, case_ids, measure_all
 from trainbench.metrics import METRICS, metrics_in
 from trainbench.result import CaseRecord
 
@@ -65,7 +66,8 @@ class _Cases:
     def setup_cache(self):
         return measure_all(budgets_path=BUDGETS)
 
-    setup_cache.timeout = 3600  # the whole suite, measured once
+    # The whole suite, measured once: when it runs out of time every track fails (asv exits 2).
+    setup_cache.timeout = cache_timeout_s()
 
     def setup(self, cache, case):
         entry = cache[case]

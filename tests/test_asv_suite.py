@@ -86,3 +86,16 @@ def test_a_case_that_failed_without_a_result_fails_its_tracks_with_the_reason():
     cache = {"mlp-baseline": {"error": "mlp-baseline: out of memory at batch 16: planted"}}
     with pytest.raises(RuntimeError, match="out of memory at batch 16"):
         module.Memory().setup(cache, "mlp-baseline")
+
+
+def test_the_asv_cache_timeout_comes_from_the_environment(monkeypatch):
+    from trainbench.asv_suite import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, cache_timeout_s
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert cache_timeout_s() == DEFAULT_TIMEOUT_S == 3600
+    monkeypatch.setenv(TIMEOUT_ENV, "7200")
+    assert cache_timeout_s() == 7200
+    assert _asv_module().Speed.setup_cache.timeout == 7200  # what asv reads when it spawns the measurement
+    monkeypatch.setenv(TIMEOUT_ENV, "0")
+    with pytest.raises(ValueError, match="positive"):
+        cache_timeout_s()

@@ -19,6 +19,19 @@ from .eligibility import Context, why_not
 CASES_ENV = "TRAINBENCH_ASV_CASES"  # regex: measure only matching case ids (e.g. a quick CI pass)
 SLOW_ENV = "TRAINBENCH_ASV_SLOW"  # "1": also the slow cases (torch.compile)
 DEVICE_ENV = "TRAINBENCH_ASV_DEVICE"  # auto | cpu | cuda | cuda:N
+TIMEOUT_ENV = "TRAINBENCH_ASV_TIMEOUT"  # seconds for the one setup_cache that measures every case
+DEFAULT_TIMEOUT_S = 3600
+
+
+def cache_timeout_s() -> float:
+    """How long asv lets the whole suite's measurement run: $TRAINBENCH_ASV_TIMEOUT seconds, else an hour."""
+    value = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    seconds = float(value)
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r}: the asv cache timeout must be a positive number of seconds")
+    return seconds
 
 
 def case_ids() -> list[str]:
