@@ -127,3 +127,28 @@ def test_a_compute_recipe_and_its_baseline_are_judged_on_device_side_batches(cpu
     # a ladder climbs from its loader-bound rung 0; a data-path recipe keeps the loader it changes
     assert _planner(cpu, device_side).plan("set_to_none", "mlp", ladder={"name": "x"}).judged_on == {}
     assert _planner(cpu, device_side).plan("uint8_transfer", "mlp").judged_on == {}
+
+
+def test_a_case_and_its_baseline_that_fit_only_one_at_a_time_are_not_interleaved(profile, budgets, device_of_memory):
+    def predictions(profile_name, config, spec):  # 0.5 GiB each: one fits 1 GiB with headroom, both do not
+        return {"breakdown_bytes": {"total": GiB // 2}}
+
+    backend = device_of_memory(GiB)
+    plan = _planner(backend, profile, predictions).plan("set_to_none", "mlp", budgets=budgets)
+    assert plan.skipped is None and plan.measuring == BASELINE_AFTER
+    assert plan.why_measuring == ("set_to_none and its baseline baseline alive together: needs ~1.2 GiB (predicted "
+                                  f"tensor peaks 0.5 + 0.5 GiB + 25% for the allocator and workspaces); {backend.name} "
+                                  "has 1.0 GiB")
+    roomy = _planner(device_of_memory(2 * GiB), profile, predictions).plan("set_to_none", "mlp", budgets=budgets)
+    assert roomy.measuring == PAIRED  # the sum fits: interleaved as before
+
+
+def test_a_case_measured_with_its_baseline_after_says_why_in_its_result(profile, quick, device_of_memory, budgets):
+    from trainbench.runner import Runner
+
+    runner = Runner(device_of_memory(GiB), profile, quick, predict=False)
+    runner.planner.predictions = lambda profile_name, config, spec: {"breakdown_bytes": {"total": GiB // 2}}
+    outcome = runner.run("set_to_none", "mlp", budgets=budgets)
+    assert outcome.error is None and not outcome.paired and outcome.baseline is not None
+    [note] = [n for n in outcome.result.notes if n.startswith("baseline baseline measured right after")]
+    assert "alive together: needs ~1.2 GiB" in note

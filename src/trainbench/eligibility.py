@@ -13,7 +13,8 @@ and gives the first reason found:
 4. the caller's mode (``Context``): a slow case where slow cases were not asked for, an A/B run
    (one worker process per environment), a profile trace taken in this process;
 5. memory: the setup's predicted tensor peak against the device's memory, last because it costs
-   a prediction.
+   a prediction. ``does_not_fit`` answers for setups alive together (a case interleaved with its
+   baseline).
 
 What the device lacks comes before what the caller chose, so no reason asks for an option that
 would not make the case run. What only the built model tells (``recipes.NotApplicable``) is
@@ -22,7 +23,7 @@ found by building it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -91,7 +92,7 @@ def why_not(case: Recipe | SuiteCase, caps: DeviceCaps, profile: Profile, spec: 
     if reason is None and context.traced:
         reason = _untraceable(config, fresh)
     if reason is None and context.memory is not None and spec is not None:
-        reason = _does_not_fit(recipe, caps, spec, config, context.memory)
+        reason = does_not_fit(recipe.name, [config], caps, spec, context.memory)
     return reason
 
 
@@ -160,13 +161,17 @@ def memory_needed(config: TrainConfig, spec: TrainingSpec, memory: MemoryLimit) 
     return int(predicted["total"]), int(predicted["total"] * HEADROOM)
 
 
-def _does_not_fit(recipe: Recipe, caps: DeviceCaps, spec: TrainingSpec, config: TrainConfig,
-                  memory: MemoryLimit) -> str | None:
-    """Why the setup would run out of the device's memory, from its predicted tensor peak (``memory_needed``)."""
-    needed = memory_needed(config, spec, memory)
-    if needed is None or needed[1] <= memory.total_bytes:
+def does_not_fit(label: str | None, configs: Sequence[TrainConfig], caps: DeviceCaps, spec: TrainingSpec,
+                 memory: MemoryLimit) -> str | None:
+    """Why ``configs``, alive on the device at the same time, would run out of its memory, from the sum of what
+    each needs (``memory_needed``; ``label`` names them in the reason), or None; None too where one cannot be
+    predicted."""
+    needed = [memory_needed(config, spec, memory) for config in configs]
+    if not all(needed) or sum(n[1] for n in needed) <= memory.total_bytes:
         return None
-    peak, with_headroom = needed
-    return (f"{recipe.name}: needs ~{with_headroom / 2**30:.1f} GiB (predicted tensor peak "
-            f"{peak / 2**30:.1f} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
+    peaks = [n[0] for n in needed]
+    total = sum(peaks)
+    parts = " + ".join(f"{peak / 2**30:.1f}" for peak in peaks)
+    return (f"{label}: needs ~{total * HEADROOM / 2**30:.1f} GiB (predicted tensor peak{'s' if len(peaks) > 1 else ''} "
+            f"{parts} GiB + {HEADROOM - 1:.0%} for the allocator and workspaces); "
             f"{caps.name} has {memory.total_bytes / 2**30:.1f} GiB")

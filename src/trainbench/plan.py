@@ -9,8 +9,9 @@ measured (``CasePlan.measuring``):
   (``Backend.fresh_process_reason``): the case and its baseline each in one;
 - ``PAIRED``: a ratio budget judges them and neither flips process-wide state: ABBA rounds,
   both setups alive (``measure.interleave_rounds``);
-- ``BASELINE_AFTER``: a ratio budget, but one setup cannot share the process with the other: the
-  case alone, then a fresh baseline right after it;
+- ``BASELINE_AFTER``: a ratio budget, but one setup cannot share the process with the other (it
+  flips process-wide state, or the two together would not fit the device's memory though each
+  alone does): the case alone, then a fresh baseline right after it;
 - ``ALONE``: no ratio budget: the case alone; a baseline measured earlier in the session serves
   only as an *unpaired* reference.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from .budgets import Budgets, CaseBudget
 from .device import Backend, DeviceCaps
-from .eligibility import Context, MemoryLimit, why_not
+from .eligibility import Context, MemoryLimit, does_not_fit, why_not
 from .outcome import CaseOutcome, case_id
 from .predict import PredictionCache
 from .recipes import Recipe, TrainConfig, get_recipe, judging_overrides
@@ -128,19 +129,25 @@ class Planner:
 
     def why_skipped(self, plan: CasePlan) -> str | None:
         """Why the case cannot run here: the case, then its baseline, then whether each fits the device's memory
-        (both are built side by side). An override that contradicts a recipe raises ``ConfigError``."""
+        (where only both together do not, they are not interleaved: ``_measuring``). An override that contradicts
+        a recipe raises ``ConfigError``."""
         reason = why_not(plan.recipe, self.caps, self.profile, plan.spec, plan.config)
         if reason is None and plan.baseline is not None:
             base = why_not(plan.baseline, self.caps, self.profile, plan.spec, plan.baseline_config)
             reason = f"{plan.recipe.name}: its baseline {base}" if base else None
-        total = self.backend.total_memory_bytes()
-        if reason is not None or total is None:
+        memory = self.memory_limit()
+        if reason is not None or memory is None:
             return reason
-        limit = Context(memory=MemoryLimit(total, functools.partial(self.predictions, self.profile.name)))
+        limit = Context(memory=memory)
         for recipe, config in ((plan.recipe, plan.config), (plan.baseline, plan.baseline_config)):
             if reason is None and recipe is not None:
                 reason = why_not(recipe, self.caps, self.profile, plan.spec, config, limit)
         return reason
+
+    def memory_limit(self) -> MemoryLimit | None:
+        """The device's memory and this profile's predictions, or None where the device sets no limit (the host)."""
+        total = self.backend.total_memory_bytes()
+        return None if total is None else MemoryLimit(total, functools.partial(self.predictions, self.profile.name))
 
     def _measuring(self, plan: CasePlan, budget: CaseBudget | None) -> tuple[str, str | None]:
         """How the case and its baseline are measured, and why where it is not the plain way."""
@@ -149,5 +156,15 @@ class Planner:
             return FRESH_PROCESSES, fresh
         if plan.baseline is None or budget is None or not budget.needs_baseline:
             return ALONE, None
-        blocker = interleave_blocker(plan.config) or interleave_blocker(plan.baseline_config)
+        blocker = (interleave_blocker(plan.config) or interleave_blocker(plan.baseline_config)
+                   or self._too_big_together(plan))
         return (BASELINE_AFTER, blocker) if blocker else (PAIRED, None)
+
+    def _too_big_together(self, plan: CasePlan) -> str | None:
+        """Why the case and its baseline, both alive while their rounds interleave, would not fit the device's memory
+        (each alone does: ``why_skipped`` checked), or None."""
+        memory = self.memory_limit()
+        if memory is None:
+            return None
+        label = f"{plan.recipe.name} and its baseline {plan.baseline.name} alive together"
+        return does_not_fit(label, [plan.config, plan.baseline_config], self.caps, plan.spec, memory)
