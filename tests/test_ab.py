@@ -237,3 +237,24 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
         base.close()
         head.close()
     assert time.monotonic() - started < 120  # the limit and two interpreters starting, not the hour it sleeps
+
+
+def test_an_ab_case_must_fit_the_device_twice_both_sides_holding_it(profile, quick, device_of_memory, tmp_path):
+    from trainbench.ab import plan_case
+    from trainbench.runner import Runner
+
+    GiB = 2**30
+
+    def planned_on(total_bytes):
+        runner = Runner(device_of_memory(total_bytes), profile, quick)
+        runner.planner.predictions = lambda profile_name, config, spec: {"breakdown_bytes": {"total": GiB // 2}}
+        return runner, plan_case("set_to_none", "mlp", {}, runner, tmp_path)
+
+    runner, crowded = planned_on(GiB)  # 0.5 GiB + 25% fits once; two processes holding it do not
+    assert crowded.case is None
+    assert crowded.skipped == ("set_to_none on both A/B sides (a process each): needs ~1.2 GiB (predicted tensor "
+                               f"peaks 0.5 + 0.5 GiB + 25% for the allocator and workspaces); {runner.caps.name} has "
+                               "1.0 GiB")
+    assert runner.planner.plan("set_to_none", "mlp").skipped is None  # a plain run of the same case fits
+    _, roomy = planned_on(2 * GiB)
+    assert roomy.skipped is None and roomy.case.case == "mlp-set_to_none"

@@ -144,7 +144,8 @@ def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> AB
     config = recipe.config(runner.profile, **overrides)
     loss_rtol = recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL
     skipped = why_not(recipe, runner.caps, runner.profile, spec, config,
-                      Context(ab=True, fresh_process=runner.backend.fresh_process_reason))
+                      Context(ab=True, fresh_process=runner.backend.fresh_process_reason,
+                              memory=runner.planner.memory_limit()))
     if skipped:
         return ABPlan(None, skipped, loss_rtol)
     case = ABCase(case_id(spec.name, recipe.name), recipe.name, asdict(config), spec_reference(spec),

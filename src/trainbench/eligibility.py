@@ -12,8 +12,8 @@ and gives the first reason found:
 3. the training spec (``recipes.spec_unmet``): what it lacks for the setup's knobs;
 4. the caller's mode (``Context``): a slow case where slow cases were not asked for, an A/B run
    (one worker process per environment), a profile trace taken in this process;
-5. memory: the setup's predicted tensor peak against the device's memory, last because it costs
-   a prediction. ``does_not_fit`` answers for setups alive together (a case interleaved with its
+5. memory: the setup's predicted tensor peak against the device's memory (twice in an A/B run:
+   both sides' processes hold it), last because it costs a prediction. ``does_not_fit`` answers for setups alive together (a case interleaved with its
    baseline).
 
 What the device lacks comes before what the caller chose, so no reason asks for an option that
@@ -92,7 +92,9 @@ def why_not(case: Recipe | SuiteCase, caps: DeviceCaps, profile: Profile, spec: 
     if reason is None and context.traced:
         reason = _untraceable(config, fresh)
     if reason is None and context.memory is not None and spec is not None:
-        reason = does_not_fit(recipe.name, [config], caps, spec, context.memory)
+        # An A/B run keeps both sides' worker processes alive, each holding the case, on the one device.
+        label, copies = (f"{recipe.name} on both A/B sides (a process each)", 2) if context.ab else (recipe.name, 1)
+        reason = does_not_fit(label, [config] * copies, caps, spec, context.memory)
     return reason
 
 
