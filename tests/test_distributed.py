@@ -14,9 +14,11 @@ from trainbench.spec import SpecError
 from trainbench.workloads import PROFILES, resolve_spec
 
 
-def test_two_gloo_ranks_train_the_one_process_global_batch(cpu, profile, mlp, quick):
+@pytest.mark.parametrize("data", [{}, {"synthetic": "device"}], ids=["loader", "synthetic"])
+def test_two_gloo_ranks_train_the_one_process_global_batch(cpu, profile, mlp, quick, data):
+    # On synthetic batches (how the GPU profile judges DDP) each rank makes its slice of the global batch.
     recipe = get_recipe("ddp_gloo")
-    config = recipe.config(profile)
+    config = recipe.config(profile, **data)
     result, grads = measure_ddp(config, mlp, cpu, profile, quick, "mlp-ddp_gloo", recipe.name, want_grads=True)
 
     assert result.world_size == 2 and result.batch_size == 16
@@ -24,7 +26,7 @@ def test_two_gloo_ranks_train_the_one_process_global_batch(cpu, profile, mlp, qu
     assert result.warmup_steps == quick.min_warmup_steps and "fixed warm-up" in result.notes[0]
     assert result.syncs_per_step == 0 and result.flops_per_step > 0
     # The all-reduced gradients of two half batches are the gradients of the whole batch.
-    one_process = first_step_gradients(get_recipe("one_process").config(profile), mlp, cpu)
+    one_process = first_step_gradients(get_recipe("one_process").config(profile, **data), mlp, cpu)
     verdict = compare_gradients(grads, one_process, recipe.grad_rtol)
     assert verdict.ok, verdict.message
 
@@ -431,3 +433,15 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
     [saved] = list(pytester.path.rglob("0001_run.json"))
     kept = json.loads(saved.read_text())
     assert kept["trainbench_incomplete"] is True and [b["name"] for b in kept["benchmarks"]] == ["test_a_finished"]
+
+
+def test_gpu_ranks_share_the_cores_their_one_process_baseline_has(monkeypatch):
+    # Not torchrun's one thread a rank against DataParallel's every core: the same cores, split between the ranks.
+    from trainbench.device import CpuBackend, CudaBackend
+    from trainbench.distributed import _child_env
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    gpu = object.__new__(CudaBackend)  # no CUDA needed: the answer depends on the host's threads only
+    assert CudaBackend.rank_threads(gpu, 2) == CpuBackend.rank_threads(gpu, 2) == 8
+    assert CudaBackend.rank_threads(gpu, 32) == 1
+    assert _child_env({"env": {}, "threads": CudaBackend.rank_threads(gpu, 2)})["OMP_NUM_THREADS"] == "8"

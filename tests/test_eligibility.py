@@ -77,11 +77,12 @@ def test_a_spec_without_what_the_knobs_need_is_named_with_the_recipe(cpu_profile
 
 
 def test_the_callers_config_is_the_one_judged(cpu_profile, mlp):
-    # the caller's overrides decide: DDP on synthetic batches has no Dataset to shard
+    # the caller's overrides decide: recomputation needs blocks the spec names
     config = get_recipe("baseline").config(cpu_profile, synthetic="host")
     assert why_not(get_recipe("baseline"), CPU, cpu_profile, mlp, config) is None
-    ddp = get_recipe("ddp_gloo").config(cpu_profile, synthetic="device")
-    assert "DDP shards a Dataset" in why_not(get_recipe("ddp_gloo"), CPU, cpu_profile, mlp, ddp)
+    ddp = get_recipe("ddp_gloo").config(cpu_profile, checkpointing=True)
+    assert why_not(get_recipe("ddp_gloo"), CPU, cpu_profile, mlp, ddp) == (
+        "ddp_gloo: the spec names no checkpoint_blocks to recompute")
 
 
 def test_a_pytorch_without_fsdp2_skips_the_fsdp_case_with_the_reason(cpu, cpu_profile, monkeypatch):

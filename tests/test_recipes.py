@@ -55,9 +55,16 @@ def test_data_path_recipes_keep_the_loader(recipe, gpu_resnet18):
     assert _judging(recipe, gpu_resnet18) == {}
 
 
-def test_ddp_keeps_the_loader_it_shards(gpu_resnet18):
-    assert get_recipe("ddp").baseline == "data_parallel"
-    assert _judging("ddp", gpu_resnet18) == {}
+@pytest.mark.parametrize("recipe", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_are_judged_on_the_same_device_side_batches_as_their_baseline(recipe, gpu_resnet18):
+    # On the loader DataParallel's one process would decode the global batch while each rank decodes its half
+    # in parallel: the ratio would measure image decoding, not the parallelism.
+    judged = _judging(recipe, gpu_resnet18)
+    assert judged == {"synthetic": "device"}
+    case, base = get_recipe(recipe), get_recipe(get_recipe(recipe).baseline)
+    sides = [r.config(GPU, **judged) for r in (case, base)]
+    assert {(c.synthetic, c.num_workers, c.pin_memory) for c in sides} == {("device", 0, False)}
+    assert spec_unmet(gpu_resnet18, sides[0]) is None  # each rank makes its slice of the global batch
 
 
 @pytest.mark.parametrize("recipe", ["amp_fp16", "channels_last", "set_to_none", "pinned_memory"])

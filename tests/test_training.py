@@ -318,3 +318,16 @@ def test_the_step_returns_a_detached_loss_and_counts_itself(cpu, profile):
     with TrainingSetup(TrainConfig(), resolve_spec("mlp", profile), cpu) as setup:
         loss = setup.step(setup.fetch(setup.batches()))
         assert loss.requires_grad is False and loss.dim() == 0 and setup.steps_done == 1
+
+
+def test_each_rank_makes_its_slice_of_the_global_synthetic_batch(profile):
+    # As RankSampler shards a Dataset: the ranks together train on the batch one process of the global batch would.
+    from trainbench.training import SyntheticBatches
+
+    spec = resolve_spec("mlp", profile)
+    cpu = torch.device("cpu")
+    whole = next(SyntheticBatches(spec, 8, cpu, False, seed=3))
+    ranks = [next(SyntheticBatches(spec, 4, cpu, False, seed=3, rank=r, world_size=2)) for r in (0, 1)]
+    for i, part in enumerate(whole):
+        assert torch.equal(torch.cat([rank[i] for rank in ranks]), part)
+    assert ranks[0][0].shape[0] == 4 and ranks[0][0].untyped_storage().nbytes() == ranks[0][0].nbytes

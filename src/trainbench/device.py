@@ -210,9 +210,10 @@ class Backend:
         """The device a rank process of a one-machine process group trains on."""
         return self.device.type
 
-    def rank_threads(self, world_size: int) -> int | None:
-        """Intra-op threads per rank (None: leave as is); CPU ranks share the cores the one-process run had."""
-        return None
+    def rank_threads(self, world_size: int) -> int:
+        """Intra-op threads per rank: the ranks share the cores the one-process run has (torchrun's default of one
+        thread a rank would leave a one-process baseline, DataParallel's on a GPU, every core against their one)."""
+        return max(1, torch.get_num_threads() // world_size)
 
     def ideal_ddp_speedup(self, world_size: int) -> float:
         """What ``world_size`` ranks would gain over one process training the same global batch, if scaling were
@@ -304,9 +305,6 @@ class CpuBackend(Backend):
     @property
     def name(self) -> str:
         return _cpu_model()
-
-    def rank_threads(self, world_size: int) -> int | None:
-        return max(1, torch.get_num_threads() // world_size)
 
     def ideal_ddp_speedup(self, world_size: int) -> float:
         return 1.0  # the ranks share the cores one process had (rank_threads)

@@ -260,9 +260,6 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
         return "the spec names no checkpoint_blocks to recompute"
     if (config.num_workers or config.pin_memory or config.uint8_transfer) and spec.dataset is None:
         return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
-    if config.rank_processes and (spec.dataset is None or config.synthetic):
-        return (f"{config.parallel.upper()} shards a Dataset across its ranks (each rank its slice of every global "
-                "batch); the spec has none")
     if config.synthetic and spec.batches is None:
         return "the spec has no batches factory to make synthetic batches with"
     for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
@@ -284,7 +281,9 @@ def judging_overrides(recipe: Recipe, baseline: Recipe, profile: Profile, spec: 
     against a ~10 ms step on an H100), so a compute recipe (AMP, channels-last, autotuning...)
     judged against it measures ~1.0x whatever it does. Compute recipes are judged with both
     sides on device-side synthetic batches (``Profile.compute_data``); data-path recipes, and
-    specs without a batch factory (or a DDP case, which shards a Dataset), keep the loader.
+    specs without a batch factory, keep the loader. DDP against DataParallel is a compute
+    comparison too: on the loader, one DataParallel process decodes the global batch while each
+    rank decodes its share in parallel (each rank makes its slice of the synthetic global batch).
     """
     if profile.compute_data is None or "synthetic" in overrides:
         return {}

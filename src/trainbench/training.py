@@ -55,16 +55,24 @@ class SyntheticBatches:
     allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
     """
 
-    def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int):
+    def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int,
+                 rank: int = 0, world_size: int = 1):
         self.make = spec.batches
         self.batch_size = batch_size
         self.generator = torch.Generator(device if on_device else torch.device("cpu")).manual_seed(seed)
+        self.rank, self.world_size = rank, world_size
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self.make(self.batch_size, self.generator)
+        if self.world_size == 1:
+            return self.make(self.batch_size, self.generator)
+        # Rank ``rank``'s slice of the global batch, as RankSampler gives a Dataset's: the ranks together train on
+        # what one process of the global batch would (a copy, so the rest of the global batch is freed at once).
+        whole = self.make(self.batch_size * self.world_size, self.generator)
+        start = self.rank * self.batch_size
+        return map_tensors(lambda t: t[start:start + self.batch_size].clone(), whole)
 
 
 class RankSampler(Sampler[int]):
@@ -221,18 +229,26 @@ class TrainingSetup:
         self._last_loss: torch.Tensor | None = None  # what the last step returned, for check_loss
         self._finite_at = 0  # the last step whose loss check_loss found finite
 
+    def _rank(self) -> tuple[int, int]:
+        """(this process's rank, the number of ranks) under DDP/FSDP; (0, 1) otherwise."""
+        config = self.config
+        if not config.rank_processes:
+            return 0, 1
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() != config.world_size:
+            raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
+                               f"{config.world_size} ranks (trainbench.distributed launches them)")
+        return dist.get_rank(), config.world_size
+
     def _loader(self, spec: TrainingSpec, config: TrainConfig) -> DataLoader:
         """The spec's dataset behind an endless sampler (this rank's share under DDP/FSDP), workers persistent."""
         dataset = spec.make_dataset(config.pixels)
         if len(dataset) == 0:  # the endless sampler would look for a first index forever
             raise SpecError(f"the dataset of training spec {spec.name!r} yields no batches (its length is 0)")
-        if config.rank_processes:
-            import torch.distributed as dist
-
-            if not dist.is_initialized() or dist.get_world_size() != config.world_size:
-                raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
-                                   f"{config.world_size} ranks (trainbench.distributed launches them)")
-            sampler = RankSampler(len(dataset), self.batch_size, dist.get_rank(), config.world_size, config.seed)
+        rank, world_size = self._rank()
+        if world_size > 1:
+            sampler = RankSampler(len(dataset), self.batch_size, rank, world_size, config.seed)
         else:
             sampler = EndlessSampler(len(dataset), config.seed)
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
@@ -285,7 +301,7 @@ class TrainingSetup:
         if self._iterator is None:
             if self.synthetic:
                 self._iterator = SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device",
-                                                  self.config.seed)
+                                                  self.config.seed, *self._rank())
             else:
                 self._iterator = iter(self.loader)
         return self._iterator
