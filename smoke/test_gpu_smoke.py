@@ -107,7 +107,7 @@ def test_interleaved_peaks_are_each_setup_alone(runner):
     from trainbench.budgets import Budgets
 
     # A ratio budget (one no speed can fail) makes the runner interleave the case with its baseline.
-    budgets = Budgets(Budgets._parse({"cuda": {"resnet18-amp_bf16": {"min_speedup": 0.01}}}, "smoke"))
+    budgets = Budgets.from_text('[cuda."resnet18-amp_bf16"]\nmin_speedup = 0.01\n', source="<smoke>")
     outcome = runner.run("amp_bf16", "resnet18", budgets=budgets)
     if outcome.skipped:
         pytest.skip(outcome.skipped)

@@ -112,6 +112,17 @@ def test_malformed_files_name_the_file_and_entry(tmp_path, text, expected):
     assert str(path) in str(info.value)
 
 
+def test_budgets_from_text_are_configured_and_found_like_a_files():
+    budgets = Budgets.from_text('[cuda."resnet18-amp_bf16"]\nmin_speedup = 0.01\n', source="<smoke>")
+    budget, missing = budgets.lookup(H100, "resnet18-amp_bf16")
+    assert missing is None and budget.needs_baseline and budget.device_key == "cuda"
+    assert "no budget for resnet18-baseline in [cuda] of <smoke>" == budgets.lookup(H100, "resnet18-baseline")[1]
+    with pytest.raises(BudgetError, match=r"^<smoke>: \[cuda.x\] unknown budget key 'min_sped'"):
+        Budgets.from_text('[cuda.x]\nmin_sped = 1\n', source="<smoke>")
+    with pytest.raises(BudgetError, match="^<smoke>: no budgets in it"):
+        Budgets.from_text("", source="<smoke>")
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(BudgetError, match="budgets file not found"):
         Budgets.load(tmp_path / "nope.toml")

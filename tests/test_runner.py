@@ -82,6 +82,13 @@ def test_a_paired_baseline_is_measured_on_the_same_device_side_batches(cpu, prof
     assert outcome.baseline.config["synthetic"] == outcome.result.config["synthetic"] == "device"
 
 
+def test_budgets_written_by_a_program_pair_the_case_with_its_baseline(cpu, profile, quick):
+    # As the GPU smoke's interleaving check builds them: no file, a ratio budget no speed can fail.
+    budgets = Budgets.from_text('[cpu."mlp-set_to_none"]\nmin_speedup = 0.01\n', source="<smoke>")
+    outcome = Runner(cpu, profile, quick, predict=False).run("set_to_none", "mlp", budgets=budgets)
+    assert outcome.budget_missing is None and outcome.paired and outcome.baseline is not None
+
+
 # -- setups measured in a fresh process -----------------------------------------------------------
 
 class _FreshForDeterministic(CpuBackend):

@@ -106,18 +106,27 @@ class Budgets:
     def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise BudgetError(f"{path}: budgets file not found") from None
         except UnicodeDecodeError as e:
             raise BudgetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a TOML budgets file") from None
         except OSError as e:
             raise BudgetError(f"{path}: cannot read it ({e.strerror or e}); expected a TOML budgets file") from None
+        return cls.from_text(text, path)
+
+    @classmethod
+    def from_text(cls, text: str, source: str | Path = "<text>") -> Budgets:
+        """Budgets from the text of a budgets file, checked as a file is; ``source`` names it in every message
+        (a file's path, or a label such as "<smoke>" for budgets a program writes). Lookups treat it as configured."""
+        try:
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise BudgetError(f"{path}: not valid TOML: {e}") from None
+            raise BudgetError(f"{source}: not valid TOML: {e}") from None
         if not raw:  # an empty file checks nothing: a wrong path or a lost edit, never intended
-            raise BudgetError(f'{path}: no budgets in it; expected tables such as [cpu."<case id>"] with bounds')
-        return cls(cls._parse(raw, path), path)
+            raise BudgetError(f'{source}: no budgets in it; expected tables such as [cpu."<case id>"] with bounds')
+        source = Path(source)
+        return cls(cls._parse(raw, source), source)
 
     @staticmethod
     def _parse(raw: dict, path: Path) -> dict[str, dict[str, CaseBudget]]:
