@@ -154,6 +154,9 @@ def test_a_trace_is_taken_of_cases_that_run_in_this_process_without_a_profiler_o
     assert why_not(get_recipe("profiler_left_on"), CPU, cpu_profile, mlp, context=traced) == (
         "the case runs a profiler of its own (debug='profiler')")
     assert why_not(get_recipe("profiler_left_on"), CPU, cpu_profile, mlp) is None  # untraced it runs
+    assert why_not(get_recipe("emit_nvtx"), T4, GPU, context=traced) == (
+        "the case runs a profiler of its own (debug='emit_nvtx')")  # NVTX mode is the autograd profiler
+    assert why_not(get_recipe("emit_nvtx"), T4, GPU) is None
 
 
 # -- memory --------------------------------------------------------------------------------------------

@@ -89,6 +89,18 @@ def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, qu
     assert m.result.aten_calls_per_step and m.result.flops_per_step and m.result.memory_breakdown_bytes
 
 
+def test_a_setup_running_a_profiler_of_its_own_gets_no_call_or_kernel_count(mlp, quick, cpu, monkeypatch):
+    # NVTX needs CUDA: a stand-in keeps the setup's debug mode while starting nothing, so the skip
+    # must come from the mode itself.
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", lambda **kwargs: contextlib.nullcontext())
+    with TrainingSetup(TrainConfig(debug="emit_nvtx"), mlp, cpu) as training:
+        m = Measurer(training, "mlp-emit_nvtx", "emit_nvtx", quick)
+        m.warm_up()
+        m.count_calls()
+    assert m.result.aten_calls_per_step is None and m.result.kernels_per_step is None
+    assert "aten call count skipped: a profiler is already running" in m.result.notes
+
+
 class SteppedCpuClock(RecordingBackend):
     """A backend whose CPU clock advances 30 ms per logged step: CPU time per step is known exactly."""
 

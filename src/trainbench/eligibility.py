@@ -145,7 +145,7 @@ def _untraceable(config: TrainConfig, fresh: str | None) -> str | None:
         return f"{config.parallel.upper()} ranks run in other processes"
     if fresh:
         return f"the case runs in a fresh process ({fresh})"
-    if config.debug in ("profiler", "nvtx"):
+    if config.runs_a_profiler:
         return f"the case runs a profiler of its own (debug={config.debug!r})"
     return None
 

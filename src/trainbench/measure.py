@@ -432,7 +432,7 @@ class Measurer:
             return
         from torch.profiler import profile
 
-        if self.training.config.debug == "profiler" or torch.autograd.profiler._is_profiler_enabled:
+        if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
             # A second profiler fails to start and, on its way out, stops the one running
             # (torch 2.9 then crashes when that one is closed).
             self._note("aten call count skipped: a profiler is already running")

@@ -21,7 +21,11 @@ from .workloads import Profile
 AMP_DTYPES = ("fp16", "bf16")
 ZERO_GRAD_MODES = ("zeros", "set_to_none", "param_none")
 OPTIMIZER_IMPLS = (None, "loop", "foreach", "fused")
-DEBUG_MODES = (None, "anomaly", "profiler", "emit_nvtx")
+DEBUG_PROFILER, DEBUG_NVTX = "profiler", "emit_nvtx"
+DEBUG_MODES = (None, "anomaly", DEBUG_PROFILER, DEBUG_NVTX)
+# Left-on debug APIs that run a profiler of their own (emit_nvtx is the autograd profiler in NVTX mode):
+# no second profiler (a trace, the kernel count) can start beside them.
+PROFILING_DEBUG_MODES = (DEBUG_PROFILER, DEBUG_NVTX)
 LOSS_HISTORY_MODES = (None, "tensor", "detach", "item")
 EVAL_MODES = (None, "autograd", "no_grad", "inference_mode")
 SYNTHETIC_MODES = (None, "host", "device")
@@ -125,6 +129,11 @@ class TrainConfig:
             raise ConfigError(f"replicas > 1 goes with parallel='dp' (one process, several GPUs); got "
                              f"parallel={self.parallel!r}, replicas={self.replicas}")
         return self
+
+    @property
+    def runs_a_profiler(self) -> bool:
+        """The setup's left-on debug API runs a profiler, so no other profiler can start while it trains."""
+        return self.debug in PROFILING_DEBUG_MODES
 
     @property
     def rank_processes(self) -> bool:
@@ -469,9 +478,9 @@ RECIPES: dict[str, Recipe] = {
         Recipe("anomaly_detection", "torch.autograd.detect_anomaly left on: the cost of a debug API in training",
                {"debug": "anomaly"}, loss_rtol=1e-6),
         Recipe("profiler_left_on", "torch.profiler (shapes, memory, stacks) left on across steps: its cost",
-               {"debug": "profiler"}, loss_rtol=1e-6),
+               {"debug": DEBUG_PROFILER}, loss_rtol=1e-6),
         Recipe("emit_nvtx", "torch.autograd.profiler.emit_nvtx left on: NVTX ranges around every op",
-               {"debug": "emit_nvtx"}, _GPU, loss_rtol=1e-6),
+               {"debug": DEBUG_NVTX}, _GPU, loss_rtol=1e-6),
         Recipe("deterministic", "torch.use_deterministic_algorithms(True): the cost of reproducible kernels",
                {"deterministic": True}, loss_rtol=1e-3),
         Recipe("loss_item", "`loss.item()` every step for logging: a host-device sync per step",

@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
 from .device import Backend, host_profiler_activities, set_cudnn_benchmark
-from .recipes import OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
+from .recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
 from .spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
 from .watchdog import beat
 
@@ -567,10 +567,10 @@ def _debug_api(mode: str | None):
     elif mode == "anomaly":
         with torch.autograd.detect_anomaly(check_nan=True):
             yield _NoStep()
-    elif mode == "emit_nvtx":
+    elif mode == DEBUG_NVTX:
         with torch.autograd.profiler.emit_nvtx(record_shapes=True):
             yield _NoStep()
-    elif mode == "profiler":
+    elif mode == DEBUG_PROFILER:
         left_on = _ProfilerLeftOn()
         with left_on.profiler:
             yield left_on
