@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from trainbench.measure import Measurer, MeasureSettings
-from trainbench.predict import predict_memory, unpredictable, without_unpredictable
+from trainbench.predict import (allocator_peak_bounds, cublas_workspace_bytes, library_workspace_bytes, predict_memory,
+                                unpredictable, without_unpredictable)
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
 from trainbench.spec import TrainingSpec, classification_loss
@@ -141,3 +142,27 @@ def test_the_gpu_profile_predicts_more_activations_in_proportion_to_its_inputs(c
     input_ratio = (gpu.batch_size * gpu.image_size**2) / (cpu_profile.batch_size * cpu_profile.image_size**2)
     assert input_ratio > 5
     assert 0.8 * input_ratio < large["activations"] / small["activations"] <= 1.05 * input_ratio
+
+
+MIB = 2**20
+
+
+def test_cublas_workspace_is_torchs_default_for_the_gpu_or_what_cublas_workspace_config_asks():
+    assert cublas_workspace_bytes((9, 0), None) == 32 * MIB  # Hopper: :4096:8
+    assert cublas_workspace_bytes((8, 0), None) == 8 * MIB + 128 * 1024  # :4096:2:16:8
+    assert cublas_workspace_bytes((10, 0), None) == 8 * MIB + 128 * 1024  # torch tests sm_90 exactly
+    assert cublas_workspace_bytes((8, 0), ":4096:8") == 32 * MIB
+    assert cublas_workspace_bytes((9, 0), ":16:8") == 128 * 1024
+    assert cublas_workspace_bytes((9, 0), "garbled") == 32 * MIB  # torch falls back to its default
+
+
+def test_the_allocator_peak_may_exceed_the_prediction_by_ten_percent_and_two_handles_workspaces():
+    # Two cuBLAS handles (the training thread, autograd's backward thread), each with a cuBLASLt MiB.
+    assert library_workspace_bytes((9, 0), None) == 2 * (32 + 1) * MIB
+    predicted = 81 * MIB
+    low, high = allocator_peak_bounds(predicted, (9, 0), None)
+    assert low == int(0.9 * predicted) and high == int(1.1 * predicted) + 66 * MIB
+    # ResNet-18's ~32 MiB of Hopper workspace alone breaks a bare 10% bound of an 81 MiB peak; not this one.
+    measured = predicted + 32 * MIB
+    assert not measured <= 1.1 * predicted and low <= measured <= high
+    assert allocator_peak_bounds(predicted, (7, 5), None)[1] == int(1.1 * predicted) + int(2 * (8.125 + 1) * MIB)

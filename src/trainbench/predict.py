@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import warnings
 from collections.abc import Iterator
 
@@ -41,6 +42,43 @@ NOMINAL_GPU = DeviceCaps("cuda", "a GPU of compute capability 9.0 (nominal)", cu
 # A device needs more than the tensor peak: the caching allocator's rounding and fragmentation,
 # cuDNN/cuBLAS workspaces, the CUDA context. A case predicted above total / HEADROOM is skipped.
 HEADROOM = 1.25
+
+# How far the allocator's peak may be from the prediction on a GPU, beyond the workspaces below:
+# rounding to the caching allocator's blocks and the few buffers CPU and CUDA kernels save differently.
+PEAK_TOLERANCE = 0.10
+
+# cuBLAS's workspace, from torch 2.14's aten/src/ATen/cuda/CublasHandlePool.cpp: CUBLAS_WORKSPACE_CONFIG
+# (":SIZE_KiB:COUNT" pairs, summed) or, unset, ":4096:8" (32 MiB) on sm_90 and ":4096:2:16:8" (8.125 MiB)
+# elsewhere. cuBLASLt adds its own, CUBLASLT_WORKSPACE_SIZE (default 1 MiB), unless it shares cuBLAS's.
+# Each is allocated once per cuBLAS handle through the caching allocator, so max_memory_allocated
+# counts it; a handle is per thread: the training thread's and autograd's device thread's (backward).
+# cuDNN's convolution workspace depends on the algorithm chosen; no setting sizes it.
+_CUBLAS_DEFAULT_KIB = {(9, 0): 4096 * 8}
+_CUBLAS_OTHER_KIB = 4096 * 2 + 16 * 8
+_CUBLASLT_DEFAULT_KIB = 1024
+_CUBLAS_HANDLES = 2
+
+
+def cublas_workspace_bytes(capability: tuple[int, int] | None, cublas_config: str | None) -> int:
+    """Bytes of one cuBLAS handle's workspace as torch sizes it on a GPU of ``capability``."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", cublas_config or "")
+    if pairs:
+        return sum(int(size) * int(count) for size, count in pairs) * 1024
+    return _CUBLAS_DEFAULT_KIB.get(capability, _CUBLAS_OTHER_KIB) * 1024
+
+
+def library_workspace_bytes(capability: tuple[int, int] | None, cublas_config: str | None) -> int:
+    """The most the cuBLAS and cuBLASLt workspaces of a training step add to ``max_memory_allocated``."""
+    return _CUBLAS_HANDLES * (cublas_workspace_bytes(capability, cublas_config) + _CUBLASLT_DEFAULT_KIB * 1024)
+
+
+def allocator_peak_bounds(predicted_total: int, capability: tuple[int, int] | None,
+                          cublas_config: str | None) -> tuple[int, int]:
+    """The range of ``max_memory_allocated`` a GPU step of predicted tensor peak ``predicted_total`` may show:
+    the prediction within ``PEAK_TOLERANCE``, plus at most the library workspaces above it."""
+    margin = PEAK_TOLERANCE * predicted_total
+    return (int(predicted_total - margin),
+            int(predicted_total + margin) + library_workspace_bytes(capability, cublas_config))
 
 
 def without_unpredictable(config: TrainConfig) -> TrainConfig:
