@@ -1,6 +1,7 @@
 """The correctness guard catches an optimization that changes what is trained."""
 
 import pytest
+import torch
 
 from trainbench import spec as spec_module
 from trainbench import training as training_module
@@ -146,3 +147,54 @@ def test_a_nan_loss_or_gradient_fails_the_guard():
     base = {"w": torch.ones(3), "b": torch.ones(1)}
     verdict = compare_gradients({"w": torch.tensor([1.0, float("nan"), 1.0]), "b": torch.ones(1)}, base, rtol=1.0)
     assert not verdict.ok and "(w)" in verdict.message
+
+
+class _Fp16Gradient(torch.autograd.Function):
+    """Identity forward; backward passes the incoming gradient through fp16, as an fp16 activation's gradient
+    would go (above 65504 it is inf), and records it."""
+
+    seen: list[float] = []
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Fp16Gradient.seen.append(float(grad))
+        return grad.half().float()
+
+
+def test_the_gradient_guard_compares_the_step_the_grad_scaler_takes_not_one_it_skips(cpu, mlp):
+    import dataclasses
+
+    from trainbench.guards import compare_gradients, first_step_gradients
+    from trainbench.recipes import TrainConfig
+    from trainbench.spec import classification_loss
+
+    # 4 x the loss scale reaches the fp16 cast: 2**18, 2**17, 2**16 overflow (found_inf: the scaler skips the
+    # step and halves its scale), 2**15 does not.
+    overflowing = dataclasses.replace(
+        mlp, name="overflowing_mlp", loss_fn=lambda model, batch: _Fp16Gradient.apply(classification_loss(model, batch)) * 4)
+    fp32 = first_step_gradients(TrainConfig(), overflowing, cpu)
+    _Fp16Gradient.seen.clear()
+    scaled = first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), overflowing, cpu)
+    assert _Fp16Gradient.seen == [2.0**18, 2.0**17, 2.0**16, 2.0**15]
+    verdict = compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol)
+    assert verdict.ok, verdict.message
+
+
+def test_a_step_the_grad_scaler_would_skip_forever_fails_the_gradient_guard(cpu, mlp, monkeypatch):
+    import dataclasses
+
+    from trainbench import guards
+    from trainbench.recipes import TrainConfig
+    from trainbench.spec import classification_loss
+
+    monkeypatch.setattr(guards, "MAX_SKIPPED_STEPS", 2)
+    always_inf = dataclasses.replace(
+        mlp, name="inf_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * torch.tensor(float("inf")))
+    fp32 = guards.first_step_gradients(TrainConfig(), mlp, cpu)
+    scaled = guards.first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), always_inf, cpu)
+    verdict = guards.compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol)
+    assert not verdict.ok and verdict.max_rel_diff == float("inf")

@@ -9,7 +9,8 @@ Two checks, both from the same seeded weights on the same seeded samples:
 - the **gradient guard** compares the gradients of the first step parameter by
   parameter (``Recipe.grad_rtol``), where an optimization promises the same gradients
   by construction: accumulation over micro-batches vs the whole batch, checkpointing
-  vs keeping activations.
+  vs keeping activations. Under a GradScaler they are the gradients of the first step the scaler
+  takes: one whose scaled gradients overflow is skipped and taken again at a lower scale, as in training.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from .spec import TrainingSpec
 from .training import TrainingSetup
 
 GUARD_STEPS = 4
+# A step GradScaler skips halves its scale (2**16 at first): this many skips reach a scale of 2**-8,
+# far below any loss scale fp16 gradients need, so a step still overflowing there never trains.
+MAX_SKIPPED_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -59,12 +63,32 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
 
 
 def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> dict[str, torch.Tensor]:
-    """Gradients of the first step (before any update), by parameter name, in fp32 on the host."""
-    with TrainingSetup(config, spec, backend) as training:
-        training.forward_backward(training.fetch(training.batches()))
-        scale = training.scaler.get_scale() if training.scaler is not None else 1.0
-        return {name: (p.grad.detach().float() / scale).cpu()
-                for name, p in training.model.named_parameters() if p.grad is not None}
+    """Gradients of the first step (before any update), by parameter name, in fp32 on the host.
+
+    Under a GradScaler: unscaled, from the first step the scaler would take. A step whose gradients
+    hold an inf or NaN (the scaler's found_inf) is one it skips, lowering its scale; the step is built
+    again from the same seeds at that scale, up to ``MAX_SKIPPED_STEPS`` times (then its non-finite
+    gradients are returned, and fail the comparison)."""
+    scale = None
+    for _ in range(MAX_SKIPPED_STEPS + 1):
+        with TrainingSetup(config, spec, backend) as training:
+            if training.scaler is not None and scale is not None:
+                training.scaler = _scaler_at(training.scaler, training.device.type, scale)
+            training.forward_backward(training.fetch(training.batches()))
+            if training.scaler is not None:
+                training.scaler.unscale_(training.optimizer)
+            grads = {name: p.grad.detach().float().cpu()
+                     for name, p in training.model.named_parameters() if p.grad is not None}
+            if training.scaler is None or all(bool(g.isfinite().all()) for g in grads.values()):
+                return grads
+            scale = training.scaler.get_scale() * training.scaler.get_backoff_factor()
+    return grads
+
+
+def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> torch.amp.GradScaler:
+    """A GradScaler like ``scaler`` that starts at ``scale``: where it would stand after skipping a step."""
+    return torch.amp.GradScaler(device_type, init_scale=scale, growth_factor=scaler.get_growth_factor(),
+                                backoff_factor=scaler.get_backoff_factor(), growth_interval=scaler.get_growth_interval())
 
 
 def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:
