@@ -1,12 +1,13 @@
 """Executing a plan: each way of measuring a case and its baseline, the session's baselines, the guard's inputs."""
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
 
 from trainbench.budgets import Budgets
-from trainbench.device import CpuBackend
+from trainbench.device import CpuBackend, PeakMemory
 from trainbench.measure import Measurer
 from trainbench.result import CaseRecord
 from trainbench.runner import Runner
@@ -141,3 +142,38 @@ def test_a_host_out_of_memory_reads_as_a_device_one(error, cpu, profile, quick):
         mlp, loss_fn=_loss_failing_after(3, out_of_memory)))
     first = str(error).splitlines()[0][:200] if str(error) else "MemoryError"
     assert outcome.error == f"mlp-baseline: out of memory at batch {mlp.batch_size}: {first}"
+
+
+class _AllocatorBackend(CpuBackend):
+    """A CPU backend with allocator peaks, logging when peaks are reset and read and memory is released; at a
+    release it notes whether the model ``watched`` points to is gone (after a garbage collection)."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.log, self.watched = [], None
+
+    def reset_peak_memory(self):
+        self.log.append("reset peaks")
+
+    def peak_memory(self):
+        self.log.append("read peaks")
+        return PeakMemory(allocated_bytes=3 * 2**30)
+
+    def release_memory(self):
+        super().release_memory()
+        freed = self.watched is not None and self.watched() is None
+        self.log.append("release (model freed)" if freed else "release (model alive)")
+
+
+def test_out_of_memory_reads_this_cases_peak_and_releases_memory_once_nothing_holds_the_setup(profile, quick):
+    backend = _AllocatorBackend()
+
+    def out_of_memory(model, batch):
+        backend.watched = weakref.ref(model)  # the traceback's frames hold the setup, the model with it
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    mlp = resolve_spec("mlp", profile)
+    outcome = Runner(backend, profile, quick, predict=False).run("baseline", dataclasses.replace(mlp, loss_fn=out_of_memory))
+    assert backend.log == ["reset peaks", "read peaks", "release (model freed)"]
+    assert outcome.error == (f"mlp-baseline: out of memory at batch {mlp.batch_size} (peak so far 3.00 GiB): "
+                             "CUDA out of memory. Tried to allocate 2.00 GiB")

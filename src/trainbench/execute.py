@@ -9,6 +9,7 @@ loss trajectories for the loss guard, and the gradients rank 0 recorded for the 
 from __future__ import annotations
 
 import time
+import traceback
 
 from . import guards  # by module: tests replace its functions to see what the guard computes
 from .device import Backend, DeviceCaps, is_out_of_memory
@@ -49,6 +50,16 @@ def _check_final_losses(outcome: CaseOutcome) -> None:
                               f"{result.rounds} rounds of {result.steps_per_round})")
 
 
+def _drop_frames(error: BaseException) -> None:
+    """Let go of the frames ``error`` and the exceptions chained to it keep alive, with every local in them."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # frames still running (this one's callers) are left as they are
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+
+
 def _rank_failures(outcome: CaseOutcome) -> list[str]:
     """Data-parallel ranks must hold identical gradients after the all-reduce; one line when they do not."""
     spread = (outcome.result.ranks or {}).get("max_grad_difference_between_ranks")
@@ -80,6 +91,7 @@ class Executor:
     def execute(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """Measure the case and its baseline and guard it. What only the built model tells (for the case or its
         baseline) skips the case; a hang, a crashed process or too little memory fails this case alone."""
+        self.backend.reset_peak_memory()  # an out-of-memory's "peak so far" is this case's, not an earlier one's
         try:
             with watch(self.settings.no_progress_s):
                 self._measure_loaded(plan, outcome)
@@ -252,6 +264,7 @@ class Executor:
     def _out_of_memory(self, plan: CasePlan, error: Exception) -> str:
         """One line for an out-of-memory case, after giving back what it held."""
         peak = self.backend.peak_memory().allocated_bytes
+        _drop_frames(error)  # the frames hold the dead setup's tensors: released, they free nothing
         self.backend.release_memory()
         total = self.backend.total_memory_bytes()
         figures = ", ".join(part for part in (
