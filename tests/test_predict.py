@@ -8,8 +8,14 @@ import torch
 from torch import nn
 
 from trainbench.measure import Measurer, MeasureSettings
-from trainbench.predict import (allocator_peak_bounds, cublas_workspace_bytes, library_workspace_bytes, predict_memory,
-                                unpredictable, without_unpredictable)
+from trainbench.predict import (
+    allocator_peak_bounds,
+    cublas_workspace_bytes,
+    library_workspace_bytes,
+    predict_memory,
+    unpredictable,
+    without_unpredictable,
+)
 from trainbench.recipes import get_recipe
 from trainbench.runner import Runner
 from trainbench.spec import TrainingSpec, classification_loss

@@ -13,8 +13,8 @@ and gives the first reason found:
 4. the caller's mode (``Context``): a slow case where slow cases were not asked for, an A/B run
    (one worker process per environment), a profile trace taken in this process;
 5. memory: the setup's predicted tensor peak against the device's memory (twice in an A/B run:
-   both sides' processes hold it), last because it costs a prediction. ``does_not_fit`` answers for setups alive together (a case interleaved with its
-   baseline).
+   both sides' processes hold it), last because it costs a prediction. ``does_not_fit`` answers for
+   setups alive together (a case interleaved with its baseline).
 
 What the device lacks comes before what the caller chose, so no reason asks for an option that
 would not make the case run. What only the built model tells (``recipes.NotApplicable``) is
