@@ -135,6 +135,26 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
         verdict_markdown(verdict.to_json())
 
 
+def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
+    from trainbench.compare import gate
+    from trainbench.gate import verdict_markdown
+    from trainbench.outcome import MeasuredCase
+
+    here = {"kind": "cuda", "name": "NVIDIA L4", "torch": "2.14.1", "cudnn": 92400, "driver": "580.65.06"}
+    there = {**here, "cudnn": 91000, "driver": "570.10"}
+    stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": there,
+                             "round_step_times_s": run_of().round_step_times_s}}
+    verdict = gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
+                   {"activation_mib": 0.0})
+    assert verdict.environment == ("driver 570.10 there, 580.65.06 here", "cudnn 91000 there, 92400 here")
+    assert not verdict.failed  # said, not refused
+    assert verdict.to_json()["environment_differs"] == list(verdict.environment)
+    assert ("environment differs from the baseline: driver 570.10 there, 580.65.06 here; cudnn 91000 there"
+            in verdict_markdown(verdict.to_json()))
+    same = gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", there, {"activation_mib": 0.0})
+    assert same.environment == () and "environment differs" not in verdict_markdown(same.to_json())
+
+
 def test_faster_rounds_are_an_improvement():
     fast = run_of(step_ms=[t * 0.7 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     [c] = compare_case(fast, run_of(), {"samples_per_s": 0.05})
@@ -486,6 +506,21 @@ def test_a_baseline_with_other_thread_settings_is_refused_unless_asked(pytester,
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*compare runs made with other settings (cpu_threads 1 there, * here)*"])
     assert _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-cross-device").ret == 0
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_baseline_of_another_torch_is_compared_and_the_summary_and_verdict_say_so(pytester, gate_options):
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    mine = data["machine_info"]["trainbench"]["torch"]
+    for identity in [data["machine_info"]["trainbench"]] + [b["extra_info"]["device"] for b in data["benchmarks"]]:
+        identity["torch"] = "2.13.0"
+    saved.write_text(json.dumps(data))
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"environment differs from the baseline: torch 2.13.0 there, {mine} here*"])
+    verdict = json.loads((pytester.path / "verdict.json").read_text())
+    assert verdict["environment_differs"] == [f"torch 2.13.0 there, {mine} here"]
 
 
 def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester, gate_options):

@@ -19,7 +19,8 @@ from trainbench.gate import (
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
-             "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared"]
+             "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
+             "environment_differs"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
                    "reason", "unit", "line"}
 
@@ -80,6 +81,10 @@ def test_an_ab_verdict_is_the_gates_with_both_environments():
     assert list(data) == GATE_KEYS[:6] + ["ab", "pairs", "numerics"] + GATE_KEYS[6:]
     assert data["baseline"] == "A/B: base vs head" and set(data["ab"]) == {"base", "head"}
     assert data["pairs"] == {"mlp-baseline": [(0.01, 0.012)] * 3} and not data["failed"]
+    assert data["environment_differs"] == []
+    upgrade = {label: {**side, "identity": {"name": "cpu", "torch": version}}
+               for (label, side), version in zip(IDENTITIES.items(), ("2.14.1", "2.15.0"))}
+    assert ab_verdict([_ab_outcome("unchanged")], upgrade, gated=True).environment == ("torch 2.14.1 there, 2.15.0 here",)
 
 
 def test_an_inconclusive_ab_run_could_not_judge_unless_allowed_as_a_gate():

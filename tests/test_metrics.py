@@ -8,6 +8,7 @@ from trainbench.budgets import parse_key
 from trainbench.compare import parse_spec
 from trainbench.metrics import (
     DETERMINISTIC,
+    DEVICE_CHOICE,
     KINDS,
     METRICS,
     TIMED,
@@ -15,6 +16,7 @@ from trainbench.metrics import (
     allocator_metrics,
     calibrated_metrics,
     deterministic_metrics,
+    device_choice_metrics,
     is_timed,
     metrics_in,
     per_round,
@@ -40,7 +42,7 @@ def test_a_metric_whose_kind_and_group_disagree_is_refused(kind, group):
 def test_the_queries_partition_the_metrics():
     assert timed_metrics() == ["samples_per_s", "step_time_ms", "cpu_time_ms", "achieved_tflops", "mfu"]
     assert allocator_metrics() == ["peak_memory_mib", "peak_reserved_mib", "reserved_between_steps_mib"]
-    assert len(deterministic_metrics()) == 16 and "tracked_peak_mib" in deterministic_metrics()
+    assert len(deterministic_metrics()) == 15 and "tracked_peak_mib" in deterministic_metrics()
     assert not set(deterministic_metrics()) & {name for name in METRICS if is_timed(name)}
     # single-value timings are timed (noise can move them) but not read round by round
     assert is_timed("first_step_s") and "first_step_s" not in timed_metrics()
@@ -48,9 +50,17 @@ def test_the_queries_partition_the_metrics():
     assert not is_timed("alloc_retries") and "alloc_retries" not in calibrated_metrics(gpu=True)
 
 
-def test_calibration_takes_allocator_peaks_on_a_gpu_only():
+def test_calibration_takes_allocator_peaks_and_kernel_choice_on_a_gpu_only():
     assert calibrated_metrics(gpu=False) == deterministic_metrics()
-    assert calibrated_metrics(gpu=True) == deterministic_metrics() + allocator_metrics()
+    assert calibrated_metrics(gpu=True) == deterministic_metrics() + allocator_metrics() + device_choice_metrics()
+
+
+def test_kernel_counts_are_the_libraries_choice_not_part_of_the_deterministic_gate():
+    # cuDNN autotuning and a driver/cuDNN/cuBLAS update change which kernels run: same code, other count
+    assert device_choice_metrics() == ["kernels_per_step"] and METRICS["kernels_per_step"].kind == DEVICE_CHOICE
+    assert "kernels_per_step" not in deterministic_metrics() and not is_timed("kernels_per_step")
+    assert "kernels_per_step" not in parse_spec("deterministic:0%")
+    assert parse_spec("deterministic:0%,kernels_per_step:5%")["kernels_per_step"] == pytest.approx(0.05)
 
 
 def test_memory_means_the_device_peak_in_a_gate_and_in_a_budget_key():

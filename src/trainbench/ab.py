@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .compare import DEFAULT_ALPHA, compare_case, parse_spec
+from .environment import environment_differences
 from .gate import MetricComparison, Verdict, judge_change
 from .metrics import METRICS, is_timed, per_round, rounds_of, timed_metrics
 from .result import CaseRecord, Result, case_record
@@ -317,7 +318,9 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inco
         pairs={o.case: o.pairs for o in outcomes},
         # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
         numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
-                  for o in outcomes if o.guard is not None})
+                  for o in outcomes if o.guard is not None},
+        environment=tuple(environment_differences(identities.get("base", {}).get("identity"),
+                                                  identities.get("head", {}).get("identity"))))
 
 
 class ABSession:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from .environment import environment_differences
 from .gate import MetricComparison, Verdict, judge_change
 from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
 from .noise import busy_reason, median_ratio_interval
@@ -177,7 +178,16 @@ def gate(cases: list, baseline: dict, baseline_path: str, device: dict, threshol
     return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
                    allow_inconclusive=allow_inconclusive,
                    new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors),
-                   not_run=not_run)
+                   not_run=not_run, environment=tuple(environment_differences(_recorded_device(baseline), device)))
+
+
+def _recorded_device(baseline: dict) -> dict | None:
+    """The device identity the stored run's cases recorded (one device per run: the first one found)."""
+    for bench in baseline.values():
+        device = (bench.get("extra_info") or {}).get("device") if isinstance(bench, dict) else None
+        if isinstance(device, dict):
+            return device
+    return None
 
 
 def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",

@@ -441,6 +441,8 @@ class CudaBackend(Backend):
         ident.update(
             cuda=torch.version.cuda,
             cudnn=torch.backends.cudnn.version(),
+            cublas=_cublas_version(),
+            nccl=_nccl_version(),
             driver=_nvidia_driver_version(),
             total_memory_bytes=props.total_memory,
             multiprocessors=props.multi_processor_count,
@@ -640,6 +642,26 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _cublas_version() -> str | None:
+    """cuBLAS's version where it came as a pip wheel (torch's own dependency); None where it is the system's."""
+    from importlib import metadata
+
+    for package in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"):
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _nccl_version() -> str | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL raises in several ways
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 @functools.lru_cache(maxsize=1)  # one NVML call or nvidia-smi run per process, not one per measurement

@@ -106,6 +106,9 @@ class Verdict:
     errors: tuple[str, ...] = ()  # baseline cases that could not be read
     not_run: tuple[str, ...] = ()  # baseline cases this session did not run (deselected, skipped): not compared
     nothing_compared: str | None = None  # why no metric was compared (every case skipped): fails a gate
+    # The software that differs between the compared runs (``device.environment_differences``): said, not refused,
+    # since a change may be the update's rather than the code's.
+    environment: tuple[str, ...] = ()
     # A/B only: both environments' identities, each case's (base, head) step seconds per pair, and each case's
     # loss comparison between the sides.
     sides: dict | None = None
@@ -147,7 +150,8 @@ class Verdict:
                 "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
-                "not_run": list(self.not_run), "nothing_compared": self.nothing_compared}
+                "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
+                "environment_differs": list(self.environment)}
 
 
 # -- printing a verdict ----------------------------------------------------------------------------
@@ -160,6 +164,12 @@ def _table(comparisons: list[dict]) -> Table:
     """A comparison per row, from its JSON form (``MetricComparison.to_json``, or a verdict file's)."""
     return Table(_COLUMNS, tuple((c["case"], c["metric"], number(c.get("baseline")), number(c.get("current")),
                                   change(c.get("change")), interval(c.get("ci")), c["verdict"]) for c in comparisons))
+
+
+def environment_line(differences) -> str:
+    """The line that says which software differs between the compared runs."""
+    return ("environment differs from the baseline: " + "; ".join(differences)
+            + " (a change may come from these rather than the code)")
 
 
 def verdict_table(comparisons: list[MetricComparison] | tuple[MetricComparison, ...]) -> list[str]:
@@ -178,6 +188,8 @@ def verdict_markdown(verdict: dict) -> str:
     lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
               if verdict.get("gated") and not verdict.get("new_cases_allowed")]
     lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
+    if verdict.get("environment_differs"):
+        lines.append("- " + environment_line(verdict["environment_differs"]))
     not_run = verdict.get("not_run") or []
     if not_run:
         lines.append(f"- not compared: {len(not_run)} case(s) of the baseline this run did not run: "

@@ -11,6 +11,10 @@ Each metric has one ``kind``, the one answer to "what moves it, and how is it ju
   one GPU, so calibrated there (on a CPU ``peak_memory_mib`` is the tracked tensor peak);
 - ``allocator_events``: allocator retries, which depend on fragmentation and on what else holds the
   GPU: reported and compared where a gate names them, never calibrated;
+- ``device_choice``: which kernels the device's libraries pick (cuDNN autotuning, cuBLAS heuristics, and
+  whatever a driver, CUDA, cuDNN, cuBLAS or torch update changes): repeatable on one GPU with one software
+  stack, so calibrated there, but not a function of the code alone; compared where a gate names it, never
+  part of ``deterministic``;
 - ``deterministic``: an exact function of the code and the shapes; a CPU runner gates on it without noise.
 """
 
@@ -23,8 +27,9 @@ TIMED = "timed"
 TIMED_ONCE = "timed_once"
 ALLOCATOR = "allocator"
 ALLOCATOR_EVENTS = "allocator_events"
+DEVICE_CHOICE = "device_choice"
 DETERMINISTIC = "deterministic"
-KINDS = (TIMED, TIMED_ONCE, ALLOCATOR, ALLOCATOR_EVENTS, DETERMINISTIC)
+KINDS = (TIMED, TIMED_ONCE, ALLOCATOR, ALLOCATOR_EVENTS, DEVICE_CHOICE, DETERMINISTIC)
 GROUPS = ("speed", "memory", "work")  # what a metric tells; asv's Speed, Memory and Work classes follow it
 
 
@@ -54,7 +59,8 @@ class Metric:
 
     @property
     def stable_on_gpu(self) -> bool:
-        return self.kind == ALLOCATOR
+        """Repeatable on one GPU with one software stack: calibrated there."""
+        return self.kind in (ALLOCATOR, DEVICE_CHOICE)
 
 
 METRICS: dict[str, Metric] = {
@@ -101,8 +107,8 @@ METRICS: dict[str, Metric] = {
                            group="work"),
     "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "
                                   "included)", group="work"),
-    "kernels_per_step": Metric("", False, DETERMINISTIC, "device kernels launched per step (CUDA profiler)",
-                               group="work"),
+    "kernels_per_step": Metric("", False, DEVICE_CHOICE, "device kernels launched per step (CUDA profiler): "
+                               "cuDNN autotuning and library updates change which kernels run", group="work"),
 }
 
 # Short names a gate specification or a budget key may use. "memory" is the device's peak, as in the summary's
@@ -134,9 +140,15 @@ def allocator_metrics() -> list[str]:
     return _of_kind(ALLOCATOR)
 
 
+def device_choice_metrics() -> list[str]:
+    """The metrics the device's libraries move (kernel choice): compared only where a gate names them."""
+    return _of_kind(DEVICE_CHOICE)
+
+
 def calibrated_metrics(gpu: bool) -> list[str]:
-    """The metrics calibration writes budgets for: the deterministic ones, and on a GPU the allocator peaks."""
-    return deterministic_metrics() + (allocator_metrics() if gpu else [])
+    """The metrics calibration writes budgets for: the deterministic ones, and on a GPU the allocator peaks and
+    the libraries' kernel choice (repeatable on that GPU and software stack)."""
+    return deterministic_metrics() + (allocator_metrics() + device_choice_metrics() if gpu else [])
 
 
 def metrics_in(group: str) -> list[str]:

@@ -54,11 +54,13 @@ def write_summary(terminalreporter, state) -> None:
 
 def write_ab(terminalreporter, state) -> None:
     """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
+    from .environment import ENVIRONMENT_KEYS
+
     verdict = state.comparison
     terminalreporter.write_sep("=", "trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair")
     for label, side in verdict.sides.items():
         ident = side["identity"]
-        extras = ", ".join(f"{k} {ident[k]}" for k in ("cuda", "cudnn", "driver") if ident.get(k))
+        extras = ", ".join(f"{k} {ident[k]}" for k in ENVIRONMENT_KEYS if k != "torch" and ident.get(k))
         terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
                                     + (f", {extras}" if extras else "") + f", {ident.get('name')}")
     _write_verdict_table(terminalreporter, verdict)
@@ -116,12 +118,14 @@ def _write_comparison(terminalreporter, state) -> None:
 
 
 def _write_verdict_table(terminalreporter, verdict) -> None:
-    from .gate import verdict_table
+    from .gate import environment_line, verdict_table
 
     gate = "gate: --trainbench-compare-fail" if verdict.gated else "no gate (--trainbench-compare-fail not given)"
     terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict.counts.items() if n))
     for line in verdict_table(verdict.comparisons):
         terminalreporter.write_line(line)
+    if verdict.environment:
+        terminalreporter.write_line(environment_line(verdict.environment), yellow=True)
 
 
 def _write_findings(terminalreporter, verdict) -> None:
