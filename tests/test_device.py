@@ -54,17 +54,21 @@ def test_the_peak_is_that_of_the_precision_the_step_computes_in():
     assert device.peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 tensor cores: no MFU, not fp32's
 
 
-@pytest.mark.parametrize(("amp", "tf32_matmul", "tf32_cudnn", "capability", "expected"), [
-    ("fp16", True, True, (9, 0), "fp16"),  # autocast wins
-    ("bf16", False, False, (8, 0), "bf16"),
-    (None, True, False, (8, 0), "tf32"),
-    (None, False, True, (8, 6), "tf32"),  # cuDNN's default on sm_80+
-    (None, True, True, (7, 0), "fp32"),  # no TF32 before Ampere
-    (None, True, True, None, "fp32"),
-    (None, False, False, (9, 0), "fp32"),
+@pytest.mark.parametrize(("amp", "tf32_matmul", "tf32_cudnn", "capability", "conv_share", "expected"), [
+    ("fp16", True, True, (9, 0), 0.0, "fp16"),  # autocast wins
+    ("bf16", False, False, (8, 0), 0.9, "bf16"),
+    (None, True, False, (8, 0), 0.0, "tf32"),
+    (None, False, True, (8, 6), 0.9, "tf32"),  # mostly convolutions: cuDNN's flag, on by default on sm_80+
+    (None, False, True, (8, 6), 0.0, "fp32"),  # a transformer under cuDNN's default: its matmuls run in fp32
+    (None, False, True, (8, 6), 0.5, "fp32"),  # half convolutions is not mostly
+    (None, True, False, (8, 6), 0.9, "fp32"),  # convolutions with cuDNN TF32 off, whatever the matmuls may use
+    (None, True, True, (7, 0), 0.9, "fp32"),  # no TF32 before Ampere
+    (None, True, True, None, 0.0, "fp32"),
+    (None, False, False, (9, 0), 0.9, "fp32"),
 ])
-def test_compute_precision(amp, tf32_matmul, tf32_cudnn, capability, expected):
-    assert device.compute_precision(amp, tf32_matmul, tf32_cudnn, capability) == expected
+def test_compute_precision_follows_the_flag_of_the_kernels_doing_most_of_the_flops(amp, tf32_matmul, tf32_cudnn,
+                                                                                   capability, conv_share, expected):
+    assert device.compute_precision(amp, tf32_matmul, tf32_cudnn, capability, conv_share) == expected
 
 
 class _FakeL4(CudaBackend):
@@ -93,12 +97,14 @@ def tf32_flags():
     set_flags(*saved)
 
 
-def test_a_gpu_backend_reads_its_mfu_peak_from_the_tf32_flags(tf32_flags):
-    tf32_flags(False, True)
-    assert _FakeL4().mfu_peak(None) == ("tf32", 60.0)
+def test_a_gpu_backend_reads_its_mfu_peak_from_the_tf32_flags_of_the_kernels_doing_the_work(tf32_flags):
+    tf32_flags(False, True)  # torch's defaults: matmuls in fp32, convolutions in TF32
+    assert _FakeL4().mfu_peak(None) == ("fp32", 30.3)  # gpt, transformer, gelu_mlp: no convolution
+    assert _FakeL4().mfu_peak(None, convolution_share=0.95) == ("tf32", 60.0)  # resnet
     assert _FakeL4().mfu_peak("bf16") == ("bf16", 121.0)
     tf32_flags(True, False)
     assert _FakeL4().mfu_peak(None) == ("tf32", 60.0)
+    assert _FakeL4().mfu_peak(None, convolution_share=0.95) == ("fp32", 30.3)
     tf32_flags(False, False)
     assert _FakeL4().mfu_peak(None) == ("fp32", 30.3)
 

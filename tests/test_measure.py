@@ -340,3 +340,23 @@ def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile,
     assert m.result.memory_breakdown_bytes == {} and m.result.flops_per_step is None
     assert m.result.aten_calls_per_step > 0  # the profiler sees every thread
     assert any("DataParallel: no memory breakdown" in note for note in m.result.notes)
+
+
+def _flops_by_op(model: torch.nn.Module, batch: torch.Tensor) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(batch).sum().backward()
+    return counter.get_flop_counts()["Global"]
+
+
+def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
+    from trainbench.measure import convolution_share
+
+    convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 16, 3), torch.nn.Flatten(),
+                                  torch.nn.Linear(16 * 4 * 4, 4))
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 4))
+    assert convolution_share(_flops_by_op(convnet, torch.randn(2, 3, 8, 8))) > 0.9
+    assert convolution_share(_flops_by_op(mlp, torch.randn(2, 64))) == 0.0
+    assert convolution_share({}) == 0.0  # a step without counted FLOPs

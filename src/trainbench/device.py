@@ -51,13 +51,21 @@ def peak_tflops(device_name: str, dtype: str) -> float | None:
     return None
 
 
-def compute_precision(amp: str | None, tf32_matmul: bool, tf32_cudnn: bool, capability: tuple[int, int] | None) -> str:
-    """The precision whose peak bounds a step: the autocast dtype, else TF32 where fp32 matmuls or
-    convolutions may use it (cuDNN does by default on sm_80+), else fp32. Against the highest peak
-    the step may reach, MFU stays below 1."""
+# Above this share of a step's FLOPs in convolutions, cuDNN's TF32 flag decides what the step computes in;
+# below it, the matmuls do (cuBLAS's flag).
+MOSTLY_CONVOLUTION = 0.5
+
+
+def compute_precision(amp: str | None, tf32_matmul: bool, tf32_cudnn: bool, capability: tuple[int, int] | None,
+                      convolution_share: float = 0.0) -> str:
+    """The precision whose peak bounds a step: the autocast dtype, else TF32 where the flag of the kernels that do
+    most of the FLOPs allows it on sm_80+ (cuDNN's for a step that is mostly convolutions, where it is on by
+    default; cuBLAS's matmul flag otherwise, off by default), else fp32. An fp32 transformer under cuDNN's default
+    TF32 computes in fp32: against the TF32 peak its MFU would read ~7x too low."""
     if amp:
         return amp
-    if (tf32_matmul or tf32_cudnn) and capability is not None and capability >= (8, 0):
+    tf32 = tf32_cudnn if convolution_share > MOSTLY_CONVOLUTION else tf32_matmul
+    if tf32 and capability is not None and capability >= (8, 0):
         return "tf32"
     return "fp32"
 
@@ -172,9 +180,9 @@ class Backend:
         (a device without one, like the CPU, records nothing and writes no file)."""
         yield
 
-    def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
-        """The precision a step with autocast dtype ``amp`` computes in, and this device's peak
-        dense TFLOP/s for it (None where unknown: no MFU)."""
+    def mfu_peak(self, amp: str | None, convolution_share: float = 0.0) -> tuple[str, float | None]:
+        """The precision a step with autocast dtype ``amp`` computes in (``convolution_share``: the share of its
+        FLOPs in convolutions), and this device's peak dense TFLOP/s for it (None where unknown: no MFU)."""
         return (amp or "fp32"), None
 
     def is_device_kernel(self, event) -> bool:
@@ -403,9 +411,9 @@ class CudaBackend(Backend):
     def is_device_kernel(self, event) -> bool:
         return is_cuda_kernel_event(event)
 
-    def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
+    def mfu_peak(self, amp: str | None, convolution_share: float = 0.0) -> tuple[str, float | None]:
         precision = compute_precision(amp, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                                      self.capability())
+                                      self.capability(), convolution_share)
         return precision, peak_tflops(self.name, precision)
 
     def blocking_copy(self, src: torch.Tensor, dst_device: torch.device, non_blocking: bool) -> bool:

@@ -120,6 +120,13 @@ def run_rounds(step: Callable[[], None], rounds: int, steps_per_round: int, time
     return times
 
 
+def convolution_share(flops_by_op: dict) -> float:
+    """The share of a step's FLOPs in convolutions (forward and backward), from ``FlopCounterMode``'s per-op
+    counts: which TF32 flag (cuDNN's or cuBLAS's) decides the precision the step computes in."""
+    total = sum(flops_by_op.values())
+    return sum(n for op, n in flops_by_op.items() if "conv" in str(op)) / total if total else 0.0
+
+
 class _OpCounter(TorchDispatchMode):
     """Counts every aten op dispatched, and the host-device syncs among them: ``_local_scalar_dense``
     (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``)."""
@@ -416,7 +423,8 @@ class Measurer:
             for micro_batches in steps:
                 self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
-        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp)
+        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp,
+                                                        convolution_share(flops.get_flop_counts().get("Global", {})))
         self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
                   syncs_per_step=counter.syncs / n, top_ops={op: count / n for op, count in counter.ops.most_common(15)},
                   peak_precision=precision, peak_tflops=peak_tflops)
