@@ -1,6 +1,7 @@
 """Memory predicted under FakeTensorMode (trainbench.predict): the same breakdown the measurement tracks, from fake
 tensors, at sizes this machine need not hold; and the setups it cannot fake, said with a reason instead of a crash."""
 
+import contextlib
 import functools
 
 import pytest
@@ -12,6 +13,7 @@ from trainbench.predict import (
     allocator_peak_bounds,
     cublas_workspace_bytes,
     library_workspace_bytes,
+    optimizer_path_of_real_tensors,
     predict_memory,
     unpredictable,
     without_unpredictable,
@@ -172,3 +174,43 @@ def test_the_allocator_peak_may_exceed_the_prediction_by_ten_percent_and_two_han
     measured = predicted + 32 * MIB
     assert not measured <= 1.1 * predicted and low <= measured <= high
     assert allocator_peak_bounds(predicted, (7, 5), None)[1] == int(1.1 * predicted) + int(2 * (8.125 + 1) * MIB)
+
+
+def _fake_model_and_adamw(device: str):
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256, device=device) for _ in range(4)])
+    optimizer = torch.optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # a backward on fake cuda tensors needs a CUDA device; the step does not
+    optimizer.step()  # its state exists before the tracked step, as in a prediction
+    return model, optimizer
+
+
+@pytest.mark.parametrize(("device", "foreach"), [("cuda", True), ("cpu", False)])
+def test_a_predicted_optimizer_takes_the_path_torch_takes_for_real_tensors_on_the_device(device, foreach):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        params = list(_fake_model_and_adamw(device)[0].parameters())
+        assert _default_to_fused_or_foreach(params, differentiable=False) == (False, False)  # fake: never foreach
+        with optimizer_path_of_real_tensors():
+            assert _default_to_fused_or_foreach(params, differentiable=False) == (False, foreach)
+        assert _default_to_fused_or_foreach(params, differentiable=False) == (False, False)  # restored
+
+
+def test_a_predicted_cuda_optimizer_step_holds_the_foreach_temporary():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def step_peak(path) -> int:
+        with FakeTensorMode(allow_non_fake_inputs=True), path():
+            model, optimizer = _fake_model_and_adamw("cuda")
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer)
+            with tracker:
+                optimizer.step()
+            return tracker.get_tracker_snapshot("peak")[torch.device("cuda", 0)]["Total"]
+
+    largest_parameter = 256 * 256 * 4
+    # foreach computes each update over all parameters at once: a temporary beyond the loop's one-parameter ones
+    assert step_peak(optimizer_path_of_real_tensors) - step_peak(contextlib.nullcontext) > largest_parameter
