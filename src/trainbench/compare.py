@@ -153,7 +153,7 @@ def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, threshol
             new_cases.append(current.case)
             continue
         try:
-            base = _read(stored.get("extra_info") or {}, f"{baseline_path}: {measured.fullname}")
+            base = _read(_extra_info(stored), f"{baseline_path}: {measured.fullname}")
         except CompareError as e:
             errors.append(str(e))
             continue
@@ -173,18 +173,25 @@ def gate(cases: list, baseline: dict, baseline_path: str, device: dict, threshol
     """
     comparisons, new_cases, errors = compare_runs(cases, baseline, baseline_path, thresholds, alpha)
     ran = {measured.fullname for measured in cases}
-    not_run = tuple(str((bench.get("extra_info") or {}).get("case") or name) for name, bench in baseline.items()
-                    if name not in ran and isinstance(bench, dict) and (bench.get("extra_info") or {}).get("case"))
+    not_run = tuple(str(_extra_info(bench)["case"]) for name, bench in baseline.items()
+                    if name not in ran and _extra_info(bench).get("case"))
     return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
                    allow_inconclusive=allow_inconclusive,
                    new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors),
                    not_run=not_run, environment=tuple(environment_differences(_recorded_device(baseline), device)))
 
 
+def _extra_info(bench: object) -> dict:
+    """A stored benchmark's ``extra_info``, or {} where the entry or its extra_info is not a dict (a broken record
+    is named by ``compare_runs``, never a crash here)."""
+    info = bench.get("extra_info") if isinstance(bench, dict) else None
+    return info if isinstance(info, dict) else {}
+
+
 def _recorded_device(baseline: dict) -> dict | None:
     """The device identity the stored run's cases recorded (one device per run: the first one found)."""
     for bench in baseline.values():
-        device = (bench.get("extra_info") or {}).get("device") if isinstance(bench, dict) else None
+        device = _extra_info(bench).get("device")
         if isinstance(device, dict):
             return device
     return None
