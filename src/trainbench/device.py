@@ -502,6 +502,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def build_arch_list() -> list[str]:
+    """The GPU architectures this torch build has kernels for (empty for a CPU-only build); starts no CUDA."""
+    return torch.cuda.get_arch_list()
+
+
 def pin_to_one_gpu(index: int, count: int) -> str | None:
     """Make GPU ``index`` of the visible ones the only GPU this process sees, when there are at least ``count``.
 

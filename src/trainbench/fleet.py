@@ -9,11 +9,16 @@ and how many such GPUs the machine has. Peak TFLOP/s per precision are not repea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .device import peak_tflops
 
 GiB = 2**30
+
+# What the default torch wheel (PyPI's torch 2.14.1, CUDA 13.0) has kernels for, as torch.cuda.get_arch_list()
+# gives it: the night's build where the plan is made on a CPU-only torch. sm_70 (V100) needs a CUDA 12.6 wheel.
+DEFAULT_WHEEL_CUDA = "13.0"
+DEFAULT_WHEEL_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,6 @@ class Gpu:
 
     def times(self, count: int) -> Gpu:
         """The same GPU, ``count`` of them in one machine."""
-        from dataclasses import replace
-
         return replace(self, key=f"{count}x{self.key}", count=count)
 
 
