@@ -256,6 +256,36 @@ def _add_torchrun_job(subparsers) -> None:
     parser.set_defaults(handler=_torchrun_job)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .fleet import find_gpu
+    from .night_plan import format_night, plan_night
+
+    try:
+        gpu = find_gpu(args.simulate_gpu)
+    except KeyError as e:
+        print(f"trainbench plan: {e.args[0]}", file=sys.stderr)
+        return 2
+    night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
+    for line in format_night(night):
+        print(line)
+    return 0 if night.ok else 1
+
+
+def _add_plan(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="the GPU night's plan for a GPU of the fleet, made on this machine (no GPU needed)",
+        description="Every suite case on a simulated GPU: run or skip (why), its budget section, predicted memory "
+                    "against the GPU's, how it is measured. Exit 1 where the build cannot run on that GPU (the "
+                    "doctor's FAIL) or a case would crash or be refused for a reason a GPU cannot have.")
+    parser.add_argument("--simulate-gpu", required=True, metavar="MODEL",
+                        help='a fleet GPU: its name as torch reports it ("NVIDIA H100 80GB HBM3", "2xNVIDIA H100 80GB '
+                             'HBM3") or its key (h100-sxm, 8xh100-sxm, t4, ...)')
+    parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
+    parser.set_defaults(handler=_plan)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainbench", description="trainbench tools")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -266,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(subparsers)
     _add_verdict(subparsers)
     _add_torchrun_job(subparsers)
+    _add_plan(subparsers)
     return parser
 
 

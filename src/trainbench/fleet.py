@@ -1,7 +1,7 @@
 """A table of named GPUs the night's plan can be made for on a CPU runner (``trainbench.simulated``).
 
 Each entry is what a live ``CudaBackend`` would read from the driver: the name exactly as
-``torch.cuda.get_device_name`` gives it (budget sections and the peak-TFLOP/s table match on it),
+the driver gives it (``get_device_name``) (budget sections and the peak-TFLOP/s table match on it),
 compute capability, memory as torch reports it, SM count, native bf16, torch's TF32 defaults,
 and how many such GPUs the machine has. Peak TFLOP/s per precision are not repeated here:
 ``device.peak_tflops`` answers them from the name, for real and simulated GPUs alike.
@@ -15,7 +15,7 @@ from .device import peak_tflops
 
 GiB = 2**30
 
-# What the default torch wheel (PyPI's torch 2.14.1, CUDA 13.0) has kernels for, as torch.cuda.get_arch_list()
+# What the default torch wheel (PyPI's torch 2.14.1, CUDA 13.0) has kernels for, as get_arch_list()
 # gives it: the night's build where the plan is made on a CPU-only torch. sm_70 (V100) needs a CUDA 12.6 wheel.
 DEFAULT_WHEEL_CUDA = "13.0"
 DEFAULT_WHEEL_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
@@ -26,11 +26,11 @@ class Gpu:
     """One fleet member: a GPU model and how many of it a machine has."""
 
     key: str  # short name for the command line and tests, e.g. "h100-sxm", "8xh100"
-    name: str  # as torch.cuda.get_device_name reports it
+    name: str  # as torch reports it (get_device_name)
     capability: tuple[int, int]
-    memory_bytes: int  # torch.cuda.get_device_properties().total_memory: less than the data sheet's figure
+    memory_bytes: int  # get_device_properties().total_memory: less than the data sheet's figure
     multiprocessors: int
-    bf16: bool  # native bf16 (torch.cuda.is_bf16_supported(including_emulation=False))
+    bf16: bool  # native bf16 (is_bf16_supported(including_emulation=False))
     count: int = 1
     # torch's defaults on every GPU: fp32 matmuls in full precision, cuDNN convolutions may use TF32 (sm_80+).
     tf32_matmul: bool = False

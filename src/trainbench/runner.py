@@ -27,7 +27,7 @@ from .judge import Judge, StillUnsure
 from .ladders import LADDERS
 from .measure import MeasureSettings
 from .outcome import CaseOutcome
-from .plan import Planner
+from .plan import CasePlan, Planner
 from .predict import NOMINAL_GPU, PredictionCache
 from .recipes import Recipe
 from .result import Result
@@ -41,7 +41,8 @@ class Runner:
 
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
                  require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
-                 remeasure_inconclusive: int = 1, trace: TraceRequest | None = None, remeasure_s: float = 0.0):
+                 remeasure_inconclusive: int = 1, trace: TraceRequest | None = None, remeasure_s: float = 0.0,
+                 predictions: PredictionCache | None = None):
         self.backend = backend
         self.caps = backend.caps()
         self.profile = profile
@@ -49,7 +50,8 @@ class Runner:
         # Why this session's timing means nothing (e.g. parallel workers sharing the device): timed budgets are
         # then not judged, deterministic ones are.
         self.untimed: str | None = None
-        predictions = PredictionCache(backend)  # the memory check before a case and the prediction after share it
+        # The memory check before a case and the prediction after it share one cache (several runners may, too).
+        predictions = predictions or PredictionCache(backend)  # the memory check before a case and the prediction after share it
         self.planner = Planner(backend, self.caps, profile, predictions)
         self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace)
         self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive, remeasure_s)
@@ -87,14 +89,27 @@ class Runner:
     def run_case(self, case: Case, budgets: Budgets | None = None, still_unsure: StillUnsure | None = None,
                  **overrides) -> CaseOutcome:
         """A suite case (``trainbench.cases``): a recipe on a built-in workload, or a ladder rung against rung 0."""
-        if case.ladder is None:
-            return self.run(case.recipe_name, case.workload, budgets=budgets, case=case.id, overrides=overrides,
-                            still_unsure=still_unsure)
-        reason = why_not(case, self.caps, self.profile)  # a rung needs what its own step needs
+        reason, recipe, arguments = self._suite_case(case)
         if reason:
             return CaseOutcome(case.id, case.own_recipe(), skipped=reason)
+        return self.run(recipe, case.workload, **arguments, budgets=budgets, overrides=overrides,
+                        still_unsure=still_unsure)
+
+    def plan_case(self, case: Case, budgets: Budgets | None = None, **overrides) -> CasePlan | str:
+        """What ``run_case`` would measure for ``case``, decided and not run; or why a rung cannot run here."""
+        reason, recipe, arguments = self._suite_case(case)
+        return reason or self.planner.plan(recipe, case.workload, **arguments, budgets=budgets, overrides=overrides)
+
+    def _suite_case(self, case: Case) -> tuple[str | None, Recipe | str | None, dict]:
+        """Why a suite case cannot run here before it is planned (a rung needs what its own step needs), else the
+        recipe and the other arguments ``run`` and ``Planner.plan`` take for it (on ``case.workload``)."""
+        if case.ladder is None:
+            return None, case.recipe_name, {"case": case.id}
+        reason = why_not(case, self.caps, self.profile)
+        if reason:
+            return reason, None, {}
         ladder = LADDERS[case.ladder]
-        return self.run(ladder.rung_recipe(case.rung, self.caps, self.profile), case.workload,
-                        baseline=ladder.rung_recipe(0, self.caps, self.profile), budgets=budgets, case=case.id,
-                        overrides=overrides, ladder=ladder.rung_info(case.rung, self.caps, self.profile),
-                        gpu_recipe=ladder.rung_recipe(case.rung, NOMINAL_GPU, PROFILES["gpu"]), still_unsure=still_unsure)
+        return None, ladder.rung_recipe(case.rung, self.caps, self.profile), {
+            "baseline": ladder.rung_recipe(0, self.caps, self.profile), "case": case.id,
+            "ladder": ladder.rung_info(case.rung, self.caps, self.profile),
+            "gpu_recipe": ladder.rung_recipe(case.rung, NOMINAL_GPU, PROFILES["gpu"])}

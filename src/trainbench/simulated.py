@@ -6,17 +6,23 @@ peak, fresh-process needs and the device ids of DP/DDP/FSDP ranks. Where the CUD
 answer does not touch the driver, it is the very same function. Nothing is measured: a
 timer, a synchronize or an allocator statistic raises ``NothingRunsHere``.
 
-Memory predictions run under FakeTensorMode on the CPU (``device`` is the CPU), as a CPU
-runner's GPU-profile predictions do: they depend on the profile's sizes, not on the GPU.
+Its ``device`` is ``cuda:N``, on which no tensor can be made here. Memory predictions run under
+FakeTensorMode on the CPU (``prediction_backend``), as a CPU runner's GPU-profile predictions do:
+they depend on the profile's sizes, not on the GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .device import (Backend, CudaBackend, DeviceCaps, PeakMemory, build_arch_list, compute_precision,
+from .device import (Backend, CpuBackend, CudaBackend, DeviceCaps, PeakMemory, build_arch_list, compute_precision,
                      parallel_devices, unsupported_arch)
 from .fleet import DEFAULT_WHEEL_ARCHS, DEFAULT_WHEEL_CUDA, Gpu
+
+
+def prediction_backend() -> Backend:
+    """Where a simulated GPU's memory predictions run (fake tensors on the CPU)."""
+    return CpuBackend(torch.device("cpu"))
 
 
 class NothingRunsHere(RuntimeError):
@@ -38,7 +44,7 @@ class SimulatedGpu(Backend):
     profiler_sort_key = "self_device_time_total"
 
     def __init__(self, gpu: Gpu, index: int = 0, arch_list: list[str] | None = None):
-        super().__init__(torch.device("cpu"))  # where a prediction's fake tensors live
+        super().__init__(torch.device("cuda", index))
         self.gpu = gpu
         self.index = index
         unsupported = unsupported_arch(gpu.capability, wheel_arch_list() if arch_list is None else arch_list)
@@ -96,9 +102,7 @@ class SimulatedGpu(Backend):
     fresh_process_reason = CudaBackend.fresh_process_reason
     fresh_process_env = CudaBackend.fresh_process_env
     rank_device_spec = CudaBackend.rank_device_spec
-
-    def ddp_device_ids(self) -> list[int] | None:
-        return [self.index]
+    ddp_device_ids = CudaBackend.ddp_device_ids
 
     def parallel_device_ids(self, count: int) -> list[int]:
         return parallel_devices(self.index, count, self.gpu.count)
@@ -106,9 +110,9 @@ class SimulatedGpu(Backend):
 
 def simulated_runtime(gpu: Gpu, arch_list: list[str] | None = None) -> dict:
     """``device.cuda_runtime()``'s answer on a machine with ``gpu.count`` of ``gpu`` and this torch (its arch list:
-    ``arch_list``, default this build's or the default wheel's); the driver is unknown."""
+    ``arch_list``, default this build's or the default wheel's)."""
     archs = wheel_arch_list() if arch_list is None else list(arch_list)
     devices = [{"index": i, "name": gpu.name, "capability": gpu.capability, "total_memory_bytes": gpu.memory_bytes,
                 "unsupported": unsupported_arch(gpu.capability, archs)} for i in range(gpu.count)]
     return {"torch": torch.__version__, "torch_cuda": torch.version.cuda or DEFAULT_WHEEL_CUDA, "arch_list": archs,
-            "available": True, "devices": devices, "driver": None, "error": None}
+            "available": True, "devices": devices, "driver": "(simulated)", "error": None}

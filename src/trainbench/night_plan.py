@@ -1,0 +1,140 @@
+"""The night's plan for a GPU of the fleet, made on any machine: what each suite case would do on it.
+
+The same code decides as on the GPU itself: the doctor's CUDA checks on what the driver would
+report (``simulated.simulated_runtime``), then for every suite case ``Runner.plan_case`` on a
+``SimulatedGpu``: whether it can run (``eligibility.why_not``, the memory gate with
+predictions at the GPU profile's sizes), its budget section and how it is measured. A plan
+has problems where the night would crash or refuse a case for a reason a GPU cannot have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .budgets import Budgets
+from .cases import all_cases
+from .doctor import Check, check_cuda, format_checks
+from .fleet import Gpu
+from .measure import DEFAULT_SETTINGS
+from .plan import CasePlan
+from .predict import HEADROOM, PredictionCache, without_unpredictable
+from .runner import Runner
+from .simulated import SimulatedGpu, prediction_backend, simulated_runtime
+from .workloads import PROFILES
+
+GiB = 2**30
+# What no case may be refused for on a GPU: the device answers it has, a prediction that crashed.
+WRONG_ON_A_GPU = ("needs a CUDA device", "FakeTensorMode could not run the step")
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    case: str
+    skipped: str | None = None
+    section: str | None = None  # the budgets-file section that judges it
+    needed_bytes: int | None = None  # predicted tensor peak x headroom (None: not predicted)
+    measuring: str | None = None
+    why_measuring: str | None = None
+    problem: str | None = None  # why the night would crash on it, or refuses it wrongly
+
+
+@dataclass
+class NightPlan:
+    gpu: Gpu
+    checks: list[Check]
+    cases: list[PlannedCase] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return any(check.status == "FAIL" for check in self.checks)
+
+    @property
+    def runs(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.skipped is None and c.problem is None]
+
+    @property
+    def skips(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.skipped is not None]
+
+    @property
+    def problems(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.problem is not None]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.problems
+
+
+def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
+               arch_list: list[str] | None = None) -> NightPlan:
+    """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions``: a cache shared
+    across GPUs (the GPU profile's predictions do not depend on the GPU)."""
+    checks = check_cuda(simulated_runtime(gpu, arch_list), expect_cuda=True)
+    night = NightPlan(gpu, checks)
+    if night.refused:
+        return night
+    backend = SimulatedGpu(gpu, arch_list=arch_list)
+    profile = PROFILES["gpu"]
+    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name],
+                    predictions=predictions or PredictionCache(prediction_backend()))
+    budgets = Budgets.load(budgets_path) if budgets_path else None
+    night.cases = [_plan_case(runner, case, budgets) for case in all_cases()]
+    return night
+
+
+def _plan_case(runner: Runner, case, budgets: Budgets | None) -> PlannedCase:
+    try:
+        plan = runner.plan_case(case, budgets)
+    except Exception as e:  # noqa: BLE001 - the night would stop here: report it as the plan's problem
+        return PlannedCase(case.id, problem=f"planning raised {type(e).__name__}: {e}")
+    if isinstance(plan, str):
+        return PlannedCase(case.id, skipped=plan, problem=_wrong_reason(plan))
+    needed, failed = _needed_bytes(runner, plan)
+    problem = _wrong_reason(plan.skipped) or failed
+    if plan.skipped:
+        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=problem)
+    return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
+                       measuring=plan.measuring, why_measuring=plan.why_measuring, problem=problem)
+
+
+def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
+    """What the memory gate predicted for the case and its baseline (the larger, with headroom), from its cache;
+    and why a prediction failed, where one did."""
+    needed, failed = None, None
+    for config in (plan.config, plan.baseline_config):
+        if config is None:
+            continue
+        predicted = runner.planner.predictions(plan.profile.name, without_unpredictable(config), plan.spec)
+        total = (predicted.get("breakdown_bytes") or {}).get("total")
+        if total is not None:
+            needed = max(needed or 0, int(total * HEADROOM))
+        elif predicted.get("reason"):
+            failed = failed or _wrong_reason(predicted["reason"])
+    return needed, failed
+
+
+def _wrong_reason(reason: str | None) -> str | None:
+    return f"refused for a reason a GPU cannot have: {reason}" if reason and any(
+        text in reason for text in WRONG_ON_A_GPU) else None
+
+
+def format_night(night: NightPlan) -> list[str]:
+    """The plan as printed: the doctor's CUDA checks, one line per case, a summary."""
+    gpu = night.gpu
+    lines = [f"night plan for {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / GiB:.1f} GiB), simulated"]
+    lines += format_checks(night.checks)
+    if night.refused:
+        return lines + ["refused: this torch build cannot run on this GPU (see the FAIL above)"]
+    for c in night.cases:
+        memory = f"needs ~{c.needed_bytes / GiB:.1f} of {gpu.memory_bytes / GiB:.1f} GiB" if c.needed_bytes else \
+            "memory not predicted"
+        if c.problem:
+            lines.append(f"PROBLEM  {c.case}: {c.problem}")
+        elif c.skipped:
+            lines.append(f"skip  {c.case}: {c.skipped}")
+        else:
+            how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
+            lines.append(f"run   {c.case}: [{c.section or 'no budget'}] {memory}; {how}")
+    lines.append(f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s)")
+    return lines
