@@ -24,8 +24,9 @@ from .simulated import SimulatedGpu, prediction_backend, simulated_runtime
 from .workloads import PROFILES
 
 GiB = 2**30
-# What no case may be refused for on a GPU: the device answers it has, a prediction that crashed.
-WRONG_ON_A_GPU = ("needs a CUDA device", "FakeTensorMode could not run the step")
+# What no case may be refused for on a GPU: a device it is. (A prediction that fails here is no problem: the memory
+# gate then lets the case run, and a CPU cannot fake some GPU-only ops, e.g. NVTX ranges or the efficient SDPA kernel.)
+WRONG_ON_A_GPU = ("needs a CUDA device",)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class PlannedCase:
     skipped: str | None = None
     section: str | None = None  # the budgets-file section that judges it
     needed_bytes: int | None = None  # predicted tensor peak x headroom (None: not predicted)
+    unpredicted: str | None = None  # why the memory gate had no prediction for it here
     measuring: str | None = None
     why_measuring: str | None = None
     problem: str | None = None  # why the night would crash on it, or refuses it wrongly
@@ -90,18 +92,17 @@ def _plan_case(runner: Runner, case, budgets: Budgets | None) -> PlannedCase:
         return PlannedCase(case.id, problem=f"planning raised {type(e).__name__}: {e}")
     if isinstance(plan, str):
         return PlannedCase(case.id, skipped=plan, problem=_wrong_reason(plan))
-    needed, failed = _needed_bytes(runner, plan)
-    problem = _wrong_reason(plan.skipped) or failed
+    needed, unpredicted = _needed_bytes(runner, plan)
     if plan.skipped:
-        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=problem)
+        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
     return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
-                       measuring=plan.measuring, why_measuring=plan.why_measuring, problem=problem)
+                       unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring)
 
 
 def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
     """What the memory gate predicted for the case and its baseline (the larger, with headroom), from its cache;
     and why a prediction failed, where one did."""
-    needed, failed = None, None
+    needed, unpredicted = None, None
     for config in (plan.config, plan.baseline_config):
         if config is None:
             continue
@@ -109,9 +110,9 @@ def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | Non
         total = (predicted.get("breakdown_bytes") or {}).get("total")
         if total is not None:
             needed = max(needed or 0, int(total * HEADROOM))
-        elif predicted.get("reason"):
-            failed = failed or _wrong_reason(predicted["reason"])
-    return needed, failed
+        else:
+            unpredicted = unpredicted or predicted.get("reason")
+    return needed, unpredicted
 
 
 def _wrong_reason(reason: str | None) -> str | None:
@@ -128,7 +129,7 @@ def format_night(night: NightPlan) -> list[str]:
         return lines + ["refused: this torch build cannot run on this GPU (see the FAIL above)"]
     for c in night.cases:
         memory = f"needs ~{c.needed_bytes / GiB:.1f} of {gpu.memory_bytes / GiB:.1f} GiB" if c.needed_bytes else \
-            "memory not predicted"
+            f"memory not predicted ({c.unpredicted or 'not asked'})"
         if c.problem:
             lines.append(f"PROBLEM  {c.case}: {c.problem}")
         elif c.skipped:
