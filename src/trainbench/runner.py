@@ -51,7 +51,7 @@ class Runner:
         # then not judged, deterministic ones are.
         self.untimed: str | None = None
         # The memory check before a case and the prediction after it share one cache (several runners may, too).
-        predictions = predictions or PredictionCache(backend)  # the memory check before a case and the prediction after share it
+        predictions = predictions or PredictionCache(backend)
         self.planner = Planner(backend, self.caps, profile, predictions)
         self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace)
         self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive, remeasure_s)
