@@ -118,6 +118,11 @@ def test_budget_sections_and_how_each_case_is_measured(nights):
     assert "sm_75" not in sections
     t4 = _by_case(nights["t4"])
     assert t4["gpt-sdpa_flash"].skipped == "sdpa_flash: needs compute capability >= 8.0; Tesla T4 has 7.5"
+    assert h100["gpt-amp_bf16"].mfu_peak == ("bf16", 989.4) and h100["gpt-baseline"].mfu_peak[0] in ("fp32", "tf32")
+    assert _by_case(nights["t4"])["resnet18-amp_fp16"].mfu_peak == ("fp16", 65.0)
+    memory = [line for line in format_night(nights["h100-sxm"]) if line.startswith("memory:")]
+    assert memory == ["memory: the largest case that runs, resnet18-baseline, needs ~1.2 GiB of 79.1 GiB; cases that "
+                      "would not fit are skipped above with their figures"]
     nvtx = h100["resnet18-emit_nvtx"]  # a prediction that fails here lets the case run, as the memory gate does
     assert nvtx.skipped is None and nvtx.problem is None and "no NVIDIA driver" in nvtx.unpredicted
 

@@ -38,6 +38,7 @@ class PlannedCase:
     unpredicted: str | None = None  # why the memory gate had no prediction for it here
     measuring: str | None = None
     why_measuring: str | None = None
+    mfu_peak: tuple[str, float | None] | None = None  # the precision its MFU is judged in, and the GPU's peak for it
     problem: str | None = None  # why the night would crash on it, or refuses it wrongly
 
 
@@ -62,6 +63,11 @@ class NightPlan:
     @property
     def problems(self) -> list[PlannedCase]:
         return [c for c in self.cases if c.problem is not None]
+
+    def largest_run(self) -> PlannedCase | None:
+        """The case that will run needing the most memory (None: none predicted)."""
+        predicted = [c for c in self.runs if c.needed_bytes]
+        return max(predicted, key=lambda c: c.needed_bytes) if predicted else None
 
     @property
     def ok(self) -> bool:
@@ -96,7 +102,8 @@ def _plan_case(runner: Runner, case, budgets: Budgets | None) -> PlannedCase:
     if plan.skipped:
         return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
     return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
-                       unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring)
+                       unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring,
+                       mfu_peak=runner.backend.mfu_peak(plan.config.amp))
 
 
 def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
@@ -136,6 +143,18 @@ def format_night(night: NightPlan) -> list[str]:
             lines.append(f"skip  {c.case}: {c.skipped}")
         else:
             how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
-            lines.append(f"run   {c.case}: [{c.section or 'no budget'}] {memory}; {how}")
-    lines.append(f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s)")
-    return lines
+            precision, peak = c.mfu_peak or ("?", None)
+            mfu = f"MFU against {precision} {peak:g} TFLOP/s" if peak else f"{precision}: no MFU (peak unknown)"
+            lines.append(f"run   {c.case}: [{c.section or 'no budget'}] {memory}; {how}; {mfu}")
+    return lines + [_memory_line(night),
+                    f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s)"]
+
+
+def _memory_line(night: NightPlan) -> str:
+    """What the largest case that will run needs against the GPU's memory (the others do not fit and are skipped)."""
+    have = f"{night.gpu.memory_bytes / GiB:.1f} GiB"
+    largest = night.largest_run()
+    if largest is None:
+        return f"memory: no case that runs was predicted; {night.gpu.name} has {have}"
+    return (f"memory: the largest case that runs, {largest.case}, needs ~{largest.needed_bytes / GiB:.1f} GiB of "
+            f"{have}; cases that would not fit are skipped above with their figures")
