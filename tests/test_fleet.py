@@ -118,8 +118,10 @@ def test_budget_sections_and_how_each_case_is_measured(nights):
     assert "sm_75" not in sections
     t4 = _by_case(nights["t4"])
     assert t4["gpt-sdpa_flash"].skipped == "sdpa_flash: needs compute capability >= 8.0; Tesla T4 has 7.5"
-    assert h100["gpt-amp_bf16"].mfu_peak == ("bf16", 989.4) and h100["gpt-baseline"].mfu_peak[0] in ("fp32", "tf32")
-    assert _by_case(nights["t4"])["resnet18-amp_fp16"].mfu_peak == ("fp16", 65.0)
+    assert h100["gpt-amp_bf16"].mfu_peaks == (("bf16", 989.4),)
+    assert h100["gpt-baseline"].mfu_peaks == (("fp32", 67.0), ("tf32", 494.7))  # by its share of convolutions
+    assert _by_case(nights["t4"])["resnet18-amp_fp16"].mfu_peaks == (("fp16", 65.0),)
+    assert _by_case(nights["t4"])["resnet18-baseline"].mfu_peaks == (("fp32", 8.1),)  # no TF32 before sm_80
     memory = [line for line in format_night(nights["h100-sxm"]) if line.startswith("memory:")]
     assert memory == ["memory: the largest case that runs, resnet18-baseline, needs ~1.2 GiB of 79.1 GiB; cases that "
                       "would not fit are skipped above with their figures"]
@@ -132,7 +134,9 @@ def test_the_simulated_gpu_answers_what_the_driver_would_and_times_nothing():
     caps = gpu.caps()
     assert (caps.kind, caps.cuda, caps.capability, caps.gpu_count, caps.bf16) == ("cuda", True, (9, 0), 1, True)
     assert gpu.budget_keys() == ["NVIDIA H100 80GB HBM3", "sm_90", "cuda"]
-    assert gpu.mfu_peak("bf16") == ("bf16", 989.4) and gpu.mfu_peak(None)[0] == "tf32"
+    assert gpu.mfu_peak("bf16") == ("bf16", 989.4)
+    # torch's defaults: matmuls in fp32, cuDNN convolutions in TF32
+    assert gpu.mfu_peak(None) == ("fp32", 67.0) and gpu.mfu_peak(None, convolution_share=0.9) == ("tf32", 494.7)
     assert SimulatedGpu(T4).mfu_peak(None) == ("fp32", 8.1)
     identity = gpu.identity()
     assert identity["device"] == "cuda:0" and identity["simulated"] and identity["multiprocessors"] == 132

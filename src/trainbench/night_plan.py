@@ -38,7 +38,9 @@ class PlannedCase:
     unpredicted: str | None = None  # why the memory gate had no prediction for it here
     measuring: str | None = None
     why_measuring: str | None = None
-    mfu_peak: tuple[str, float | None] | None = None  # the precision its MFU is judged in, and the GPU's peak for it
+    # The precisions its MFU may be judged in, with the GPU's peak for each: without autocast, the step's measured
+    # share of convolution FLOPs picks cuDNN's TF32 flag or the matmul one.
+    mfu_peaks: tuple[tuple[str, float | None], ...] = ()
     problem: str | None = None  # why the night would crash on it, or refuses it wrongly
 
 
@@ -103,7 +105,12 @@ def _plan_case(runner: Runner, case, budgets: Budgets | None) -> PlannedCase:
         return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
     return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
                        unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring,
-                       mfu_peak=runner.backend.mfu_peak(plan.config.amp))
+                       mfu_peaks=_mfu_peaks(runner, plan))
+
+
+def _mfu_peaks(runner: Runner, plan: CasePlan) -> tuple[tuple[str, float | None], ...]:
+    """The precision and peak for a step without convolutions and for one of only convolutions (one where they agree)."""
+    return tuple(dict.fromkeys(runner.backend.mfu_peak(plan.config.amp, share) for share in (0.0, 1.0)))
 
 
 def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
@@ -143,8 +150,8 @@ def format_night(night: NightPlan) -> list[str]:
             lines.append(f"skip  {c.case}: {c.skipped}")
         else:
             how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
-            precision, peak = c.mfu_peak or ("?", None)
-            mfu = f"MFU against {precision} {peak:g} TFLOP/s" if peak else f"{precision}: no MFU (peak unknown)"
+            mfu = "MFU against " + " or ".join(f"{precision} {peak:g}" if peak else f"{precision} (peak unknown)"
+                                               for precision, peak in c.mfu_peaks) + " TFLOP/s"
             lines.append(f"run   {c.case}: [{c.section or 'no budget'}] {memory}; {how}; {mfu}")
     return lines + [_memory_line(night),
                     f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s)"]

@@ -86,8 +86,9 @@ class SimulatedGpu(Backend):
         return DeviceCaps(self.kind, self.name, cuda=True, capability=self.capability(), gpu_count=self.device_count(),
                           bf16=self.supports_bf16())
 
-    def mfu_peak(self, amp: str | None) -> tuple[str, float | None]:
-        precision = compute_precision(amp, self.gpu.tf32_matmul, self.gpu.tf32_cudnn, self.capability())
+    def mfu_peak(self, amp: str | None, convolution_share: float = 0.0) -> tuple[str, float | None]:
+        precision = compute_precision(amp, self.gpu.tf32_matmul, self.gpu.tf32_cudnn, self.capability(),
+                                      convolution_share)
         return precision, self.gpu.peak_tflops(precision)
 
     def identity(self) -> dict:
