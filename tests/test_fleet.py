@@ -8,7 +8,6 @@ the test that checks the real one for the case known to outgrow an 80 GB card.
 from pathlib import Path
 
 import pytest
-import torch
 
 from trainbench.cases import all_cases
 from trainbench.fleet import FLEET, H100_SXM, T4, find_gpu
@@ -151,8 +150,8 @@ def test_the_simulated_gpu_answers_what_the_driver_would_and_times_nothing():
 
 def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
     # the one real prediction at the GPU profile's sizes (a few seconds): the stand-in's figure is the real one
-    from trainbench.runner import Runner
     from trainbench.measure import DEFAULT_SETTINGS
+    from trainbench.runner import Runner
     from trainbench.workloads import PROFILES
 
     (case,) = [c for c in all_cases() if c.id == "gpt-larger_batch"]

@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from .device import (Backend, CpuBackend, CudaBackend, DeviceCaps, PeakMemory, build_arch_list, compute_precision,
-                     parallel_devices, unsupported_arch)
+from .device import (
+    Backend,
+    CpuBackend,
+    CudaBackend,
+    DeviceCaps,
+    PeakMemory,
+    build_arch_list,
+    compute_precision,
+    parallel_devices,
+    unsupported_arch,
+)
 from .fleet import DEFAULT_WHEEL_ARCHS, DEFAULT_WHEEL_CUDA, Gpu
 
 
