@@ -123,7 +123,7 @@ def test_budget_sections_and_how_each_case_is_measured(nights):
     assert _by_case(nights["t4"])["resnet18-baseline"].mfu_peaks == (("fp32", 8.1),)  # no TF32 before sm_80
     memory = [line for line in format_night(nights["h100-sxm"]) if line.startswith("memory:")]
     assert memory == ["memory: the largest case that runs, resnet18-baseline, needs ~1.2 GiB of 79.1 GiB; cases that "
-                      "would not fit are skipped above with their figures"]
+                      "would not fit are skipped with their figures (python -m trainbench plan lists every case)"]
     nvtx = h100["resnet18-emit_nvtx"]  # a prediction that fails here lets the case run, as the memory gate does
     assert nvtx.skipped is None and nvtx.problem is None and "no NVIDIA driver" in nvtx.unpredicted
 
@@ -161,3 +161,17 @@ def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
     assert "NVIDIA H100 80GB HBM3 has 79.1 GiB" in plan.skipped
     needed = float(plan.skipped.split("needs ~")[1].split(" GiB")[0])
     assert needed == pytest.approx(GPT_LARGER_BATCH_MIB * 1.25 / 1024, rel=0.05)
+
+
+def test_the_doctor_checks_a_fleet_gpu_without_its_case_list(monkeypatch, capsys):
+    from trainbench import __main__ as cli
+    from trainbench import night_plan
+
+    real = night_plan.plan_night
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: real(gpu, budgets, StandInPredictions()))
+    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3"]) == 0
+    out = capsys.readouterr().out
+    assert "run " not in out and "skip " not in out
+    assert "memory: the largest case that runs" in out and "of 79.1 GiB" in out and "67 run, 6 skip" in out
+    assert cli.main(["doctor", "--simulate-gpu", "v100-16gb"]) == 1  # refused by the default wheel
+    assert "FAIL" in capsys.readouterr().out

@@ -158,6 +158,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from .doctor import doctor_record, format_checks, run_checks
 
+    if args.simulate_gpu:  # the night's checks and memory on a fleet GPU, without its case list
+        return _plan(args, cases=False)
+
     checks = run_checks(args.device, args.expect_cuda)
     for line in format_checks(checks):
         print(line)
@@ -177,6 +180,11 @@ def _add_doctor(subparsers) -> None:
     parser.add_argument("--expect-cuda", action="store_true",
                         help="a GPU must be usable (also set by TRAINBENCH_EXPECT_CUDA=1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the checks as JSON to PATH")
+    parser.add_argument("--simulate-gpu", default=None, metavar="MODEL",
+                        help="check a GPU of the fleet instead of this machine, with no GPU needed: its CUDA checks "
+                             "and the memory the largest case that will run needs (python -m trainbench plan lists "
+                             "every case)")
+    parser.add_argument("--budgets", default="benchmarks/budgets.toml", help=argparse.SUPPRESS)
     parser.set_defaults(handler=_doctor)
 
 
@@ -256,7 +264,8 @@ def _add_torchrun_job(subparsers) -> None:
     parser.set_defaults(handler=_torchrun_job)
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace, cases: bool = True) -> int:
+    """The night's plan on a fleet GPU; ``cases`` False: its checks and summary lines only (``doctor``)."""
     from pathlib import Path
 
     from .fleet import find_gpu
@@ -265,11 +274,12 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         gpu = find_gpu(args.simulate_gpu)
     except KeyError as e:
-        print(f"trainbench plan: {e.args[0]}", file=sys.stderr)
+        print(f"trainbench {'plan' if cases else 'doctor'}: {e.args[0]}", file=sys.stderr)
         return 2
     night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
     for line in format_night(night):
-        print(line)
+        if cases or not line.startswith(("run ", "skip ")):
+            print(line)
     return 0 if night.ok else 1
 
 

@@ -164,4 +164,5 @@ def _memory_line(night: NightPlan) -> str:
     if largest is None:
         return f"memory: no case that runs was predicted; {night.gpu.name} has {have}"
     return (f"memory: the largest case that runs, {largest.case}, needs ~{largest.needed_bytes / GiB:.1f} GiB of "
-            f"{have}; cases that would not fit are skipped above with their figures")
+            f"{have}; cases that would not fit are skipped with their figures (python -m trainbench plan lists "
+            "every case)")
