@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .compare import DEFAULT_ALPHA, compare_case, parse_spec
 from .environment import environment_differences
-from .gate import MetricComparison, Verdict, judge_change
+from .gate import MetricComparison, Verdict, is_worse, judge_change
 from .metrics import METRICS, is_timed, per_round, rounds_of, timed_metrics
 from .result import CaseRecord, Result, case_record
 
@@ -221,11 +221,11 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         rounds = _alternate(base, head, pairs, rounds)
     results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
                for side in (base, head)}  # one at a time
-    for label, result in results.items():  # a side whose training diverged measured nothing worth comparing
-        if result.final_loss is not None and not math.isfinite(result.final_loss):
-            raise SideError(f"{label} side ({(base if label == 'base' else head).python}): {case.case}: the loss of "
-                            f"training spec {result.workload!r} is {result.final_loss} after the timed rounds: the "
-                            "training diverged")
+    for side in (base, head):  # a side whose training diverged measured nothing worth comparing
+        loss = results[side.label].final_loss
+        if loss is not None and not math.isfinite(loss):
+            raise SideError(f"{side.label} side ({side.python}): {case.case}: the loss of training spec "
+                            f"{results[side.label].workload!r} is {loss} after the timed rounds: the training diverged")
     if len(rounds) > pairs:
         results["head"] = results["head"].with_note(f"{len(rounds)} ABBA pairs: {len(rounds) - pairs} more were "
                                                     f"measured while a timed verdict was inconclusive")
@@ -296,7 +296,7 @@ def paired_comparison(case: str, metric: str, base: Result, head: Result, thresh
     p_worse = float(stats.binomtest(head_worse, len(ratios), 0.5, alternative="greater").pvalue)
     p_better = float(stats.binomtest(head_better, len(ratios), 0.5, alternative="greater").pvalue)
     verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha)
-    p = p_worse if (change < 0) == higher_is_better else p_better  # the sign test in the direction of the change
+    p = p_worse if is_worse(change, higher_is_better) else p_better  # the sign test in the direction of the change
     return MetricComparison(case, metric, _median(base_values), _median(head_values), change, threshold, verdict, p,
                             ci, reason)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from .environment import environment_differences
-from .gate import MetricComparison, Verdict, judge_change
+from .gate import MetricComparison, Verdict, is_worse, judge_change
 from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
 from .noise import busy_reason, median_ratio_interval
 from .render import Column, Table, number
@@ -98,7 +98,7 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
         p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
         # A busy run is slower than its code: a loaded current run cannot show a regression, a loaded baseline
         # cannot show an improvement.
-        worse = (change < 0) == higher_is_better
+        worse = is_worse(change, higher_is_better)
         busy = busy_reason((current if worse else baseline).machine_load)
         doubts = (busy,) if busy else ()
         verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha, doubts)
@@ -129,6 +129,17 @@ def _round_statistics(cur: list[float], base: list[float], higher_is_better: boo
     return p_worse, p_better, median_ratio_interval(cur, base, paired=False)
 
 
+def case_thresholds(thresholds: dict[str, float] | None, compare_fail: dict[str, float] | None) -> dict[str, float]:
+    """The thresholds one case is compared at: the gate's (the display thresholds where there is no gate), with
+    the budgets file's for that case over them."""
+    return {**(thresholds or DISPLAY_THRESHOLDS), **(compare_fail or {})}
+
+
+def stored_record(stored: object, where: str) -> CaseRecord:
+    """A stored benchmark's trainbench record, checked (``CompareError`` naming ``where`` when it cannot be read)."""
+    return _read(_extra_info(stored), where)
+
+
 def _read(info: dict, where: str) -> CaseRecord:
     try:
         return CaseRecord.read(info, where)
@@ -153,13 +164,11 @@ def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, threshol
             new_cases.append(current.case)
             continue
         try:
-            base = _read(_extra_info(stored), f"{baseline_path}: {measured.fullname}")
+            base = stored_record(stored, f"{baseline_path}: {measured.fullname}")
         except CompareError as e:
             errors.append(str(e))
             continue
-        limits = dict(thresholds or DISPLAY_THRESHOLDS)
-        limits.update(measured.compare_fail or {})
-        comparisons += compare_case(current, base, limits, alpha)
+        comparisons += compare_case(current, base, case_thresholds(thresholds, measured.compare_fail), alpha)
     return comparisons, new_cases, errors
 
 

@@ -51,6 +51,11 @@ def judge_change(ci: tuple[float, float], p_worse: float, p_better: float, thres
                                       "rounds to tell", *doubts))
 
 
+def is_worse(change: float, higher_is_better: bool) -> bool:
+    """Whether a signed relative change (+ = a larger value) goes the metric's worse way."""
+    return (change < 0) == higher_is_better
+
+
 def _signed(fraction: float) -> str:
     return f"{fraction:+.1%}"
 

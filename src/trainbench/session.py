@@ -174,16 +174,16 @@ class TrainbenchSession:
         stored = baseline[1].get(fullname) if baseline and self.options.compare_fail is not None else None
         if stored is None:
             return None
-        from .compare import undecided
-        from .result import CaseRecord, RecordError
+        from .compare import CompareError, case_thresholds, stored_record, undecided
+        from .result import CaseRecord
 
         try:
-            base = CaseRecord.read(stored.get("extra_info") or {}, f"{baseline[0]}: {fullname}")
-        except RecordError:
+            base = stored_record(stored, f"{baseline[0]}: {fullname}")
+        except CompareError:
             return None  # the gate names the broken record at the end
 
         def unsure(outcome) -> list[str]:
-            limits = {**self.options.compare_fail, **budgets.compare_thresholds(self.runner.caps, outcome.case)}
+            limits = case_thresholds(self.options.compare_fail, budgets.compare_thresholds(self.runner.caps, outcome.case))
             current = CaseRecord.read(outcome.record(), outcome.case)
             return undecided(current, base, limits, self.options.compare_alpha)
 
