@@ -85,7 +85,7 @@ def test_accumulated_micro_batches_give_the_large_batch_gradients(cpu, profile):
 
 
 def test_accumulation_that_forgets_to_divide_the_loss_fails_the_guard(cpu, profile, monkeypatch):
-    monkeypatch.setattr(training_module.TrainingSetup, "scale_for_accumulation", staticmethod(lambda loss, k: loss))
+    monkeypatch.setattr(training_module.TrainingSetup, "accumulation_weights", lambda self, micro_batches: None)
     verdict = _grad_verdict("grad_accumulation", "mlp", cpu, profile)
     assert not verdict.ok
     assert verdict.max_rel_diff == pytest.approx(3.0, rel=1e-3)  # 4 micro-batches summed, not averaged: 4x - 1

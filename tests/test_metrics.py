@@ -40,7 +40,7 @@ def test_a_metric_whose_kind_and_group_disagree_is_refused(kind, group):
 
 
 def test_the_queries_partition_the_metrics():
-    assert timed_metrics() == ["samples_per_s", "step_time_ms", "cpu_time_ms", "achieved_tflops", "mfu"]
+    assert timed_metrics() == ["samples_per_s", "items_per_s", "step_time_ms", "cpu_time_ms", "achieved_tflops", "mfu"]
     assert allocator_metrics() == ["peak_memory_mib", "peak_reserved_mib", "reserved_between_steps_mib"]
     assert len(deterministic_metrics()) == 15 and "tracked_peak_mib" in deterministic_metrics()
     assert not set(deterministic_metrics()) & {name for name in METRICS if is_timed(name)}
@@ -87,7 +87,7 @@ def test_per_round_values_follow_the_metric():
 def _measured() -> Result:
     return Result("mlp-baseline", "mlp", "baseline", "cpu", batch_size=16, config={}, device={}, steps_per_round=2,
                   round_step_times_s=[0.010, 0.012, 0.011, 0.014, 0.009], flops_per_step=4e9, peak_tflops=2.0,
-                  round_cpu_times_s=[0.019, 0.022, 0.020, 0.027, 0.018])
+                  round_cpu_times_s=[0.019, 0.022, 0.020, 0.027, 0.018], items_per_step=1000.0, items_unit="tokens")
 
 
 @pytest.mark.parametrize("metric", timed_metrics())

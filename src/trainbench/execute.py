@@ -303,7 +303,8 @@ class Executor:
                 grads = self._ddp_grads
             else:
                 grads = guards.first_step_gradients(config, spec, self.backend)
-            verdicts.append(guards.compare_gradients(grads, base_grads, recipe.grad_rtol))
+            verdict = guards.compare_gradients(grads, base_grads, recipe.grad_rtol)
+            verdicts.append(guards.with_likely_cause(verdict, config, spec))
         return verdicts
 
     def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:

@@ -15,6 +15,7 @@ Two checks, both from the same seeded weights on the same seeded samples:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -89,6 +90,24 @@ def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> 
     """A GradScaler like ``scaler`` that starts at ``scale``: where it would stand after skipping a step."""
     return torch.amp.GradScaler(device_type, init_scale=scale, growth_factor=scaler.get_growth_factor(),
                                 backoff_factor=scaler.get_backoff_factor(), growth_interval=scaler.get_growth_interval())
+
+
+def with_likely_cause(verdict: GuardVerdict, config: TrainConfig, spec: TrainingSpec) -> GuardVerdict:
+    """A failed gradient guard's message with what the setup tells of its likely cause (accumulation: an item-weighted
+    mean averaged as a sample mean, or BatchNorm's per-micro-batch statistics)."""
+    if verdict.ok or verdict.kind != "gradients" or config.accumulation_steps == 1:
+        return verdict
+    causes = []
+    if spec.items is None:
+        causes.append("the micro-batch losses are averaged equally (loss / k), which gives the whole batch's "
+                      "gradients only if loss_fn is a mean over samples; a mean over a count that differs between "
+                      "micro-batches (non-padding tokens) needs TrainingSpec.items, so each is weighted by its count")
+    model = spec.model()
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
+        causes.append("the model has BatchNorm, whose statistics are computed per micro-batch")
+    if not causes:
+        return verdict
+    return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {'; '.join(causes)}")
 
 
 def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:

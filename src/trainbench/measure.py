@@ -190,6 +190,7 @@ class Measurer:
         self._batches = training.batches()
         self._wait_s = 0.0
         self._last_loss: torch.Tensor | None = None
+        self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -200,6 +201,7 @@ class Measurer:
             device=self.backend.identity(),
             steps_per_round=settings.steps_per_round,
             world_size=training.config.world_size,
+            items_unit=training.spec.items_unit if training.spec.items is not None else None,
         )
 
     def _set(self, **fields) -> None:
@@ -254,6 +256,7 @@ class Measurer:
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
         s = self.settings
         self._wait_s = 0.0
+        self._timed_items = []
         counted = 0
         wait_in_rounds = 0.0
 
@@ -264,6 +267,7 @@ class Measurer:
             if counted < s.rounds * s.steps_per_round:  # runners may add steps after the rounds
                 wait_in_rounds += self._wait_s - before
                 counted += 1
+                self._count_items()
 
         cpu_marks: list[float | None] = []
 
@@ -275,12 +279,25 @@ class Measurer:
         with phase(f"{self.result.recipe}'s timed rounds"):
             times = runner(step, s.rounds, s.steps_per_round, timer)
         self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds,
-                  round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round))
+                  round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round),
+                  items_per_step=self._items_per_step())
+
+    def _count_items(self) -> None:
+        """Keep the items of the step just timed (a tensor each: summed, with one sync, after the rounds)."""
+        if self.training.last_items is not None:
+            self._timed_items.append(self.training.last_items)
+
+    def _items_per_step(self) -> float | None:
+        """Mean items per timed step, in this process (None where the spec counts none)."""
+        if not self._timed_items:
+            return None
+        return float(torch.stack([t.to("cpu") for t in self._timed_items]).sum()) / len(self._timed_items)
 
     def start_rounds(self) -> None:
         """Forget any timed rounds: ``time_one_round`` calls from here on are the case's rounds."""
         self._wait_s = 0.0
-        self._set(round_step_times_s=[], round_cpu_times_s=[], rounds=0, data_wait_s=0.0)
+        self._timed_items = []
+        self._set(round_step_times_s=[], round_cpu_times_s=[], rounds=0, data_wait_s=0.0, items_per_step=None)
 
     def time_one_round(self, rewarm_steps: int = 0) -> None:
         """One more timed round, appended to the result (for interleaved A/B timing), after ``rewarm_steps``
@@ -294,12 +311,13 @@ class Measurer:
             start, cpu_start = timer(), self.backend.cpu_clock()
             for _ in range(s.steps_per_round):
                 self.timed_step()
+                self._count_items()
             round_time = (timer() - start) / s.steps_per_round
             cpu_end = self.backend.cpu_clock()
         times = [*self.result.round_step_times_s, round_time]
         cpu = [*self.result.round_cpu_times_s, *_round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round)]
         self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before,
-                  round_cpu_times_s=cpu if len(cpu) == len(times) else [])
+                  round_cpu_times_s=cpu if len(cpu) == len(times) else [], items_per_step=self._items_per_step())
 
     # -- 3 and 4. after timing ---------------------------------------------------------
     def measure_after_timing(self) -> None:

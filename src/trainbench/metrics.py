@@ -65,6 +65,8 @@ class Metric:
 
 METRICS: dict[str, Metric] = {
     "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time"),
+    "items_per_s": Metric("items/s", True, TIMED, "items per step (TrainingSpec.items: tokens...; all ranks) / median "
+                          "step time"),
     "step_time_ms": Metric("ms", False, TIMED, "median time of a step (per-round means)"),
     "cpu_time_ms": Metric("ms", False, TIMED, "CPU seconds the process used per step (median of per-round means; CPU "
                           "devices): what other processes' load moves least", rounds="round_cpu_times_s"),

@@ -28,23 +28,33 @@ _SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step
 
 
 def summary_table(records: list[CaseRecord]) -> list[str]:
-    """One line per case: throughput, step time, memory, work and the budget verdict."""
+    """One line per case: throughput, step time, memory, work and the budget verdict (and items/s, e.g. tokens/s,
+    where a spec counts items: a column of its own, named by their unit where every case counts the same)."""
+    units = {record.raw.get("items_unit") for record in records if record.metrics.get("items_per_s") is not None}
+    columns = list(_SUMMARY_COLUMNS)
+    if units:
+        columns.insert(2, Column(f"{units.pop()}/s" if len(units) == 1 else "items/s"))
     body = []
     for record in records:
         m = record.metrics
         speedup = record.speedup_vs_baseline
-        body.append((
+        row = [
             record.case,
             number(m["samples_per_s"], ".1f"),
             f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
             number(m["peak_memory_mib"], ".1f"),
             number(m["activation_mib"], ".1f"),
             number(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False else "!"),
-            number(m["gflops_per_sample"], ".3f"),
+            number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
             number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
             record.budget_status,
-        ))
-    return Table(_SUMMARY_COLUMNS, tuple(body)).terminal()
+        ]
+        if len(columns) > len(_SUMMARY_COLUMNS):
+            items = m.get("items_per_s")
+            row.insert(2, number(items, ".0f") + ("" if items is None or columns[2].title != "items/s"
+                                                 else f" {record.raw.get('items_unit')}"))
+        body.append(tuple(row))
+    return Table(tuple(columns), tuple(body)).terminal()
 
 
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------

@@ -36,6 +36,9 @@ class Result:
     # load moves it far less than wall time.
     round_cpu_times_s: list[float] = field(default_factory=list)
     data_wait_s: float = 0.0
+    # Items (TrainingSpec.items: tokens...) per timed step in one process, and what they are (None: not counted)
+    items_per_step: float | None = None
+    items_unit: str | None = None
     warmup_steps: int = 0
     warmup_steady: bool = False
     warmup_s: float = 0.0
@@ -101,6 +104,13 @@ class Result:
         return self.samples_per_step / step if step else None
 
     @property
+    def items_per_s(self) -> float | None:
+        """Items (tokens...) per second, all ranks together (each rank's count taken as this process's), from the
+        median step time as ``samples_per_s`` is."""
+        step = self.step_time_s
+        return self.items_per_step * self.world_size / step if step and self.items_per_step is not None else None
+
+    @property
     def step_time_s(self) -> float | None:
         return statistics.median(self.round_step_times_s) if self.round_step_times_s else None
 
@@ -130,6 +140,7 @@ class Result:
 
         return {
             "samples_per_s": self.samples_per_s,
+            "items_per_s": self.items_per_s,
             "step_time_ms": step * 1e3 if step is not None else None,
             "cpu_time_ms": self.cpu_time_s * 1e3 if self.cpu_time_s is not None else None,
             "step_time_iqr_ms": self.step_time_iqr_s * 1e3 if self.step_time_iqr_s is not None else None,
@@ -183,6 +194,8 @@ def case_record(result: Result, **case_fields) -> dict:
         "batch_size": result.batch_size,
         "world_size": result.world_size,
         "samples_per_step": result.samples_per_step,
+        "items_per_step": result.items_per_step,
+        "items_unit": result.items_unit,
         "config": result.config,
         "memory_breakdown_bytes": result.memory_breakdown_bytes,
         "predicted_memory": result.predicted_memory,

@@ -52,6 +52,14 @@ class TrainingSpec:
       ``"uint8_hwc"``: uint8 HWC images): the uint8-transfer recipes copy those and normalize on
       the device every 4-D uint8 tensor of a batch with ``normalize`` (default: as
       ``T.Normalize(0.5, 0.5)`` after ``ToTensor``).
+    - ``items(batch)``: how many items a batch holds, where a sample is not the unit that counts (e.g.
+      the non-padding label tokens of a padded language-model batch: ``lambda b: (b["labels"] != -100).sum()``).
+      It must count what ``loss_fn`` averages over: gradient accumulation then weights each micro-batch's
+      loss by its share of the step's items, so the accumulated gradients equal the whole batch's, and
+      every case reports ``items_per_s`` (e.g. tokens/s) beside samples/s. An int or a tensor (no host sync).
+    - ``items_unit``: what ``items`` counts, as the summary names it (``"tokens"`` gives tokens/s).
+    - ``collate_fn``: the DataLoader's collate function for ``dataset``'s samples (e.g. one that pads
+      sequences of different lengths); default: PyTorch's.
     """
 
     name: str
@@ -65,6 +73,9 @@ class TrainingSpec:
     pixels: Sequence[str] = ()
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
     description: str = ""
+    items: Callable[[Batch], int | torch.Tensor] | None = None
+    items_unit: str = "items"
+    collate_fn: Callable[[list], Batch] | None = None
 
     def __post_init__(self):
         where = f"training spec {self.name!r}"
@@ -80,6 +91,11 @@ class TrainingSpec:
         unknown = set(self.pixels) - set(PIXEL_FORMATS)
         if unknown:
             raise SpecError(f"{where}: unknown pixel formats {sorted(unknown)}; expected some of {PIXEL_FORMATS}")
+        for field in ("items", "collate_fn"):
+            if getattr(self, field) is not None and not callable(getattr(self, field)):
+                raise SpecError(f"{where}: {field} must be callable or None, got {getattr(self, field)!r}")
+        if not isinstance(self.items_unit, str) or not self.items_unit.strip() or "/" in self.items_unit:
+            raise SpecError(f"{where}: items_unit must be a word such as 'tokens', got {self.items_unit!r}")
         if isinstance(self.checkpoint_blocks, str):
             raise SpecError(f"{where}: checkpoint_blocks must be a list of module names, got the string "
                             f"{self.checkpoint_blocks!r}")
@@ -91,6 +107,20 @@ class TrainingSpec:
     def make_dataset(self, pixels: str | None = None) -> Dataset:
         """The spec's dataset, serving ``pixels`` (a format of ``self.pixels``) where asked, its own samples otherwise."""
         return self.dataset(pixels=pixels) if pixels else self.dataset()
+
+    def count_items(self, batch: Batch) -> torch.Tensor | None:
+        """The items ``batch`` holds as a float tensor on the batch's device (None without ``items``): no host sync."""
+        if self.items is None:
+            return None
+        count = self.items(batch)
+        if isinstance(count, torch.Tensor):
+            if count.numel() != 1 or count.is_complex():
+                raise SpecError(f"training spec {self.name!r}: items returned a tensor of shape {tuple(count.shape)}, "
+                                "expected one count (e.g. mask.sum())")
+            return count.reshape(()).to(torch.float64)
+        if isinstance(count, bool) or not isinstance(count, (int, float)) or count < 0:
+            raise SpecError(f"training spec {self.name!r}: items returned {count!r}, expected a count >= 0")
+        return torch.tensor(float(count), dtype=torch.float64)
 
     def pixel_normalize(self) -> Callable[[torch.Tensor], torch.Tensor]:
         return self.normalize or normalize_uint8

@@ -53,26 +53,35 @@ class SyntheticBatches:
 
     The seeds' "construct tensors directly on the device": ``torch.rand(...).to(dev)``
     allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
+
+    Each step's whole batch (all ranks, all micro-batches) is made at once and sliced, so a step trains on the
+    same samples however it is split: what the accumulation and DDP guards compare with the one big batch.
     """
 
     def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, micro_batches: int = 1):
         self.make = spec.batches
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # one micro-batch of one rank
         self.generator = torch.Generator(device if on_device else torch.device("cpu")).manual_seed(seed)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.micro_batches = rank, world_size, micro_batches
+        self._pending: list = []
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.world_size == 1:
+        if self.world_size == 1 and self.micro_batches == 1:
             return self.make(self.batch_size, self.generator)
-        # Rank ``rank``'s slice of the global batch, as RankSampler gives a Dataset's: the ranks together train on
-        # what one process of the global batch would (a copy, so the rest of the global batch is freed at once).
-        whole = self.make(self.batch_size * self.world_size, self.generator)
-        start = self.rank * self.batch_size
-        return map_tensors(lambda t: t[start:start + self.batch_size].clone(), whole)
+        if not self._pending:
+            # Rank ``rank``'s slice of the global batch, as RankSampler gives a Dataset's, then its micro-batches (copies,
+            # so the rest of the global batch is freed at once).
+            step = self.batch_size * self.micro_batches
+            whole = self.make(step * self.world_size, self.generator)
+            start = self.rank * step
+            self._pending = [map_tensors(lambda t, i=i: t[start + i * self.batch_size:
+                                                          start + (i + 1) * self.batch_size].clone(), whole)
+                             for i in range(self.micro_batches)]
+        return self._pending.pop(0)
 
 
 class RankSampler(Sampler[int]):
@@ -222,6 +231,7 @@ class TrainingSetup:
         # Called before every loss computation: the memory tracker follows one forward of the
         # root module at a time, and a step may run several (accumulation, a loss computed twice).
         self.before_forward = None
+        self.last_items: torch.Tensor | None = None  # the items of the last fetched step (TrainingSpec.items)
         self.steps_done = 0
         self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
         self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
@@ -253,7 +263,7 @@ class TrainingSetup:
             sampler = EndlessSampler(len(dataset), config.seed)
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
                           num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
-                          persistent_workers=config.num_workers > 0,
+                          persistent_workers=config.num_workers > 0, collate_fn=spec.collate_fn,
                           timeout=config.loader_timeout_s if config.num_workers else 0)
 
     def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
@@ -301,7 +311,7 @@ class TrainingSetup:
         if self._iterator is None:
             if self.synthetic:
                 self._iterator = SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device",
-                                                  self.config.seed, *self._rank())
+                                                  self.config.seed, *self._rank(), self.config.accumulation_steps)
             else:
                 self._iterator = iter(self.loader)
         return self._iterator
@@ -313,7 +323,16 @@ class TrainingSetup:
         except StopIteration:  # the loader's sampler is endless: only a batches factory can run dry
             raise SpecError(f"the data of training spec {self.spec.name!r} yields no more batches") from None
         beat()  # progress for the case's watchdog (trainbench.watchdog)
+        self.last_items = self.items_of(micro_batches)
         return micro_batches
+
+    def items_of(self, micro_batches: list) -> torch.Tensor | None:
+        """The items (``TrainingSpec.items``: tokens...) of one step's micro-batches in this process, as a tensor
+        (no host sync); None where the spec counts none."""
+        counts = [self.spec.count_items(batch) for batch in micro_batches]
+        if not counts or counts[0] is None:
+            return None
+        return sum(counts[1:], counts[0])
 
     def h2d_bytes(self, micro_batches: list) -> int:
         """Bytes one step's data crosses from the host to the device (none when made on the device)."""
@@ -368,24 +387,40 @@ class TrainingSetup:
     def forward_backward(self, micro_batches: list) -> torch.Tensor:
         """Gradients of one optimizer step's data, in the seeds' order (forward, zero_grad, backward).
 
-        Under accumulation each micro-batch's loss is divided by the number of
-        micro-batches, so the summed gradients equal those of the whole batch.
+        Under accumulation each micro-batch's loss is weighted by its share of the step (1/k, or its share of the
+        step's items where the spec counts them), so the summed gradients equal those of the whole batch.
         Returns the step's (mean) loss with its graph, as a training loop sees it.
         """
-        k = len(micro_batches)
+        weights = self.accumulation_weights(micro_batches)
         total = None
         for i, batch in enumerate(micro_batches):
-            loss = self.scale_for_accumulation(self._loss(batch), k)
+            loss = self._loss(batch)
+            if isinstance(weights, list):
+                loss = loss * weights[i].to(device=loss.device, dtype=loss.dtype)
+            elif weights is not None:
+                loss = loss / weights
             if i == 0:
                 self.zero_grad()
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total = loss if total is None else total + loss
         return total
 
-    @staticmethod
-    def scale_for_accumulation(loss: torch.Tensor, micro_batches: int) -> torch.Tensor:
-        """Each micro-batch contributes 1/k of the mean loss, so k backward passes sum to the whole batch's gradient."""
-        return loss / micro_batches if micro_batches > 1 else loss
+    def accumulation_weights(self, micro_batches: list) -> list[torch.Tensor] | int | None:
+        """Each micro-batch's share of the step's mean loss: a divisor k, or a weight per micro-batch (None: one
+        batch, nothing to weight).
+
+        A loss that is a mean over a batch's samples is divided by k (the k micro-batches are equal). A loss that is a mean over items
+        whose count differs between micro-batches (a padded LM's non-padding tokens) gets its share of the step's
+        items: averaging k micro-batch means equally is not the whole batch's mean.
+        """
+        k = len(micro_batches)
+        if k == 1:
+            return None
+        counts = [self.spec.count_items(batch) for batch in micro_batches]
+        if counts[0] is None:
+            return k
+        total = sum(counts[1:], counts[0]).clamp(min=1e-12)  # a step without items: weights 0, not NaN
+        return [count / total for count in counts]
 
     def evaluate(self, micro_batches: list) -> torch.Tensor:
         """An evaluation step: forward and loss only, under the config's grad mode."""
