@@ -68,7 +68,7 @@ def test_averaging_padded_micro_batches_equally_fails_the_guard_and_says_why(cpu
 
 
 def test_items_are_counted_over_the_timed_steps_and_reported_per_second(cpu, profile):
-    from trainbench.measure import MeasureSettings, Measurer
+    from trainbench.measure import Measurer, MeasureSettings
     from trainbench.training import TrainingSetup
 
     spec = lm_spec(items=tokens, items_unit="tokens")
@@ -94,7 +94,7 @@ def test_items_are_counted_over_the_timed_steps_and_reported_per_second(cpu, pro
 
 
 def test_a_spec_without_items_reports_no_items_per_s(cpu, profile):
-    from trainbench.measure import MeasureSettings, Measurer
+    from trainbench.measure import Measurer, MeasureSettings
     from trainbench.training import TrainingSetup
 
     settings = MeasureSettings(rounds=2, steps_per_round=1, min_warmup_steps=1, max_warmup_steps=1, fixed_warmup=True)
