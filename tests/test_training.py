@@ -127,7 +127,7 @@ def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_
     log = []
     with training_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), _ClockLog(log),
                        fault) as training:
-        training.optimizer.register_step_post_hook(lambda *args: log.append("optimizer step"))
+        training.optimizers["0"].register_step_post_hook(lambda *args: log.append("optimizer step"))
         micro_batches = training.fetch(training.batches())
         log.clear()
         training.backend.now = 0.0

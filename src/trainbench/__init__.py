@@ -4,14 +4,16 @@ The public API (imported lazily: the pytest plugin loads this package in every s
 and a session that runs no trainbench case should not pay for importing torch):
 
 - ``TrainingSpec``: a training stated in plain Python (``trainbench.spec``);
+- ``StepContext``: what a spec's own training step (``TrainingSpec.step``) is given: the optimizers, the
+  recipe's autocast, backward, zero_grad and optimizer step (``trainbench.training``);
 - ``Recipe``: an optimization as a change to the training config (``trainbench.recipes``);
 - ``classification_loss``: the loss of ``(inputs, class labels)`` batches, for specs that want it.
 """
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes"}
-__all__ = ["Recipe", "TrainingSpec", "classification_loss"]
+_PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes", "StepContext": "training"}
+__all__ = ["Recipe", "StepContext", "TrainingSpec", "classification_loss"]
 
 
 def __getattr__(name: str):

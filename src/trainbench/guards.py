@@ -11,6 +11,14 @@ Two checks, both from the same seeded weights on the same seeded samples:
   by construction: accumulation over micro-batches vs the whole batch, checkpointing
   vs keeping activations. Under a GradScaler they are the gradients of the first step the scaler
   takes: one whose scaled gradients overflow is skipped and taken again at a lower scale, as in training.
+
+A custom step (``TrainingSpec.step``) is guarded on what it trains: the loss it returns, and the
+gradients each optimizer steps on, kept as ``ctx.step`` is called (a GAN's discriminator gradients
+at its update, then the generator's, computed through the updated discriminator). Not the
+parameters' change: Adam's first update is about ``lr * sign(grad)`` whatever the gradient's size,
+so an update would hide the gradient errors this guard is there to catch; and the gradients a
+step leaves behind mix what each update used with what later backward passes added (the
+generator's loss reaches the discriminator's gradients after its update).
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
 
 
 def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> dict[str, torch.Tensor]:
-    """Gradients of the first step (before any update), by parameter name, in fp32 on the host.
+    """Gradients of the first step (before any update), by parameter name, in fp32 on the host; of a custom step,
+    those each optimizer stepped on, by ``"optimizer:parameter"`` (``"D#2:..."`` for its second update in the step).
 
     Under a GradScaler: unscaled, from the first step the scaler would take. A step whose gradients
     hold an inf or NaN (the scaler's found_inf) is one it skips, lowering its scale; the step is built
@@ -75,15 +84,23 @@ def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backe
         with TrainingSetup(config, spec, backend) as training:
             if training.scaler is not None and scale is not None:
                 training.scaler = _scaler_at(training.scaler, training.device.type, scale)
-            training.forward_backward(training.fetch(training.batches()))
-            if training.scaler is not None:
-                training.scaler.unscale_(training.optimizer)
-            grads = {name: p.grad.detach().float().cpu()
-                     for name, p in training.model.named_parameters() if p.grad is not None}
+            grads = _first_gradients(training)
             if training.scaler is None or all(bool(g.isfinite().all()) for g in grads.values()):
                 return grads
             scale = training.scaler.get_scale() * training.scaler.get_backoff_factor()
     return grads
+
+
+def _first_gradients(training: TrainingSetup) -> dict[str, torch.Tensor]:
+    if training.context is not None:  # a custom step: what each ctx.step stepped on
+        training.stepped_gradients = {}
+        training.step(training.fetch(training.batches()))
+        return training.stepped_gradients
+    training.forward_backward(training.fetch(training.batches()))
+    if training.scaler is not None:
+        for optimizer in training.optimizers.values():
+            training.scaler.unscale_(optimizer)
+    return {name: p.grad.detach().float().cpu() for name, p in training.model.named_parameters() if p.grad is not None}
 
 
 def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> torch.amp.GradScaler:

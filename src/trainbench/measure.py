@@ -35,6 +35,7 @@ from .device import Backend
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+from .recipes import NotApplicable
 from .result import Result
 from .training import TrainingSetup
 from .watchdog import phase
@@ -394,15 +395,18 @@ class Measurer:
     def tracked_breakdown(self) -> dict[str, int]:
         """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
         training = self.training
+        optimizers = list(training.optimizers.values())
         if training.config.parallel == "fsdp":  # sharded and gathered parameters and gradients told apart
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-            tracker = FSDPMemTracker(training.model, training.optimizer)
+            if len(optimizers) != 1:
+                raise NotApplicable(f"FSDP2's memory tracker follows one optimizer; the spec has {len(optimizers)}")
+            tracker = FSDPMemTracker(training.model, optimizers[0])
         else:
             from torch.distributed._tools.mem_tracker import MemTracker
 
             tracker = MemTracker()
-            tracker.track_external(training.model, training.optimizer)
+            tracker.track_external(training.model, *optimizers)
         micro_batches = training.fetch(self._batches)  # outside the tracker: loader transforms are modules too
         # MemTracker follows one forward of the root module per iteration and raises on a second;
         # its per-module stats are not read here (only its global peak), so clear them before each.

@@ -177,15 +177,13 @@ class _PredictedTraining(TrainingSetup):
             self._iterator = _OneSampleBatches(self.loader.dataset, self.batch_size)
         return self._iterator
 
-    def optimizer_step(self) -> None:
+    def step_optimizer(self, optimizer, name: str) -> None:
         # GradScaler.step asks whether any gradient overflowed (a host sync on a value fake tensors do
         # not have); its unscaling and the update allocate the same either way.
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-            self.optimizer.step()
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+            self.scaler.unscale_(optimizer)
+            self._scaler_stepped = True
+        optimizer.step()
 
 
 def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = PREDICTED_STEPS) -> dict:

@@ -271,10 +271,27 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
         return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
     if config.synthetic and spec.batches is None:
         return "the spec has no batches factory to make synthetic batches with"
+    if spec.custom_step:
+        reason = _custom_step_unmet(config)
+        if reason:
+            return reason
     for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
-        if not spec.optimizer_accepts(argument):
+        if spec.optimizer_accepts(argument) is False:  # None: optimizers(model) tells once built (training.py)
             return (f"the spec's optimizer factory takes no {argument}= argument "
                     "(give the class with its arguments, e.g. functools.partial(torch.optim.AdamW, lr=1e-3))")
+    return None
+
+
+def _custom_step_unmet(config: TrainConfig) -> str | None:
+    """What a custom step (``TrainingSpec.step``) cannot do for ``config``'s knobs, or None."""
+    if config.accumulation_steps > 1:
+        return "a custom step interleaves its updates with its forwards: accumulating micro-batches would reorder them"
+    if config.eval_mode:
+        return "a custom step is a training step: evaluation measures a loss_fn's forward, which the spec does not state"
+    if config.parallel:
+        wrapper = {"dp": "DataParallel", "ddp": "DistributedDataParallel", "fsdp": "FSDP2"}[config.parallel]
+        return (f"a custom step calls its modules and optimizers itself; {wrapper} wraps the root module's forward, "
+                "which the step need not call")
     return None
 
 

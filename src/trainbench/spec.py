@@ -1,8 +1,9 @@
 """The public training spec: what is trained, stated in plain Python, independent of how it is optimized.
 
-A ``TrainingSpec`` says how to build the model and the optimizer, how to compute the
+A ``TrainingSpec`` says how to build the model and the optimizer(s), how to compute the
 loss of a batch (``loss_fn(model, batch)``: any forward signature, any batch
-structure), where the data comes from (a ``Dataset`` for loader cases, a batch factory
+structure) or how to run a whole training step (``step(model, batch, ctx)``: several
+optimizers, alternating updates, as a GAN's), where the data comes from (a ``Dataset`` for loader cases, a batch factory
 for synthetic ones) and how many samples a batch holds. Recipes (``trainbench.recipes``)
 change *how* it is trained; ``trainbench.training`` builds the training from a spec and a
 recipe's config. The built-in workloads (``trainbench.workloads``) are specs like any
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.data import Dataset
 
 Batch = Any  # a tensor, or any nest of tuples, lists and dicts of tensors (and other leaves)
+# What ``TrainingSpec.optimizers`` may return: one optimizer, a list of them, or a dict by name.
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | Mapping[str, torch.optim.Optimizer]
 PIXEL_FORMATS = ("uint8", "uint8_hwc")
 
 
@@ -42,7 +45,15 @@ class TrainingSpec:
       arguments, e.g. ``functools.partial(torch.optim.AdamW, lr=1e-3)``, so the foreach/fused
       recipes can pass ``foreach=``/``fused=``; a factory that takes only ``params`` still trains,
       and those recipes are skipped with the reason.
-    - ``loss_fn(model, batch)`` returns the scalar loss of one batch already on the device.
+    - or ``optimizers(model)`` builds them from the built model (on the device, changed by the recipe): one
+      optimizer, a list, or a dict by name, e.g. ``lambda m: {"D": Adam(m.D.parameters()), "G": Adam(m.G.parameters())}``
+      or ``lambda m: m.configure_optimizers()``; the foreach/fused recipes rebuild each with ``foreach=``/``fused=``.
+    - ``loss_fn(model, batch)`` returns the scalar loss of one batch already on the device; trainbench runs
+      zero_grad, backward and the optimizer step(s) around it.
+    - or ``step(model, batch, ctx)`` runs one whole training step on one batch already on the device, as users
+      write it (zero_grad, backward and ``step`` of each optimizer through ``ctx``, a ``training.StepContext``)
+      and returns the scalar loss to report (it may be detached). Give exactly one of ``loss_fn`` and ``step``,
+      and exactly one of ``optimizer`` and ``optimizers``.
     - ``dataset()`` returns a ``torch.utils.data.Dataset`` (loader cases: workers, pinned memory),
       and/or ``batches(batch_size, generator)`` returns one batch made with ``generator`` on its
       device (synthetic cases; also the data path when no dataset is given).
@@ -64,8 +75,11 @@ class TrainingSpec:
 
     name: str
     model: Callable[[], nn.Module]
-    loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
-    optimizer: Callable[..., torch.optim.Optimizer]
+    _: KW_ONLY  # the rest by keyword: which of loss_fn/step and optimizer/optimizers is given is the spec's choice
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor] | None = None
+    step: Callable[[nn.Module, Batch, Any], torch.Tensor] | None = None  # (model, batch, training.StepContext)
+    optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    optimizers: Callable[[nn.Module], Optimizers] | None = None
     batch_size: int
     dataset: Callable[..., Dataset] | None = None
     batches: Callable[[int, torch.Generator], Batch] | None = None
@@ -81,9 +95,17 @@ class TrainingSpec:
         where = f"training spec {self.name!r}"
         if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "[]/ "):
             raise SpecError(f"{where}: name must be a non-empty string without spaces, '/', '[' or ']'")
-        for field in ("model", "loss_fn", "optimizer"):
-            if not callable(getattr(self, field)):
-                raise SpecError(f"{where}: {field} must be callable, got {getattr(self, field)!r}")
+        for one, other, what in (("loss_fn", "step", "the loss of a batch, or the whole training step"),
+                                 ("optimizer", "optimizers", "an optimizer factory of parameters, or the optimizers of "
+                                                             "the model")):
+            given = [field for field in (one, other) if getattr(self, field) is not None]
+            if len(given) != 1:
+                raise SpecError(f"{where}: give exactly one of {one} and {other} ({what}); "
+                                + ("got both" if given else "got neither"))
+        for field in ("model", "loss_fn", "step", "optimizer", "optimizers"):
+            value = getattr(self, field)
+            if (value is not None or field == "model") and not callable(value):
+                raise SpecError(f"{where}: {field} must be callable, got {value!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise SpecError(f"{where}: batch_size must be a positive int, got {self.batch_size!r}")
         if self.dataset is None and self.batches is None:
@@ -100,9 +122,15 @@ class TrainingSpec:
             raise SpecError(f"{where}: checkpoint_blocks must be a list of module names, got the string "
                             f"{self.checkpoint_blocks!r}")
 
-    def optimizer_accepts(self, argument: str) -> bool:
-        """Whether ``optimizer`` takes ``argument`` (``foreach``, ``fused``) by keyword."""
-        return accepts_keyword(self.optimizer, argument)
+    @property
+    def custom_step(self) -> bool:
+        """Whether the spec runs its own training step (``step``) rather than trainbench's around ``loss_fn``."""
+        return self.step is not None
+
+    def optimizer_accepts(self, argument: str) -> bool | None:
+        """Whether ``optimizer`` takes ``argument`` (``foreach``, ``fused``) by keyword; None for ``optimizers``
+        (what they return tells, once built)."""
+        return accepts_keyword(self.optimizer, argument) if self.optimizer is not None else None
 
     def make_dataset(self, pixels: str | None = None) -> Dataset:
         """The spec's dataset, serving ``pixels`` (a format of ``self.pixels``) where asked, its own samples otherwise."""

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,20 +142,85 @@ def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
 
 
 def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
-    """The spec's optimizer with the implementation ``impl`` asks for, checked to have taken effect."""
-    kwargs = OPTIMIZER_IMPL_KWARGS.get(impl, {})
+    """The spec's ``optimizer(params)`` with the implementation ``impl`` asks for, checked to have taken effect."""
     params = list(params)
     if not params:  # torch's own "optimizer got an empty parameter list" names neither the spec nor the cause
         raise SpecError(f"training spec {spec.name!r}: the model has no parameters to train")
-    optimizer = spec.optimizer(params, **kwargs)
+    return with_implementation(lambda **kwargs: spec.optimizer(params, **kwargs), impl, spec.name, "optimizer")
+
+
+def build_optimizers(spec: TrainingSpec, model: torch.nn.Module, impl: str | None) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers of a spec by name: ``{"0": optimizer}`` for ``optimizer``; for ``optimizers(model)`` what it
+    returns (a list's by position: "0", "1", ...), each rebuilt with the implementation ``impl`` asks for."""
+    if spec.optimizer is not None:
+        return {"0": build_optimizer(spec, model.parameters(), impl)}
+    returned = spec.optimizers(model)
+    if isinstance(returned, torch.optim.Optimizer):
+        named = {"0": returned}
+    elif isinstance(returned, Mapping):
+        named = {str(name): optimizer for name, optimizer in returned.items()}
+    elif isinstance(returned, Sequence) and not isinstance(returned, str):
+        named = {str(i): optimizer for i, optimizer in enumerate(returned)}
+    else:
+        raise SpecError(f"training spec {spec.name!r}: optimizers returned {type(returned).__name__}, expected an "
+                        "optimizer, a list of them or a dict of them by name")
+    if not named:
+        raise SpecError(f"training spec {spec.name!r}: optimizers returned no optimizer")
+    return {name: with_implementation(functools.partial(_rebuilt, optimizer), impl, spec.name, f"optimizers[{name!r}]")
+            for name, optimizer in named.items()}
+
+
+def with_implementation(build: Callable[..., torch.optim.Optimizer], impl: str | None, spec_name: str,
+                        what: str) -> torch.optim.Optimizer:
+    """``build(**kwargs)`` with the ``foreach=``/``fused=`` arguments ``impl`` asks for, checked to be an optimizer
+    that took them: the one answer to "this optimizer with implementation X", for ``optimizer`` and ``optimizers``."""
+    kwargs = OPTIMIZER_IMPL_KWARGS.get(impl, {})
+    optimizer = build(**kwargs)
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise SpecError(f"training spec {spec.name!r}: optimizer returned {type(optimizer).__name__}, "
+        raise SpecError(f"training spec {spec_name!r}: {what} returned {type(optimizer).__name__}, "
                         "expected a torch.optim.Optimizer")
     for key, value in kwargs.items():
         if bool(optimizer.defaults.get(key)) != value:
             raise NotApplicable(f"{type(optimizer).__name__} did not take {key}={value} (its defaults say "
                                 f"{key}={optimizer.defaults.get(key)!r})")
     return optimizer
+
+
+def _rebuilt(optimizer: torch.optim.Optimizer, **impl) -> torch.optim.Optimizer:
+    """``optimizer`` (not stepped yet) built again by its class with ``impl`` (foreach=/fused=), its parameter groups
+    and hyperparameters kept: how the implementation recipes change optimizers the spec built itself."""
+    if not impl:
+        return optimizer
+    cls = type(optimizer)
+    unknown = [key for key in impl if key not in optimizer.defaults]
+    if unknown:
+        raise NotApplicable(f"{cls.__name__} has no {'/'.join(unknown)} option to choose its implementation with")
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    # The groups carry every hyperparameter; the constructor's defaults only what it takes by name.
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted and key not in impl}
+    groups = [{key: value for key, value in group.items() if key not in impl} for group in optimizer.param_groups]
+    try:
+        return cls(groups, **defaults, **impl)
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise NotApplicable(f"{cls.__name__} could not be built again with "
+                            f"{', '.join(f'{k}={v}' for k, v in impl.items())}: {type(e).__name__}: {first}") from e
+
+
+def compile_in_place(model: torch.nn.Module) -> None:
+    """``nn.Module.compile()`` of the modules a custom step calls: the top-level children that hold parameters (the
+    model itself where none does).
+
+    A custom step calls ``model.G(...)`` and ``model.D(...)``, not the root's forward, so ``torch.compile(model)``
+    would compile nothing it runs; compiled in place, every call of those modules runs compiled code, whatever
+    calls them, and parameter names stay as they are (no ``_orig_mod.`` prefix) for the optimizers and guards.
+    """
+    children = [child for child in model.children() if next(child.parameters(), None) is not None]
+    for module in children or [model]:
+        module.compile()
 
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
@@ -193,6 +260,66 @@ class InjectedFault:
     leak_mib: float = 0.0
 
 
+class StepContext:
+    """What a custom step (``TrainingSpec.step(model, batch, ctx)``) is given besides the model and its batch: the
+    optimizers, and the recipe's precision, gradient zeroing and optimizer stepping as calls, so one step states
+    the training and every recipe changes how it runs.
+
+    - ``ctx.optimizers``: the optimizers by name (a list's by position "0", "1", ...; a single one "0");
+      ``ctx.optimizer(name)`` one of them (no name: the only one);
+    - ``with ctx.autocast():`` the recipe's autocast dtype and attention kernel (a no-op without them);
+    - ``ctx.backward(loss)``: ``loss.backward()``, through the recipe's GradScaler where it has one (one scaler
+      for every loss and optimizer, as PyTorch's AMP examples use it); keyword arguments go to ``backward``;
+    - ``ctx.zero_grad(optimizer)``: the recipe's way of clearing that optimizer's gradients (zeros, set_to_none,
+      ``param.grad = None``);
+    - ``ctx.step(optimizer)``: ``scaler.step(optimizer)`` or ``optimizer.step()`` (trainbench calls
+      ``scaler.update()`` once after the whole step);
+    - ``ctx.generator``: a generator on the device, seeded as the setup is, for the step's own random numbers
+      (noise): a recipe and its baseline draw the same, whatever else draws from the global generator.
+
+    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``.
+    """
+
+    def __init__(self, training: TrainingSetup):
+        self._training = training
+        self.optimizers = dict(training.optimizers)
+        self.device = training.device
+        self.generator = torch.Generator(training.device).manual_seed(training.config.seed)
+        self._names = {id(optimizer): name for name, optimizer in self.optimizers.items()}
+
+    def optimizer(self, name: str | int | None = None) -> torch.optim.Optimizer:
+        if name is None and len(self.optimizers) == 1:
+            return next(iter(self.optimizers.values()))
+        try:
+            return self.optimizers[str(name)]
+        except KeyError:
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step asked for optimizer {name!r}; "
+                            f"its optimizers are {sorted(self.optimizers)}") from None
+
+    def _resolve(self, optimizer: torch.optim.Optimizer | str | int) -> tuple[str, torch.optim.Optimizer]:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = self.optimizer(optimizer)
+        name = self._names.get(id(optimizer))
+        if name is None:
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step passed an optimizer that is not "
+                            f"one of ctx.optimizers ({sorted(self.optimizers)}); take them from ctx")
+        return name, optimizer
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return self._training.autocast()
+
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        scaler = self._training.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+        self._training.zero_grad(self._resolve(optimizer)[1])
+
+    def step(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+        name, optimizer = self._resolve(optimizer)
+        self._training.step_optimizer(optimizer, name)
+
+
 class TrainingSetup:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
@@ -213,11 +340,18 @@ class TrainingSetup:
         torch.manual_seed(config.seed)
 
         self.loader = None if self.synthetic else self._loader(spec, config)
-        self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizer
+        self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizers
         wrapped = self._parallel(self.model, spec, config)
-        self.forward = torch.compile(wrapped) if config.compile else wrapped
-        self.optimizer = build_optimizer(spec, self.model.parameters(), config.optimizer_impl)
+        if spec.custom_step and config.compile:
+            compile_in_place(self.model)
+        self.forward = torch.compile(wrapped) if config.compile and not spec.custom_step else wrapped
+        self.optimizers = build_optimizers(spec, self.model, config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
+        self.context = StepContext(self) if spec.custom_step else None
+        # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
+        self.stepped_gradients: dict[str, torch.Tensor] | None = None
+        self._times_stepped: Counter[str] = Counter()
+        self._scaler_stepped = False
         self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
         self._normalize = spec.pixel_normalize()
         self._loss_checked = False
@@ -362,27 +496,40 @@ class TrainingSetup:
         batch = self.to_device(batch)
         if self.before_forward is not None:
             self.before_forward()
-        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
-                sdpa_context(self.config.sdpa_backend):
+        with self.autocast():
             loss = self.spec.loss_fn(self.forward, batch)
         if not self._loss_checked:
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
-                what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned {what}, expected a scalar "
-                                "floating-point tensor")
+            self._check_loss_returned(loss, "loss_fn")
             if not self.config.eval_mode and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
                 raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned a loss that does not require "
                                 "grad (computed under no_grad, detached, or from no trainable parameter)")
             self._loss_checked = True
         return loss
 
-    def zero_grad(self) -> None:
+    def _check_loss_returned(self, loss, what: str) -> None:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise SpecError(f"training spec {self.spec.name!r}: {what} returned {got}, expected a scalar "
+                            "floating-point tensor")
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The recipe's autocast dtype and attention kernel around a forward (a no-op context without them)."""
+        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
+                sdpa_context(self.config.sdpa_backend):
+            yield
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's."""
         mode = self.config.zero_grad
         if mode == "param_none":
-            for p in self.model.parameters():
+            params = self.model.parameters() if optimizer is None else (
+                p for group in optimizer.param_groups for p in group["params"])
+            for p in params:
                 p.grad = None
         else:
-            self.optimizer.zero_grad(set_to_none=mode == "set_to_none")
+            for one in self.optimizers.values() if optimizer is None else (optimizer,):
+                one.zero_grad(set_to_none=mode == "set_to_none")
 
     def forward_backward(self, micro_batches: list) -> torch.Tensor:
         """Gradients of one optimizer step's data, in the seeds' order (forward, zero_grad, backward).
@@ -444,6 +591,8 @@ class TrainingSetup:
         started = self.backend.clock()
         if self.config.eval_mode:
             loss = self.evaluate(micro_batches)
+        elif self.context is not None:
+            loss = self.custom_step(micro_batches)
         else:
             loss = self.forward_backward(micro_batches)
             self.optimizer_step()
@@ -471,13 +620,52 @@ class TrainingSetup:
         check_finite_loss(float(self._last_loss), self.spec.name, f"at step {self.steps_done} ({when}{since})")
         self._finite_at = self.steps_done
 
-    def optimizer_step(self) -> None:
-        """The update, through the GradScaler where there is one (it skips a step whose gradients overflowed)."""
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+    def custom_step(self, micro_batches: list) -> torch.Tensor:
+        """The spec's own step on the step's batch (one: no accumulation for a custom step), then the GradScaler's
+        one update. Returns the loss the step reports."""
+        [batch] = micro_batches
+        self._scaler_stepped = False
+        self._times_stepped.clear()
+        loss = self.spec.step(self.forward, self.to_device(batch), self.context)
+        if not self._loss_checked:
+            self._check_loss_returned(loss, "step")
+            self._loss_checked = True
+        if self.scaler is not None and self._scaler_stepped:  # GradScaler.update fails where no step was taken
             self.scaler.update()
+        return loss
+
+    def optimizer_step(self) -> None:
+        """The update of every optimizer, through the GradScaler where there is one (it skips a step whose gradients
+        overflowed), whose scale is then updated once."""
+        for name, optimizer in self.optimizers.items():
+            self.step_optimizer(optimizer, name)
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def step_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        """One optimizer's update: ``scaler.step(optimizer)`` or ``optimizer.step()``; while ``stepped_gradients`` is
+        a dict, the (unscaled) gradients it steps on are kept there first."""
+        if self.stepped_gradients is not None:
+            self._keep_stepped_gradients(optimizer, name)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self._scaler_stepped = True
         else:
-            self.optimizer.step()
+            optimizer.step()
+
+    def _keep_stepped_gradients(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)  # scaler.step then steps on these, unscaling no further
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        # An optimizer stepped again in one step (a critic's n updates per generator update) is "D#2", "D#3", ...
+        self._times_stepped[name] += 1
+        label = name if self._times_stepped[name] == 1 else f"{name}#{self._times_stepped[name]}"
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
+                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = p.grad.detach().to(
+                        "cpu", torch.float32, copy=True)
 
     def _track_loss(self, loss: torch.Tensor) -> None:
         """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
