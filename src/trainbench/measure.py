@@ -9,24 +9,26 @@
    end-to-end (data stalls count) with no sync inside it.
 3. Memory: a separate warm pass with reset allocator peaks; live tensor bytes and kept
    autograd nodes after each of a few steps (growth: a leak if > 0); then one step under
-   PyTorch's ``MemTracker`` that splits the tensor peak into parameters, gradients,
-   optimizer state and activations.
+   PyTorch's ``MemTracker`` (or, for steps it cannot follow, ``_StepMemory``) that splits the
+   tensor peak into parameters, gradients, optimizer state and activations.
 4. Work: one step under ``FlopCounterMode`` and an op counter (FLOPs, ops, syncs),
    plus the bytes each step copies to the device.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -173,6 +175,123 @@ _MEMTRACKER_CATEGORIES = {
     "REDUCE_SCATTER": "reduce_scatter",
     "INP": "inputs",
 }
+
+
+class _StepMemory(TorchDispatchMode):
+    """The tensor peak of a step and its split by kind, with no module hooks: any loss or step function.
+
+    Storages are told apart by identity. Those alive when tracking starts: the model's parameters
+    and buffers, their gradients, the optimizers' state. One an op creates: optimizer state inside
+    an optimizer's step, a temporary inside a backward pass, an activation otherwise; a gradient
+    once it lands in a parameter's ``.grad`` (a parameter hook). MemTracker's categories, without
+    its module hooks, so submodules called directly, a module called several times and shared
+    weights are all one to it. (Activations a checkpointed block recomputes in backward count as
+    temporaries here; MemTracker, which sees the block's forward run again, counts them as activations.)
+    """
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizers):
+        super().__init__()
+        self.device_type = device.type
+        self.model, self.optimizers = model, list(optimizers)
+        self._entries = WeakIdKeyDictionary()  # storage -> [bytes, kind]
+        self._refs: set = set()  # weak references whose callbacks take a freed storage's bytes off its kind
+        self._bytes: Counter[str] = Counter()
+        self._in_optimizer = 0
+        self._handles: list = []
+        self.peak, self._peak_bytes = 0, {}
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def before(optimizer, args, kwargs):
+            self._in_optimizer += 1
+
+        def after(optimizer, args, kwargs):
+            self._in_optimizer -= 1
+            self._take_state(optimizer)
+
+        self._handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+        for p in self.model.parameters():
+            self._track(p, "params")
+            if p.grad is not None:
+                self._track(p.grad, "grads", reclassify=True)
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda param: self._track(param.grad, "grads", reclassify=True)))
+        for b in self.model.buffers():
+            self._track(b, "buffers")
+        for optimizer in self.optimizers:
+            self._take_state(optimizer)
+        self._update_peak()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return super().__exit__(*exc)
+
+    def _take_state(self, optimizer) -> None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self._track(value, "optimizer_state", reclassify=True)
+
+    def _track(self, t: torch.Tensor, kind: str, reclassify: bool = False) -> None:
+        if t.device.type != self.device_type:
+            return
+        for storage in _storages(t):
+            entry = self._entries.get(storage)
+            if entry is None:
+                entry = self._entries[storage] = [storage.nbytes(), kind]
+                self._bytes[kind] += entry[0]
+                self._refs.add(weakref.ref(storage, functools.partial(self._freed, entry)))
+                continue
+            if storage.nbytes() != entry[0]:  # resized in place
+                self._bytes[entry[1]] += storage.nbytes() - entry[0]
+                entry[0] = storage.nbytes()
+            if reclassify and entry[1] != kind:
+                self._bytes[entry[1]] -= entry[0]
+                self._bytes[kind] += entry[0]
+                entry[1] = kind
+
+    def _freed(self, entry: list, ref) -> None:
+        self._bytes[entry[1]] -= entry[0]
+        self._refs.discard(ref)
+
+    def _update_peak(self) -> None:
+        total = sum(self._bytes.values())
+        if total > self.peak:
+            self.peak, self._peak_bytes = total, dict(self._bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self._in_optimizer:
+            kind = "optimizer_state"
+        elif torch._C._current_graph_task_id() != -1:  # inside a backward pass
+            kind = "temporaries"
+        else:
+            kind = "activations"
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t, kind)
+        self._update_peak()
+        return out
+
+    def peak_breakdown(self) -> dict[str, int]:
+        kinds = ("params", "buffers", "grads", "optimizer_state", "activations", "temporaries")
+        return {"total": int(self.peak), **{kind: int(self._peak_bytes.get(kind, 0)) for kind in kinds}}
+
+
+def _storages(t: torch.Tensor) -> list:
+    """The storages holding ``t``'s data (a wrapper subclass's inner tensors' storages)."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [s for name in names for s in _storages(getattr(t, name))]
+    try:
+        return [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError):  # sparse and other layouts without one storage
+        return []
 
 
 class Measurer:
@@ -393,7 +512,22 @@ class Measurer:
                   graph_nodes_growth_per_step=(nodes_after[1] - nodes_after[0]) / steps)
 
     def tracked_breakdown(self) -> dict[str, int]:
-        """The tensor peak of one step split into parameters, gradients, optimizer state, activations..."""
+        """The tensor peak of one step split into parameters, gradients, optimizer state, activations...
+
+        Steps trainbench runs around a ``loss_fn``: PyTorch's ``MemTracker``. It follows the model
+        module by module and cannot follow a loss that calls a submodule twice outside the root's
+        forward (a GAN's ``model.D(real)``, ``model.D(fake)``); such a loss, and every custom step, is
+        tracked by storage identity instead (``_StepMemory``), which no calling pattern can confuse.
+        """
+        if self.training.context is None:
+            try:
+                return self._memtracker_breakdown()
+            except NotImplementedError:  # "MemTracker does not support memory tracking for multiple iterative calls"
+                self._note("memory breakdown tracked by storage identity: the loss calls a module again outside the "
+                           "root module's forward, which MemTracker cannot follow")
+        return self._storage_breakdown()
+
+    def _memtracker_breakdown(self) -> dict[str, int]:
         training = self.training
         optimizers = list(training.optimizers.values())
         if training.config.parallel == "fsdp":  # sharded and gathered parameters and gradients told apart
@@ -426,6 +560,14 @@ class Measurer:
             if key:
                 breakdown[key] = int(nbytes)
         return breakdown
+
+    def _storage_breakdown(self) -> dict[str, int]:
+        training = self.training
+        micro_batches = training.fetch(self._batches)
+        with _StepMemory(self.backend.device, training.model, training.optimizers.values()) as tracker:
+            self._last_loss = training.step(micro_batches)
+            self.backend.synchronize()
+        return tracker.peak_breakdown()
 
     def _device_stats(self, snapshot) -> dict:
         return next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
