@@ -369,3 +369,71 @@ def test_the_gan_step_memory_is_predicted_as_measured(config, cpu, overrides):
 
     predicted = predict_memory(config(**overrides), GAN_SPEC, cpu)
     assert predicted["breakdown_bytes"] == breakdown(config(**overrides), GAN_SPEC, cpu, PREDICTED_STEPS)[0]
+
+
+# -- the plugin, end to end -----------------------------------------------------------------------------------
+
+USERS_GAN = '''
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trainbench import TrainingSpec
+
+
+class GAN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.D = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+
+
+def bce(logits, target):
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
+
+
+def gan_step(model, real, ctx):
+    z = torch.randn(real.shape[0], 8, device=real.device, generator=ctx.generator)
+    d, g = ctx.optimizer("D"), ctx.optimizer("G")
+    with ctx.autocast():
+        fake = model.G(z)
+        d_loss = bce(model.D(real), 1.0) + bce(model.D(fake.detach()), 0.0)
+    ctx.zero_grad(d); ctx.backward(d_loss); ctx.step(d)
+    with ctx.autocast():
+        g_loss = bce(model.D(fake), 1.0)
+    ctx.zero_grad(g); ctx.backward(g_loss); ctx.step(g)
+    return g_loss
+
+
+SPEC = TrainingSpec(
+    name="gan", model=GAN, step=gan_step, batch_size=32,
+    optimizers=lambda m: {"D": torch.optim.Adam(m.D.parameters(), lr=2e-4, betas=(0.5, 0.999)),
+                          "G": torch.optim.Adam(m.G.parameters(), lr=2e-4, betas=(0.5, 0.999))},
+    batches=lambda n, gen: torch.randn(n, 16, generator=gen, device=gen.device),
+)
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "amp_bf16", "set_to_none", "optimizer_foreach", "grad_accumulation"])
+def test_gan(train_bench, recipe):
+    train_bench(recipe, SPEC)
+'''
+
+
+def test_a_users_gan_runs_through_the_plugin(pytester, quick_options):
+    import json
+
+    pytester.makepyfile(test_gan=USERS_GAN)
+    result = pytester.runpytest(*quick_options, "-rs", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=4 if BF16 else 3, skipped=1 if BF16 else 2)
+    result.stdout.fnmatch_lines(["SKIPPED*grad_accumulation: a custom step interleaves its updates with its forwards: "
+                                 "accumulating micro-batches would reorder them*"])
+    records = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())
+               ["benchmarks"]}
+    guarded = {"gan-set_to_none", "gan-optimizer_foreach"} | ({"gan-amp_bf16"} if BF16 else set())
+    assert set(records) == {"gan-baseline"} | guarded
+    for case in guarded:  # each guard ran on the step's own losses, and passed
+        [check] = records[case]["guard"]["checks"]
+        assert check["kind"] == "loss" and check["ok"] and len(check["losses"]) == 4, (case, check)
+    memory = records["gan-baseline"]["memory_breakdown_bytes"]
+    assert memory["params"] == memory["grads"] > 0 and memory["activations"] > 0
