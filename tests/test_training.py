@@ -331,3 +331,30 @@ def test_each_rank_makes_its_slice_of_the_global_synthetic_batch(profile):
     for i, part in enumerate(whole):
         assert torch.equal(torch.cat([rank[i] for rank in ranks]), part)
     assert ranks[0][0].shape[0] == 4 and ranks[0][0].untyped_storage().nbytes() == ranks[0][0].nbytes
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "set_to_none", "param_grad_none", "optimizer_foreach"])
+def test_a_loss_fn_spec_with_several_optimizers_clears_and_steps_each(recipe, cpu, profile):
+    # e.g. a backbone with SGD and a head with Adam: one loss, one backward, every optimizer steps once
+    spec = TrainingSpec(name="two_optimizers", model=lambda: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)),
+                        loss_fn=lambda model, batch: model(batch).pow(2).mean(),
+                        optimizers=lambda model: [torch.optim.SGD(model[0].parameters(), lr=0.1),
+                                                  torch.optim.Adam(model[2].parameters(), lr=0.1)],
+                        batch_size=4, batches=lambda n, gen: torch.randn(n, 4, generator=gen))
+    with TrainingSetup(get_recipe(recipe).config(profile), spec, cpu) as training:
+        stepped = []
+        for name, optimizer in training.optimizers.items():
+            optimizer.register_step_post_hook(lambda *args, name=name: stepped.append(name))
+        assert training.context is None  # trainbench's own step around the loss
+        batches = training.batches()
+        before = [p.detach().clone() for p in training.model.parameters()]
+        training.step(training.fetch(batches))
+        assert stepped == ["0", "1"]
+        assert all(not torch.equal(b, p) for b, p in zip(before, training.model.parameters(), strict=True))
+        training.zero_grad()  # the config's zero_grad, for every optimizer's parameters
+        grads = [p.grad for p in training.model.parameters()]
+        assert all(g is None for g in grads) if recipe in ("set_to_none", "param_grad_none") else \
+            all(not g.any() for g in grads)
+        if recipe == "optimizer_foreach":
+            assert [type(o).__name__ for o in training.optimizers.values()] == ["SGD", "Adam"]
+            assert all(o.defaults["foreach"] is True for o in training.optimizers.values())
