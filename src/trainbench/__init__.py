@@ -7,13 +7,16 @@ and a session that runs no trainbench case should not pay for importing torch):
 - ``StepContext``: what a spec's own training step (``TrainingSpec.step``) is given: the optimizers, the
   recipe's autocast, backward, zero_grad and optimizer step (``trainbench.training``);
 - ``Recipe``: an optimization as a change to the training config (``trainbench.recipes``);
+- ``from_lightning``: a spec from a LightningModule's ``training_step`` and ``configure_optimizers`` (automatic or
+  manual optimization), with or without a datamodule (``trainbench.lightning_adapter``);
 - ``classification_loss``: the loss of ``(inputs, class labels)`` batches, for specs that want it.
 """
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes", "StepContext": "training"}
-__all__ = ["Recipe", "StepContext", "TrainingSpec", "classification_loss"]
+_PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes", "StepContext": "training",
+           "from_lightning": "lightning_adapter"}
+__all__ = ["Recipe", "StepContext", "TrainingSpec", "classification_loss", "from_lightning"]
 
 
 def __getattr__(name: str):
