@@ -160,8 +160,10 @@ def test_a_step_that_asks_for_an_unknown_optimizer_or_returns_no_loss_says_so(co
         training.step(training.fetch(training.batches()))
     assert "step returned NoneType, expected a scalar floating-point tensor" in str(error.value)
 
-    with pytest.raises(SpecError, match="optimizers returned int"):
+    with pytest.raises(SpecError, match="optimizers returned int, expected an optimizer, a list of them or a dict"):
         TrainingSetup(config(), gan_spec(optimizers=lambda m: 3), cpu)
+    with pytest.raises(SpecError, match="optimizers returned list as optimizer '0', expected a torch.optim.Optimizer"):
+        TrainingSetup(config(), gan_spec(optimizers=lambda m: ([torch.optim.SGD(m.parameters(), lr=0.1)], [])), cpu)
 
 
 def test_the_loss_guard_of_the_gan_against_itself_is_exact(config, cpu):

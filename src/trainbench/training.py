@@ -166,6 +166,10 @@ def build_optimizers(spec: TrainingSpec, model: torch.nn.Module, impl: str | Non
                         "optimizer, a list of them or a dict of them by name")
     if not named:
         raise SpecError(f"training spec {spec.name!r}: optimizers returned no optimizer")
+    for name, optimizer in named.items():
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise SpecError(f"training spec {spec.name!r}: optimizers returned {type(optimizer).__name__} as "
+                            f"optimizer {name!r}, expected a torch.optim.Optimizer")
     return {name: with_implementation(functools.partial(_rebuilt, optimizer), impl, spec.name, f"optimizers[{name!r}]")
             for name, optimizer in named.items()}
 
