@@ -1,6 +1,7 @@
 """A custom training step: a GAN's alternating discriminator and generator updates with two optimizers, as users
 write them, under the recipes that apply; and the memory breakdown of any loss or step function."""
 
+import fnmatch
 import functools
 
 import pytest
@@ -98,8 +99,6 @@ def trained(config: TrainConfig, cpu, spec=GAN_SPEC, steps: int = 3):
     ({"step": "gan_step"}, "step must be callable, got 'gan_step'"),
 ])
 def test_a_spec_states_one_loss_or_step_and_one_optimizer_or_optimizers(fields, message):
-    import fnmatch
-
     with pytest.raises(SpecError) as error:
         gan_spec(**fields)
     text = str(error.value)
@@ -113,12 +112,17 @@ def test_the_gan_trains_both_players_and_reports_the_generators_loss(config, cpu
     before, after, losses = trained(config(), cpu)
     assert all(not torch.equal(before[n], after[n]) for n in before)  # D and G both updated
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
-    # the loss reported is the step's own (the generator's): D(G(z)) judged real
-    with TrainingSetup(config(), GAN_SPEC, cpu) as training:
-        batch = training.fetch(training.batches())
-        loss = training.step(batch)
+    # the loss reported is the one the step returns (the generator's)
+    returned = []
+
+    def recording(model, batch, ctx):
+        returned.append(gan_step(model, batch, ctx))
+        return returned[-1]
+
+    with TrainingSetup(config(), gan_spec(recording), cpu) as training:
+        loss = training.step(training.fetch(training.batches()))
         assert isinstance(training.context, StepContext) and training.context.optimizers.keys() == {"D", "G"}
-        assert not loss.requires_grad
+    assert not loss.requires_grad and float(loss) == float(returned[0]) == losses[0]
 
 
 def test_a_step_that_skips_one_optimizer_leaves_its_parameters_alone(config, cpu):
