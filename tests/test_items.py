@@ -42,7 +42,7 @@ def tokens(batch):
 
 
 def lm_spec(**fields) -> TrainingSpec:
-    return TrainingSpec("padded_lm", TinyLM, token_mean_loss, functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
+    return TrainingSpec("padded_lm", TinyLM, loss_fn=token_mean_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=8,
                         batches=padded_batches, **fields)
 
 
@@ -132,7 +132,7 @@ def test_a_collate_fn_pads_a_datasets_samples_of_different_lengths(cpu, profile)
         ids = nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=0)
         return {"input_ids": ids, "labels": torch.where(ids > 0, ids, -100)}
 
-    spec = TrainingSpec("sentences", TinyLM, token_mean_loss, functools.partial(torch.optim.SGD, lr=0.1), batch_size=4,
+    spec = TrainingSpec("sentences", TinyLM, loss_fn=token_mean_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=4,
                         dataset=Sentences, collate_fn=pad, items=tokens, items_unit="tokens")
     with TrainingSetup(get_recipe("baseline").config(profile), spec, cpu) as training:
         batch = training.fetch(training.batches())
