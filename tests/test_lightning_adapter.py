@@ -111,11 +111,25 @@ def test_manual_optimization_runs_the_gan_step_through_the_step_context(cpu, pro
     spec = from_lightning(GAN, name="lightning_gan", batch_size=8,
                           batches=lambda n, g: (torch.randn(n, 8, generator=g, device=g.device),))
     with TrainingSetup(get_recipe("baseline").config(profile), spec, cpu) as training:
-        d_before = [p.detach().clone() for p in training.model.D.parameters()]
+        gan = training.model.module
+        d_before = [p.detach().clone() for p in gan.D.parameters()]
         loss = training.step(training.fetch(training.batches()))
         assert torch.isfinite(loss) and loss > 0
-        assert all(not torch.equal(a, b) for a, b in zip(d_before, training.model.D.parameters()))
-        assert all(p.requires_grad for p in training.model.parameters())  # untoggled
-        assert "optimizers" not in vars(training.model)  # the stand-ins are gone after the step
+        assert all(not torch.equal(a, b) for a, b in zip(d_before, gan.D.parameters()))
+        assert all(p.requires_grad for p in gan.parameters())  # untoggled
+        assert "optimizers" not in vars(gan)  # the stand-ins are gone after the step
     grads = first_step_gradients(get_recipe("set_to_none").config(profile), spec, cpu)
     assert grads and all(torch.isfinite(g).all() for g in grads.values())
+
+
+def test_the_root_forward_is_the_training_step_so_compile_and_checkpointing_wrap_it(cpu, profile):
+    spec = from_lightning(Regressor, name="regressor", datamodule=Data, checkpoint_blocks=["net"])
+    assert spec.checkpoint_blocks == ["module.net"]
+    base = loss_trajectory(get_recipe("baseline").config(profile), spec, cpu)
+    checkpointed = loss_trajectory(get_recipe("checkpointing").config(profile), spec, cpu)
+    assert compare_trajectories(checkpointed, base, 1e-6).ok
+    calls = []
+    with TrainingSetup(get_recipe("baseline").config(profile), spec, cpu) as training:
+        training.model.module.training_step = lambda batch, index: calls.append(index) or torch.ones((), requires_grad=True)
+        training.step(training.fetch(training.batches()))
+    assert calls == [0]  # through the root's forward

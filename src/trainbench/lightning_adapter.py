@@ -7,7 +7,9 @@ schedulers) is not run and not timed: ``self.log`` without a Trainer is Lightnin
 returned by ``configure_optimizers`` is left out (its per-step cost is a few scalar updates).
 
 - automatic optimization (Lightning's default): the loss is what ``training_step(batch, 0)`` returns (a tensor, or
-  a dict's ``"loss"``); the optimizer is the one ``configure_optimizers`` builds;
+  a dict's ``"loss"``); the optimizer is the one ``configure_optimizers`` builds. As Lightning's own strategies
+  do, the module is wrapped in a root whose ``forward`` is its ``training_step``, so what wraps the root's forward
+  (``torch.compile``, DDP's gradient hooks, the memory tracker) wraps the whole step;
 - manual optimization (``self.automatic_optimization = False``, e.g. a GAN's alternating updates): the module's
   own ``training_step`` runs as the spec's custom step; ``self.optimizers()``, ``self.manual_backward``,
   ``optimizer.step()`` / ``zero_grad()`` and ``self.toggle_optimizer`` go through trainbench's step context, so a
@@ -59,6 +61,19 @@ def training_step_loss(output: Any, module_name: str) -> torch.Tensor:
     return output
 
 
+class TrainingStepModule(torch.nn.Module):
+    """The root module of a Lightning spec: ``forward(batch)`` is the LightningModule's ``training_step(batch, 0)``
+    (Lightning's strategies wrap a module the same way for DDP), the module itself ``.module``."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, batch: Batch):
+        with _no_trainer_log_warning():
+            return self.module.training_step(batch, 0)
+
+
 class _ContextOptimizer:
     """An optimizer as ``self.optimizers()`` gives it to a manual ``training_step``: ``step`` and ``zero_grad`` through
     trainbench's step context (the GradScaler, the zero-grad recipe), everything else the optimizer's own."""
@@ -82,7 +97,7 @@ def _manual_step(module_name: str) -> Callable:
     """A custom step running a manual-optimization module's own ``training_step`` through the step context."""
 
     def step(model, batch: Batch, context) -> torch.Tensor:
-        module = getattr(model, "_orig_mod", model)  # a compiled root: the module itself holds training_step
+        module = getattr(model, "_orig_mod", model).module  # the LightningModule inside the root
         optimizers = [_ContextOptimizer(opt, context) for opt in context.optimizers.values()]
         saved = {name: module.__dict__.get(name) for name in ("optimizers", "manual_backward", "toggle_optimizer",
                                                               "untoggle_optimizer")}
@@ -147,12 +162,11 @@ def from_lightning(module: Callable[[], Any], *, name: str, batch_size: int | No
     if manual:
         spec_fields["step"] = _manual_step(module_name)
     else:
-        def loss_fn(model, batch):
-            with _no_trainer_log_warning():
-                return training_step_loss(model.training_step(batch, 0), module_name)
-
-        spec_fields["loss_fn"] = loss_fn
-    return TrainingSpec(name=name, model=module, optimizers=lightning_optimizers, batch_size=batch_size, **spec_fields)
+        spec_fields["loss_fn"] = lambda model, batch: training_step_loss(model(batch), module_name)
+    # Block names are the module's own; in the root they sit under ``module.``.
+    spec_fields["checkpoint_blocks"] = [f"module.{block}" for block in spec_fields.get("checkpoint_blocks", ())]
+    return TrainingSpec(name=name, model=lambda: TrainingStepModule(module()),
+                        optimizers=lambda root: lightning_optimizers(root.module), batch_size=batch_size, **spec_fields)
 
 
 def _train_loader(datamodule: Callable[[], Any], name: str):
