@@ -2,6 +2,7 @@
 and which batches a case and its baseline are judged on (whether a case can run on a device: test_eligibility)."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -116,6 +117,7 @@ def test_spec_unmet_names_what_the_spec_lacks_for_the_knobs(profile):
     ({"grad_scaler": True}, "grad_scaler=True needs amp set"),
     ({"eval_mode": "no_grad", "accumulation_steps": 2}, "eval_mode runs forward only"),
     ({"synthetic": "host", "num_workers": 2}, "synthetic batches bypass the DataLoader"),
+    ({"conv_bias": True}, "conv_bias must be one of (None, 'add', 'remove'), got True"),
 ])
 def test_config_rejects_values_out_of_range_naming_the_knob(knobs, message):
     with pytest.raises(ConfigError) as raised:
@@ -163,3 +165,67 @@ def test_composed_recipes_apply_in_order_and_need_all_their_parts_need():
 def test_an_unknown_recipe_name_lists_the_known_ones():
     with pytest.raises(KeyError, match="unknown recipe 'no_such_recipe': expected one of .*'baseline'"):
         get_recipe("no_such_recipe")
+
+
+# -- the convolution-bias recipes: removal on a model with biases, the seeds' comparison on one without --------------------
+
+def _conv_spec(bias: bool):
+    from trainbench.spec import TrainingSpec, classification_loss
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=bias), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(8, 8, 3, bias=bias), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+
+    def batches(n, gen):
+        return torch.randn(n, 3, 12, 12, generator=gen), torch.randint(0, 2, (n,), generator=gen)
+
+    return TrainingSpec(name=f"convs_bias_{bias}", model=model, loss_fn=classification_loss, batch_size=8,
+                        batches=batches, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+
+
+def _sides(name, spec, cpu, profile):
+    """The numbers of parameters of the recipe's model and of its baseline's, and the loss guard's verdict."""
+    from trainbench.guards import compare_trajectories, loss_trajectory
+    from trainbench.training import TrainingSetup
+
+    recipe = get_recipe(name)
+    configs = [recipe.config(profile), get_recipe(recipe.baseline).config(profile)]
+    sizes = []
+    for config in configs:
+        with TrainingSetup(config, spec, cpu) as setup:
+            sizes.append(sum(p.numel() for p in setup.model.parameters()))
+    mine, base = (loss_trajectory(config, spec, cpu) for config in configs)
+    return sizes, compare_trajectories(mine, base, recipe.loss_rtol)
+
+
+def test_no_conv_bias_removes_a_models_biases_before_its_norms_against_the_model_as_given(cpu, profile):
+    spec = _conv_spec(bias=True)
+    as_given = sum(p.numel() for p in spec.model().parameters())
+    (removed, base), guard = _sides("no_conv_bias", spec, cpu, profile)
+    assert get_recipe("no_conv_bias").baseline == "baseline" and base == as_given and removed == as_given - 16
+    assert guard.ok  # the BatchNorms cancel the biases: the same training
+
+
+def test_conv_bias_free_compares_a_bias_free_model_with_the_seeds_redundant_biases(cpu, profile):
+    spec = _conv_spec(bias=False)
+    as_given = sum(p.numel() for p in spec.model().parameters())
+    (mine, with_biases), guard = _sides("conv_bias_free", spec, cpu, profile)
+    assert mine == as_given and with_biases == as_given + 16 and guard.ok
+
+
+@pytest.mark.parametrize(("recipe", "bias", "reason"), [
+    # Neither recipe measures a model against itself: each says what the other one measures.
+    ("no_conv_bias", False, "the model's convolutions have no bias already: nothing to remove (recipe conv_bias_free "
+                            "measures them as they are against conv_bias's added biases)"),
+    ("conv_bias_free", True, "every convolution of the model has a bias already: nothing to add"),
+])
+def test_the_conv_bias_recipe_that_would_compare_a_model_with_itself_is_not_applicable(recipe, bias, reason, cpu, profile):
+    from trainbench.recipes import NotApplicable
+    from trainbench.training import TrainingSetup
+
+    r = get_recipe(recipe)
+    with pytest.raises(NotApplicable) as raised:
+        for config in (r.config(profile), get_recipe(r.baseline).config(profile)):
+            TrainingSetup(config, _conv_spec(bias), cpu).close()
+    assert str(raised.value) == reason

@@ -21,8 +21,8 @@ def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):
 
 def test_a_case_whose_baseline_cannot_apply_is_skipped_with_that_reason(profile, quick):
     runner = Runner(CpuBackend(torch.device("cpu")), profile, quick)
-    outcome = runner.run("no_conv_bias", "mlp")  # its baseline adds conv biases: the MLP has no convolution
-    assert outcome.skipped == "no_conv_bias: the model has no bias-free convolution to give a bias"
+    outcome = runner.run("conv_bias_free", "mlp")  # its baseline adds conv biases: the MLP has no convolution
+    assert outcome.skipped == "conv_bias_free: the model has no convolution"
     gpu_only = runner.run("pinned_memory", "mlp")
     assert gpu_only.skipped.startswith("pinned_memory: needs a CUDA device; this run uses cpu")
 

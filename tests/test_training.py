@@ -34,7 +34,7 @@ def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
     model = resolve_spec("resnet18", profile).model()
     before = sum(p.numel() for p in model.parameters())
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    add_conv_bias(model)
+    assert add_conv_bias(model).changed == len(convs) == 20  # every ResNet-18 convolution feeds a BatchNorm
     assert sum(p.numel() for p in model.parameters()) - before == sum(c.out_channels for c in convs)
 
 
@@ -215,7 +215,8 @@ def test_a_step_fetches_one_loader_batch_per_micro_batch(training, profile):
 
 @pytest.mark.parametrize(("knobs", "missing"), [
     ({"channels_last": True}, "the model has no 2-D convolution"),
-    ({"conv_bias": True}, "the model has no bias-free convolution to give a bias"),
+    ({"conv_bias": "add"}, "the model has no convolution"),
+    ({"conv_bias": "remove"}, "the model has no convolution"),
     ({"fuse_pointwise": "script"}, "the model has no module with a `pointwise` function to fuse"),
     ({"checkpointing": True}, "the spec names no checkpoint_blocks"),
 ])
@@ -358,3 +359,133 @@ def test_a_loss_fn_spec_with_several_optimizers_clears_and_steps_each(recipe, cp
         if recipe == "optimizer_foreach":
             assert [type(o).__name__ for o in training.optimizers.values()] == ["SGD", "Adam"]
             assert all(o.defaults["foreach"] is True for o in training.optimizers.values())
+
+
+# -- convolution biases before a norm, and checkpoint block names ---------------------------------------------------------
+
+class _ConvsBeforeNorms(nn.Module):
+    """A convolution before each kind of norm, and convolutions whose bias a norm does not cancel."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8))  # cancelled (batch statistics)
+        self.in_conv, self.inorm = nn.Conv2d(8, 8, 1), nn.InstanceNorm2d(8, affine=True)  # cancelled (a sample's)
+        self.gn1_conv, self.gn1 = nn.Conv2d(8, 8, 1), nn.GroupNorm(8, 8)  # cancelled: one channel per group
+        self.gn2_conv, self.gn2 = nn.Conv2d(8, 8, 1), nn.GroupNorm(4, 8)  # not: two channels share a group's mean
+        self.skip_conv, self.skip_bn = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)  # not: the skip reads it before the norm
+        self.act_conv, self.act_bn = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)  # not: a ReLU between them
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = self.gn2(self.gn2_conv(self.gn1(self.gn1_conv(self.inorm(self.in_conv(self.bn(x)))))))
+        y = self.skip_conv(x)
+        x = self.skip_bn(y) + y
+        return self.head(self.act_bn(torch.relu(self.act_conv(x))).mean((2, 3)))
+
+
+CANCELLED = {"bn.0", "in_conv", "gn1_conv"}
+
+
+def _bias_free(model: nn.Module) -> set[str]:
+    return {name for name, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.bias is None}
+
+
+def test_the_biases_a_norm_cancels_go_and_the_outputs_in_training_stay(cpu):
+    from trainbench.training import remove_conv_bias_before_norm
+
+    torch.manual_seed(0)
+    model, x = _ConvsBeforeNorms(), torch.randn(4, 3, 8, 8)
+    before = model(x)
+    change = remove_conv_bias_before_norm(model)
+    assert (change.changed, change.before_norms, change.found_by) == (3, 3, "by tracing the model with torch.fx")
+    assert _bias_free(model) == CANCELLED
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kept", ["gn2_conv", "skip_conv", "act_conv"])
+def test_each_bias_the_trace_keeps_changes_the_outputs_when_removed(kept):
+    torch.manual_seed(0)
+    model, x = _ConvsBeforeNorms(), torch.randn(4, 3, 8, 8)
+    before = model(x)
+    model.get_submodule(kept).bias = None  # what a removal by module order alone would do
+    assert not torch.allclose(model(x), before, rtol=1e-3, atol=1e-3)
+
+
+def test_in_evaluation_batchnorm_uses_running_statistics_and_cancels_no_bias():
+    from trainbench.training import convs_before_norms
+
+    model = _ConvsBeforeNorms()
+    names = {id(m): name for name, m in model.named_modules()}
+    assert {names[id(c)] for c in convs_before_norms(model, training=False)[0]} == {"in_conv", "gn1_conv"}
+    no_running_stats = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, track_running_stats=False))
+    assert convs_before_norms(no_running_stats, training=False)[0] == [no_running_stats[0]]  # batch statistics always
+
+
+class _Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:  # control flow on a value: torch.fx cannot trace it
+            x = -x
+        return self.head(self.stem(x).mean((2, 3)))
+
+
+def test_a_model_fx_cannot_trace_is_read_in_registration_order_and_says_so(profile, monkeypatch):
+    from trainbench.training import _ConvNormTracer, convs_before_norms
+
+    model = _Untraceable()
+    convs, found_by = convs_before_norms(model)
+    assert convs == [model.stem[0]]
+    assert found_by.startswith("by registration order: torch.fx could not trace the model (TraceError: ")
+    # On ResNet-18 (each convolution registered right before its BatchNorm) the fallback finds what the trace finds.
+    resnet = resolve_spec("resnet18", profile).model()
+    traced, how = convs_before_norms(resnet)
+    assert how == "by tracing the model with torch.fx" and len(traced) == 20
+
+    def fail(self, root, concrete_args=None):
+        raise RuntimeError("untraceable")
+
+    monkeypatch.setattr(_ConvNormTracer, "trace", fail)
+    by_order, how = convs_before_norms(resnet)
+    assert by_order == traced and how.endswith("(RuntimeError: untraceable)")
+
+
+def _conv_spec(model):
+    def batches(n, gen):
+        return torch.randn(n, 3, 8, 8, generator=gen), torch.randint(0, 2, (n,), generator=gen)
+
+    return TrainingSpec(name="convs", model=model, loss_fn=classification_loss, batch_size=8, batches=batches,
+                        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+
+
+def test_removing_the_cancelled_biases_trains_the_same_and_a_wrong_removal_fails_the_loss_guard(cpu, monkeypatch):
+    from trainbench.guards import compare_trajectories, loss_trajectory
+    from trainbench.training import _ConvNormTracer
+
+    spec, rtol = _conv_spec(_ConvsBeforeNorms), get_recipe("no_conv_bias").loss_rtol
+    as_given = loss_trajectory(TrainConfig(), spec, cpu)
+    with TrainingSetup(TrainConfig(conv_bias="remove"), spec, cpu) as setup:
+        assert _bias_free(setup.model) == CANCELLED and "by tracing the model with torch.fx" in setup.notes[0]
+    assert compare_trajectories(loss_trajectory(TrainConfig(conv_bias="remove"), spec, cpu), as_given, rtol).ok
+
+    def fail(self, root, concrete_args=None):
+        raise RuntimeError("untraceable")
+
+    monkeypatch.setattr(_ConvNormTracer, "trace", fail)  # registration order also takes skip_conv and act_conv
+    with TrainingSetup(TrainConfig(conv_bias="remove"), spec, cpu) as setup:
+        assert _bias_free(setup.model) == CANCELLED | {"skip_conv", "act_conv"}
+    verdict = compare_trajectories(loss_trajectory(TrainConfig(conv_bias="remove"), spec, cpu), as_given, rtol)
+    assert not verdict.ok and verdict.max_rel_diff > 10 * rtol
+
+
+def test_what_building_the_setup_changed_is_a_note_of_its_measured_result(cpu, quick):
+    from trainbench.measure import Measurer
+
+    with TrainingSetup(TrainConfig(conv_bias="remove"), _conv_spec(_ConvsBeforeNorms), cpu) as setup:
+        assert setup.notes[0].startswith("conv_bias=remove: removed the bias of 3 of the 3 convolutions")
+        assert Measurer(setup, "convs-no_conv_bias", "no_conv_bias", quick).result.notes == list(setup.notes)
+    with TrainingSetup(TrainConfig(), _conv_spec(_ConvsBeforeNorms), cpu) as setup:
+        assert setup.notes == ()

@@ -27,12 +27,14 @@ SUITE: dict[str, tuple[str, ...]] = {
         "larger_batch", "checkpointing", "set_to_none", "param_grad_none", "loss_detach",
         "eval_no_grad", "eval_inference_mode", "empty_cache",
         # compute
-        "compile", "cudnn_benchmark", "channels_last", "channels_last_amp", "no_conv_bias",
+        "compile", "cudnn_benchmark", "channels_last", "channels_last_amp", "conv_bias_free",
         "optimizer_foreach", "optimizer_fused", "anomaly_detection", "profiler_left_on", "emit_nvtx",
         "deterministic", "loss_item_every_n",
         # scale
         "ddp", "fsdp",
     ),
+    # A user's CNN with a bias before each BatchNorm: what removing it saves (ResNet-18 has none to remove).
+    "convnet": ("baseline", "no_conv_bias"),
     # A second model family; also where accumulation can promise exact gradients (LayerNorm, no BatchNorm).
     "transformer": (
         "baseline", "amp_bf16", "amp_fp16", "larger_batch", "grad_accumulation", "checkpointing", "set_to_none",

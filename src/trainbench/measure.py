@@ -322,6 +322,7 @@ class Measurer:
             steps_per_round=settings.steps_per_round,
             world_size=training.config.world_size,
             items_unit=training.spec.items_unit if training.spec.items is not None else None,
+            notes=list(training.notes),  # what building the setup changed (e.g. which convolution biases)
         )
 
     def _set(self, **fields) -> None:

@@ -33,6 +33,7 @@ FUSE_MODES = (None, "script", "compile")
 PARALLEL_MODES = (None, "dp", "ddp", "fsdp")
 RANK_PARALLEL_MODES = ("ddp", "fsdp")  # one process per rank, launched by torchrun
 SDPA_BACKENDS = (None, "math", "flash", "efficient")
+CONV_BIAS_CHANGES = (None, "add", "remove")
 
 
 class ConfigError(ValueError):
@@ -70,7 +71,9 @@ class TrainConfig:
     compile: bool = False
     cudnn_benchmark: bool = False
     channels_last: bool = False
-    conv_bias: bool = False  # give every convolution a bias, also those right before a BatchNorm
+    # The biases of convolutions followed by a norm that cancels them (training.convs_before_norms): None leaves the
+    # model as built; "add" gives the bias-free ones a zero bias (the seeds' "with bias"); "remove" removes theirs.
+    conv_bias: str | None = None
     fuse_pointwise: str | None = None  # the model's ``pointwise`` functions: "script" | "compile"
     sdpa_backend: str | None = None  # scaled_dot_product_attention restricted to "math" | "flash" | "efficient"
     optimizer_impl: str | None = None  # None: PyTorch's default; "loop" | "foreach" | "fused"
@@ -108,7 +111,7 @@ class TrainConfig:
                               ("loss_history", LOSS_HISTORY_MODES), ("eval_mode", EVAL_MODES),
                               ("synthetic", SYNTHETIC_MODES), ("fuse_pointwise", FUSE_MODES),
                               ("parallel", PARALLEL_MODES), ("dist_backend", (None, "gloo", "nccl")),
-                              ("sdpa_backend", SDPA_BACKENDS)]:
+                              ("sdpa_backend", SDPA_BACKENDS), ("conv_bias", CONV_BIAS_CHANGES)]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if isinstance(self.loader_timeout_s, bool) or not isinstance(self.loader_timeout_s, (int, float)) \
@@ -482,10 +485,16 @@ RECIPES: dict[str, Recipe] = {
                loss_rtol=1e-3),  # another summation order
         Recipe("sdpa_efficient", "scaled_dot_product_attention restricted to the memory-efficient kernel (vs math)",
                {"sdpa_backend": "efficient", **_SDPA_AMP}, _GPU, baseline="sdpa_math", loss_rtol=1e-3),
-        Recipe("conv_bias", "a bias in every convolution, also those right before a BatchNorm (which cancels it)",
-               {"conv_bias": True}, reference=True),
-        Recipe("no_conv_bias", "no bias in convolutions followed by BatchNorm: fewer parameters and ops, same model",
-               {"conv_bias": False}, baseline="conv_bias", loss_rtol=1e-4),
+        # A bias before a norm that subtracts each channel's mean (BatchNorm, InstanceNorm in training; GroupNorm with
+        # a channel per group) is cancelled: removing it keeps the function; the loss guard checks the training does.
+        Recipe("no_conv_bias", "the biases of the model's convolutions followed by a norm that cancels them removed, vs the "
+               "model as given: fewer parameters and ops, the same training (skipped where they have none)",
+               {"conv_bias": "remove"}, loss_rtol=1e-4),
+        Recipe("conv_bias", "a zero bias added to each bias-free convolution followed by a norm that cancels it: the "
+               "seeds' redundant bias, for models built without it", {"conv_bias": "add"}, reference=True),
+        Recipe("conv_bias_free", "the model's bias-free convolutions before their norms as given (torchvision's ResNet), "
+               "vs conv_bias's redundant biases: the seeds' comparison, what leaving the bias out saves",
+               {}, baseline="conv_bias", loss_rtol=1e-4),
         Recipe("optimizer_loop", "the optimizer updating one parameter at a time (foreach=False)",
                {"optimizer_impl": "loop"}, reference=True),
         Recipe("optimizer_foreach", "the optimizer with foreach=True: one multi-tensor kernel per update op",

@@ -3,8 +3,8 @@
 The one place where each knob of ``TrainConfig`` takes effect on a ``TrainingSpec``, so a
 recipe means the same thing in every benchmark, test and asv run, on built-in and
 users' specs alike. What only the built model can tell (no convolution for
-channels-last, no bias-free convolution, no ``pointwise`` function, an optimizer that
-ignores ``fused=``) raises ``NotApplicable`` naming what is missing.
+channels-last, no convolution before a norm with a bias to add or remove, no ``pointwise``
+function, an optimizer that ignores ``fused=``) raises ``NotApplicable`` naming what is missing.
 
 A *step* is one optimizer update: ``step(fetch(batches))``. ``fetch`` takes as many
 loader batches as the step consumes (the micro-batches of gradient accumulation), so
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.fx
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
@@ -119,14 +120,133 @@ def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def add_conv_bias(model: torch.nn.Module) -> int:
-    """Give every bias-free convolution a zero-initialized bias: the redundant bias before BatchNorm. Returns how many."""
-    added = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Conv2d) and module.bias is None:
-            module.bias = torch.nn.Parameter(torch.zeros(module.out_channels))
-            added += 1
-    return added
+_ConvNd = torch.nn.modules.conv._ConvNd
+_BatchNorm = torch.nn.modules.batchnorm._BatchNorm
+_InstanceNorm = torch.nn.modules.instancenorm._InstanceNorm
+CANCELLING_NORMS = ("BatchNorm or InstanceNorm normalizing with the input's own statistics, as in training; GroupNorm "
+                    "with one channel per group")
+
+
+def cancels_channel_bias(norm: torch.nn.Module, channels: int, training: bool) -> bool:
+    """Whether ``norm``, reading ``channels`` channels, cancels any constant added to each channel (a convolution's bias).
+
+    BatchNorm subtracts each channel's mean over the batch, InstanceNorm each channel's mean over one
+    sample: a constant added to a channel moves its mean by as much and leaves its variance, so the output
+    is the same. Only with the input's own statistics: in evaluation, running statistics let the bias
+    through. GroupNorm subtracts one mean per group: a per-channel bias is cancelled only where a group is
+    one channel; across the channels of a larger group it shifts their deviations from the group's mean
+    (and the group's variance). LayerNorm after a convolution normalizes over the channels too: not cancelled.
+    """
+    if isinstance(norm, (_BatchNorm, _InstanceNorm)):
+        return norm.num_features == channels and (training or not norm.track_running_stats)
+    if isinstance(norm, torch.nn.GroupNorm):
+        return norm.num_groups == norm.num_channels == channels
+    return False
+
+
+class _ConvNormTracer(torch.fx.Tracer):
+    """Keeps every convolution and norm (subclasses from other libraries too) one node of the traced graph."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, (_ConvNd, _BatchNorm, _InstanceNorm, torch.nn.GroupNorm)) or \
+            super().is_leaf_module(m, module_qualified_name)
+
+
+def convs_before_norms(model: torch.nn.Module, training: bool = True) -> tuple[list[torch.nn.Module], str]:
+    """The convolutions whose output only a norm that cancels their bias reads (``cancels_channel_bias``), and how
+    they were found.
+
+    From the data flow of the graph torch.fx traces: every call of the convolution feeds a cancelling norm
+    and nothing else (an output also read before its norm, by a skip connection or as a feature map, keeps
+    its bias). Where tracing fails (data-dependent control flow, ops fx cannot trace), from registration
+    order: a convolution registered right before such a norm of its channel count among its parent's
+    children, the order nn.Sequential runs them in (and the usual order of a module's ``__init__``, which
+    does not prove the data flow: the guards compare the training with and without the change).
+    """
+    try:
+        graph = _ConvNormTracer().trace(model)
+    except Exception as e:  # whatever stops the trace (control flow on values, untraceable ops): the fallback
+        why = (str(e).strip().splitlines() or [""])[0][:160]
+        return (_by_registration_order(model, training),
+                f"by registration order: torch.fx could not trace the model ({type(e).__name__}: {why})")
+    calls: dict[int, tuple[torch.nn.Module, list[bool]]] = {}
+    for node in graph.nodes:
+        module = model.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(module, _ConvNd):
+            users = list(node.users)
+            user = users[0] if len(users) == 1 else None
+            feeds_norm = (user is not None and user.op == "call_module" and bool(user.args) and user.args[0] is node
+                          and cancels_channel_bias(model.get_submodule(user.target), module.out_channels, training))
+            calls.setdefault(id(module), (module, []))[1].append(feeds_norm)
+    return [module for module, feeds_norm in calls.values() if all(feeds_norm)], "by tracing the model with torch.fx"
+
+
+def _by_registration_order(model: torch.nn.Module, training: bool) -> list[torch.nn.Module]:
+    found: dict[int, torch.nn.Module] = {}
+    for parent in model.modules():
+        children = list(parent.children())
+        for conv, following in zip(children, children[1:]):
+            if isinstance(conv, _ConvNd) and cancels_channel_bias(following, conv.out_channels, training):
+                found[id(conv)] = conv
+    return list(found.values())
+
+
+@dataclass(frozen=True)
+class ConvBiasChange:
+    """What ``add_conv_bias`` or ``remove_conv_bias_before_norm`` did."""
+
+    changed: int  # convolutions given a bias, or relieved of theirs
+    before_norms: int  # convolutions followed by a norm that cancels their bias (``convs_before_norms``)
+    found_by: str  # how those were found
+
+
+def add_conv_bias(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
+    """Give each bias-free convolution followed by a norm that cancels it a zero-initialized bias: the redundant
+    bias of the seeds' "with bias" model (the same function at first, one more parameter and add per layer)."""
+    convs, found_by = convs_before_norms(model, training)
+    bias_free = [conv for conv in convs if conv.bias is None]
+    for conv in bias_free:
+        conv.bias = torch.nn.Parameter(torch.zeros(conv.out_channels, dtype=conv.weight.dtype, device=conv.weight.device))
+    return ConvBiasChange(len(bias_free), len(convs), found_by)
+
+
+def remove_conv_bias_before_norm(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
+    """Remove the bias of each convolution followed by a norm that cancels it: the same outputs (the norm subtracts
+    the bias with the channel's mean), one parameter and add per layer fewer. Weights stay as built."""
+    convs, found_by = convs_before_norms(model, training)
+    biased = [conv for conv in convs if conv.bias is not None]
+    for conv in biased:
+        conv.bias = None
+    return ConvBiasChange(len(biased), len(convs), found_by)
+
+
+_BIAS_FREE_HINT = "recipe conv_bias_free measures them as they are against conv_bias's added biases"
+
+
+def change_conv_bias(model: torch.nn.Module, how: str, training: bool) -> str:
+    """The ``conv_bias`` knob on a built model ("add" or "remove"): what it did, as a result note; ``NotApplicable``
+    where the model has no convolution before a cancelling norm, or none to change."""
+    convs = [m for m in model.modules() if isinstance(m, _ConvNd)]
+    if not convs:
+        raise NotApplicable("the model has no convolution")
+    if how == "remove" and all(conv.bias is None for conv in convs):
+        raise NotApplicable(f"the model's convolutions have no bias already: nothing to remove ({_BIAS_FREE_HINT})")
+    if how == "add" and all(conv.bias is not None for conv in convs):
+        raise NotApplicable("every convolution of the model has a bias already: nothing to add")
+    change = (remove_conv_bias_before_norm if how == "remove" else add_conv_bias)(model, training)
+    found = f"found {change.found_by}"
+    if not change.before_norms:
+        raise NotApplicable(f"no convolution of the model is followed by a norm that cancels its bias ({CANCELLING_NORMS}; "
+                            f"{found})")
+    if not change.changed and how == "remove":
+        raise NotApplicable(f"the model's convolutions before a norm have no bias already: nothing to remove "
+                            f"({_BIAS_FREE_HINT}; {found})")
+    if not change.changed:
+        raise NotApplicable(f"the model's convolutions before a norm have a bias already: nothing to add (no_conv_bias "
+                            f"measures removing them; {found})")
+    done = "removed the bias of" if how == "remove" else "added a zero bias to"
+    return f"conv_bias={how}: {done} {change.changed} of the {change.before_norms} convolutions followed by a norm that " \
+           f"cancels their bias ({found})"
 
 
 def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
@@ -327,6 +447,8 @@ class StepContext:
 class TrainingSetup:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
+    notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
+
     def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None):
         self.config = config = config.validate()
         reason = spec_unmet(spec, config)
@@ -409,8 +531,8 @@ class TrainingSetup:
         model = spec.model()
         if not isinstance(model, torch.nn.Module):
             raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
-        if config.conv_bias and not add_conv_bias(model):
-            raise NotApplicable("the model has no bias-free convolution to give a bias")
+        if config.conv_bias:
+            self.notes = (*self.notes, change_conv_bias(model, config.conv_bias, training=config.eval_mode is None))
         model = module_to(model, self.device)
         if config.channels_last:
             if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):

@@ -6,7 +6,8 @@ and SGD(lr=0.001, momentum=0.9). Beside it: a transformer encoder classifier, th
 seeds' hand-written GELU MLP, a small MLP, a GPT-style decoder LM (causal SDPA, AdamW)
 and a Vision Transformer. Sizes come from a device *profile*: ``cpu`` keeps a case to
 seconds on two cores, ``gpu`` uses the seeds' sizes (GPT-2 small, ViT-B/16 at 224).
-Random weights and synthetic data: nothing is downloaded.
+A small CNN with a bias in each convolution before its BatchNorm (as users often write
+it) is where removing that bias is measured. Random weights and synthetic data: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -180,6 +181,24 @@ class TokenClassifier(nn.Module):
         return self.head(self.encoder(x).mean(dim=1))
 
 
+class ConvNet(nn.Module):
+    """A small CNN as users often write it: Conv2d with its default bias, BatchNorm2d (which cancels that bias in
+    training), ReLU and max-pooling per stage, then global average pooling and a linear head."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256), num_classes: int = 10):
+        super().__init__()
+        layers, channels = [], 3
+        for width in widths:
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                       nn.MaxPool2d(2)]
+            channels = width
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(self.features(images), 1), 1))
+
+
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """The seeds' hand-written GELU: five pointwise ops, each a kernel (and a memory round trip) in eager mode."""
     return x * 0.5 * (1.0 + torch.erf(x / 1.41421))
@@ -282,6 +301,16 @@ def _resnet18(profile: Profile) -> TrainingSpec:
         checkpoint_blocks=("layer1", "layer2", "layer3", "layer4"), pixels=("uint8", "uint8_hwc"))
 
 
+def _convnet(profile: Profile) -> TrainingSpec:
+    size = profile.image_size
+    return TrainingSpec(
+        name="convnet",
+        description=f"a user's small CNN (Conv2d with bias -> BatchNorm2d -> ReLU, 4 stages) on FakeCIFAR at {size} px, "
+                    "SGD momentum 0.9",
+        model=ConvNet, loss_fn=classification_loss, optimizer=_SGD, batch_size=profile.batch_size,
+        dataset=_fake_cifar(size, profile.dataset_size), batches=_random_images(size), pixels=("uint8", "uint8_hwc"))
+
+
 def _mlp(profile: Profile) -> TrainingSpec:
     return TrainingSpec(
         name="mlp", description="two-layer MLP on 32x32 FakeCIFAR (no resize): a step of well under a millisecond",
@@ -353,6 +382,7 @@ def _vit(profile: Profile) -> TrainingSpec:
 
 WORKLOADS: dict[str, Callable[[Profile], TrainingSpec]] = {
     "resnet18": _resnet18,
+    "convnet": _convnet,
     "mlp": _mlp,
     "transformer": _transformer,
     "gelu_mlp": _gelu_mlp,
