@@ -481,6 +481,18 @@ def test_removing_the_cancelled_biases_trains_the_same_and_a_wrong_removal_fails
     assert not verdict.ok and verdict.max_rel_diff > 10 * rtol
 
 
+def test_a_misspelled_checkpoint_block_names_the_closest_submodules(cpu, profile):
+    resnet18 = resolve_spec("resnet18", profile)
+    with pytest.raises(SpecError, match=r"checkpoint block 'layr2' is not a submodule of the model; did you mean 'layer2'"):
+        TrainingSetup(TrainConfig(checkpointing=True), dataclasses.replace(resnet18, checkpoint_blocks=("layr2",)), cpu)
+    transformer = resolve_spec("transformer", profile)
+    with pytest.raises(SpecError, match=r"'encoder\.layer\.1' is not a submodule of the model; did you mean 'encoder\.layers\.1'"):
+        TrainingSetup(TrainConfig(checkpointing=True),
+                      dataclasses.replace(transformer, checkpoint_blocks=("encoder.layer.1",)), cpu)
+    with pytest.raises(SpecError, match=r"checkpoint block 'zzz' is not a submodule of the model$"):  # nothing close
+        TrainingSetup(TrainConfig(checkpointing=True), dataclasses.replace(resnet18, checkpoint_blocks=("zzz",)), cpu)
+
+
 def test_what_building_the_setup_changed_is_a_note_of_its_measured_result(cpu, quick):
     from trainbench.measure import Measurer
 

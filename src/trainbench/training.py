@@ -14,6 +14,7 @@ the time blocked on the loader can be measured apart from the step itself.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import math
@@ -116,7 +117,9 @@ def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None
         try:
             block = model.get_submodule(name)
         except AttributeError:
-            raise SpecError(f"checkpoint block {name!r} is not a submodule of the model") from None
+            close = difflib.get_close_matches(name, [n for n, _ in model.named_modules() if n], n=3)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise SpecError(f"checkpoint block {name!r} is not a submodule of the model{hint}") from None
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
