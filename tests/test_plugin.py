@@ -513,3 +513,38 @@ def test_user_faults_fail_their_case_alone_in_one_line_and_the_session_goes_on(p
         "*_ test_e_nan_loss _*", "trainbench: mlp-baseline: the loss of training spec 'mlp' is nan at step *",
     ])
     assert "Traceback" not in result.stdout.str() and "Error code" not in result.stdout.str()
+
+
+STRAY = OWN + """
+import pytest
+
+
+def broken(model, batch):
+    raise ValueError("the user's loss function has a bug")
+
+
+def test_step_raises(train_bench):
+    import dataclasses
+
+    train_bench("baseline", dataclasses.replace(SPEC, loss_fn=broken))
+
+
+def test_fails_before_calling(train_bench):
+    assert False, "the test's own set-up"
+
+
+def test_plain_benchmark_unused(benchmark):
+    assert False, "a user's own benchmark test"
+"""
+
+
+def test_a_failed_case_has_no_stray_fixture_not_used_warning_and_a_users_benchmark_test_keeps_it(pytester,
+                                                                                                quick_options):
+    pytester.makepyfile(test_stray=STRAY)
+    result = pytester.runpytest("-rw", *quick_options)
+    result.assert_outcomes(failed=3, warnings=1)
+    out = result.stdout.str()
+    assert "the user's loss function has a bug" in out
+    # the one warning left is the plain benchmark test's own
+    result.stdout.fnmatch_lines(["*test_plain_benchmark_unused*", "*Benchmark fixture was not used at all*"])
+    assert out.count("Benchmark fixture was not used at all") == 1

@@ -67,8 +67,10 @@ def save_atomically(config) -> None:
 
 
 def mark_untimed(benchmark, why: str) -> None:
-    """The case ended before it could be timed: say why instead of pytest-benchmark's "fixture not used"."""
-    benchmark._mode = f"trainbench: {why}"
+    """The case ended before it could be timed: say why instead of pytest-benchmark's "fixture not used" (a fixture
+    that timed rounds keeps its mode)."""
+    if not benchmark._mode:
+        benchmark._mode = f"trainbench: {why}"
 
 
 def replay_rounds(benchmark, round_step_times: list[float], steps_per_round: int) -> None:

@@ -276,6 +276,16 @@ class TrainbenchSession:
         marked = Recipe(what, "the item's trainbench markers", requires=requires, slow=slow is not None)  # no knobs
         return why_not(marked, caps, PROFILES[caps.profile_name], context=Context(slow_allowed=self.options.run_slow))
 
+    def pytest_runtest_makereport(self, item, call):
+        """A trainbench case that failed before its rounds reached pytest-benchmark (an error in the user's spec or
+        step, in the test before it called train_bench) has its failure, not also pytest-benchmark's "fixture was
+        not used at all" warning; a user's own benchmark test keeps that warning."""
+        if call.when in ("setup", "call") and call.excinfo is not None and _uses_trainbench(item) \
+                and not call.excinfo.errisinstance(pytest.skip.Exception):
+            benchmark = getattr(item, "funcargs", {}).get("benchmark")
+            if benchmark is not None:
+                benchmark_adapter.mark_untimed(benchmark, "failed before measuring")
+
     # -- signals --------------------------------------------------------------------------------------
     def _stop_cleanly_on_sigterm(self) -> None:
         """SIGTERM (a CI job cancelled, a timeout) ends the session as Ctrl-C does: the case running stops, its
