@@ -224,3 +224,28 @@ def test_an_xdist_worker_is_pinned_to_its_gpu_before_the_doctor_asks_cuda_anythi
     result = pytester.runpytest("--collect-only", "--trainbench-device=auto", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     assert calls == [("pin", "0,1"), ("cuda query", "1")]
+
+
+UNLISTED_BASELINE = CASE.replace('''def test_tiny(train_bench):
+    train_bench("baseline", SPEC)''', '''@pytest.mark.parametrize("recipe", ["optimizer_foreach", "optimizer_fused"])
+def test_tiny(train_bench, recipe):
+    train_bench(recipe, SPEC)''')
+
+
+def test_a_recipe_whose_baseline_was_not_listed_is_compared_with_it_measured_once(pytester, quick_options):
+    pytester.makepyfile(test_case=UNLISTED_BASELINE)
+    result = pytester.runpytest("--benchmark-json=out.json", *quick_options)
+    result.assert_outcomes(passed=2, warnings=2)
+    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-optimizer_foreach * [0-9]*.[0-9][0-9]x~ *",
+                                 "tiny-optimizer_fused * [0-9]*.[0-9][0-9]x~ *"])
+    records = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())
+               ["benchmarks"]}
+    foreach, fused = records["tiny-optimizer_foreach"], records["tiny-optimizer_fused"]
+    assert foreach["baseline"] == fused["baseline"] == "optimizer_loop"
+    assert foreach["speedup_vs_baseline"] > 0 and fused["speedup_vs_baseline"] > 0
+    # the first case measured the unlisted baseline right after itself; the second reuses that measurement
+    assert any(n.startswith("baseline optimizer_loop measured right after, not interleaved (the session had not "
+                            "measured optimizer_loop") for n in foreach["notes"])
+    assert not any("optimizer_loop measured right after" in n for n in fused["notes"])
+    assert not foreach["paired"] and not fused["paired"]  # nothing asked for pairing: "~"
+    assert "tiny-optimizer_loop" not in records  # a baseline only: not a case of the session

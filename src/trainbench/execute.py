@@ -225,7 +225,8 @@ class Executor:
         finally:
             if tb is not None:
                 tb.close()
-        return result.with_note(f"rounds interleaved with {base.name}'s (ABBA) for its ratio budgets"), baseline
+        why = plan.why_measuring or "for its ratio budgets"
+        return result.with_note(f"rounds interleaved with {base.name}'s (ABBA): {why}"), baseline
 
     def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> None:
         """The case and its baseline, each in a new process (``Backend.fresh_process_reason`` says why)."""
@@ -258,8 +259,7 @@ class Executor:
 
     @staticmethod
     def _key(plan: CasePlan, recipe: Recipe) -> tuple:
-        """A setup of the session: the spec, the recipe and the knobs it was built with."""
-        return (plan.spec.name, recipe.name, tuple(sorted(plan.overrides.items())))
+        return plan.setup_key(recipe)
 
     def _out_of_memory(self, plan: CasePlan, error: Exception) -> str:
         """One line for an out-of-memory case, after giving back what it held."""

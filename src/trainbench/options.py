@@ -36,6 +36,10 @@ def add_options(parser) -> None:
                          "loading the machine) instead of reporting them: for dedicated benchmark machines (an "
                          "inconclusive gate or A/B comparison fails without it: see --trainbench-allow-inconclusive)")
     group.addoption("--trainbench-slow", action="store_true", help="also run cases marked trainbench_slow")
+    group.addoption("--trainbench-pair-baselines", action="store_true",
+                    help="time every case's rounds interleaved with its baseline's (ABBA), as a ratio budget does, so "
+                         "that each 'vs base' is paired: what `python -m trainbench calibrate --measure` runs to write "
+                         "min_speedup budgets")
     group.addoption("--trainbench-no-predict", action="store_true",
                     help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
                          "TRAINBENCH_PREDICT_MEMORY=0); its budgets then fail as missing metrics")
@@ -137,6 +141,7 @@ class Options:
     rootpath: Path  # pytest's rootdir: where a user's specs are imported from in other processes
     xdist_workers: int = 1  # pytest-xdist workers in this run (1: none, or this is the only one)
     xdist_index: int = 0  # this worker's number (gw<N>)
+    pair_baselines: bool = False  # every case timed interleaved with its baseline, budget or not
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -168,6 +173,7 @@ class Options:
             rootpath=Path(config.rootpath),
             xdist_workers=workers,
             xdist_index=index,
+            pair_baselines=config.getoption("--trainbench-pair-baselines"),
         )
 
 

@@ -7,18 +7,21 @@ measured (``CasePlan.measuring``):
 
 - ``FRESH_PROCESSES``: the device must start a new process for the setup
   (``Backend.fresh_process_reason``): the case and its baseline each in one;
-- ``PAIRED``: a ratio budget judges them and neither flips process-wide state: ABBA rounds,
-  both setups alive (``measure.interleave_rounds``);
-- ``BASELINE_AFTER``: a ratio budget, but one setup cannot share the process with the other (it
+- ``PAIRED``: a ratio budget judges them (or every case is paired: ``--trainbench-pair-baselines``)
+  and neither flips process-wide state: ABBA rounds, both setups alive (``measure.interleave_rounds``);
+- ``BASELINE_AFTER``: the same, but one setup cannot share the process with the other (it
   flips process-wide state, or the two together would not fit the device's memory though each
-  alone does): the case alone, then a fresh baseline right after it;
-- ``ALONE``: no ratio budget: the case alone; a baseline measured earlier in the session serves
-  only as an *unpaired* reference.
+  alone does): the case alone, then a fresh baseline right after it. Also a case whose baseline
+  the session has not measured (``optimizer_fused`` run without ``optimizer_loop``): every case
+  with a baseline has its "vs base", unpaired where nothing asks for pairing;
+- ``ALONE``: no ratio budget and a baseline the session measured earlier: the case alone; that
+  baseline serves only as an *unpaired* reference.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .budgets import Budgets, CaseBudget
@@ -68,8 +71,14 @@ class CasePlan:
     budget: CaseBudget | None = None
     budget_missing: str | None = None  # why no budget applies
     measuring: str = ALONE  # FRESH_PROCESSES, PAIRED, BASELINE_AFTER or ALONE
-    why_measuring: str | None = None  # why a fresh process, or why the baseline is not interleaved
+    # Why a fresh process, why the baseline is not interleaved, or why it is where no ratio budget asks for it.
+    why_measuring: str | None = None
     notes: tuple[str, ...] = ()  # what the plan changed that the result must say
+
+    def setup_key(self, recipe: Recipe) -> tuple:
+        """A setup of the session (the case's or its baseline's): the spec, the recipe and the knobs it is built with;
+        a baseline measured once serves every later case of the same key."""
+        return (self.spec.name, recipe.name, tuple(sorted(self.overrides.items())))
 
     @property
     def overrides(self) -> dict:
@@ -93,16 +102,23 @@ class CasePlan:
 class Planner:
     """Plans cases for one device and profile."""
 
-    def __init__(self, backend: Backend, caps: DeviceCaps, profile: Profile, predictions: PredictionCache):
+    def __init__(self, backend: Backend, caps: DeviceCaps, profile: Profile, predictions: PredictionCache,
+                 pair_baselines: bool = False):
         self.backend = backend
         self.caps = caps
         self.profile = profile
         self.predictions = predictions
+        self.pair_baselines = pair_baselines  # every case interleaved with its baseline (--trainbench-pair-baselines)
 
     def plan(self, recipe: Recipe | str, source: SpecSource, *, baseline: Recipe | str | None = None,
              budgets: Budgets | None = None, case: str | None = None, overrides: dict | None = None,
-             ladder: dict | None = None, gpu_recipe: Recipe | None = None) -> CasePlan:
-        """Plan ``recipe`` on ``source`` against ``baseline`` (default: the recipe's own); see ``Runner.run``."""
+             ladder: dict | None = None, gpu_recipe: Recipe | None = None,
+             measured: Callable[[tuple], bool] | None = None) -> CasePlan:
+        """Plan ``recipe`` on ``source`` against ``baseline`` (default: the recipe's own); see ``Runner.run``.
+
+        ``measured``: whether the session already holds a setup's result (by ``CasePlan.setup_key``); a baseline it
+        does not hold is measured right after the case. None: a plan made ahead of running (``trainbench plan``),
+        where the suite measures each baseline before its cases."""
         recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
         spec = resolve_spec(source, self.profile)
         user_overrides = dict(overrides or {})
@@ -118,7 +134,7 @@ class Planner:
         if skipped:
             return replace(plan, skipped=skipped)
         budget, missing = (budgets or Budgets.empty()).lookup(self.caps, plan.case)
-        measuring, why = self._measuring(plan, budget)
+        measuring, why = self._measuring(plan, budget, measured)
         notes = ()
         if judged_on:
             note = (f"judged against {base.name} with both on {judged_on['synthetic']}-side synthetic batches: the "
@@ -149,16 +165,28 @@ class Planner:
         total = self.backend.total_memory_bytes()
         return None if total is None else MemoryLimit(total, functools.partial(self.predictions, self.profile.name))
 
-    def _measuring(self, plan: CasePlan, budget: CaseBudget | None) -> tuple[str, str | None]:
-        """How the case and its baseline are measured, and why where it is not the plain way."""
+    def _measuring(self, plan: CasePlan, budget: CaseBudget | None,
+                   measured: Callable[[tuple], bool] | None) -> tuple[str, str | None]:
+        """How the case and its baseline are measured, and why where it is not the plain way (a ratio budget)."""
         fresh = self.backend.fresh_process_reason(plan.config)
         if fresh:
             return FRESH_PROCESSES, fresh
-        if plan.baseline is None or budget is None or not budget.needs_baseline:
+        if plan.baseline is None:
+            return ALONE, None
+        if budget is not None and budget.needs_baseline:
+            why = None
+        elif self.pair_baselines:
+            why = "every case is paired with its baseline (--trainbench-pair-baselines)"
+        elif measured is not None and not measured(plan.setup_key(plan.baseline)):
+            # Only for "vs base": the case is measured first, as it would be alone (its own failure is its own),
+            # and the baseline right after it, once for every later case of the session.
+            return BASELINE_AFTER, (f"the session had not measured {plan.baseline.name}, and no ratio budget asks "
+                                    "for interleaving")
+        else:
             return ALONE, None
         blocker = (interleave_blocker(plan.config) or interleave_blocker(plan.baseline_config)
                    or self._too_big_together(plan))
-        return (BASELINE_AFTER, blocker) if blocker else (PAIRED, None)
+        return (BASELINE_AFTER, blocker) if blocker else (PAIRED, why)
 
     def _too_big_together(self, plan: CasePlan) -> str | None:
         """Why the case and its baseline, both alive while their rounds interleave, would not fit the device's memory

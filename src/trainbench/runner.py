@@ -42,7 +42,7 @@ class Runner:
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
                  require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
                  remeasure_inconclusive: int = 1, trace: TraceRequest | None = None, remeasure_s: float = 0.0,
-                 predictions: PredictionCache | None = None):
+                 predictions: PredictionCache | None = None, pair_baselines: bool = False):
         self.backend = backend
         self.caps = backend.caps()
         self.profile = profile
@@ -52,7 +52,7 @@ class Runner:
         self.untimed: str | None = None
         # The memory check before a case and the prediction after it share one cache (several runners may, too).
         predictions = predictions or PredictionCache(backend)
-        self.planner = Planner(backend, self.caps, profile, predictions)
+        self.planner = Planner(backend, self.caps, profile, predictions, pair_baselines)
         self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace)
         self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive, remeasure_s)
 
@@ -73,7 +73,7 @@ class Runner:
         An override that contradicts the recipe raises ``recipes.ConfigError``.
         """
         plan = self.planner.plan(recipe, spec, baseline=baseline, budgets=budgets, case=case, overrides=overrides,
-                                 ladder=ladder, gpu_recipe=gpu_recipe)
+                                 ladder=ladder, gpu_recipe=gpu_recipe, measured=self.results.__contains__)
         outcome = plan.outcome()
         if plan.skipped:
             return outcome

@@ -153,7 +153,7 @@ class TrainbenchSession:
             settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
                                   predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
-                                  remeasure_s=o.remeasure_s)
+                                  remeasure_s=o.remeasure_s, pair_baselines=o.pair_baselines)
         return self._runner
 
     def budgets(self, path: Path | None):
