@@ -41,7 +41,7 @@ def test_calibration_updates_only_this_devices_section_with_the_margin(tmp_path)
     assert result.device_key == "cpu" and result.cases == 2
     assert budgets.read_text() == EXISTING  # nothing written without write()
     assert "-max_ops_per_step = 40" in result.diff and "+max_ops_per_step = 60.5" in result.diff
-    write(result, budgets)
+    write(result)
     text = budgets.read_text()
     assert '[sm_70."mlp-baseline"]\nmin_speedup = 1.3   # a GPU\'s entry: never touched' in text
     assert "# budgets of two devices" in text and 'note = "hand-written"' in text
@@ -60,7 +60,7 @@ def test_a_gpu_run_gets_its_own_section_by_name_with_allocator_peaks(tmp_path):
     budgets = tmp_path / "budgets.toml"
     budgets.write_text(EXISTING)
     result = calibrate(make_run(tmp_path, "cuda", "NVIDIA H100 80GB HBM3"), budgets)
-    write(result, budgets)
+    write(result)
     loaded = Budgets.load(budgets).sections
     assert {b.key for b in loaded["NVIDIA H100 80GB HBM3"]["mlp-baseline"].bounds} >= {"max_peak_memory_mib"}
     assert {b.key for b in loaded["cpu"]["mlp-baseline"].bounds} == {"max_ops_per_step"}  # untouched
@@ -113,3 +113,171 @@ def test_calibration_can_be_limited_to_named_metrics(tmp_path):
     assert keys == ["+max_activation_mib = 0.765"] * 2  # both cases, nothing else
     with pytest.raises(CalibrationError, match="samples_per_s: not calibrated"):
         calibrate(run, budgets, only=("samples_per_s",))
+
+
+# -- what a run's records give: never a budget from a case whose guard failed --------------------------------------
+
+def _guarded_run(tmp_path):
+    """A run with a case whose loss guard failed, a case that ended without a result, an unpaired speed-up and a
+    paired one."""
+    run = json.loads(make_run(tmp_path).read_text())
+    good, unpaired = run["benchmarks"]
+    unpaired["extra_info"]["paired"] = False
+    bad = json.loads(json.dumps(good))
+    bad["name"] = bad["fullname"] = bad["extra_info"]["case"] = "mlp-wrong"
+    bad["extra_info"]["guard"] = {"baseline": "baseline", "checks": [
+        {"kind": "loss", "ok": False, "message": "worst relative loss difference 0.3 at step 2, tolerance 1e-05"}]}
+    paired = json.loads(json.dumps(good))
+    paired["name"] = paired["fullname"] = paired["extra_info"]["case"] = "mlp-paired"
+    paired["extra_info"].update(speedup_vs_baseline=1.5, paired=True)
+    run["benchmarks"] += [bad, paired]
+    run["trainbench_failed_cases"] = [{"case": "mlp-oom", "fullname": "t::oom", "error": "mlp-oom: out of memory"}]
+    path = tmp_path / "0002_guarded.json"
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_a_case_whose_guard_failed_or_that_has_no_result_gives_no_budget_and_is_named(tmp_path):
+    budgets = tmp_path / "budgets.toml"
+    result = calibrate(_guarded_run(tmp_path), budgets)
+    assert result.left_out == (
+        "mlp-oom: no result (mlp-oom: out of memory)",
+        "mlp-wrong: correctness guard (loss): worst relative loss difference 0.3 at step 2, tolerance 1e-05 (no budget "
+        "from a case whose guard failed)")
+    assert result.unpaired == ("mlp-set_to_none",)
+    write(result)
+    cases = Budgets.load(budgets).sections["cpu"]
+    assert set(cases) == {"mlp-baseline", "mlp-set_to_none", "mlp-paired"}
+    assert "min_speedup" not in {b.key for b in cases["mlp-set_to_none"].bounds}
+    assert {b.key: b.limit for b in cases["mlp-paired"].bounds}["min_speedup"] == pytest.approx(1.05)
+
+
+def test_each_case_goes_to_the_budgets_file_its_test_file_gets(tmp_path):
+    run = json.loads(make_run(tmp_path).read_text())
+    run["benchmarks"][0]["fullname"] = "a/test_a.py::test_base"
+    run["benchmarks"][1]["fullname"] = "b/test_b.py::test_new"
+    path = tmp_path / "0003_two.json"
+    path.write_text(json.dumps(run))
+    asked = []
+
+    def targets(fullnames):
+        asked.append(fullnames)
+        return {name: tmp_path / name.split("/")[0] / "budgets.toml" for name in fullnames}
+
+    result = calibrate(path, targets)
+    assert asked == [["a/test_a.py::test_base", "b/test_b.py::test_new"]]
+    assert [(change.path, change.cases) for change in result.files] == [
+        (tmp_path / "a" / "budgets.toml", ("mlp-baseline",)), (tmp_path / "b" / "budgets.toml", ("mlp-set_to_none",))]
+    assert sorted(write(result)) == [tmp_path / "a" / "budgets.toml", tmp_path / "b" / "budgets.toml"]
+
+
+def test_the_budgets_file_of_a_test_file_is_the_plugins_or_a_new_one_it_will_find(tmp_path):
+    from trainbench.options import discover_budgets
+    from trainbench.project import Project
+
+    root = tmp_path
+    for folder in ("tests/unit/fast", "tests/perf", "tests/own"):
+        (root / folder).mkdir(parents=True)
+    (root / "tests/own/budgets.toml").write_text('[cpu.x]\nmax_ops_per_step = 1\n')
+    files = [root / "tests/unit/fast/test_a.py", root / "tests/perf/test_b.py", root / "tests/own/test_c.py"]
+    project = Project(root, None, "file://./.benchmarks", None)
+    chosen = project.budgets_files(files)
+    assert chosen[files[2]] == (root / "tests/own/budgets.toml", "found by the plugin")
+    new = root / "tests/budgets.toml"  # the deepest folder above both test files that have none
+    assert chosen[files[0]] == chosen[files[1]] == (new, "new: the plugin will find it")
+    new.write_text('[cpu.x]\nmax_ops_per_step = 1\n')
+    assert [discover_budgets(f, root) for f in files] == [new, new, root / "tests/own/budgets.toml"]  # it does
+    named = Project(root, None, "file://./.benchmarks", root / "perf.toml").budgets_files(files)
+    assert set(named.values()) == {(root / "perf.toml", "named by the project's pytest configuration")}
+
+
+# -- in a user's project: its storage, its budgets file, and a fresh project's speed budgets -----------------------
+
+USER_TESTS = """
+import functools
+
+import pytest
+import torch
+from torch import nn
+from trainbench.recipes import Recipe
+from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.workloads import FakeTokens
+
+SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
+                    loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                    dataset=lambda: FakeTokens(256, 8, 100), batch_size=16)
+# Claims to train what the baseline trains, but on twice the batch: its loss guard fails.
+WRONG = Recipe("wrong", "twice the batch, claimed equivalent", {"batch_multiplier": 2}, loss_rtol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", [RECIPES])
+def test_tiny(train_bench, recipe):
+    train_bench(WRONG if recipe == "wrong" else recipe, SPEC)
+"""
+
+
+def _user_project(pytester, recipes, ini=None, budgets_at=None):
+    """A project of a user: tests/ with its own conftest, an optional pytest.ini and budgets file."""
+    tests = pytester.mkdir("tests")
+    (tests / "conftest.py").write_text("# the project's own fixtures\n")
+    (tests / "test_train.py").write_text(USER_TESTS.replace("RECIPES", ", ".join(map(repr, recipes))))
+    if ini is not None:
+        (pytester.path / "pytest.ini").write_text(ini)
+    if budgets_at is not None:
+        (pytester.path / budgets_at).write_text('# kept\n[cpu."tiny-other"]\nmax_ops_per_step = 1000\n')
+    return tests
+
+
+@pytest.mark.parametrize("layout", ["storage from addopts, no budgets file", "default storage, a budgets file above"])
+def test_calibrate_reads_the_projects_storage_and_writes_the_budgets_file_the_plugin_finds(pytester, quick_options,
+                                                                                         capsys, layout):
+    configured = layout.startswith("storage from")
+    tests = _user_project(pytester, ["baseline", "wrong"],
+                          ini="[pytest]\naddopts = --benchmark-storage=perf_runs\n" if configured else None,
+                          budgets_at=None if configured else "budgets.toml")
+    pytester.runpytest("--benchmark-save=first", *quick_options).assert_outcomes(passed=1, failed=1)
+    capsys.readouterr()  # the inner session's own output
+    assert main(["calibrate", "--write"]) == 0
+    out = capsys.readouterr().out
+    storage, budgets = ("perf_runs", tests / "budgets.toml") if configured else (".benchmarks", pytester.path / "budgets.toml")
+    [run] = (pytester.path / storage).rglob("0001_first.json")
+    assert f"storage: {run.parent.relative_to(pytester.path)} (" + (
+        "--benchmark-storage=perf_runs from pytest.ini)" if configured else "pytest-benchmark's default)") in out
+    assert f"run: {run.relative_to(pytester.path)}\n" in out
+    how = "new: the plugin will find it" if configured else "found by the plugin"
+    assert f"budgets: {budgets.relative_to(pytester.path)} ({how} for tests/test_train.py): 1 case\n" in out
+    assert "left out: tiny-wrong: correctness guard (loss): " in out
+    sections = Budgets.load(budgets).sections["cpu"]
+    assert "tiny-wrong" not in sections and {b.key for b in sections["tiny-baseline"].bounds} >= {"max_ops_per_step"}
+    assert [p.name for p in pytester.path.rglob("budgets.toml")] == ["budgets.toml"]  # one file, not a second one
+    if not configured:
+        assert budgets.read_text().startswith("# kept\n") and "tiny-other" in sections
+    # the plugin checks the case against what was written, with no option naming the file
+    again = pytester.runpytest("-k", "baseline", *quick_options)
+    again.assert_outcomes(passed=1, deselected=1)
+    again.stdout.fnmatch_lines(["tiny-baseline * ok [0-9]*"])
+
+
+def test_calibrate_measure_writes_paired_speed_budgets_for_a_fresh_project(pytester, quick_options, capsys):
+    # No ratio budget anywhere, and the baseline is measured first: only --measure pairs set_to_none with it.
+    tests = _user_project(pytester, ["baseline", "set_to_none"])
+    assert main(["calibrate", "--measure", "--pytest-args", " ".join(quick_options), "--write"]) == 0
+    out = capsys.readouterr().out
+    assert "--trainbench-pair-baselines --benchmark-save=calibrate" in out
+    [run] = pytester.path.joinpath(".benchmarks").rglob("0001_calibrate.json")
+    assert f"run: {run.relative_to(pytester.path)}\n" in out
+    records = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads(run.read_text())["benchmarks"]}
+    assert records["tiny-set_to_none"]["paired"] and records["tiny-set_to_none"]["baseline"] == "baseline"
+    cases = Budgets.load(tests / "budgets.toml").sections["cpu"]
+    speedup = {b.key: b.limit for b in cases["tiny-set_to_none"].bounds}["min_speedup"]
+    assert speedup == pytest.approx(records["tiny-set_to_none"]["speedup_vs_baseline"] * 0.7, abs=0.011)
+    assert "min_speedup" not in {b.key for b in cases["tiny-baseline"].bounds}  # its own baseline
+
+
+def test_calibrate_says_what_it_could_not_read(pytester, capsys):
+    pytester.makeini("[pytest]\naddopts = --no-such-option\n")
+    assert main(["calibrate"]) == 2
+    assert "trainbench calibrate: pytest could not read the project's configuration" in capsys.readouterr().err
+    pytester.makeini("[pytest]\n")
+    assert main(["calibrate"]) == 2
+    assert "trainbench calibrate: .benchmarks: no *.json run found" in capsys.readouterr().err

@@ -1,18 +1,21 @@
 """Calibration: budgets for this device from a measured run, with a stated margin.
 
-``python -m trainbench calibrate RUN_JSON`` turns every case of a saved run into budget
-keys for the run's device section (``cpu``, or the GPU's name): deterministic signals
-get ``max_<metric> = measured x (1 + margin)``, the GPU allocator peaks the same, and
-the same-session speed-up, where it was paired, ``min_speedup = measured x (1 - speed_margin)``. Keys it does
-not calibrate (notes, hand-written ratios, ``compare_fail``) are kept; other devices'
-sections are never touched. It prints a unified diff and writes only with ``--write``,
-atomically, after checking that the result still parses as a budgets file.
+``python -m trainbench calibrate [RUN_JSON]`` turns every case of a saved run into budget keys for the run's device
+section (``cpu``, or the GPU's name): deterministic signals get ``max_<metric> = measured x (1 + margin)``, the GPU
+allocator peaks the same, and the same-session speed-up, where it was paired (the case's rounds interleaved with
+its baseline's), ``min_speedup = measured x (1 - speed_margin)``. A case whose correctness guard failed gives no
+budget: it did not train what its baseline trains, so its numbers promise nothing. Keys it does not calibrate
+(notes, hand-written ratios, ``compare_fail``) are kept; other devices' sections are never touched. Each case goes
+to the budgets file the caller names for it (the command line: the one the plugin finds for the case's test
+file). It shows a unified diff and writes only when asked, atomically, after checking that each result still
+parses as a budgets file.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +33,29 @@ class CalibrationError(ValueError):
 
 
 @dataclass(frozen=True)
+class FileChange:
+    """One budgets file as calibration would leave it."""
+
+    path: Path
+    cases: tuple[str, ...]  # the cases calibrated into it
+    diff: str  # unified diff of the file; empty when nothing changes
+    new_text: str
+
+
+@dataclass(frozen=True)
 class Calibration:
     device_key: str
-    cases: int
-    diff: str  # unified diff of the budgets file; empty when nothing changes
-    new_text: str
+    files: tuple[FileChange, ...]
+    left_out: tuple[str, ...] = ()  # cases of the run that gave no budget, and why
+    unpaired: tuple[str, ...] = ()  # cases whose speed-up was timed apart from their baseline: no min_speedup
+
+    @property
+    def cases(self) -> int:
+        return sum(len(change.cases) for change in self.files)
+
+    @property
+    def diff(self) -> str:
+        return "".join(change.diff for change in self.files)
 
 
 def device_key_of(device: dict) -> str:
@@ -79,14 +100,17 @@ def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float
     return keys
 
 
-def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.10,
+BudgetsTargets = Callable[[list[str]], dict[str, Path]]  # the fullnames of a run's cases -> each one's budgets file
+
+
+def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin: float = 0.10,
               speed_margin: float = 0.30, only: tuple[str, ...] | None = None) -> Calibration:
-    """What calibration would change in ``budgets_path`` for the device of ``run_path`` (nothing is written).
+    """What calibration would change in the budgets files for the device of ``run_path`` (nothing is written).
 
-    ``only``: calibrate just these metrics' keys (and ``min_speedup`` if it names "speedup"), e.g. a new metric.
+    ``budgets``: one file for every case, or a function from the pytest-benchmark fullnames of the run's cases to
+    each one's file. ``only``: calibrate just these metrics' keys (and ``min_speedup`` if it names "speedup"),
+    e.g. a new metric.
     """
-    import tomlkit
-
     calibrated = calibrated_metrics(gpu=True)
     unknown = sorted(set(only or ()) - {*calibrated, "speedup"})
     if unknown:
@@ -98,16 +122,10 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
         raise CalibrationError(str(e)) from None
     device = run_device(run)
     key = device_key_of(device)
-    budgets_path = Path(budgets_path)
-    old_text = budgets_path.read_text() if budgets_path.exists() else ""
-    try:
-        doc = tomlkit.parse(old_text)
-    except tomlkit.exceptions.ParseError as e:
-        raise CalibrationError(f"{budgets_path}: not valid TOML: {e}") from None
-    section = doc.get(key)
-    if section is None:
-        section = doc[key] = tomlkit.table(is_super_table=True)
-    cases = 0
+    gpu = DeviceCaps.from_identity(device).cuda
+    left_out = [f"{failed.get('case')}: no result ({failed.get('error')})"
+                for failed in run.get("trainbench_failed_cases") or [] if isinstance(failed, dict)]
+    unpaired, calibrated_cases = [], []  # (fullname, record, bounds)
     for bench in run["benchmarks"]:
         info = bench.get("extra_info") or {}
         if not info.get("case"):
@@ -116,16 +134,47 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
             record = CaseRecord.read(info, f"{run_path}: {bench.get('name')}")
         except RecordError as e:
             raise CalibrationError(str(e)) from None
-        case = record.case
-        bounds = bounds_for(record, DeviceCaps.from_identity(device).cuda, margin, speed_margin, only)
-        if not bounds:
+        if record.guard_failures:  # it trains something else than its baseline: its numbers are no promise
+            left_out += [f"{line} (no budget from a case whose guard failed)" for line in record.guard_failures]
             continue
-        cases += 1
-        entry = section.get(case)
+        if record.speedup_vs_baseline is not None and record.paired is False and (only is None or "speedup" in only):
+            unpaired.append(record.case)
+        bounds = bounds_for(record, gpu, margin, speed_margin, only)
+        if bounds:
+            calibrated_cases.append((str(bench.get("fullname") or bench.get("name") or record.case), record, bounds))
+    if callable(budgets):
+        targets = budgets([fullname for fullname, _, _ in calibrated_cases])
+    else:
+        targets = {fullname: Path(budgets) for fullname, _, _ in calibrated_cases}
+    files = []
+    for path in dict.fromkeys(targets[fullname] for fullname, _, _ in calibrated_cases):
+        cases = [(record, bounds) for fullname, record, bounds in calibrated_cases if targets[fullname] == path]
+        files.append(_calibrate_file(Path(path), key, cases, Path(run_path).name))
+    if not callable(budgets) and not files:  # nothing to calibrate: the named file, unchanged
+        files.append(_calibrate_file(Path(budgets), key, [], Path(run_path).name))
+    return Calibration(key, tuple(files), tuple(left_out), tuple(unpaired))
+
+
+def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, dict]], run_name: str) -> FileChange:
+    """One budgets file with ``cases``' bounds written into its ``key`` section."""
+    import tomlkit
+
+    try:
+        old_text = budgets_path.read_text(encoding="utf-8") if budgets_path.exists() else ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise CalibrationError(f"{budgets_path}: cannot read it ({e})") from None
+    try:
+        doc = tomlkit.parse(old_text)
+    except tomlkit.exceptions.ParseError as e:
+        raise CalibrationError(f"{budgets_path}: not valid TOML: {e}") from None
+    section = doc.get(key)
+    if section is None:
+        section = doc[key] = tomlkit.table(is_super_table=True)
+    for record, bounds in cases:
+        entry = section.get(record.case)
         if entry is None:
-            entry = section[case] = tomlkit.table()
-            entry["note"] = (f"calibrated from {Path(run_path).name}: "
-                             f"{record.metrics.get('samples_per_s') or 0:.1f} samples/s")
+            entry = section[record.case] = tomlkit.table()
+            entry["note"] = f"calibrated from {run_name}: {record.metrics.get('samples_per_s') or 0:.1f} samples/s"
         for name, value in bounds.items():
             entry[name] = value
     new_text = tomlkit.dumps(doc)
@@ -135,8 +184,14 @@ def calibrate(run_path: Path | str, budgets_path: Path | str, margin: float = 0.
         raise CalibrationError(f"calibrated budgets would not load: {e}") from None
     diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=str(budgets_path), tofile=f"{budgets_path} (calibrated [{key}])"))
-    return Calibration(key, cases, diff, new_text)
+    return FileChange(budgets_path, tuple(record.case for record, _ in cases), diff, new_text)
 
 
-def write(calibration: Calibration, budgets_path: Path | str) -> None:
-    write_text_atomic(Path(budgets_path), calibration.new_text)
+def write(calibration: Calibration) -> list[Path]:
+    """Write every budgets file calibration changes; the paths written."""
+    written = []
+    for change in calibration.files:
+        if change.diff:
+            write_text_atomic(change.path, change.new_text)
+            written.append(change.path)
+    return written
