@@ -81,8 +81,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     for line in result.left_out:
         print(f"left out: {line}")
     if result.unpaired:
-        print(f"no min_speedup for {_count(len(result.unpaired), 'case')} timed apart from their baseline "
-              f"({', '.join(result.unpaired)}): calibrate --measure times each one interleaved with it")
+        print(f"no min_speedup for {_count(len(result.unpaired), 'case')} whose rounds were not interleaved with "
+              f"their baseline's ({', '.join(result.unpaired)}): calibrate --measure interleaves every case that can "
+              "share a process with its baseline")
     if not result.diff:
         print(f"[{result.device_key}]: {_count(result.cases, 'case')}, budgets already match {run_path}")
         return 0
