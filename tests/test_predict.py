@@ -2,6 +2,7 @@
 tensors, at sizes this machine need not hold; and the setups it cannot fake, said with a reason instead of a crash."""
 
 import contextlib
+import dataclasses
 import functools
 
 import pytest
@@ -10,9 +11,11 @@ from torch import nn
 
 from trainbench.measure import Measurer, MeasureSettings
 from trainbench.predict import (
+    PredictionCache,
     allocator_peak_bounds,
     cublas_workspace_bytes,
     library_workspace_bytes,
+    memory_setup,
     optimizer_path_of_real_tensors,
     predict_memory,
     unpredictable,
@@ -214,3 +217,180 @@ def test_a_predicted_cuda_optimizer_step_holds_the_foreach_temporary():
     largest_parameter = 256 * 256 * 4
     # foreach computes each update over all parameters at once: a temporary beyond the loop's one-parameter ones
     assert step_peak(optimizer_path_of_real_tensors) - step_peak(contextlib.nullcontext) > largest_parameter
+
+
+# -- models and data that fake tensors did not take as users give them ---------------------------------------------
+
+class _Image(torch.Tensor):
+    """A tensor subclass as transforms return them (torchvision's ``v2.ToImage()`` gives ``tv_tensors.Image``)."""
+
+
+class _SubclassImages(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(3, 8, 8).as_subclass(_Image), i % 2
+
+
+class _DropRatesNet(nn.Module):
+    """A constructor that computes a constant from tensors, as timm's ``calculate_drop_path_rates`` does
+    (``[x.item() for x in torch.linspace(0, rate, depth)]``): fake tensors have no value to give."""
+
+    builds = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).builds += 1
+        rates = [x.item() for x in torch.linspace(0, 0.2, 3)]
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Dropout(rate)) for rate in rates])
+        self.tied = nn.Linear(8, 8)
+        self.tied.weight = self.blocks[0][0].weight  # one parameter in two places: faked once, counted once
+        self.head = nn.Linear(8, 2)
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        return self.head(self.tied(self.blocks(x.flatten(1)[:, :8] * self.scale)))
+
+
+def _spec(name, model, **data):
+    return TrainingSpec(name=name, model=model, loss_fn=classification_loss,
+                        optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), batch_size=4,
+                        **(data or {"batches": _random_features}))
+
+
+def test_a_batch_of_tensor_subclasses_is_predicted_as_the_loader_collates_it(cpu, profile):
+    spec = _spec("subclass_images", lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2)),
+                 dataset=_SubclassImages)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.data import default_collate
+
+    image = _SubclassImages()[0][0]
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(TypeError, match="Multiple dispatch failed"):
+        default_collate([image] * 2)  # what the prediction ran into: aten.stack refuses a subclass it does not know
+    config = get_recipe("baseline").config(profile)
+    predicted = predict_memory(config, spec, cpu)
+    assert "breakdown_bytes" in predicted, predicted.get("reason")
+    assert predicted["breakdown_bytes"] == _measured_breakdown(config, spec, cpu)
+
+
+def test_a_model_whose_constructor_asks_a_tensor_its_value_is_built_for_real_then_faked(cpu, profile):
+    config = get_recipe("baseline").config(profile)
+    spec = _spec("drop_rates", _DropRatesNet)
+    _DropRatesNet.builds = 0
+    predicted = predict_memory(config, spec, cpu)
+    assert "breakdown_bytes" in predicted, predicted.get("reason")
+    assert _DropRatesNet.builds == 2  # under fake tensors (which failed), then for real
+    assert predicted["breakdown_bytes"] == _measured_breakdown(config, spec, cpu)
+
+
+def test_a_model_fake_tensors_can_build_is_built_once_and_never_for_real(cpu, profile, monkeypatch):
+    from trainbench import predict
+
+    builds = []
+    monkeypatch.setattr(predict, "_made_fake", lambda *a: pytest.fail("a fake-buildable model was built for real"))
+    spec = _spec("linear", lambda: builds.append(1) or nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)))
+    assert "breakdown_bytes" in predict_memory(get_recipe("baseline").config(profile), spec, cpu)
+    assert len(builds) == 1
+
+
+def test_a_model_that_cannot_be_built_at_all_says_its_own_error(cpu, profile):
+    def broken():
+        raise ValueError("no such block: blokc")
+
+    prediction = predict_memory(get_recipe("baseline").config(profile), _spec("broken", broken), cpu)
+    assert list(prediction) == ["reason"]
+    assert "ValueError: no such block: blokc (at " in prediction["reason"]
+
+
+def test_a_timm_vit_on_tv_tensor_images_is_predicted_as_measured(cpu, profile):
+    timm = pytest.importorskip("timm")
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+
+    class Images(torch.utils.data.Dataset):  # uint8 CHW images as tv_tensors.Image: the uint8 path
+        def __init__(self, pixels=None):
+            self.pixels = pixels
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            image = v2.ToImage()(torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8).numpy())
+            return (image if self.pixels else v2.ToDtype(torch.float32, scale=True)(image)), i % 10
+
+    # A ViT: its constructor takes the drop-path rates from torch.linspace(...).item(), as ConvNeXt's does.
+    spec = TrainingSpec(name="timm_vit", model=functools.partial(timm.create_model, "vit_tiny_patch16_224",
+                                                                 pretrained=False, num_classes=10, img_size=32, depth=2),
+                        loss_fn=classification_loss, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
+                        batch_size=4, dataset=Images, pixels=("uint8",))
+    config = get_recipe("uint8_transfer").config(profile)
+    predicted = predict_memory(config, spec, cpu)
+    assert "breakdown_bytes" in predicted, predicted.get("reason")
+    assert predicted["breakdown_bytes"] == _measured_breakdown(config, spec, cpu, steps=1)
+
+
+# -- one prediction per memory setup ---------------------------------------------------------------------------------
+
+def test_setups_that_share_a_memory_setup_measure_the_same_breakdown(cpu, profile):
+    """The evidence for ``memory_setup``: setups it maps together hold the same tensors when measured for real. Knobs
+    that change which tensors live (gradients set to None, a loss summed on the device between syncs) keep theirs."""
+    base, spec = get_recipe("baseline").config(profile), resolve_spec("mlp", profile)
+    same = [dataclasses.replace(base, num_workers=1, non_blocking=True),
+            dataclasses.replace(base, cudnn_benchmark=True, empty_cache=True),
+            get_recipe("loss_item").config(profile)]
+    measured = _measured_breakdown(base, spec, cpu)
+    for config in same:
+        assert config != base and memory_setup(config) == memory_setup(base)
+        assert _measured_breakdown(config, spec, cpu) == measured, config
+    for config in (get_recipe("set_to_none").config(profile), dataclasses.replace(base, loss_history="item", log_every=2)):
+        assert memory_setup(config) != memory_setup(base)
+
+
+def test_the_cache_predicts_once_per_memory_setup_and_spec(cpu, profile, monkeypatch):
+    from trainbench import predict
+
+    made = []
+    monkeypatch.setattr(predict, "predict_memory",
+                        lambda config, spec, backend: made.append((config, spec.name)) or {"reason": f"#{len(made)}"})
+    cache, spec = PredictionCache(cpu), resolve_spec("mlp", profile)
+    shared = [cache("cpu", get_recipe(r).config(profile), spec)
+              for r in ("baseline", "multiprocess_loading", "pinned_memory", "cudnn_benchmark", "loss_item", "empty_cache")]
+    assert made == [(memory_setup(get_recipe("baseline").config(profile)), "mlp")]  # predicted as its memory setup
+    assert all(p is shared[0] for p in shared)
+    assert cache("cpu", get_recipe("set_to_none").config(profile), spec) == {"reason": "#2"}
+    # The same spec object asked for under another profile with the same setup: the same tensors, no new prediction.
+    assert cache("gpu", get_recipe("baseline").config(profile), spec) is shared[0] and len(made) == 2
+    # A workload built for the GPU profile is another spec (its sizes), and is predicted.
+    assert cache("gpu", get_recipe("baseline").config(profile), resolve_spec("mlp", PROFILES["gpu"])) == {"reason": "#3"}
+    # ...once: its name and profile find it again, whichever object the workload was rebuilt as.
+    assert cache("gpu", get_recipe("baseline").config(profile), resolve_spec("mlp", PROFILES["gpu"])) == {"reason": "#3"}
+    assert len(made) == 3
+
+
+def test_a_prediction_leaves_memtracker_as_it_found_it(cpu, profile, mlp):
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    update = MemTracker._update_peak_stats
+    assert "breakdown_bytes" in predict_memory(get_recipe("baseline").config(profile), mlp, cpu)
+    assert "reason" in predict_memory(get_recipe("baseline").config(profile), BRANCHING, cpu)  # raised inside
+    assert MemTracker._update_peak_stats is update
+
+
+# -- a prediction that cannot be made says why in the summary -------------------------------------------------------
+
+def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, quick):
+    from trainbench.report import summary_table
+    from trainbench.result import CaseRecord
+    from trainbench.summary import _prediction_lines
+
+    records = [CaseRecord.read(Runner(cpu, profile, quick, predict=True).run("baseline", spec).record(), "case")
+               for spec in ("mlp", BRANCHING)]
+    reason = records[1].prediction_failure
+    assert reason.startswith("FakeTensorMode could not run the step: ") and "data-dependent" in reason
+    assert records[0].prediction_failure is None and records[0].prediction_matches is True
+    rows = summary_table(records)[2:]
+    assert rows[0].split()[6].isdigit() and rows[1].split()[6] == "n/a"  # the GPU pred column
+    lines = _prediction_lines(records)
+    assert lines[1] == (f"GPU pred n/a for {records[1].case}: {reason}", True)
+    # the method's check ran on the one case predicted, and no more is claimed
+    assert lines[0][0].endswith("; each case's own setup predicted exactly as measured") and len(lines) == 2

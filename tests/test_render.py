@@ -33,3 +33,50 @@ def test_the_markdown_table_aligns_figures_escapes_pipes_and_marks_missing_value
 def test_a_row_of_the_wrong_width_is_refused():
     with pytest.raises(ValueError, match="a row of 1 cells in a table of 2 columns"):
         Table((Column("a"), Column("b")), (("x",),))
+
+
+# -- the GPU prediction column and its legend -------------------------------------------------------------------------
+
+def _predicted_record(case: str, predicted: dict | None):
+    from trainbench.result import CaseRecord
+
+    peak = (predicted or {}).get("breakdown_bytes", {}).get("total")
+    return CaseRecord.read({"case": case, "samples_per_step": 16, "samples_per_s": 100.0, "step_time_ms": 160.0,
+                            "round_step_times_s": [0.16], "predicted_gpu_peak_mib": peak / 2**20 if peak else None,
+                            "predicted_memory": predicted}, case)
+
+
+PREDICTED = {"profile": "gpu", "device": "cpu", "batch_size": 32, "breakdown_bytes": {"total": 300 * 2**20}}
+EXACT = {"check": {"matches": True}}
+FAILED = {"profile": "gpu", "reason": "FakeTensorMode could not run the step: TypeError: Multiple dispatch failed"}
+
+
+def test_a_prediction_that_could_not_be_made_is_marked_in_its_cell_and_explained_below_the_table():
+    from trainbench.report import summary_table
+    from trainbench.summary import _prediction_lines
+
+    records = [_predicted_record("a-baseline", {**PREDICTED, **EXACT}), _predicted_record("b-baseline", FAILED),
+               _predicted_record("b-amp", FAILED), _predicted_record("c-baseline", None)]
+    cells = [row.split()[6] for row in summary_table(records)[2:]]
+    assert cells == ["300", "n/a", "n/a", "-"]  # predicted, could not be, not asked for
+    lines = _prediction_lines(records)
+    assert lines[0] == ("GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator "
+                        "cache, workspaces or CUDA context); each case's own setup predicted exactly as measured", False)
+    assert lines[1:] == [(f"GPU pred n/a for b-baseline, b-amp: {FAILED['reason']}", True)]  # one line per reason
+
+
+def test_the_prediction_legend_claims_exactness_only_for_the_cases_it_checked():
+    from trainbench.summary import _prediction_lines
+
+    unchecked = [_predicted_record("a", {**PREDICTED, **EXACT}), _predicted_record("b", PREDICTED)]
+    assert _prediction_lines(unchecked)[0][0].endswith(
+        "; own setup predicted exactly as measured for 1 of 2 cases, the others not checked (their own setup not "
+        "predicted or its breakdown not measured)")
+    mismatched = [_predicted_record("a", {**PREDICTED, **EXACT}), _predicted_record("b", {**PREDICTED, "check": {
+        "matches": False}})]
+    assert _prediction_lines(mismatched) == [(
+        "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
+        "workspaces or CUDA context); ! prediction of this run's own setup differs from its measured breakdown: b", True)]
+    # Nothing predicted at all: no legend, only the reasons.
+    assert _prediction_lines([_predicted_record("b", FAILED)]) == [(f"GPU pred n/a for b: {FAILED['reason']}", True)]
+    assert _prediction_lines([_predicted_record("c", None)]) == []

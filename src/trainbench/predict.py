@@ -17,7 +17,11 @@ Optimizers take the implementation torch would take for real tensors on the same
 (foreach on CUDA: ``optimizer_path_of_real_tensors``), with its all-parameters temporaries.
 
 Setups whose step depends on data or runs real kernels cannot be faked; ``unpredictable``
-says which and why.
+says which and why, and a step that fails under fake tensors all the same returns its reason.
+
+A prediction costs about two training steps of dispatch in Python whatever the sizes (a second or
+two for a ResNet-50). ``PredictionCache`` makes one per memory setup (``memory_setup``: the
+knobs that change no tensor of a step left out) and spec in a session.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import contextlib
 import dataclasses
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import torch
 
 from .device import Backend, DeviceCaps
-from .recipes import TrainConfig
-from .spec import TrainingSpec
+from .recipes import DEBUG_NVTX, TrainConfig
+from .spec import TrainingSpec, map_tensors
 from .training import TrainingSetup
 
 PREDICTED_STEPS = 1  # untracked steps before the tracked one: gradients and optimizer state exist
@@ -102,6 +108,25 @@ def unpredictable(config: TrainConfig) -> str | None:
     return None
 
 
+# Knobs that change how batches arrive or which kernels run, not which tensors a step holds on the device:
+# a setup with them at these values has the same tracked breakdown (the loader is never iterated in a prediction,
+# cuDNN's choice and empty_cache act on the allocator, not on tensors).
+_SAME_TENSORS = {"num_workers": 0, "loader_timeout_s": TrainConfig.loader_timeout_s, "pin_memory": False,
+                 "non_blocking": False, "cudnn_benchmark": False, "empty_cache": False}
+
+
+def memory_setup(config: TrainConfig) -> TrainConfig:
+    """The setup whose step holds the same tensors as ``config``'s, with the knobs that change none at their defaults:
+    the loader's (workers, pinned memory, non-blocking copies), cuDNN autotuning, ``empty_cache``, NVTX ranges and a
+    loss logged with ``.item()`` every step. Setups that map to one ``memory_setup`` share one prediction."""
+    same = dict(_SAME_TENSORS)
+    if config.debug == DEBUG_NVTX:  # ranges around ops, no tensor (and a CPU cannot fake them)
+        same["debug"] = None
+    if config.loss_history == "item" and config.log_every == 1:  # a float on the host; no device sum kept between steps
+        same["loss_history"] = None
+    return dataclasses.replace(config, **same)
+
+
 class _OneSampleBatches:
     """Loader-shaped batches without a loader: one real sample, collated ``batch_size`` times (fake, no data)."""
 
@@ -109,7 +134,7 @@ class _OneSampleBatches:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # a real sample: transforms may test values (Normalize checks std != 0)
-            self.sample = dataset[0]
+            self.sample = _plain_tensors(dataset[0])
         self.batch_size = batch_size
 
     def __iter__(self) -> Iterator:
@@ -119,6 +144,90 @@ class _OneSampleBatches:
         from torch.utils.data import default_collate
 
         return default_collate([self.sample] * self.batch_size)
+
+
+def _plain_tensors(sample):
+    """``sample`` with tensor subclasses (torchvision's ``tv_tensors.Image`` from ``v2.ToImage()``, ...) as plain tensors,
+    the type collating them gives in a real loader. FakeTensorMode refuses to run an op on a subclass it does not know
+    (``aten.stack``: "Multiple dispatch failed ... all __torch_dispatch__ handlers returned NotImplemented")."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def plain(t):
+        return t if type(t) in (torch.Tensor, FakeTensor) else t.as_subclass(torch.Tensor)
+
+    return map_tensors(plain, sample)
+
+
+def _fake_model(build: Callable[[], torch.nn.Module], mode) -> Callable[[], torch.nn.Module]:
+    """``build`` for the fake mode: the model built under it where its construction asks its tensors nothing, else
+    built from real tensors outside the mode and then made fake (parameters, buffers, ties between them kept).
+
+    Building fake takes no memory and skips the initializers' work, but a constructor that computes a constant from
+    tensors fails under fake tensors: timm's ``calculate_drop_path_rates`` (``torch.linspace(...).item()``, ViT,
+    ConvNeXt), RegNet's widths. The real build holds the parameters once, uninitialized (``_no_weight_init``).
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def model() -> torch.nn.Module:
+        try:
+            return build()
+        except Exception:  # noqa: BLE001 - a real build raises the model's own error, if it has one
+            with unset_fake_temporarily():
+                real = build()
+            return _made_fake(real, mode) if isinstance(real, torch.nn.Module) else real
+
+    return model
+
+
+def _made_fake(model: torch.nn.Module, mode) -> torch.nn.Module:
+    """``model`` with fake parameters and buffers of the same shapes, dtypes and strides, in place."""
+    # One fake tensor per real one, so tied weights stay tied (the real one kept alive while its id is a key).
+    converted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def fake(t: torch.Tensor, parameter: bool) -> torch.Tensor:
+        if id(t) not in converted:
+            f = mode.from_tensor(t, static_shapes=True)
+            converted[id(t)] = t, torch.nn.Parameter(f, requires_grad=t.requires_grad) if parameter else f
+        return converted[id(t)][1]
+
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    module._parameters[name] = fake(param, True)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = fake(buffer, False)
+    return model
+
+
+@contextlib.contextmanager
+def _global_peak_only():
+    """``MemTracker`` keeps only the global peak up to date, which is all ``Measurer.tracked_breakdown`` reads.
+
+    After every op, MemTracker also walks every module it has seen to update the peak of those being run: for a
+    ResNet-50 that walk is ~400 weak-reference look-ups per op, over half the time of a tracked fake step. The walk
+    is skipped by giving it no module to walk; the global peak is updated by MemTracker's own code as before.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    update = getattr(MemTracker, "_update_peak_stats", None)
+    if update is None:  # another torch: leave it as it is
+        yield
+        return
+
+    def global_only(self, peak_state) -> None:
+        modules, self.memory_tracking = self.memory_tracking, {}
+        try:
+            update(self, peak_state)
+        finally:
+            self.memory_tracking = modules
+
+    MemTracker._update_peak_stats = global_only
+    try:
+        yield
+    finally:
+        MemTracker._update_peak_stats = update
 
 
 @contextlib.contextmanager
@@ -202,11 +311,12 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
     # A shape environment lets ``.item()`` (a logged loss) return a symbol instead of failing.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with mode, optimizer_path_of_real_tensors(), contextlib.ExitStack() as stack:
+        with mode, optimizer_path_of_real_tensors(), _global_peak_only(), contextlib.ExitStack() as stack:
             with _no_weight_init(), warnings.catch_warnings():
                 # The loader is never iterated here: its worker count suits the GPU runner, not this one.
                 warnings.filterwarnings("ignore", message="This DataLoader will create")
-                training = _PredictedTraining(config, spec, backend)
+                training = _PredictedTraining(config, dataclasses.replace(spec, model=_fake_model(spec.model, mode)),
+                                              backend)
             stack.enter_context(training)
             measurement = Measurer(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
@@ -214,21 +324,45 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
                 training.step(training.fetch(batches))
             breakdown = measurement.tracked_breakdown()
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return {"reason": f"FakeTensorMode could not run the step: {type(e).__name__}: {first[:300]}"}
+        return {"reason": f"FakeTensorMode could not run the step: {failure_line(e)}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}
 
 
+def failure_line(error: BaseException, limit: int = 300) -> str:
+    """One line for a summary: the exception's type, its message's first line, and the last frame outside torch
+    (the model's, the spec's or trainbench's code that called the op), e.g. ``TypeError: Multiple dispatch failed
+    for 'torch._ops.aten.stack.default'; all __torch_dispatch__ handlers returned NotImplemented: (at
+    trainbench/predict.py:146)``."""
+    import traceback
+    from pathlib import Path
+
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(torch_dir)]
+    where = f" (at {'/'.join(Path(frames[-1].filename).parts[-3:])}:{frames[-1].lineno})" if frames else ""
+    text = str(error).strip()
+    message = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {message[:limit]}{where}"
+
+
 class PredictionCache:
-    """``predict_memory`` once per setup in a session: a prediction takes a second or more, and the memory
-    check before a case, ladders and the GPU-profile prediction after it ask for the same setups again."""
+    """``predict_memory`` once per memory setup (``memory_setup``) and spec in a session: a prediction takes a second
+    or more, the memory check before a case, ladders and the GPU-profile prediction after it ask for the same setups
+    again, and many recipes differ from another only in knobs that change no tensor (loader, cuDNN, logging)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self._predictions: dict[tuple, dict] = {}  # by (profile, spec, config)
+        self._predictions: dict[tuple, dict] = {}  # by (profile, spec name, memory setup)
+        # By the spec object and memory setup: a spec the caller gave as it is (not a workload built per profile)
+        # is the same spec in every profile, so where the setups match, so do the predictions.
+        self._by_spec: dict[tuple, tuple[TrainingSpec, dict]] = {}
 
     def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> dict:
-        key = (profile_name, spec.name, config)
+        setup = memory_setup(config)
+        same_spec = (id(spec), setup)
+        if same_spec in self._by_spec:
+            return self._by_spec[same_spec][1]
+        key = (profile_name, spec.name, setup)
         if key not in self._predictions:
-            self._predictions[key] = predict_memory(config, spec, self.backend)
+            self._predictions[key] = predict_memory(setup, spec, self.backend)
+        self._by_spec[same_spec] = (spec, self._predictions[key])  # the spec kept: its id is not reused
         return self._predictions[key]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 MISSING = "-"
 MARKDOWN_MISSING = "—"
+NOT_PREDICTED = "n/a"  # a prediction asked for and not made: the summary gives the reason beside the table
 
 
 def number(value: float | None, spec: str = ".4g", suffix: str = "") -> str:

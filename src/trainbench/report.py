@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_text_atomic
-from .render import Column, Table, number
+from .render import NOT_PREDICTED, Column, Table, number
 from .result import CaseRecord, RecordError
 from .store import RunFileError, load_run
 
@@ -44,7 +44,7 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
             f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
             number(m["peak_memory_mib"], ".1f"),
             number(m["activation_mib"], ".1f"),
-            number(m.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False else "!"),
+            _predicted_cell(record),
             number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
             number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
             record.budget_status,
@@ -55,6 +55,15 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
                                                  else f" {record.raw.get('items_unit')}"))
         body.append(tuple(row))
     return Table(tuple(columns), tuple(body)).terminal()
+
+
+def _predicted_cell(record: CaseRecord) -> str:
+    """The GPU-profile prediction: MiB (``!`` where the method's check on this run failed), ``NOT_PREDICTED`` where it
+    could not be made (the summary says why below the table), ``-`` where none was asked for."""
+    if record.prediction_failure:
+        return NOT_PREDICTED
+    return number(record.metrics.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False
+                                                                          else "!")
 
 
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------

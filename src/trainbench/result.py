@@ -341,6 +341,14 @@ class CaseRecord:
         return (predicted.get("check") or {}).get("matches")
 
     @property
+    def prediction_failure(self) -> str | None:
+        """Why the GPU-profile memory of this case was not predicted (a setup fake tensors cannot run, a step that
+        failed under them), or None where it was predicted or not asked for."""
+        predicted = self.raw.get("predicted_memory") if isinstance(self.raw.get("predicted_memory"), dict) else {}
+        reason = predicted.get("reason")
+        return str(reason) if reason and not predicted.get("breakdown_bytes") else None
+
+    @property
     def ranks(self) -> dict | None:
         ranks = self.raw.get("ranks")
         return ranks if isinstance(ranks, dict) else None

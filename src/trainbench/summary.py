@@ -31,13 +31,8 @@ def write_summary(terminalreporter, state) -> None:
     if any(r.speedup_vs_baseline is not None and not r.paired for r in records):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
                                     "(no ratio budget asked for interleaving), so machine drift is in the ratio")
-    mismatched = [r.case for r in records if r.prediction_matches is False]
-    if any(r.metrics.get("predicted_gpu_peak_mib") is not None for r in records):
-        terminalreporter.write_line(
-            "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
-            "workspaces or CUDA context)" + (f"; ! prediction of this run's own setup differs from its measured "
-                                             f"breakdown: {', '.join(mismatched)}" if mismatched else
-                                             "; each case's own setup predicted exactly as measured"))
+    for line, failed in _prediction_lines(records):
+        terminalreporter.write_line(line, yellow=failed)
     for r in records:
         if r.ranks:
             terminalreporter.write_line(_ranks_line(r.case, r.ranks))
@@ -68,6 +63,35 @@ def write_ab(terminalreporter, state) -> None:
         if outcome.guard is not None and not outcome.guard.ok:
             terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
     _write_findings(terminalreporter, verdict)
+
+
+def _prediction_lines(records) -> list[tuple[str, bool]]:
+    """What the "GPU pred" column holds, how far the method's check on this run's own setups went (a case whose own
+    setup was not predicted is not counted as exact), and one line per reason a prediction could not be made, with
+    its cases; (line, whether it says something failed)."""
+    from .render import NOT_PREDICTED
+
+    predicted = [r for r in records if r.metrics.get("predicted_gpu_peak_mib") is not None]
+    lines = []
+    if predicted:
+        mismatched = [r.case for r in predicted if r.prediction_matches is False]
+        exact = sum(r.prediction_matches is True for r in predicted)
+        if mismatched:
+            check = f"; ! prediction of this run's own setup differs from its measured breakdown: {', '.join(mismatched)}"
+        elif exact == len(predicted):
+            check = "; each case's own setup predicted exactly as measured"
+        else:
+            check = (f"; own setup predicted exactly as measured for {exact} of {len(predicted)} cases, the others not "
+                     "checked (their own setup not predicted or its breakdown not measured)")
+        lines.append(("GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator "
+                      "cache, workspaces or CUDA context)" + check, bool(mismatched)))
+    reasons: dict[str, list[str]] = {}
+    for r in records:
+        if r.prediction_failure:
+            reasons.setdefault(r.prediction_failure, []).append(r.case)
+    for reason, cases in reasons.items():
+        lines.append((f"GPU pred {NOT_PREDICTED} for {', '.join(cases)}: {reason}", True))
+    return lines
 
 
 def _ranks_line(case: str, ranks: dict) -> str:
