@@ -13,14 +13,18 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
 
 
-@pytest.mark.parametrize("example, passed, skipped", [
-    ("language_model", 5 if BF16 else 4, 0 if BF16 else 1),  # amp_bf16 needs a CPU with bf16
-    ("contrastive", 4, 0),
-    ("regression", 3, 1),  # optimizer_fused: plain SGD built by a lambda takes no fused=
-    ("lightning_module", 4 if BF16 else 3, 0 if BF16 else 1),
-    ("gan", 6 if BF16 else 5, 1 if BF16 else 2),  # grad_accumulation: a custom step's updates cannot be accumulated
+@pytest.mark.parametrize("example, passed, skipped, library", [
+    ("language_model", 5 if BF16 else 4, 0 if BF16 else 1, None),  # amp_bf16 needs a CPU with bf16
+    ("contrastive", 4, 0, None),
+    ("regression", 3, 1, None),  # optimizer_fused: plain SGD built by a lambda takes no fused=
+    ("lightning_module", 4 if BF16 else 3, 0 if BF16 else 1, "lightning.pytorch"),
+    ("gan", 6 if BF16 else 5, 1 if BF16 else 2, None),  # grad_accumulation: a custom step's updates cannot be accumulated
+    ("hf_causal_lm", 5 if BF16 else 4, 0 if BF16 else 1, "transformers"),
+    ("timm_classifier", 4, 0, "timm"),
 ])
-def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, quick_options):
+def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options):
+    if library:
+        pytest.importorskip(library)  # the example skips itself without it; here it would count no passes
     for path in (EXAMPLES / example).iterdir():
         if path.is_file():
             shutil.copy(path, pytester.path / path.name)
@@ -30,7 +34,8 @@ def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, 
     assert " none" not in summary and "FAIL" not in summary  # every measured case had its budget, and met it
 
 
-@pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan"])
+@pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan", "hf_causal_lm",
+                                     "timm_classifier"])
 def test_example_is_short_and_uses_the_public_api_only(example):
     [test_file] = (EXAMPLES / example).glob("test_*.py")
     source = test_file.read_text()
