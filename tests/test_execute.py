@@ -1,6 +1,8 @@
 """Executing a plan: each way of measuring a case and its baseline, the session's baselines, the guard's inputs."""
 
 import dataclasses
+import functools
+import types
 import weakref
 
 import pytest
@@ -11,7 +13,7 @@ from trainbench.device import CpuBackend, PeakMemory
 from trainbench.measure import Measurer
 from trainbench.result import CaseRecord
 from trainbench.runner import Runner
-from trainbench.spec import classification_loss
+from trainbench.spec import TrainingSpec, classification_loss
 from trainbench.training import InjectedFault
 from trainbench.workloads import resolve_spec
 
@@ -177,3 +179,65 @@ def test_out_of_memory_reads_this_cases_peak_and_releases_memory_once_nothing_ho
     assert backend.log == ["reset peaks", "read peaks", "release (model freed)"]
     assert outcome.error == (f"mlp-baseline: out of memory at batch {mlp.batch_size} (peak so far 3.00 GiB): "
                              "CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+class KeyValueCachingModel(torch.nn.Module):
+    """A causal LM's shape as Hugging Face writes it: each forward gives its blocks a fresh key/value cache when
+    ``config.use_cache`` is on, and a block's attention reads the keys cached so far."""
+
+    def __init__(self, use_cache: bool):
+        super().__init__()
+        self.config = types.SimpleNamespace(use_cache=use_cache)
+        self.block = CachingAttention()
+
+    def forward(self, x):
+        return self.block(x, [] if self.config.use_cache else None)
+
+
+class CachingAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache):
+        keys = self.proj(x)
+        if cache is not None:  # a recomputation appends the same keys again: twice as many as queries
+            cache.append(keys)
+            keys = torch.cat(cache, dim=1)
+        causal = torch.ones(x.shape[1], x.shape[1]).tril()
+        return (x @ keys.transpose(1, 2) + causal).softmax(-1) @ x
+
+
+def _caching_spec(use_cache: bool) -> TrainingSpec:
+    return TrainingSpec(name="cached_lm", model=lambda: KeyValueCachingModel(use_cache),
+                        loss_fn=lambda model, batch: model(batch).square().mean(), batch_size=2,
+                        optimizer=functools.partial(torch.optim.SGD, lr=0.1), checkpoint_blocks=["block"],
+                        batches=lambda n, gen: torch.randn(n, 8, 4, generator=gen, device=gen.device))
+
+
+def test_checkpointing_a_model_that_caches_keys_fails_with_its_own_error_and_says_to_turn_the_cache_off(cpu, profile,
+                                                                                                        quick):
+    runner = Runner(cpu, profile, quick)
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(16\) must match the size of tensor b \(8\)") as raised:
+        runner.run("checkpointing", _caching_spec(use_cache=True))
+    assert raised.value.__notes__ == [
+        "trainbench: cached_lm-checkpointing: set use_cache=False in the model's config (Hugging Face models cache "
+        "keys/values, which recomputation breaks)"]
+    assert runner.run("checkpointing", _caching_spec(use_cache=False)).error is None  # what the note says fixes it
+
+
+def _raise_before_the_model(model, batch):
+    raise RuntimeError("the user's own bug")
+
+
+@pytest.mark.parametrize("recipe, use_cache, loss_fn", [
+    ("baseline", True, _raise_before_the_model),  # nothing recomputed
+    ("checkpointing", True, _raise_before_the_model),  # raised outside the checkpointed block
+    ("checkpointing", False, lambda model, batch: model(batch[..., :3]).sum()),  # inside the block, but no cache
+])
+def test_an_error_outside_a_recomputed_block_or_without_a_cache_gains_no_note(recipe, use_cache, loss_fn, cpu, profile,
+                                                                              quick):
+    spec = dataclasses.replace(_caching_spec(use_cache), loss_fn=loss_fn)
+    with pytest.raises(RuntimeError) as raised:
+        Runner(cpu, profile, quick).run(recipe, spec)
+    assert not hasattr(raised.value, "__notes__")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 import traceback
 
+import torch.utils.checkpoint
+
 from . import guards  # by module: tests replace its functions to see what the guard computes
 from .device import Backend, DeviceCaps, is_out_of_memory
 from .distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
@@ -58,6 +60,36 @@ def _drop_frames(error: BaseException) -> None:
         traceback.clear_frames(error.__traceback__)  # frames still running (this one's callers) are left as they are
         error.__traceback__ = None
         error = error.__cause__ or error.__context__
+
+
+def recomputation_hint(config: TrainConfig, spec: TrainingSpec, error: BaseException) -> str | None:
+    """What likely fixes a checkpointing case that failed while a block ran under ``torch.utils.checkpoint``, in a
+    model whose ``config.use_cache`` is on (Hugging Face's): the recomputed forward adds its keys and values to the
+    cache a second time, and attention then meets twice the keys (``The size of tensor a (128) must match the size
+    of tensor b (64)``). None where that is not the case."""
+    if not config.checkpointing or not any(frame.f_code.co_filename == torch.utils.checkpoint.__file__
+                                           for frame, _ in traceback.walk_tb(error.__traceback__)):
+        return None
+    try:
+        model = spec.model()  # the failed setup's model is gone with it; the spec builds the same
+    except Exception:
+        return None
+    if not getattr(getattr(model, "config", None), "use_cache", False):
+        return None
+    return ("set use_cache=False in the model's config (Hugging Face models cache keys/values, which recomputation "
+            "breaks)")
+
+
+def _add_hint(plan: CasePlan, error: BaseException) -> None:
+    """``error``, re-raised with its own traceback, gains a note of what likely fixes it (pytest prints it after the error)."""
+    hint = recomputation_hint(plan.config, plan.spec, error)
+    if hint is None:
+        return
+    note = f"trainbench: {plan.case}: {hint}"
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: the exceptiongroup backport pytest installs prints __notes__ too
+        error.__notes__ = [*getattr(error, "__notes__", []), note]
 
 
 def _rank_failures(outcome: CaseOutcome) -> list[str]:
@@ -112,10 +144,14 @@ class Executor:
                 # This case alone fails; what it held goes back before the next case measures its peaks.
                 return failed_without_result(outcome, self._out_of_memory(plan, e))
             if "DataLoader timed out" not in str(e):  # torch's message for a worker batch past `timeout`
+                _add_hint(plan, e)
                 raise
             return failed_without_result(outcome, (
                 f"{outcome.case}: no progress for {plan.config.loader_timeout_s:g} s in the DataLoader (a worker "
                 "did not deliver a batch: a hung dataset or transform); loader_timeout_s sets the limit"))
+        except Exception as e:  # the spec's code or a library it calls: its own traceback, with what likely fixes it
+            _add_hint(plan, e)
+            raise
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             predicted = self._predicted_memory(plan, outcome.result)
