@@ -168,8 +168,10 @@ def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_pa
     with pytest.raises(BudgetError, match=r'\[cpu\."gelu_mlp-basline"\] names no case; did you mean "gelu_mlp-baseline"'):
         typo.check_case_ids(known)
     fine = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\n[cpu."gelu_mlp-baseline"]\n'
-                                        'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'))
-    fine.check_case_ids(known)  # the suite's, the wildcard, and a user's own case (known only when it runs)
+                                        'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."timm_resnet18-uint8_transfer"]\nmax_ops_per_step = 3\n'))
+    # the suite's, the wildcard, and users' own cases (known only when they run), one named after a built-in workload
+    fine.check_case_ids(known)
 
 
 def test_a_bound_under_the_wildcard_entry_is_refused_not_silently_unapplied(tmp_path):

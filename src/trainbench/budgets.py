@@ -189,7 +189,9 @@ class Budgets:
             for case in cases:
                 if case == "*" or case in known:
                     continue
-                close = difflib.get_close_matches(case, known, n=1, cutoff=0.9)
+                # A name longer or shorter by more than a letter is another spec's ("timm_resnet18" is not
+                # "resnet18" mistyped), however alike the two read.
+                close = [k for k in difflib.get_close_matches(case, known, n=3, cutoff=0.9) if abs(len(k) - len(case)) <= 1]
                 if close:
                     raise BudgetError(f"{self.path}: [{device_key}.\"{case}\"] names no case; did you mean "
                                       f"\"{close[0]}\"? (case ids are <workload>-<recipe> or a ladder rung's id, as "
