@@ -2,6 +2,7 @@
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -25,15 +26,14 @@ class Texts(Dataset):
     """Tokenized texts of random lengths (seeded), as a tokenizer hands them to a DataCollator."""
 
     def __init__(self, size=256):
-        gen = torch.Generator().manual_seed(0)
-        self.texts = [torch.randint(1, VOCAB, (int(n),), generator=gen)
-                      for n in torch.randint(SEQ // 4, SEQ + 1, (size,), generator=gen)]
+        rng = np.random.default_rng(0)
+        self.texts = [rng.integers(1, VOCAB, n) for n in rng.integers(SEQ // 4, SEQ + 1, size)]
 
     def __len__(self):
         return len(self.texts)
 
     def __getitem__(self, i):
-        return {"input_ids": self.texts[i]}
+        return {"input_ids": torch.from_numpy(self.texts[i])}
 
 
 def pad_right(samples):

@@ -2,6 +2,7 @@
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -21,9 +22,9 @@ class Photos(Dataset):
     or (``pixels="uint8"``) the uint8 pixels as they are, to normalize on the device."""
 
     def __init__(self, pixels=None, size=256):
-        gen = torch.Generator().manual_seed(0)
-        self.images = torch.randint(0, 256, (size, 64, 64, 3), dtype=torch.uint8, generator=gen).numpy()
-        self.labels = torch.randint(0, 10, (size,), generator=gen).tolist()
+        rng = np.random.default_rng(0)
+        self.images = rng.integers(0, 256, (size, 64, 64, 3), dtype=np.uint8)
+        self.labels = rng.integers(0, 10, size).tolist()
         self.transform = T.PILToTensor() if pixels == "uint8" else T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])
 
     def __len__(self):
