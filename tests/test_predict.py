@@ -303,6 +303,44 @@ def test_a_model_that_cannot_be_built_at_all_says_its_own_error(cpu, profile):
     assert "ValueError: no such block: blokc (at " in prediction["reason"]
 
 
+class _Texts(torch.utils.data.Dataset):
+    """Token sequences of random lengths, drawn in the constructor from tensors (``int(n)``): a question a dataset
+    built under fake tensors cannot answer."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(0)
+        self.texts = [torch.randint(1, 50, (int(n),), generator=gen) for n in torch.randint(2, 9, (16,), generator=gen)]
+
+    def __len__(self):
+        return len(self.texts)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.texts[i]}
+
+
+def _pad(samples):
+    """A collator's right padding to 8 tokens, with the mask the loss needs (no such key without it)."""
+    ids = torch.zeros(len(samples), 8, dtype=torch.long)
+    for row, sample in zip(ids, samples):
+        row[:len(sample["input_ids"])] = sample["input_ids"]
+    return {"input_ids": ids, "mask": (ids != 0).float()}
+
+
+def _masked_loss(model, batch):
+    per_token = model(batch["input_ids"]).logsumexp(-1)
+    return (per_token * batch["mask"]).sum() / batch["mask"].sum()
+
+
+def test_a_dataset_that_asks_its_tensors_in_its_constructor_and_a_padding_collate_fn_are_predicted(cpu, profile):
+    spec = TrainingSpec(name="padded", model=lambda: nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50)),
+                        loss_fn=_masked_loss, optimizer=functools.partial(torch.optim.AdamW, lr=1e-3), batch_size=4,
+                        dataset=_Texts, collate_fn=_pad)
+    config = get_recipe("baseline").config(profile)
+    predicted = predict_memory(config, spec, cpu)
+    assert "breakdown_bytes" in predicted, predicted.get("reason")
+    assert predicted["breakdown_bytes"] == _measured_breakdown(config, spec, cpu)
+
+
 def test_a_timm_vit_on_tv_tensor_images_is_predicted_as_measured(cpu, profile):
     timm = pytest.importorskip("timm")
     v2 = pytest.importorskip("torchvision.transforms.v2")

@@ -128,22 +128,21 @@ def memory_setup(config: TrainConfig) -> TrainConfig:
 
 
 class _OneSampleBatches:
-    """Loader-shaped batches without a loader: one real sample, collated ``batch_size`` times (fake, no data)."""
+    """Loader-shaped batches without a loader: one real sample, collated ``batch_size`` times by the loader's collate
+    function (the spec's, e.g. one that pads, or ``default_collate``) into fake tensors, no data."""
 
-    def __init__(self, dataset, batch_size: int):
+    def __init__(self, loader):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # a real sample: transforms may test values (Normalize checks std != 0)
-            self.sample = _plain_tensors(dataset[0])
-        self.batch_size = batch_size
+            self.sample = _plain_tensors(loader.dataset[0])
+        self.batch_size, self.collate = loader.batch_size, loader.collate_fn
 
     def __iter__(self) -> Iterator:
         return self
 
     def __next__(self):
-        from torch.utils.data import default_collate
-
-        return default_collate([self.sample] * self.batch_size)
+        return self.collate([self.sample] * self.batch_size)
 
 
 def _plain_tensors(sample):
@@ -279,11 +278,19 @@ def optimizer_path_of_real_tensors():
 class _PredictedTraining(TrainingSetup):
     """A ``TrainingSetup`` whose data never comes from a real loader and whose steps never ask the data a question."""
 
+    def _loader(self, spec: TrainingSpec, config: TrainConfig):
+        # The dataset built as a real run builds it: a constructor may ask its own tensors for values (lengths drawn
+        # at random, ``.numpy()`` for PIL images), which fake tensors cannot answer. Only its first sample is read.
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return super()._loader(spec, config)
+
     def batches(self) -> Iterator:
         if self._iterator is None:
             if self.synthetic:
                 return super().batches()
-            self._iterator = _OneSampleBatches(self.loader.dataset, self.batch_size)
+            self._iterator = _OneSampleBatches(self.loader)
         return self._iterator
 
     def step_optimizer(self, optimizer, name: str) -> None:
