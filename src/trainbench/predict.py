@@ -331,11 +331,11 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
                 training.step(training.fetch(batches))
             breakdown = measurement.tracked_breakdown()
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
-        return {"reason": f"FakeTensorMode could not run the step: {failure_line(e)}"}
+        return {"reason": f"FakeTensorMode could not run the step: {_failure_line(e)}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}
 
 
-def failure_line(error: BaseException, limit: int = 300) -> str:
+def _failure_line(error: BaseException, limit: int = 300) -> str:
     """One line for a summary: the exception's type, its message's first line, and the last frame outside torch
     (the model's, the spec's or trainbench's code that called the op), e.g. ``TypeError: Multiple dispatch failed
     for 'torch._ops.aten.stack.default'; all __torch_dispatch__ handlers returned NotImplemented: (at
