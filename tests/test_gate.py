@@ -22,7 +22,7 @@ GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "compa
              "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
              "environment_differs"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
-                   "reason", "unit", "line"}
+                   "reason", "explanation", "unit", "line"}
 
 
 def comparison(verdict: str, metric: str = "samples_per_s", change: float | None = -0.2) -> MetricComparison:

@@ -50,7 +50,7 @@ def _result(case: str, step_ms, load: dict) -> Result:
         predicted_memory={"profile": "gpu", "breakdown_bytes": {"total": 5 * MIB, "activations": 2 * MIB}},
         memory_growth_bytes_per_step=0.0, graph_nodes_growth_per_step=0.0, flops_per_step=16 * 10**6,
         ops_per_step=120, syncs_per_step=0, h2d_bytes_per_sample=0.0, aten_calls_per_step=310,
-        top_ops={"aten.mm": 6.0}, final_loss=2.3, notes=["µ-batches of 4"], machine_load=load,
+        attribution={"ops": {"aten.mm": 6.0}}, final_loss=2.3, notes=["µ-batches of 4"], machine_load=load,
         phase_seconds={"memory": 0.2})
 
 

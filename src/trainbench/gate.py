@@ -9,7 +9,7 @@ back (``Verdict.to_json``) and printed as a table or as Markdown.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .metrics import METRICS
 from .render import Column, Table, change, interval, number
@@ -72,6 +72,9 @@ class MetricComparison:
     p_value: float | None = None  # one-sided test in the direction of the change
     ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
     reason: str | None = None  # why inconclusive
+    # A regressed or improved verdict's "where": the attribution rows that account for the change
+    # (``trainbench.explain.explanation``), a line each
+    explanation: tuple[str, ...] = ()
 
     @property
     def unit(self) -> str:
@@ -94,7 +97,17 @@ class MetricComparison:
                 + (f": {self.reason}" if self.reason else ""))
 
     def to_json(self) -> dict:
-        return {**asdict(self), "ci": list(self.ci) if self.ci else None, "unit": self.unit, "line": self.describe()}
+        return {**asdict(self), "ci": list(self.ci) if self.ci else None, "explanation": list(self.explanation),
+                "unit": self.unit, "line": self.describe()}
+
+    def explained(self, baseline: dict | None, current: dict | None, paired: bool = False) -> MetricComparison:
+        """This comparison with its "where" (a regressed or improved verdict only) from both sides' attribution
+        tables (``trainbench.attribution``; ``paired``: their profiled steps alternated)."""
+        if self.verdict not in ("regressed", "improved"):
+            return self
+        from .explain import explanation
+
+        return replace(self, explanation=explanation(self.metric, baseline, current, paired))
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,20 @@ def environment_line(differences) -> str:
             + " (a change may come from these rather than the code)")
 
 
+ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the verdict's header names them all)
+
+
+def where_lines(comparison: dict, environment) -> list[str]:
+    """The lines under a regressed or improved comparison (its JSON form): what accounts for it, and the software
+    that differs between the sides (a likely cause too)."""
+    lines = list(comparison.get("explanation") or [])
+    if lines and environment:
+        shown = "; ".join(list(environment)[:ENVIRONMENT_SHOWN])
+        more = len(environment) - ENVIRONMENT_SHOWN
+        lines.append("environment: " + shown + (f"; and {more} more" if more > 0 else ""))
+    return lines
+
+
 def verdict_table(comparisons: list[MetricComparison] | tuple[MetricComparison, ...]) -> list[str]:
     """A fixed-width table: case, metric, baseline, current, change, interval, verdict."""
     return _table([c.to_json() for c in comparisons]).terminal()
@@ -203,6 +230,12 @@ def verdict_markdown(verdict: dict) -> str:
     notable = [c for c in comparisons if c.get("verdict") != "unchanged"]
     if notable:
         lines += [""] + _table(notable).markdown()
+    explained = [c for c in notable if c.get("explanation")]
+    if explained:
+        lines += ["", "**Where**", ""]
+        for c in explained:
+            lines.append(f"- `{c['case']}` {c['metric']} {c['verdict']} ({change(c.get('change'))}):")
+            lines += [f"  - {line}" for line in where_lines(c, verdict.get("environment_differs") or [])]
     if comparisons:
         lines += ["", f"<details><summary>all {len(comparisons)} comparisons</summary>", ""]
         lines += _table(comparisons).markdown() + ["", "</details>"]

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -33,6 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .attribution import Sites, per_step, profile_steps
 from .device import Backend
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
@@ -54,6 +56,10 @@ class MeasureSettings:
     memory_steps: int = 2
     breakdown: bool = True  # MemTracker pass
     work: bool = True  # FLOP / op / sync pass
+    # Where the step's ops, time, FLOPs and memory go (trainbench.attribution), recorded in the passes after
+    # timing: what explains a changed verdict. ``profiled_steps``: steps the profiler times, one at a time.
+    attribution: bool = True
+    profiled_steps: int = 3
     # Exactly min_warmup_steps (+ the recipe's extra), no settling windows: ranks of a
     # process group must run the same number of steps, or their collectives deadlock.
     fixed_warmup: bool = False
@@ -81,21 +87,45 @@ class _LiveStorages(TorchDispatchMode):
     were no alternative: on CPU they can count frees of blocks allocated before profiling.)
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sites: Sites | None = None):
         super().__init__()
         self.device_type = device.type
-        self._sizes = WeakIdKeyDictionary()  # storage -> bytes; an entry goes when its storage is freed
+        self.sites = sites  # where each storage was made (trainbench.attribution), if asked
+        self._entries = WeakIdKeyDictionary()  # storage -> [bytes, site]; an entry goes when its storage is freed
+        self._by_site: Counter[str] = Counter()  # live bytes per site
+        self._refs: set = set()
+        self.peak, self.peak_by_site = 0, {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-                storage = t.untyped_storage()
-                self._sizes[storage] = storage.nbytes()  # nbytes again after an in-place resize
+                self._track(t.untyped_storage())
+        if self.sites is not None:
+            total = sum(self._by_site.values())
+            if total > self.peak:
+                self.peak, self.peak_by_site = total, dict(self._by_site)
         return out
 
+    def _track(self, storage) -> None:
+        entry = self._entries.get(storage)
+        if entry is None:
+            entry = self._entries[storage] = [storage.nbytes(), self.sites.site() if self.sites else ""]
+            self._by_site[entry[1]] += entry[0]
+            self._refs.add(weakref.ref(storage, functools.partial(self._freed, entry)))
+        elif storage.nbytes() != entry[0]:  # resized in place
+            self._by_site[entry[1]] += storage.nbytes() - entry[0]
+            entry[0] = storage.nbytes()
+
+    def _freed(self, entry: list, ref) -> None:
+        self._by_site[entry[1]] -= entry[0]
+        self._refs.discard(ref)
+
     def live_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return sum(entry[0] for entry in self._entries.values())
+
+    def live_by_site(self) -> dict[str, int]:
+        return {site: n for site, n in self._by_site.items() if n}
 
 
 class RoundRunner(Protocol):
@@ -134,16 +164,20 @@ class _OpCounter(TorchDispatchMode):
     """Counts every aten op dispatched, and the host-device syncs among them: ``_local_scalar_dense``
     (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, sites: Sites | None = None):
         super().__init__()
         self.backend = backend
+        self.sites = sites  # where each op runs (trainbench.attribution), if asked
         self.ops: Counter[str] = Counter()
+        self.ops_by_site: Counter[str] = Counter()
         self.blocking_copies = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = str(func.overloadpacket)
         self.ops[name] += 1
+        if self.sites is not None:
+            self.ops_by_site[self.sites.site()] += 1
         if name == "aten._to_copy" and kwargs.get("device") is not None:
             self.blocking_copies += self.backend.blocking_copy(args[0], torch.device(kwargs["device"]),
                                                                bool(kwargs.get("non_blocking", False)))
@@ -311,6 +345,7 @@ class Measurer:
         self._wait_s = 0.0
         self._last_loss: torch.Tensor | None = None
         self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
+        self._attribution: dict = {}  # the passes' tables (trainbench.attribution), set on the result as they fill
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -497,8 +532,8 @@ class Measurer:
         # Batches are fetched outside the counter: loader internals are not the step's memory.
         # Each is dropped after its step, so only what the step itself keeps can grow.
         pending = [training.fetch(self._batches) for _ in range(steps + 1)]
-        live_after, nodes_after = [], []  # after the first step and after the last
-        with _LiveStorages(self.backend.device) as live:
+        live_after, nodes_after, sites_after = [], [], []  # after the first step and after the last
+        with self._sites(backward=False) as sites, _LiveStorages(self.backend.device, sites) as live:
             for i in range(steps + 1):
                 self._last_loss = training.step(pending.pop(0))
                 if i in (0, steps):
@@ -506,6 +541,12 @@ class Measurer:
                     gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
                     live_after.append(live.live_bytes())
                     nodes_after.append(training.retained_graph_nodes())
+                    sites_after.append(live.live_by_site())
+        if sites is not None:  # which sites' tensors the steps kept (a leak), and which made up the peak
+            kept = {site: (sites_after[1].get(site, 0) - sites_after[0].get(site, 0)) / steps
+                    for site in {*sites_after[0], *sites_after[1]}}
+            self._attribute(memory={"peak_bytes": live.peak_by_site,
+                                    "kept_bytes_per_step": {site: n for site, n in kept.items() if n}})
         # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
         # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
         # step's backward graph each step.
@@ -582,17 +623,18 @@ class Measurer:
         self._set(h2d_bytes_per_sample=training.h2d_bytes(steps[0]) / training.samples_per_step)
         if not self.settings.work:
             return
-        counter = _OpCounter(self.backend)
         flops = FlopCounterMode(display=False)
-        with flops, counter:
+        with self._sites() as sites, flops, _OpCounter(self.backend, sites) as counter:
             for micro_batches in steps:
                 self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
-        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp,
-                                                        convolution_share(flops.get_flop_counts().get("Global", {})))
+        flops_by_op = flops.get_flop_counts().get("Global", {})
+        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp, convolution_share(flops_by_op))
         self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
-                  syncs_per_step=counter.syncs / n, top_ops={op: count / n for op, count in counter.ops.most_common(15)},
-                  peak_precision=precision, peak_tflops=peak_tflops)
+                  syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
+        self._attribute(ops=per_step(counter.ops, n), flops=per_step(Counter({str(op): c for op, c in flops_by_op.items()}), n))
+        if sites is not None:
+            self._attribute(ops_by_site=per_step(counter.ops_by_site, n))
 
     def count_calls(self) -> None:
         """aten calls and device kernels of one step, from PyTorch's profiler.
@@ -603,21 +645,41 @@ class Measurer:
         """
         if not self.settings.work:
             return
-        from torch.profiler import profile
-
         if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
             # A second profiler fails to start and, on its way out, stops the one running
             # (torch 2.9 then crashes when that one is closed).
             self._note("aten call count skipped: a profiler is already running")
             return
-        micro_batches = self.training.fetch(self._batches)
-        with profile(activities=self.backend.profiler_activities()) as prof:
-            self._last_loss = self.training.step(micro_batches)
-            self.backend.synchronize()
-        events = prof.events()
-        self._set(aten_calls_per_step=sum(1 for e in events if e.name.startswith("aten::")))
+        # Batches fetched before profiling: the loader's work is not the step's.
+        steps = self.settings.profiled_steps if self.settings.attribution else 1
+        pending = [self.training.fetch(self._batches) for _ in range(steps)]
+
+        def step():
+            self._last_loss = self.training.step(pending.pop(0))
+
+        profiled = profile_steps(step, steps, self.backend)
+        self._set(aten_calls_per_step=sum(n for op, n in profiled["calls"].items() if op.startswith("aten::")))
         if self.backend.counts_kernels:
-            self._set(kernels_per_step=sum(1 for e in events if self.backend.is_device_kernel(e)))
+            self._set(kernels_per_step=sum(profiled["kernel_calls"].values()))
+        if self.settings.attribution:
+            self._attribute(time=profiled)
+
+    def _sites(self, backward: bool = True):
+        """Where ops run and tensors are made (``attribution.Sites``), or a null context yielding None: attribution
+        off, or compiled code, which the module hooks would send back to recompilation."""
+        if not self.settings.attribution:
+            return contextlib.nullcontext()
+        if self.training.config.compiles:
+            if not any("module sites" in note for note in self.result.notes):
+                self._note("no module sites in the attribution: their module hooks would recompile compiled code")
+            return contextlib.nullcontext()
+        return Sites(self.training.model, backward)
+
+    def _attribute(self, **tables) -> None:
+        """Add the passes' attribution tables to the result (only where attribution is on)."""
+        if self.settings.attribution:
+            self._attribution.update(tables)
+            self._set(attribution=dict(self._attribution))
 
     def rewarm(self) -> None:
         """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
@@ -629,7 +691,7 @@ class Measurer:
     PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "reserved_between_steps_bytes",
                    "memory_breakdown_bytes", "memory_growth_bytes_per_step", "graph_nodes_growth_per_step",
                    "flops_per_step", "ops_per_step",
-                   "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "top_ops",
+                   "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "attribution",
                    "peak_tflops", "peak_precision")
 
     def reuse_passes(self, earlier: Result) -> None:

@@ -41,6 +41,8 @@ class Metric:
     description: str
     group: str = "speed"  # one of GROUPS: "speed" exactly for the timed kinds
     rounds: str = "round_step_times_s"  # the per-round series a timed metric follows (a Result's, a CaseRecord's)
+    # The attribution tables that explain a change of it (trainbench.explain.TABLES): "where" under its verdict
+    where: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
@@ -63,54 +65,61 @@ class Metric:
         return self.kind in (ALLOCATOR, DEVICE_CHOICE)
 
 
+# The attribution tables (trainbench.explain.TABLES) that say where each kind of change comes from.
+TIME = ("time.ops_ms", "time.kernels_ms")
+FLOPS = ("flops",)
+OPS = ("ops", "ops_by_site")
+PEAK = ("memory.peak_bytes",)
+KEPT = ("memory.kept_bytes_per_step",)
+
 METRICS: dict[str, Metric] = {
-    "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time"),
+    "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time", where=TIME),
     "items_per_s": Metric("items/s", True, TIMED, "items per step (TrainingSpec.items: tokens...; all ranks) / median "
-                          "step time"),
-    "step_time_ms": Metric("ms", False, TIMED, "median time of a step (per-round means)"),
+                          "step time", where=TIME),
+    "step_time_ms": Metric("ms", False, TIMED, "median time of a step (per-round means)", where=TIME),
     "cpu_time_ms": Metric("ms", False, TIMED, "CPU seconds the process used per step (median of per-round means; CPU "
-                          "devices): what other processes' load moves least", rounds="round_cpu_times_s"),
+                          "devices): what other processes' load moves least", rounds="round_cpu_times_s", where=TIME),
     "step_time_iqr_ms": Metric("ms", False, TIMED_ONCE, "inter-quartile range of the per-round step times"),
     "data_wait_fraction": Metric("", False, TIMED_ONCE, "share of timed wall time blocked in next(loader)"),
     "first_step_s": Metric("s", False, TIMED_ONCE, "the first step: compilation, autotuning, worker start-up"),
     "warmup_s": Metric("s", False, TIMED_ONCE, "all warm-up steps until step times settled"),
-    "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time"),
-    "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU"),
+    "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time", where=TIME + FLOPS),
+    "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU", where=TIME + FLOPS),
     "peak_memory_mib": Metric("MiB", False, ALLOCATOR, "device allocator peak (CUDA), tracked tensor peak (CPU)",
-                              group="memory"),
-    "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory"),
+                              group="memory", where=PEAK),
+    "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory", where=PEAK),
     "reserved_between_steps_mib": Metric("MiB", False, ALLOCATOR, "CUDA allocator reserved memory after a step (what "
-                                         "other processes cannot use between steps)", group="memory"),
+                                         "other processes cannot use between steps)", group="memory", where=PEAK),
     "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
-                            "pass", group="memory"),
+                            "pass", group="memory", where=PEAK),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
-                               group="memory"),
-    "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory"),
-    "grad_mib": Metric("MiB", False, DETERMINISTIC, "gradients at the tracked peak", group="memory"),
-    "optimizer_state_mib": Metric("MiB", False, DETERMINISTIC, "optimizer state at the tracked peak", group="memory"),
+                               group="memory", where=PEAK),
+    "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PEAK),
+    "grad_mib": Metric("MiB", False, DETERMINISTIC, "gradients at the tracked peak", group="memory", where=PEAK),
+    "optimizer_state_mib": Metric("MiB", False, DETERMINISTIC, "optimizer state at the tracked peak", group="memory", where=PEAK),
     "activation_mib": Metric("MiB", False, DETERMINISTIC, "activations saved for backward at the tracked peak",
-                             group="memory"),
-    "temporary_mib": Metric("MiB", False, DETERMINISTIC, "temporaries at the tracked peak", group="memory"),
+                             group="memory", where=PEAK),
+    "temporary_mib": Metric("MiB", False, DETERMINISTIC, "temporaries at the tracked peak", group="memory", where=PEAK),
     "predicted_gpu_peak_mib": Metric("MiB", False, DETERMINISTIC, "tracked tensor peak of the GPU profile's setup, "
                                      "predicted under FakeTensorMode (no compute)", group="memory"),
     "predicted_gpu_activation_mib": Metric("MiB", False, DETERMINISTIC, "activations at the predicted GPU-profile peak",
                                            group="memory"),
     "memory_growth_mib_per_step": Metric("MiB", False, DETERMINISTIC, "live tensor memory added per step (a leak if "
-                                         "> 0)", group="memory"),
+                                         "> 0)", group="memory", where=KEPT),
     "graph_nodes_growth_per_step": Metric("", False, DETERMINISTIC, "autograd nodes kept alive per step by a running "
-                                          "loss", group="memory"),
+                                          "loss", group="memory", where=KEPT),
     "gflops_per_sample": Metric("GFLOP", False, DETERMINISTIC, "FlopCounterMode FLOPs of one step / batch size",
-                                group="work"),
+                                group="work", where=FLOPS),
     "h2d_bytes_per_sample": Metric("B", False, DETERMINISTIC, "bytes a step copies to the device per sample",
-                                   group="work"),
+                                   group="work", where=OPS),
     "syncs_per_step": Metric("", False, DETERMINISTIC, "host-device syncs (aten._local_scalar_dense) per step",
-                             group="work"),
+                             group="work", where=OPS),
     "ops_per_step": Metric("", False, DETERMINISTIC, "aten ops dispatched per step (eager view, below autograd)",
-                           group="work"),
+                           group="work", where=OPS),
     "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "
-                                  "included)", group="work"),
+                                  "included)", group="work", where=("time.calls",)),
     "kernels_per_step": Metric("", False, DEVICE_CHOICE, "device kernels launched per step (CUDA profiler): "
-                               "cuDNN autotuning and library updates change which kernels run", group="work"),
+                               "cuDNN autotuning and library updates change which kernels run", group="work", where=("time.kernel_calls",)),
 }
 
 # Short names a gate specification or a budget key may use. "memory" is the device's peak, as in the summary's

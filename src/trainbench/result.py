@@ -9,6 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from .attribution import compact
 from .metrics import METRICS, per_round, rounds_of, timed_metrics
 
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
@@ -61,7 +62,8 @@ class Result:
     h2d_bytes_per_sample: float | None = None
     aten_calls_per_step: int | None = None
     kernels_per_step: int | None = None
-    top_ops: dict[str, float] = field(default_factory=dict)
+    # Where the step's ops, time, FLOPs and memory go (trainbench.attribution): whole here, its top rows in a record
+    attribution: dict | None = None
     peak_tflops: float | None = None
     peak_precision: str | None = None  # the precision whose peak MFU divides by (tf32 where fp32 may use it)
     final_loss: float | None = None
@@ -200,7 +202,8 @@ def case_record(result: Result, **case_fields) -> dict:
         "memory_breakdown_bytes": result.memory_breakdown_bytes,
         "predicted_memory": result.predicted_memory,
         "memory_growth_bytes_per_step": result.memory_growth_bytes_per_step,
-        "top_ops": result.top_ops,
+        # the attribution's top rows (trainbench.attribution): what a changed verdict is explained from
+        "attribution": compact(result.attribution) if result.attribution else None,
         "flops_per_step": result.flops_per_step,
         "warmup": {"steps": result.warmup_steps, "steady": result.warmup_steady, "seconds": result.warmup_s,
                    "first_step_s": result.first_step_s},
@@ -362,6 +365,13 @@ class CaseRecord:
     def machine_load(self) -> dict | None:
         load = self.raw.get("machine_load")
         return load if isinstance(load, dict) else None
+
+    @property
+    def attribution(self) -> dict | None:
+        """Where the case's ops, time, FLOPs and memory went (``trainbench.attribution``'s top rows), or None: not
+        recorded (attribution off, a run saved before it was recorded)."""
+        tables = self.raw.get("attribution")
+        return tables if isinstance(tables, dict) else None
 
     def per_round(self, metric: str) -> list[float]:
         """``metric`` round by round (``trainbench.metrics.per_round``; [] where it is not read per round)."""

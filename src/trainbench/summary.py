@@ -153,8 +153,11 @@ def _write_verdict_table(terminalreporter, verdict) -> None:
 
 
 def _write_findings(terminalreporter, verdict) -> None:
-    """A line per comparison that failed the verdict or could have: in red what fails it (``Verdict.failed``'s
-    rule), in yellow an inconclusive timing that does not (--trainbench-allow-inconclusive, or no gate)."""
+    """A line per comparison that failed the verdict or could have, and per improvement: in red what fails it
+    (``Verdict.failed``'s rule), in yellow an inconclusive timing that does not (--trainbench-allow-inconclusive, or
+    no gate); under each regression and improvement, where it comes from."""
+    from .gate import where_lines
+
     for c in verdict.comparisons:
         fails = verdict.gated and c.fails(verdict.allow_inconclusive)
         if c.verdict == "inconclusive":
@@ -165,6 +168,11 @@ def _write_findings(terminalreporter, verdict) -> None:
         if c.verdict == "regressed":
             terminalreporter.write_line(("REGRESSION " if fails else "regressed (not gated): ") + c.describe(),
                                         red=fails)
+        if c.verdict == "improved":
+            terminalreporter.write_line("IMPROVED " + c.describe(), green=True)
+        if c.verdict in ("regressed", "improved"):
+            for line in where_lines(c.to_json(), verdict.environment):
+                terminalreporter.write_line("    " + line)
     if verdict.could_not_judge:
         from .gate import EXIT_COULD_NOT_JUDGE
 

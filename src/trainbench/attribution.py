@@ -1,0 +1,191 @@
+"""Where a step's ops, time, FLOPs and memory go: the tables a changed verdict is explained from.
+
+Recorded per case after its timed rounds, never inside them (``Measurer``'s passes):
+
+- ``ops``: aten ops dispatched per step, by op and by the module that ran them (``ops_by_site``);
+- ``flops``: ``FlopCounterMode``'s FLOPs per step by op;
+- ``time``: each op's self time per step over a few profiled steps, from PyTorch's profiler (host time on
+  the CPU; on CUDA the device time of the kernels each op launched, and each kernel's own under ``kernels``);
+  what no op covers (Python, the host between ops, an idle device) is its own row, so the rows add up to the
+  profiled step's wall time;
+- ``calls``: the profiler's calls per step by op (what ``aten_calls_per_step`` counts);
+- ``memory``: tensor bytes by the site that allocated them (a module's forward or backward, the optimizer
+  step), at the tracked peak and kept alive per step (a leak).
+
+A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER``, so a case's tables
+stay a few kilobytes; ``complete()`` keeps them whole for a side file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+TOP = 15  # rows each table keeps in a saved run
+OTHER = "(other)"  # the rows beyond TOP, summed
+BETWEEN_OPS = "(outside ops)"  # profiled wall time no op accounts for
+OUTSIDE_MODULES = "(outside modules)"  # a loss, a custom step's glue, the data's preparation
+OPTIMIZER = "optimizer step"
+
+
+class Sites:
+    """The site an op runs at: the innermost module whose forward (or backward) is running, or the optimizer step.
+
+    ``backward=True``: PyTorch's ``ModTracker`` follows the modules through forward and backward (global hooks,
+    so a custom step's direct submodule calls count too). Its backward hooks keep the graph of a forward that
+    never runs backward alive, so where memory is measured (``backward=False``) plain global forward hooks
+    follow the modules and backward work is one site, ``(backward)``. Modules are named as ``ModTracker`` names
+    them: the root's class, then the attribute path (``ResNet.layer1.0.conv1``).
+    """
+
+    def __init__(self, model=None, backward: bool = True):
+        self.backward = backward
+        self._names = {} if model is None else {
+            module: type(model).__name__ + (f".{name}" if name else "") for name, module in model.named_modules()}
+        self._modules = None
+        self._stack: list[str] = []  # forward-only: the modules whose forward is running, innermost last
+        self._in_optimizer = 0
+        self._handles: list = []
+
+    def __enter__(self) -> Sites:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def before(optimizer, args, kwargs):
+            self._in_optimizer += 1
+
+        def after(optimizer, args, kwargs):
+            self._in_optimizer -= 1
+
+        self._handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+        if self.backward:
+            from torch.distributed._tools.mod_tracker import ModTracker
+
+            self._modules = ModTracker()
+            self._modules.__enter__()
+        else:
+            def enter(module, args):
+                self._stack.append(self._names.get(module) or type(module).__name__)
+
+            def leave(module, args, output):
+                if self._stack:
+                    self._stack.pop()
+
+            self._handles += [register_module_forward_pre_hook(enter),
+                              register_module_forward_hook(leave, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._modules is not None:
+            self._modules.__exit__(*exc)
+            self._modules = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._stack = [], []
+
+    def site(self) -> str:
+        import torch
+
+        if self._in_optimizer:
+            return OPTIMIZER
+        in_backward = torch._C._current_graph_task_id() != -1
+        if self._modules is None:
+            if in_backward:
+                return "(backward)"
+            return self._stack[-1] if self._stack else OUTSIDE_MODULES
+        active = [name for name in self._modules.parents if name != "Global"]
+        if not active:  # in backward: gradients accumulating into .grad, the loss's own backward
+            return f"{OUTSIDE_MODULES} (backward)" if in_backward else OUTSIDE_MODULES
+        innermost = max(active, key=lambda name: (name.count("."), name))  # a module's name extends its parent's
+        return f"{innermost} (backward)" if in_backward else innermost
+
+
+def top(table: dict[str, float], n: int = TOP) -> dict[str, float]:
+    """The ``n`` largest rows of a count or byte table, the rest summed under ``OTHER`` (so totals still add up)."""
+    ordered = sorted(table.items(), key=lambda item: (-abs(item[1]), item[0]))
+    kept = dict(ordered[:n])
+    rest = sum(value for _, value in ordered[n:])
+    if rest:
+        kept[OTHER] = kept.get(OTHER, 0) + rest
+    return kept
+
+
+def top_series(table: dict[str, list[float]], n: int = TOP) -> dict[str, list[float]]:
+    """The ``n`` rows of a per-step table with the largest median, the rest summed step by step under ``OTHER``."""
+    import statistics
+
+    ordered = sorted(table, key=lambda key: (-statistics.median(table[key]), key))
+    kept = {key: table[key] for key in ordered[:n]}
+    rest = ordered[n:]
+    if rest:
+        steps = len(next(iter(table.values())))
+        kept[OTHER] = [sum(table[key][i] for key in rest) for i in range(steps)]
+    return kept
+
+
+def per_step(counter: Counter, steps: int) -> dict[str, float]:
+    return {str(key): value / steps for key, value in counter.items() if value}
+
+
+def profile_steps(run_step: Callable[[], None], steps: int, backend) -> dict:
+    """Profile ``steps`` steps, one profiler each: per-op self time (ms) per step, calls per step, and on a device
+    whose kernels the profiler sees, each kernel's time and launches. Complete tables (``compact`` trims them)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import profile
+
+    per_step_ms: list[dict[str, float]] = []
+    kernel_ms: list[dict[str, float]] = []
+    calls: Counter = Counter()
+    kernel_calls: Counter = Counter()
+    walls = []
+    for _ in range(steps):
+        with profile(activities=backend.profiler_activities()) as prof:
+            started = time.perf_counter()
+            run_step()
+            backend.synchronize()
+            walls.append((time.perf_counter() - started) * 1e3)
+        ops: dict[str, float] = {}
+        for row in prof.key_averages():
+            if getattr(row, "device_type", DeviceType.CPU) != DeviceType.CPU:
+                continue  # a kernel's own row: counted under kernels, and in the op that launched it
+            ops[row.key] = ops.get(row.key, 0.0) + getattr(row, backend.profiler_sort_key) / 1e3
+            if not per_step_ms:
+                calls[row.key] += row.count
+        kernels: dict[str, float] = {}
+        for event in prof.events():
+            if backend.is_device_kernel(event):
+                kernels[event.name] = kernels.get(event.name, 0.0) + event.time_range.elapsed_us() / 1e3
+                if not per_step_ms:
+                    kernel_calls[event.name] += 1
+        ops[BETWEEN_OPS] = max(walls[-1] - sum(ops.values()), 0.0)
+        per_step_ms.append(ops)
+        kernel_ms.append(kernels)
+    profile_table = {"steps": steps, "wall_ms": walls, "ops_ms": _series(per_step_ms), "calls": dict(calls)}
+    if backend.counts_kernels:
+        profile_table.update(kernels_ms=_series(kernel_ms), kernel_calls=dict(kernel_calls))
+    return profile_table
+
+
+def _series(steps: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per-step dicts as one list per key (0 in a step that lacks the key)."""
+    keys = sorted({key for step in steps for key in step})
+    return {key: [step.get(key, 0.0) for step in steps] for key in keys}
+
+
+def compact(tables: dict, n: int = TOP) -> dict:
+    """The tables as a saved run keeps them: the top ``n`` rows of each, the rest summed, totals kept."""
+    out: dict = {}
+    for name, table in tables.items():
+        if name == "time":
+            out[name] = {**table, "ops_ms": top_series(table["ops_ms"], n), "calls": top(table["calls"], n)}
+            if "kernels_ms" in table:
+                out[name].update(kernels_ms=top_series(table["kernels_ms"], n),
+                                 kernel_calls=top(table["kernel_calls"], n))
+        elif name == "memory":
+            out[name] = {kind: top(sites, n) for kind, sites in table.items()}
+        elif isinstance(table, dict):
+            out[name] = top(table, n)
+        else:
+            out[name] = table
+    return out

@@ -1,0 +1,212 @@
+"""What accounts for a changed metric: the rows of the attribution tables (``trainbench.attribution``) that moved.
+
+A metric names the tables that explain it (``Metric.where``: step time by op self time and kernel time, op
+counts by op and by module, FLOPs by op, memory by allocation site). For each, ``causes`` compares the two
+sides' rows:
+
+- counted tables (ops, calls, FLOPs, memory) are exact: every row that changed is a cause, its share the
+  part of the table's total change it makes;
+- timed tables (self time per profiled step) carry an interval: the change of a row is the difference of
+  the sides' medians (independent profiled steps: two saved runs) or the median of per-pair differences
+  (A/B, whose profiled steps alternate like its rounds), with a 95% bootstrap interval; a row whose
+  interval holds zero changed within noise and is not named.
+
+Causes are named in the direction of the table's total change, largest first, with their share of it.
+Rows a saved run folded into ``(other)`` on either side are compared inside ``(other)``, never against zero.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from .attribution import OTHER
+from .metrics import METRICS
+
+MAX_CAUSES = 4  # causes named per table under a changed verdict
+MIN_SHARE = 0.02  # a row making less than this share of the change is not named
+
+# What each table is, its unit and the scale from its stored unit.
+TABLES = {
+    "time.ops_ms": ("op self time", "ms/step", 1.0),
+    "time.kernels_ms": ("kernel time", "ms/step", 1.0),
+    "time.calls": ("profiled calls", "calls/step", 1.0),
+    "time.kernel_calls": ("kernel launches", "/step", 1.0),
+    "ops": ("ops", "ops/step", 1.0),
+    "ops_by_site": ("ops by module", "ops/step", 1.0),
+    "flops": ("FLOPs by op", "GFLOP/step", 1e-9),
+    "memory.peak_bytes": ("memory at the peak by site", "MiB", 1 / 2**20),
+    "memory.kept_bytes_per_step": ("memory kept per step by site", "MiB/step", 1 / 2**20),
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    table: str  # a key of TABLES
+    row: str  # an op, a kernel, a module, a site
+    change: float  # in the table's unit, signed (+ = larger on the current side)
+    share: float | None  # of the table's total change (None: no total change to share)
+    ci: tuple[float, float] | None = None  # 95% interval of the change (timed tables)
+    samples: int | None = None  # profiled steps (or pairs) behind it
+
+    def line(self) -> str:
+        what, unit, _ = TABLES[self.table]
+        ci = f" (95% CI {_num(self.ci[0], True)}..{_num(self.ci[1], True)})" if self.ci else ""
+        share = f", {self.share:.0%} of the change" if self.share is not None else ""
+        return f"{what}: {self.row} {_num(self.change, True)} {unit}{ci}{share}"
+
+    def to_json(self) -> dict:
+        return {"table": self.table, "row": self.row, "change": self.change, "share": self.share,
+                "ci": list(self.ci) if self.ci else None, "samples": self.samples, "line": self.line()}
+
+
+def _num(value: float, signed: bool = False) -> str:
+    text = f"{value:+.3g}" if signed else f"{value:.3g}"
+    return text.replace("e+0", "e").replace("e-0", "e-")
+
+
+def table(tables: dict | None, path: str) -> dict | None:
+    """The table at ``path`` ("time.ops_ms") of a case's attribution, or None."""
+    node = tables
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node if isinstance(node, dict) and node else None
+
+
+def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False) -> list[Cause]:
+    """The rows that account for ``metric``'s change between two cases' attributions (``paired``: the timed
+    tables' steps were profiled in alternation, pair by pair). [] where a side recorded none."""
+    found = []
+    for path in METRICS[metric].where:
+        base, cur = table(baseline, path), table(current, path)
+        if base is None or cur is None:
+            continue
+        scale = TABLES[path][2]
+        if _is_series(base) and _is_series(cur):
+            found += _timed_causes(path, base, cur, scale, paired)
+        elif not _is_series(base) and not _is_series(cur):
+            found += _counted_causes(path, base, cur, scale)
+    return found
+
+
+def _is_series(rows: dict) -> bool:
+    return all(isinstance(v, list) for v in rows.values())
+
+
+def _comparable(base: dict, cur: dict) -> tuple[dict, dict]:
+    """Both sides over the same rows: a row one side folded into ``OTHER`` is folded on the other side too."""
+    folded = {row for row in {*base, *cur} - {OTHER}
+              if (row not in base and OTHER in base) or (row not in cur and OTHER in cur)}
+    if not folded:
+        return base, cur
+
+    def fold(rows: dict) -> dict:
+        kept = {row: v for row, v in rows.items() if row not in folded and row != OTHER}
+        moved = [v for row, v in rows.items() if row in folded or row == OTHER]
+        if moved:
+            kept[OTHER] = ([sum(vs) for vs in zip(*moved)] if isinstance(moved[0], list) else sum(moved))
+        return kept
+
+    return fold(base), fold(cur)
+
+
+def _counted_causes(path: str, base: dict, cur: dict, scale: float) -> list[Cause]:
+    base, cur = _comparable(base, cur)
+    changes = {row: (cur.get(row, 0) - base.get(row, 0)) * scale for row in {*base, *cur}}
+    total = sum(changes.values())
+    return _named(path, changes, total, {})
+
+
+def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) -> list[Cause]:
+    base, cur = _comparable(base, cur)
+    n_base = len(next(iter(base.values())))
+    n_cur = len(next(iter(cur.values())))
+    if paired and n_base != n_cur:
+        paired = False
+    rows = {*base, *cur}
+    series = {row: ([v * scale for v in base.get(row, [0.0] * n_base)], [v * scale for v in cur.get(row, [0.0] * n_cur)])
+              for row in rows}
+    changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
+    totals = ([sum(vs) for vs in zip(*(b for b, _ in series.values()))],
+              [sum(vs) for vs in zip(*(c for _, c in series.values()))])
+    total = _change(*totals, paired)
+    intervals = {}
+    for row, change in changes.items():
+        if total and abs(change) >= MIN_SHARE * abs(total):  # only rows that could be named get an interval
+            intervals[row] = change_interval(*series[row], paired)
+    return _named(path, changes, total, intervals, samples=min(n_base, n_cur))
+
+
+def _change(base: list[float], cur: list[float], paired: bool) -> float:
+    if paired:
+        return statistics.median(c - b for b, c in zip(base, cur))
+    return statistics.median(cur) - statistics.median(base)
+
+
+def change_interval(base: list[float], cur: list[float], paired: bool) -> tuple[float, float] | None:
+    """95% bootstrap interval of a timed row's change (None with fewer than 2 samples a side: no interval)."""
+    import numpy as np
+    from scipy import stats
+
+    if min(len(base), len(cur)) < 2:
+        return None
+    rng = np.random.default_rng(0)  # the same samples give the same interval
+    if paired:
+        diffs = np.asarray(cur) - np.asarray(base)
+        if np.ptp(diffs) == 0:
+            return float(diffs[0]), float(diffs[0])
+        boot = stats.bootstrap((diffs,), np.median, vectorized=True, n_resamples=2000, method="percentile", rng=rng)
+    else:
+        if np.ptp(base) == 0 and np.ptp(cur) == 0:
+            return float(cur[0] - base[0]), float(cur[0] - base[0])
+
+        def difference(c, b, axis=-1):
+            return np.median(c, axis=axis) - np.median(b, axis=axis)
+
+        boot = stats.bootstrap((np.asarray(cur), np.asarray(base)), difference, vectorized=True, paired=False,
+                               n_resamples=2000, method="percentile", rng=rng)
+    low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
+    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
+
+
+def _named(path: str, changes: dict[str, float], total: float, intervals: dict, samples: int | None = None
+           ) -> list[Cause]:
+    """The rows that moved the way the table's total did, beyond noise, largest first (``MAX_CAUSES``)."""
+    if not total:
+        if samples is not None:
+            return []  # a timed table whose total did not move: nothing to account for
+        # Counted rows that traded places (as many ops gone as came): the largest movements, with no share.
+        moved = sorted((row for row, change in changes.items() if change), key=lambda row: (-abs(changes[row]), row))
+        return [Cause(path, row, changes[row], None) for row in moved[:MAX_CAUSES]]
+    named = []
+    for row in sorted(changes, key=lambda row: (-changes[row] * math.copysign(1, total), row)):
+        change = changes[row]
+        if change * total <= 0 or abs(change) < MIN_SHARE * abs(total):
+            break
+        if samples is not None and not _beyond_noise(intervals.get(row)):
+            continue  # within noise: its interval holds zero (or one profiled step a side gave none)
+        named.append(Cause(path, row, change, change / total, intervals.get(row), samples))
+        if len(named) == MAX_CAUSES:
+            break
+    return named
+
+
+def _beyond_noise(ci: tuple[float, float] | None) -> bool:
+    """Whether an interval excludes zero (no interval, from one sample a side: cannot tell, so not beyond)."""
+    return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
+
+def explanation(metric: str, baseline: dict | None, current: dict | None, paired: bool = False) -> tuple[str, ...]:
+    """The lines printed under a changed verdict of ``metric``: its causes, or why none can be named."""
+    if not METRICS[metric].where:
+        return ()
+    if baseline is None or current is None:
+        side = "either side" if baseline is None and current is None else "the baseline" if baseline is None else "this run"
+        return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",)
+    found = causes(metric, baseline, current, paired)
+    if not found:
+        return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
+    return tuple(cause.line() for cause in found)
