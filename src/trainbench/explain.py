@@ -73,7 +73,7 @@ def table(tables: dict | None, path: str) -> dict | None:
         if not isinstance(node, dict):
             return None
         node = node.get(part)
-    return node if isinstance(node, dict) and node else None
+    return node if isinstance(node, dict) else None  # {}: recorded, and nothing in it (no memory kept)
 
 
 def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False) -> list[Cause]:
@@ -82,12 +82,12 @@ def causes(metric: str, baseline: dict | None, current: dict | None, paired: boo
     found = []
     for path in METRICS[metric].where:
         base, cur = table(baseline, path), table(current, path)
-        if base is None or cur is None:
+        if base is None or cur is None or not (base or cur):
             continue
         scale = TABLES[path][2]
-        if _is_series(base) and _is_series(cur):
+        if base and cur and _is_series(base) and _is_series(cur):
             found += _timed_causes(path, base, cur, scale, paired)
-        elif not _is_series(base) and not _is_series(cur):
+        elif not (_is_series(base) and base) and not (_is_series(cur) and cur):
             found += _counted_causes(path, base, cur, scale)
     return found
 

@@ -128,6 +128,8 @@ class TrainBench:
             self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)))
         if outcome.trace is not None:
             self.session.traces.append((outcome.case, outcome.trace))
+        if outcome.result.attribution:
+            self.session.attributions[outcome.case] = outcome.result.attribution
         for line in outcome.inconclusive:
             self.session.inconclusive.append(line)
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)

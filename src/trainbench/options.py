@@ -49,6 +49,12 @@ def add_options(parser) -> None:
     group.addoption("--trainbench-timeout", type=float, default=None, metavar="SECONDS",
                     help="fail a case that makes no progress (no training step, no batch) for this long, and go on "
                          "with the next (default: 600 on the cpu profile, 1200 on gpu; 0: no limit)")
+    group.addoption("--trainbench-no-attribution", action="store_true",
+                    help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
+                         "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
+                         "cannot say where")
+    group.addoption("--trainbench-attribution-json", default=None, metavar="PATH",
+                    help="write every case's complete attribution tables to PATH (a saved run keeps their top rows)")
     _add_compare_options(group)
     _add_trace_and_ab_options(group)
     parser.addini("trainbench_budgets", "budgets TOML file for every case, relative to the rootdir", default="")
@@ -130,6 +136,7 @@ class Options:
     compare_fail: dict | None  # the regression gate's thresholds (trainbench.compare.parse_spec)
     compare_alpha: float
     compare_json: Path | None
+    attribution_json: Path | None  # every case's complete attribution tables (--trainbench-attribution-json)
     allow_inconclusive: bool  # an inconclusive timed comparison passes (reported)
     remeasure_s: float  # seconds per case spent measuring an inconclusive timed comparison again
     allow_new_cases: bool
@@ -162,6 +169,7 @@ class Options:
             compare_fail=compare_fail,
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
             compare_json=_optional_path(config.getoption("--trainbench-compare-json")),
+            attribution_json=_optional_path(config.getoption("--trainbench-attribution-json")),
             allow_inconclusive=config.getoption("--trainbench-allow-inconclusive"),
             remeasure_s=_remeasure_s(config),
             allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
@@ -194,6 +202,7 @@ def _settings_overrides(config) -> dict:
     if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
         raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
     overrides["no_progress_s"] = timeout
+    overrides["attribution"] = False if config.getoption("--trainbench-no-attribution") else None
     return overrides
 
 

@@ -49,6 +49,7 @@ def _uses_trainbench(item) -> bool:
 class TrainbenchSession:
     options: Options
     cases: list = field(default_factory=list)  # trainbench.outcome.MeasuredCase of each case, for summary and gate
+    attributions: dict = field(default_factory=dict)  # case -> complete attribution tables (--trainbench-attribution-json)
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
@@ -84,7 +85,9 @@ class TrainbenchSession:
                                 self.options.remeasure_s)
         self._choose_baseline(config)
         outputs = [("--trainbench-compare-json", self.options.compare_json.parent if self.options.compare_json else None),
-                   ("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)]
+                   ("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None),
+                   ("--trainbench-attribution-json",
+                    self.options.attribution_json.parent if self.options.attribution_json else None)]
         self._check_writable(outputs)
 
     @staticmethod
@@ -369,6 +372,8 @@ class TrainbenchSession:
     def pytest_sessionfinish(self, session, exitstatus):
         """Compare every case with the baseline run (or the A/B sides); fail on a gated regression, and fail a gate
         that compared nothing."""
+        if self.options.attribution_json is not None and self.attributions:
+            write_json_atomic(self.options.attribution_json, {"cases": self.attributions, "complete": not self.interrupted})
         self.comparison = self._verdict(session.config)
         if self.comparison is None:
             return

@@ -1,0 +1,233 @@
+"""Where a step's ops, time, FLOPs and memory go (trainbench.attribution), and what a changed verdict names
+from it (trainbench.explain): the tables add up to the metrics they explain, a planted slow op is named first
+with most of the change, a planted leak is named by its module, noise is not named."""
+
+import contextlib
+import dataclasses
+import functools
+import json
+import time
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainbench.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
+from trainbench.compare import compare_case
+from trainbench.explain import causes, explanation
+from trainbench.result import CaseRecord, case_record
+from trainbench.spec import TrainingSpec
+
+
+class GeluNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class LeakyNet(GeluNet):
+    """GeluNet whose ``leaky`` block keeps every output it makes (with its graph cut): a planted leak."""
+
+    def __init__(self, leak: bool):
+        super().__init__()
+        self.leaky = Keeper(leak)
+
+    def forward(self, x):
+        return self.fc2(self.leaky(self.act(self.fc1(x))))
+
+
+class Keeper(torch.nn.Module):
+    def __init__(self, keep: bool):
+        super().__init__()
+        self.keep, self.kept = keep, []
+
+    def forward(self, x):
+        out = x * 1.0
+        if self.keep:
+            self.kept.append(out.detach().clone())
+        return out
+
+
+def _spec(model, name="gelu_net") -> TrainingSpec:
+    def batches(batch_size, generator):
+        return torch.randn(batch_size, 32, generator=generator), torch.randint(0, 4, (batch_size,), generator=generator)
+
+    return TrainingSpec(name, model, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                        loss_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), batches=batches,
+                        batch_size=8)
+
+
+@pytest.fixture
+def run_spec(cpu, profile, quick):
+    """``run_spec(spec, recipe="baseline", settings=quick)``: the Result of the whole method on a spec."""
+    from trainbench.measure import measure
+    from trainbench.recipes import get_recipe
+    from trainbench.training import TrainingSetup
+
+    def run(spec, recipe="baseline", settings=None):
+        with TrainingSetup(get_recipe(recipe).config(profile), spec, cpu) as setup:
+            return measure(setup, f"{spec.name}-{recipe}", recipe, settings or quick, 0, profile.name)
+
+    return run
+
+
+@contextlib.contextmanager
+def slow_gelu(ms: float):
+    """``aten::gelu`` on the CPU, patched: the same values from other ops, then ``ms`` of sleep (a margin no load on
+    the machine can take away, and no change to any other op)."""
+    library = torch.library.Library("aten", "IMPL")
+
+    def gelu(x, approximate="none"):
+        out = 0.5 * x * (1.0 + torch.erf(x / 2**0.5))
+        time.sleep(ms / 1e3)
+        return out
+
+    library.impl("gelu", gelu, "CPU")
+    try:
+        yield
+    finally:
+        library._destroy()
+
+
+# -- recording -------------------------------------------------------------------------------------
+
+def test_the_tables_add_up_to_the_metrics_they_explain(measured):
+    result = measured("baseline", "mlp")
+    tables = result.attribution
+    assert sum(tables["ops"].values()) == result.ops_per_step
+    assert sum(tables["ops_by_site"].values()) == result.ops_per_step
+    assert sum(tables["flops"].values()) == result.flops_per_step
+    profiled = tables["time"]
+    assert sum(n for op, n in profiled["calls"].items() if op.startswith("aten::")) == result.aten_calls_per_step
+    for step, wall in enumerate(profiled["wall_ms"]):  # the rows, (outside ops) included, are the step's wall time
+        assert sum(series[step] for series in profiled["ops_ms"].values()) == pytest.approx(wall, rel=1e-6)
+    assert "aten::mm" in profiled["ops_ms"] and BETWEEN_OPS in profiled["ops_ms"]
+    # sites: the model's modules by ModTracker's names, the optimizer step, and what runs outside any module
+    assert {"Sequential.1", "Sequential.1 (backward)", "optimizer step"} <= set(tables["ops_by_site"])
+    assert tables["memory"]["kept_bytes_per_step"] == {}  # no leak, nothing kept
+
+
+def test_a_leak_is_recorded_at_the_module_that_keeps_it(run_spec):
+    leaking = run_spec(_spec(lambda: LeakyNet(leak=True)))
+    kept = leaking.attribution["memory"]["kept_bytes_per_step"]
+    assert kept == {"LeakyNet.leaky": 8 * 64 * 4}  # one (8, 64) float32 output per step
+    assert leaking.memory_growth_bytes_per_step == sum(kept.values())
+    assert run_spec(_spec(lambda: LeakyNet(leak=False))).attribution["memory"]["kept_bytes_per_step"] == {}
+
+
+def test_attribution_off_records_nothing_and_profiles_one_step(measured, quick):
+    result = measured("baseline", "mlp", settings=dataclasses.replace(quick, attribution=False))
+    assert result.attribution is None
+    assert result.aten_calls_per_step > 0 and result.ops_per_step > 0  # the metrics themselves are still measured
+    assert case_record(result)["attribution"] is None
+
+
+def test_a_compiled_setup_gets_no_module_sites(run_spec, monkeypatch):
+    from trainbench.recipes import TrainConfig
+
+    monkeypatch.setattr(TrainConfig, "compiles", property(lambda self: True))  # as compiled, without compiling
+    result = run_spec(_spec(GeluNet))
+    assert "ops_by_site" not in result.attribution and "memory" not in result.attribution
+    assert any("no module sites" in note for note in result.notes)
+    assert result.attribution["ops"] and result.attribution["time"]["ops_ms"]
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=4), st.integers(-50, 50), max_size=40), st.integers(1, 10))
+def test_a_saved_table_keeps_its_top_rows_and_its_total(table, n):
+    kept = top(table, n)
+    assert sum(kept.values()) == sum(table.values())
+    assert len(kept) <= n + 1
+    assert all(kept[row] == table[row] for row in kept if row != OTHER)
+
+
+def test_a_saved_case_keeps_its_tables_small(measured):
+    result = measured("baseline", "resnet18")
+    whole, saved = result.attribution, case_record(result)["attribution"]
+    assert saved == compact(whole)
+    assert len(json.dumps(saved)) < 6000 < len(json.dumps(whole))
+    for step, wall in enumerate(saved["time"]["wall_ms"]):  # the folded rows still add up
+        assert sum(series[step] for series in saved["time"]["ops_ms"].values()) == pytest.approx(wall, rel=1e-6)
+
+
+# -- explaining -------------------------------------------------------------------------------------
+
+def _timed(rows: dict[str, list[float]]) -> dict:
+    return {"time": {"steps": len(next(iter(rows.values()))), "ops_ms": rows}}
+
+
+def test_the_op_that_slowed_is_named_first_with_its_share_and_noise_is_not():
+    base = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::gelu": [1.0, 1.1, 0.9], "aten::add_": [2.0, 2.6, 1.4],
+                   BETWEEN_OPS: [1.0, 1.0, 1.0]})
+    head = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::gelu": [11.0, 11.2, 10.9], "aten::add_": [2.3, 1.5, 2.4],
+                   BETWEEN_OPS: [1.0, 1.0, 1.0]})
+    found = causes("step_time_ms", base, head)
+    assert [c.row for c in found] == ["aten::gelu"]  # add_ moved +0.3 within its scatter: not named
+    gelu = found[0]
+    assert gelu.change == pytest.approx(10.0) and gelu.ci[0] > 0 and gelu.share > 0.9
+    assert explanation("step_time_ms", base, head)[0].startswith("op self time: aten::gelu +10 ms/step (95% CI")
+
+
+def test_paired_samples_are_judged_by_their_differences():
+    # Both sides drift together from pair to pair; the paired differences are steady, the sides' spread is not.
+    drift = [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
+    base = _timed({"aten::mm": [5.0 + d for d in drift], "aten::relu": [1.0] * 6})
+    head = _timed({"aten::mm": [5.5 + d for d in drift], "aten::relu": [1.0] * 6})
+    assert causes("step_time_ms", base, head) == []  # unpaired, the shift is lost in the drift
+    paired = causes("step_time_ms", base, head, paired=True)
+    assert [c.row for c in paired] == ["aten::mm"] and paired[0].ci == pytest.approx((0.5, 0.5))
+
+
+def test_counted_tables_name_every_row_that_changed_exactly():
+    base = {"ops": {"aten.zero_": 4.0, "aten.mm": 3.0, "aten.add_": 12.0}}
+    head = {"ops": {"aten.mm": 3.0, "aten.add_": 12.0}}
+    (cause,) = causes("ops_per_step", base, head)
+    assert (cause.row, cause.change, cause.share) == ("aten.zero_", -4.0, 1.0)
+    assert cause.line() == "ops: aten.zero_ -4 ops/step, 100% of the change"
+
+
+def test_rows_one_side_folded_are_compared_inside_other_never_against_zero():
+    base = {"ops": {"aten.mm": 10.0, "aten.add": 5.0, OTHER: 3.0}}  # aten.relu folded: 3 of them
+    head = {"ops": {"aten.mm": 10.0, "aten.relu": 4.0, OTHER: 5.0}}  # aten.add folded
+    found = {c.row: c.change for c in causes("ops_per_step", base, head)}
+    assert found == {OTHER: 1.0}  # not "aten.relu +4" and "aten.add -5"
+
+
+def test_a_change_with_no_recorded_tables_says_so():
+    assert explanation("step_time_ms", None, _timed({"aten::mm": [1.0]})) == (
+        "where: not recorded by the baseline (attribution off, or a run saved before trainbench recorded it)",)
+    assert explanation("first_step_s", None, None) == ()  # nothing explains it: no line at all
+
+
+def test_the_gate_names_a_patched_op_first_with_most_of_the_change(run_spec, quick):
+    spec, settings = _spec(GeluNet), dataclasses.replace(quick, rounds=5)  # a one-sided rank test of 5 v 5 can reach p < 0.05
+    base = run_spec(spec, settings=settings)
+    with slow_gelu(ms=20):
+        slow = run_spec(spec, settings=settings)
+    records = [CaseRecord.read(case_record(result), side) for result, side in ((base, "base"), (slow, "head"))]
+    comparisons = {c.metric: c for c in compare_case(records[1], records[0], {"step_time_ms": 0.10, "ops_per_step": 0.0})}
+    step = comparisons["step_time_ms"]
+    assert step.verdict == "regressed", step.describe()
+    first = step.explanation[0]
+    assert first.startswith("op self time: aten::gelu +")
+    share = float(first.rsplit(", ", 1)[1].split("%")[0])
+    assert share > 80
+    assert all("aten::mm" not in line for line in step.explanation)
+    assert comparisons["ops_per_step"].verdict == "unchanged" and comparisons["ops_per_step"].explanation == ()
+
+
+def test_the_gate_names_a_planted_leak_by_its_module(run_spec):
+    base = run_spec(_spec(lambda: LeakyNet(leak=False), "leaky_net"))
+    leaking = run_spec(_spec(lambda: LeakyNet(leak=True), "leaky_net"))
+    records = [CaseRecord.read(case_record(result), side) for result, side in ((base, "base"), (leaking, "head"))]
+    (growth,) = compare_case(records[1], records[0], {"memory_growth_mib_per_step": 0.0})
+    assert growth.verdict == "regressed"
+    assert growth.explanation[0] == "memory kept per step by site: LeakyNet.leaky +0.00195 MiB/step, 100% of the change"  # 2048 B
+
+
+def test_outside_modules_is_a_site_of_its_own(measured):
+    result = measured("loss_leak", "mlp")  # the running loss keeps each step's graph: made outside any module
+    assert OUTSIDE_MODULES in result.attribution["ops_by_site"]
