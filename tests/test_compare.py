@@ -312,6 +312,9 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())
     assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
+    # where: the planted wait runs on the virtual clock, so the profiled steps (real time) cannot show it, and say so
+    (where, *_) = verdict["comparisons"][0]["explanation"]
+    assert where.startswith("where: the profiled steps do not show the change"), where
 
 
 @pytest.mark.usefixtures("saved_baseline")
@@ -342,6 +345,8 @@ def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester, gate_
                     "--trainbench-inject-leak-mib=1")
     assert leak.ret == 1
     leak.stdout.fnmatch_lines(["*REGRESSION steady-baseline memory_growth_mib_per_step: 0 -> 1 MiB (+inf%) regressed*",
+                               # where: the planted tensor is made by the step itself, outside every module
+                               "    memory kept per step by site: (outside modules) +1 MiB/step, 100% of the change",
                                "*REGRESSION steady-baseline tracked_peak_mib: * -> * MiB (+*%) regressed (threshold 0.0%)*"])
 
 

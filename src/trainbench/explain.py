@@ -76,9 +76,17 @@ def table(tables: dict | None, path: str) -> dict | None:
     return node if isinstance(node, dict) else None  # {}: recorded, and nothing in it (no memory kept)
 
 
-def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False) -> list[Cause]:
+class NotReproduced(Exception):
+    """The profiled steps do not show the timed change: their wall time did not move, beyond noise, the same way."""
+
+
+def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
+           slower: bool | None = None) -> list[Cause]:
     """The rows that account for ``metric``'s change between two cases' attributions (``paired``: the timed
-    tables' steps were profiled in alternation, pair by pair). [] where a side recorded none."""
+    tables' steps were profiled in alternation, pair by pair). [] where a side recorded none.
+
+    ``slower``: the verdict says the step got slower (True) or faster (False). The profiled steps must show
+    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show)."""
     found = []
     for path in METRICS[metric].where:
         base, cur = table(baseline, path), table(current, path)
@@ -86,7 +94,7 @@ def causes(metric: str, baseline: dict | None, current: dict | None, paired: boo
             continue
         scale = TABLES[path][2]
         if base and cur and _is_series(base) and _is_series(cur):
-            found += _timed_causes(path, base, cur, scale, paired)
+            found += _timed_causes(path, base, cur, scale, paired, slower)
         elif not (_is_series(base) and base) and not (_is_series(cur) and cur):
             found += _counted_causes(path, base, cur, scale)
     return found
@@ -120,7 +128,7 @@ def _counted_causes(path: str, base: dict, cur: dict, scale: float) -> list[Caus
     return _named(path, changes, total, {})
 
 
-def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) -> list[Cause]:
+def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool, slower: bool | None) -> list[Cause]:
     base, cur = _comparable(base, cur)
     n_base = len(next(iter(base.values())))
     n_cur = len(next(iter(cur.values())))
@@ -133,6 +141,13 @@ def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) 
     totals = ([sum(vs) for vs in zip(*(b for b, _ in series.values()))],
               [sum(vs) for vs in zip(*(c for _, c in series.values()))])
     total = _change(*totals, paired)
+    if slower is not None:
+        ci = change_interval(*totals, paired)
+        if not _beyond_noise(ci) or (ci[0] > 0) != slower:
+            shown = f"{_num(total, True)} ms/step" + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "")
+            raise NotReproduced(f"where: the profiled steps do not show the change (their time moved {shown}, "
+                                f"{min(n_base, n_cur)} a side): it comes from outside the steps (data loading, "
+                                "the machine) or is too small for a few profiled steps to resolve")
     intervals = {}
     for row, change in changes.items():
         if total and abs(change) >= MIN_SHARE * abs(total):  # only rows that could be named get an interval
@@ -199,14 +214,19 @@ def _beyond_noise(ci: tuple[float, float] | None) -> bool:
     return ci is not None and (ci[0] > 0 or ci[1] < 0)
 
 
-def explanation(metric: str, baseline: dict | None, current: dict | None, paired: bool = False) -> tuple[str, ...]:
-    """The lines printed under a changed verdict of ``metric``: its causes, or why none can be named."""
+def explanation(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
+                slower: bool | None = None) -> tuple[str, ...]:
+    """The lines printed under a changed verdict of ``metric``: its causes, or why none can be named (``slower``:
+    the verdict's direction, for a timed metric)."""
     if not METRICS[metric].where:
         return ()
     if baseline is None or current is None:
         side = "either side" if baseline is None and current is None else "the baseline" if baseline is None else "this run"
         return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",)
-    found = causes(metric, baseline, current, paired)
+    try:
+        found = causes(metric, baseline, current, paired, slower)
+    except NotReproduced as e:
+        return (str(e),)
     if not found:
         return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
     return tuple(cause.line() for cause in found)

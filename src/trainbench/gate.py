@@ -107,7 +107,9 @@ class MetricComparison:
             return self
         from .explain import explanation
 
-        return replace(self, explanation=explanation(self.metric, baseline, current, paired))
+        # A timed metric's regression is a slower step, its improvement a faster one: the profiled steps must agree.
+        slower = (self.verdict == "regressed") if METRICS[self.metric].timed else None
+        return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower))
 
 
 @dataclass(frozen=True)
