@@ -243,3 +243,29 @@ def test_the_gate_names_a_planted_leak_by_its_module(run_spec):
 def test_outside_modules_is_a_site_of_its_own(measured):
     result = measured("loss_leak", "mlp")  # the running loss keeps each step's graph: made outside any module
     assert OUTSIDE_MODULES in result.attribution["ops_by_site"]
+
+
+def test_the_allocator_peak_is_split_by_the_users_line_that_asked_for_it():
+    from trainbench.attribution import allocator_sites
+
+    def frames(*where):
+        return [{"filename": f, "line": n, "name": fn} for f, n, fn in where]
+
+    torch_frame = ("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", 125, "forward")
+    model = frames(torch_frame, ("/project/models/net.py", 40, "forward"))
+    loss = frames(("/project/train.py", 12, "loss_fn"))
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": model},
+        {"action": "alloc", "addr": 2, "size": 300, "frames": loss},
+        {"action": "free_requested", "addr": 1, "size": 100, "frames": model},  # not yet given back: still counts
+        {"action": "alloc", "addr": 3, "size": 50, "frames": model},  # the peak: 450
+        {"action": "free_completed", "addr": 1, "size": 100, "frames": model},
+        {"action": "free_completed", "addr": 2, "size": 300, "frames": loss},
+        {"action": "alloc", "addr": 4, "size": 200, "frames": []},
+        {"action": "free_completed", "addr": 99, "size": 7, "frames": []},  # allocated before the history: ignored
+    ]
+    assert allocator_sites(trace) == {"train.py:12 (loss_fn)": 300, "net.py:40 (forward)": 150}
+
+
+def test_a_device_without_an_allocator_records_no_allocator_table(measured):
+    assert "allocator_peak_bytes" not in measured("baseline", "mlp").attribution

@@ -10,7 +10,8 @@ Recorded per case after its timed rounds, never inside them (``Measurer``'s pass
   profiled step's wall time;
 - ``calls``: the profiler's calls per step by op (what ``aten_calls_per_step`` counts);
 - ``memory``: tensor bytes by the site that allocated them (a module's forward or backward, the optimizer
-  step), at the tracked peak and kept alive per step (a leak).
+  step), at the tracked peak and kept alive per step (a leak); on CUDA also the caching allocator's bytes at
+  the step's peak by the line of code that asked for them (``allocator_peak_bytes``, from its history).
 
 A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER``, so a case's tables
 stay a few kilobytes; ``complete()`` keeps them whole for a side file.
@@ -189,3 +190,38 @@ def compact(tables: dict, n: int = TOP) -> dict:
         else:
             out[name] = table
     return out
+
+
+# Frames of these files are the framework, not the user's code: an allocation's site is the first frame outside them.
+_FRAMEWORK = ("/torch/", "/trainbench/", "/site-packages/", "<frozen", "/lib/python")
+
+
+def allocator_sites(trace: list[dict], n: int = TOP) -> dict[str, int]:
+    """Bytes live at the allocator's peak by call site, replaying one device's allocator history (the
+    ``device_traces`` entries of an allocator snapshot, ``Backend.allocator_history``: ``alloc`` and ``free_completed`` with their
+    address, size and Python frames). A site is the first frame outside PyTorch and trainbench (the user's line),
+    ``file:line (function)``; blocks allocated before the history started are not in it."""
+    live: dict[int, tuple[int, str]] = {}
+    by_site: Counter = Counter()
+    peak, at_peak = 0, {}
+    for entry in trace:
+        action = entry.get("action")
+        if action == "alloc":
+            site = _site(entry.get("frames") or [])
+            live[entry["addr"]] = (entry["size"], site)
+            by_site[site] += entry["size"]
+            total = sum(by_site.values())
+            if total > peak:
+                peak, at_peak = total, {k: v for k, v in by_site.items() if v}
+        elif action == "free_completed" and entry.get("addr") in live:
+            size, site = live.pop(entry["addr"])
+            by_site[site] -= size
+    return top(at_peak, n)
+
+
+def _site(frames: list[dict]) -> str:
+    frame = next((f for f in frames if not any(part in str(f.get("filename", "")) for part in _FRAMEWORK)),
+                 frames[0] if frames else None)
+    if frame is None:
+        return "(no stack)"
+    return f"{str(frame.get('filename', '?')).rsplit('/', 1)[-1]}:{frame.get('line', '?')} ({frame.get('name', '?')})"

@@ -180,6 +180,11 @@ class Backend:
         (a device without one, like the CPU, records nothing and writes no file)."""
         yield
 
+    def allocator_history(self, run: Callable[[], None]) -> list[dict] | None:
+        """The caching allocator's history (alloc and free entries with Python frames) while ``run`` runs, or None
+        on a device without one (the CPU)."""
+        return None
+
     def mfu_peak(self, amp: str | None, convolution_share: float = 0.0) -> tuple[str, float | None]:
         """The precision a step with autocast dtype ``amp`` computes in (``convolution_share``: the share of its
         FLOPs in convolutions), and this device's peak dense TFLOP/s for it (None where unknown: no MFU)."""
@@ -407,6 +412,19 @@ class CudaBackend(Backend):
             torch.cuda.memory._dump_snapshot(str(snapshot_path))
         finally:
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
+
+    def allocator_history(self, run: Callable[[], None]) -> list[dict] | None:
+        # Python frames only: C++ stacks cost far more to record, and the user's line is a Python one.
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=self.device)
+        try:
+            run()
+            self.synchronize()
+            snapshot = torch.cuda.memory._snapshot(self.device)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
+        traces = snapshot.get("device_traces") or []
+        index = self.device.index or 0
+        return list(traces[index]) if index < len(traces) else []
 
     def is_device_kernel(self, event) -> bool:
         return is_cuda_kernel_event(event)

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .attribution import Sites, per_step, profile_steps
+from .attribution import Sites, allocator_sites, per_step, profile_steps
 from .device import Backend
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
@@ -515,6 +515,10 @@ class Measurer:
         # peak it cannot).
         self._set(peak_allocated_bytes=peak.allocated_bytes, peak_reserved_bytes=peak.reserved_bytes,
                   alloc_retries=peak.alloc_retries, reserved_between_steps_bytes=backend.reserved_bytes())
+        if self.settings.attribution:  # one more step, with the allocator's history on (CUDA; None elsewhere)
+            history = backend.allocator_history(self.timed_step)
+            if history is not None:
+                self._attribute(allocator_peak_bytes=allocator_sites(history, n=len(history) or 1))
 
     def measure_memory(self) -> None:
         """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""

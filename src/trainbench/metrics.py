@@ -71,6 +71,7 @@ FLOPS = ("flops",)
 OPS = ("ops", "ops_by_site")
 PEAK = ("memory.peak_bytes",)
 KEPT = ("memory.kept_bytes_per_step",)
+ALLOCATOR_PEAK = ("allocator_peak_bytes", *PEAK)
 
 METRICS: dict[str, Metric] = {
     "samples_per_s": Metric("samples/s", True, TIMED, "samples per step (all ranks) / median step time", where=TIME),
@@ -86,12 +87,13 @@ METRICS: dict[str, Metric] = {
     "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time", where=TIME + FLOPS),
     "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU", where=TIME + FLOPS),
     "peak_memory_mib": Metric("MiB", False, ALLOCATOR, "device allocator peak (CUDA), tracked tensor peak (CPU)",
-                              group="memory", where=PEAK),
-    "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory", where=PEAK),
+                              group="memory", where=ALLOCATOR_PEAK),
+    "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory",
+                                where=ALLOCATOR_PEAK),
     "reserved_between_steps_mib": Metric("MiB", False, ALLOCATOR, "CUDA allocator reserved memory after a step (what "
-                                         "other processes cannot use between steps)", group="memory", where=PEAK),
+                                         "other processes cannot use between steps)", group="memory", where=ALLOCATOR_PEAK),
     "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
-                            "pass", group="memory", where=PEAK),
+                            "pass", group="memory", where=ALLOCATOR_PEAK),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
                                group="memory", where=PEAK),
     "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PEAK),
