@@ -1,6 +1,7 @@
 """A/B of two environments: the same interpreter on both sides, a planted slowdown in the head."""
 
 import dataclasses
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.gate import verdict_table
+from trainbench.gate import verdict_table, where_lines
 from trainbench.metrics import is_timed
 from trainbench.recipes import get_recipe
 from trainbench.result import Result
@@ -128,6 +129,26 @@ def test_another_trainbench_on_one_side_is_a_clear_start_up_error(tmp_path):
                                "runpy.run_module('trainbench.ab_worker', run_name='__main__')")
     with pytest.raises(SideError, match=r"trainbench differs between the sides: base .* has 0\.1\.0 .*head .* has 9\.9"):
         start(sys.executable, other)
+
+
+def test_two_environments_that_differ_in_one_package_name_that_package(tmp_path):
+    # The head's Python sees one more distribution (a folder on its PYTHONPATH, as a side's extra install would be)
+    info = tmp_path / "site" / "fakepkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
+    inherited = os.environ.get("PYTHONPATH")
+    head_path = os.pathsep.join([str(tmp_path / "site"), *([inherited] if inherited else [])])
+    base, head, hello = start(sys.executable, sys.executable, head_env={"PYTHONPATH": head_path})
+    try:
+        assert hello["head"]["packages"] == {**hello["base"]["packages"], "fakepkg": "1.0"}
+        decided = verdict([], hello, gated=False)
+        assert decided.environment == ("package fakepkg only here (1.0)",)  # that package, and nothing else
+        assert decided.to_json()["environment_differs"] == ["package fakepkg only here (1.0)"]
+        assert where_lines({"explanation": ["op self time: aten::mm +1 ms/step"]}, decided.environment)[-1] == (
+            "environment: package fakepkg only here (1.0)")
+    finally:
+        base.close()
+        head.close()
 
 
 def test_a_side_whose_worker_cannot_start_names_the_side_and_why(tmp_path):

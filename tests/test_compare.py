@@ -155,6 +155,23 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
     assert same.environment == () and "environment differs" not in verdict_markdown(same.to_json())
 
 
+def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
+    from trainbench.compare import gate
+    from trainbench.outcome import MeasuredCase
+
+    here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
+    stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": here,
+                             "round_step_times_s": run_of().round_step_times_s}}
+
+    def environment(packages):
+        return gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
+                    {"activation_mib": 0.0}, packages=packages).environment
+
+    assert environment(({"numpy": "2.0.1", "six": "1.16"}, {"numpy": "2.1.0", "six": "1.16"})) == (
+        "package numpy 2.0.1 there, 2.1.0 here",)
+    assert environment((None, {"numpy": "2.1.0"})) == ()  # a run saved before packages were recorded
+
+
 def test_faster_rounds_are_an_improvement():
     fast = run_of(step_ms=[t * 0.7 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     [c] = compare_case(fast, run_of(), {"samples_per_s": 0.05})
@@ -526,6 +543,27 @@ def test_a_baseline_of_another_torch_is_compared_and_the_summary_and_verdict_say
     result.stdout.fnmatch_lines([f"environment differs from the baseline: torch 2.13.0 there, {mine} here*"])
     verdict = json.loads((pytester.path / "verdict.json").read_text())
     assert verdict["environment_differs"] == [f"torch 2.13.0 there, {mine} here"]
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_baseline_saved_with_another_version_of_one_package_is_named_by_the_verdict(pytester, gate_options):
+    from importlib.metadata import version
+
+    [saved] = list(pytester.path.rglob("0001_base.json"))
+    data = json.loads(saved.read_text())
+    packages = data["trainbench_environment"]["packages"]  # once per run, beside machine_info, not in it
+    assert packages["torch"] == version("torch") and "packages" not in json.dumps(data["machine_info"])
+    packages["pytest"] = "7.0.0"
+    saved.write_text(json.dumps(data))
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == 0, result.stdout.str()
+    mine = f"package pytest 7.0.0 there, {version('pytest')} here"
+    result.stdout.fnmatch_lines([f"environment differs from the baseline: {mine} (a change may come*"])
+    assert json.loads((pytester.path / "verdict.json").read_text())["environment_differs"] == [mine]
+    del data["trainbench_environment"]  # a run saved before packages were recorded says nothing of them
+    saved.write_text(json.dumps(data))
+    assert _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%").ret == 0
+    assert json.loads((pytester.path / "verdict.json").read_text())["environment_differs"] == []
 
 
 def test_the_load_average_at_start_and_end_is_saved_with_the_run(pytester, gate_options):

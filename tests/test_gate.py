@@ -186,3 +186,12 @@ def test_a_verdict_never_claims_what_its_interval_does_not_show(low, width, thre
         assert worse[1] < -threshold and 1 - p < 0.05 and not busy
     else:
         assert verdict_ == "inconclusive" and reason
+
+
+def test_the_environment_line_names_the_first_differences_and_counts_the_rest():
+    from trainbench.gate import ENVIRONMENT_LISTED, environment_line
+
+    differences = [f"package nvidia-lib{i} 12.{i} there, 13.{i} here" for i in range(ENVIRONMENT_LISTED + 2)]
+    line = environment_line(differences)
+    assert "package nvidia-lib9 12.9 there, 13.9 here; and 2 more (a change may come" in line
+    assert "nvidia-lib10" not in line and "more" not in environment_line(differences[:2])

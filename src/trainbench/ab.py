@@ -310,8 +310,9 @@ def _median(values: list[float]) -> float:
 def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inconclusive: bool = False) -> Verdict:
     """The A/B verdict: the gate's, with both environments' identities (``allow_inconclusive``: a pair-by-pair
     verdict that stayed inconclusive is reported, not failed)."""
+    base, head = identities.get("base", {}), identities.get("head", {})
     return Verdict(
-        "A/B: base vs head", identities.get("head", {}).get("identity", {}),
+        "A/B: base vs head", head.get("identity", {}),
         tuple(c for o in outcomes for c in o.comparisons), gated=gated, allow_inconclusive=allow_inconclusive,
         sides={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
                for label, h in identities.items()},
@@ -319,8 +320,9 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inco
         # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
         numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
                   for o in outcomes if o.guard is not None},
-        environment=tuple(environment_differences(identities.get("base", {}).get("identity"),
-                                                  identities.get("head", {}).get("identity"))))
+        # what differs between the sides' software: the device's libraries, then every installed package
+        environment=tuple(environment_differences(base.get("identity"), head.get("identity"), base.get("packages"),
+                                                  head.get("packages"))))
 
 
 class ABSession:

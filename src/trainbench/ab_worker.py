@@ -27,10 +27,12 @@ class _Worker:
     def hello(self) -> dict:
         import trainbench
         from trainbench.device import get_backend
+        from trainbench.environment import installed_packages
 
         self.backend = get_backend(os.environ.get("TRAINBENCH_AB_DEVICE", "auto"))
+        # the side's installed packages: the verdict names those that differ between the sides
         return {"protocol": PROTOCOL, "trainbench": trainbench.__version__, "python": sys.executable,
-                "identity": self.backend.identity()}
+                "identity": self.backend.identity(), "packages": installed_packages()}
 
     def build(self, config: dict, recipe: str, extra_warmup_steps: int, spec: str, profile: str, settings: dict,
               case: str, threads: int | None = None, paths: list[str] | None = None, slowdown: float = 0.0) -> dict:

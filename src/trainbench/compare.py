@@ -174,8 +174,11 @@ def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, threshol
 
 
 def gate(cases: list, baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, allow_inconclusive: bool = False) -> Verdict:
-    """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate.
+         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, allow_inconclusive: bool = False,
+         packages: tuple[dict | None, dict | None] = (None, None)) -> Verdict:
+    """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate;
+    ``packages``: the installed packages of the stored run and of this one (None: not recorded), named where they
+    differ, with the device identities' versions (``environment.environment_differences``).
 
     A gate fails closed (``Verdict.failed``): a gated metric measured on one side only, and a case the baseline
     lacks (unless ``allow_new_cases``), fail it, since nothing was compared; so does an inconclusive timed verdict
@@ -188,7 +191,8 @@ def gate(cases: list, baseline: dict, baseline_path: str, device: dict, threshol
     return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
                    allow_inconclusive=allow_inconclusive,
                    new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors),
-                   not_run=not_run, environment=tuple(environment_differences(_recorded_device(baseline), device)))
+                   not_run=not_run,
+                   environment=tuple(environment_differences(_recorded_device(baseline), device, *packages)))
 
 
 def _extra_info(bench: object) -> dict:

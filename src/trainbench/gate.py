@@ -126,7 +126,7 @@ class Verdict:
     errors: tuple[str, ...] = ()  # baseline cases that could not be read
     not_run: tuple[str, ...] = ()  # baseline cases this session did not run (deselected, skipped): not compared
     nothing_compared: str | None = None  # why no metric was compared (every case skipped): fails a gate
-    # The software that differs between the compared runs (``device.environment_differences``): said, not refused,
+    # The software that differs between the compared runs (``environment.environment_differences``): said, not refused,
     # since a change may be the update's rather than the code's.
     environment: tuple[str, ...] = ()
     # A/B only: both environments' identities, each case's (base, head) step seconds per pair, and each case's
@@ -186,13 +186,18 @@ def _table(comparisons: list[dict]) -> Table:
                                   change(c.get("change")), interval(c.get("ci")), c["verdict"]) for c in comparisons))
 
 
+ENVIRONMENT_LISTED = 10  # differences the environment line names (a CUDA upgrade moves a dozen packages)
+
+
 def environment_line(differences) -> str:
-    """The line that says which software differs between the compared runs."""
-    return ("environment differs from the baseline: " + "; ".join(differences)
-            + " (a change may come from these rather than the code)")
+    """The line that says which software differs between the compared runs (the verdict JSON lists them all)."""
+    differences = list(differences)
+    more = len(differences) - ENVIRONMENT_LISTED
+    return ("environment differs from the baseline: " + "; ".join(differences[:ENVIRONMENT_LISTED])
+            + (f"; and {more} more" if more > 0 else "") + " (a change may come from these rather than the code)")
 
 
-ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the verdict's header names them all)
+ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the header names ENVIRONMENT_LISTED, the JSON all)
 
 
 def where_lines(comparison: dict, environment) -> list[str]:

@@ -19,6 +19,7 @@ from . import benchmark_adapter
 from .files import cannot_write, write_json_atomic
 from .options import Options, discover_budgets, usage_error
 from .store import (
+    ENVIRONMENT_KEY,
     INCOMPLETE_KEY,
     PYTEST_BENCHMARKS_CHOICE,
     Baseline,
@@ -314,7 +315,12 @@ class TrainbenchSession:
 
     # -- pytest-benchmark's storage and compare -------------------------------------------------------
     def pytest_benchmark_update_json(self, config, benchmarks, output_json):
-        """Cases that failed before they had a result are in the saved run too, with why (they have no timing)."""
+        """Cases that failed before they had a result are in the saved run too, with why (they have no timing); a
+        trainbench run records its installed packages once, for a later comparison to name the ones that differ."""
+        if self.cases or self.failed_cases:
+            from .environment import installed_packages
+
+            output_json[ENVIRONMENT_KEY] = {"packages": installed_packages()}
         if self.failed_cases:
             output_json["trainbench_failed_cases"] = list(self.failed_cases)
         if self.interrupted:
@@ -397,11 +403,14 @@ class TrainbenchSession:
             if baseline is None:
                 return None
             from .compare import gate
+            from .environment import installed_packages
+            from .store import packages_of
 
             o = self.options
             verdict = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
                            o.compare_alpha, allow_new_cases=o.allow_new_cases,
-                           allow_inconclusive=o.allow_inconclusive)
+                           allow_inconclusive=o.allow_inconclusive,
+                           packages=(packages_of(baseline[0]), installed_packages()))
             measured = len(self.cases)
         if verdict.comparisons or verdict.errors:
             return verdict

@@ -14,6 +14,9 @@ from pathlib import Path
 
 # A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
 INCOMPLETE_KEY = "trainbench_incomplete"
+# The run's software beyond its device identity, once per run (not per case, and not in machine_info, whose every
+# difference pytest-benchmark warns about): {"packages": {canonical name: version}}.
+ENVIRONMENT_KEY = "trainbench_environment"
 RUN_FILES = "[0-9][0-9][0-9][0-9]_"  # pytest-benchmark's NNNN_ prefix of a saved run
 DEFAULT_RUNS_DIR = Path("results/benchmarks")  # pytest-benchmark's storage, as pyproject.toml sets it
 
@@ -46,6 +49,25 @@ def load_run(path: Path | str) -> dict:
         raise RunFileError(path, "no 'benchmarks' list; expected a pytest-benchmark JSON run "
                                  "(--benchmark-json or --benchmark-save)")
     return run
+
+
+def recorded_packages(run: dict) -> dict[str, str] | None:
+    """The installed packages a run recorded (name -> version), or None: a run saved before they were, or a plain
+    pytest-benchmark run. A malformed record reads as none: it can only make a verdict say less."""
+    environment = run.get(ENVIRONMENT_KEY)
+    packages = environment.get("packages") if isinstance(environment, dict) else None
+    if not isinstance(packages, dict):
+        return None
+    return {str(name): str(version) for name, version in packages.items()}
+
+
+def packages_of(path: Path | str) -> dict[str, str] | None:
+    """``recorded_packages`` of the run file at ``path``; None where it cannot be read (not a file: another
+    storage's run; the gate names an unreadable baseline through its own reader)."""
+    try:
+        return recorded_packages(load_run(path))
+    except RunFileError:
+        return None
 
 
 def storage_folder(storage: str) -> Path | None:
