@@ -303,6 +303,49 @@ def _add_verdict(subparsers) -> None:
     parser.set_defaults(handler=_verdict)
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from .compare import CompareError, explain_runs, parse_spec
+    from .files import write_json_atomic
+    from .store import RunFileError
+
+    try:
+        thresholds = parse_spec(args.threshold, "--threshold") if args.threshold is not None else None
+        explained = explain_runs(args.run_a, args.run_b, args.case, thresholds)
+    except (CompareError, RunFileError) as e:
+        print(f"trainbench explain: {e}", file=sys.stderr)
+        return 2
+    print(explained.markdown() if args.markdown else "\n".join(explained.lines()), end="" if args.markdown else "\n")
+    if args.json:
+        try:
+            write_json_atomic(Path(args.json), explained.to_json())
+        except OSError as e:
+            print(f"trainbench explain: {args.json}: cannot write it ({e})", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _add_explain(subparsers) -> None:
+    from .compare import EXPLAIN_THRESHOLDS
+
+    parser = subparsers.add_parser(
+        "explain", help="what changed between two saved runs, and where (ops, kernels, memory sites, packages)",
+        description="Compare every case two saved runs both have (or CASE) by the gate's rules, RUN_B against RUN_A, "
+                    "and print each regressed or improved comparison with the attribution rows that account for it "
+                    "and the software that differs between the runs (device libraries, installed packages). With "
+                    "CASE, also the op and kernel times that moved most, whatever its verdict. Exit status 0 once "
+                    "explained (the gate decides pass or fail), 2 on a bad file or an unknown case.")
+    parser.add_argument("run_a", metavar="RUN_A", help="the earlier (baseline) run: a pytest-benchmark JSON file")
+    parser.add_argument("run_b", metavar="RUN_B", help="the later run, compared against RUN_A")
+    parser.add_argument("case", nargs="?", default=None, metavar="CASE",
+                        help="only this case (its id, e.g. resnet18-amp_bf16, or its pytest-benchmark fullname)")
+    parser.add_argument("--threshold", default=None, metavar="SPEC",
+                        help=f"METRIC:THRESHOLD[,...] as --trainbench-compare-fail reads it (default "
+                             f"{EXPLAIN_THRESHOLDS.replace('%', '%%')})")
+    parser.add_argument("--markdown", action="store_true", help="print the explanation as Markdown (a CI job summary)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the verdict JSON, explained, to FILE")
+    parser.set_defaults(handler=_explain)
+
+
 def _torchrun_job(args: argparse.Namespace) -> int:
     import shlex
 
@@ -391,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_releases(subparsers)
     _add_doctor(subparsers)
     _add_verdict(subparsers)
+    _add_explain(subparsers)
     _add_torchrun_job(subparsers)
     _add_plan(subparsers)
     return parser

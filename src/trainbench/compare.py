@@ -19,6 +19,9 @@ fail the session is ``trainbench.gate.Verdict``'s one rule, shared with A/B.
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse, judge_change
@@ -251,3 +254,183 @@ def noise_table(rows: list[dict], thresholds: list[float]) -> list[str]:
     return Table(columns, tuple((row["case"], str(row["pairs"]), number(row["median_abs_change"], ".1%"),
                                  number(row["max_abs_change"], ".1%"), *(str(row["false_alarms"][t]) for t in thresholds))
                                 for row in rows)).terminal()
+
+
+# -- two saved runs: what changed between them, and where -----------------------------------------------------------
+
+# ``explain``'s thresholds where none are given: every deterministic metric exactly (any change of one is real), and
+# step time beyond 5%, judged over both sessions' rounds by the gate's test.
+EXPLAIN_THRESHOLDS = "deterministic:0%,step_time_ms:5%"
+MOVED_SHOWN = 8  # rows of each timed table named for a case asked about, whatever its verdict
+MOVED_TABLES = ("time.ops_ms", "time.kernels_ms")  # op self time; the kernels' time where the device has kernels
+
+
+class _SavedCase(NamedTuple):
+    """A case of the newer run as ``compare_runs`` reads it: ``outcome.MeasuredCase``'s fields (outcome imports torch,
+    which comparing two files does not need)."""
+
+    record: CaseRecord
+    fullname: str
+    compare_fail: dict
+
+
+@dataclass(frozen=True)
+class RunsExplained:
+    """Two saved runs compared: the verdict, each changed comparison with its "where", and for a case asked about
+    (``case``) the timed rows that moved most between the runs, whatever its verdict."""
+
+    verdict: Verdict
+    runs: tuple[str, str]  # each run, described: its path and its device
+    thresholds: dict[str, float]
+    case: str | None = None
+    moved: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {**self.verdict.to_json(), "explain": {"runs": list(self.runs), "case": self.case,
+                                                      "moved": list(self.moved)}}
+
+    def lines(self) -> list[str]:
+        """The terminal form: the runs, what differs in their software, every comparison that is not unchanged, each
+        change with where it comes from, and the case's moved rows."""
+        from .gate import environment_line, verdict_table, where_lines
+
+        v = self.verdict
+        lines = [f"baseline: {self.runs[0]}", f"current:  {self.runs[1]}", "thresholds: " + _described(self.thresholds)]
+        if v.environment:
+            lines.append(environment_line(v.environment))
+        compared = len({c.case for c in v.comparisons})
+        lines.append(f"{len(v.comparisons)} comparisons of {compared} case(s): "
+                     + ", ".join(f"{n} {outcome}" for outcome, n in v.counts.items() if n))
+        notable = [c for c in v.comparisons if c.verdict not in ("unchanged", "missing")]
+        lines += verdict_table(notable) if notable else ["nothing changed beyond the thresholds"]
+        one_run: dict[str, int] = {}  # a metric only one run measured (a newer metric, another device's): not compared
+        for c in v.comparisons:
+            if c.verdict == "missing":
+                one_run[c.metric] = one_run.get(c.metric, 0) + 1
+        if one_run:
+            lines.append("measured by one run only, not compared: "
+                         + ", ".join(f"{metric} ({n} case{'s' if n > 1 else ''})" for metric, n in one_run.items()))
+        for c in notable:
+            if c.verdict in ("regressed", "improved"):
+                lines.append(f"{c.verdict.upper()} {c.describe()}")
+                lines += ["    " + line for line in where_lines(c.to_json(), v.environment)]
+        if v.new_cases:
+            lines.append(f"only in the current run (not compared): {_listed(v.new_cases)}")
+        if v.not_run:
+            lines.append(f"only in the baseline run (not compared): {_listed(v.not_run)}")
+        if self.case is not None:
+            lines.append(f"moved in {self.case}, between the runs' profiled steps (largest first, either way):")
+            lines += ["    " + line for line in self.moved]
+        return lines
+
+    def markdown(self) -> str:
+        """The Markdown verdict (``gate.verdict_markdown``) under a heading naming both runs, and the case's moved
+        rows."""
+        from .gate import verdict_markdown
+
+        text = verdict_markdown(self.to_json(), f"### trainbench explain: `{self.runs[0]}` vs `{self.runs[1]}`")
+        if self.case is not None:
+            text += f"\n**Moved in `{self.case}`** (largest first, either way)\n\n" + "".join(
+                f"- {line}\n" for line in self.moved)
+        return text
+
+
+def _listed(names, shown: int = 20) -> str:
+    names = list(names)
+    return ", ".join(names[:shown]) + (f", and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _described(thresholds: dict[str, float]) -> str:
+    exact = [m for m, t in thresholds.items() if METRICS[m].deterministic and t == 0]
+    rest = [f"{m} {t:.1%}" for m, t in thresholds.items() if m not in exact]
+    if len(exact) == len(deterministic_metrics()):
+        return ", ".join(["every deterministic metric exactly", *rest])
+    return ", ".join([*(f"{m} exactly" for m in exact), *rest])
+
+
+def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
+                 thresholds: dict[str, float] | None = None, alpha: float = DEFAULT_ALPHA) -> RunsExplained:
+    """Every case both saved runs have (or only ``case``: a case id or pytest-benchmark fullname) compared at
+    ``thresholds`` (default ``EXPLAIN_THRESHOLDS``) by the gate's rules, the run at ``current_path`` against the one at
+    ``baseline_path``, each changed comparison explained from the runs' attribution, and the environment differences
+    from their device identities and installed packages. Raises ``store.RunFileError`` for a file that is not a
+    saved run, ``CompareError`` for a run without trainbench cases, a record that cannot be read or an unknown case."""
+    from .store import describe_device, device_of, load_run, recorded_packages
+
+    thresholds = thresholds or parse_spec(EXPLAIN_THRESHOLDS, "explain")
+    runs = (load_run(baseline_path), load_run(current_path))
+    base, cur = (_trainbench_cases(run, path) for run, path in zip(runs, (baseline_path, current_path)))
+    if case is not None:
+        base, cur = _the_case(case, base, baseline_path, cur, current_path)
+    # every record read first: a bad one in either run is named, as bad input (the gate would list the baseline's)
+    base_records, cur_records = ({name: stored_record(bench, f"{path}: {name}") for name, bench in cases.items()}
+                                 for path, cases in ((baseline_path, base), (current_path, cur)))
+    measured = [_SavedCase(record, name, {}) for name, record in cur_records.items()]
+    verdict = gate(measured, base, str(baseline_path), _recorded_device(cur) or {}, thresholds, alpha,
+                   allow_new_cases=True, allow_inconclusive=True,
+                   packages=(recorded_packages(runs[0]), recorded_packages(runs[1])))
+    described = tuple(f"{path} ({describe_device(device_of(run)) if device_of(run) else 'no device recorded'})"
+                      for path, run in zip((baseline_path, current_path), runs))
+    moved: tuple[str, ...] = ()
+    if case is not None:
+        name = next(name for name in cur if name in base)
+        moved = tuple(moved_rows(base_records[name].attribution, cur_records[name].attribution))
+    return RunsExplained(verdict, described, thresholds, case, moved)
+
+
+def _trainbench_cases(run: dict, path: str) -> dict:
+    """A saved run's trainbench cases, pytest-benchmark fullname -> stored benchmark (others are not compared)."""
+    cases = {bench.get("fullname") or bench.get("name"): bench for bench in run["benchmarks"]
+             if isinstance(bench, dict) and _extra_info(bench).get("case")}
+    if not cases:
+        raise CompareError(f"{path}: no trainbench case among its {len(run['benchmarks'])} benchmark(s); expected a "
+                           "run saved by pytest --benchmark-save of trainbench cases")
+    return cases
+
+
+def _the_case(case: str, base: dict, base_path: str, cur: dict, cur_path: str) -> tuple[dict, dict]:
+    """Each run's benchmarks of ``case`` (its case id or fullname); an error naming the run that lacks it."""
+    def of(cases: dict) -> dict:
+        return {name: bench for name, bench in cases.items() if case in (name, _extra_info(bench).get("case"))}
+
+    mine, theirs = of(base), of(cur)
+    both = sorted({_extra_info(b)["case"] for name, b in cur.items() if name in base})
+    known = f"the cases both runs have: {_listed(both)}" if both else "the runs have no case in common"
+    if not mine and not theirs:
+        raise CompareError(f"{case}: no such case in {base_path} or {cur_path}; {known}")
+    for path, found in ((base_path, mine), (cur_path, theirs)):
+        if not found:
+            raise CompareError(f"{case}: not in {path}; {known}")
+    if not set(mine) & set(theirs):
+        raise CompareError(f"{case}: measured by other tests in the two runs ({', '.join(mine)} in {base_path}; "
+                           f"{', '.join(theirs)} in {cur_path}); name one of them")
+    return mine, theirs
+
+
+def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
+    """The rows of a case's timed attribution tables (op self time, and kernel time where there are kernels) whose
+    median per profiled step moved most between two saved runs, either way, each with its 95% interval; a row whose
+    interval holds zero is marked "within noise". Asked of a case whatever its verdict: a step time that stayed put
+    can hide an op that got slower and another that got faster."""
+    from .explain import TABLES, Cause, _comparable, change_interval, table
+
+    if baseline is None or current is None:
+        side = "either run" if baseline is None and current is None else "the baseline" if baseline is None else \
+            "the current run"
+        return [f"no attribution recorded by {side} (attribution off, or a run saved before it was recorded)"]
+    lines = []
+    for path in MOVED_TABLES:
+        base, cur = table(baseline, path), table(current, path)
+        if base is None or cur is None:
+            continue
+        base, cur = _comparable(base, cur)  # a row one run folded into "(other)" is compared inside it
+        scale = TABLES[path][2]
+        n_base, n_cur = len(next(iter(base.values()))), len(next(iter(cur.values())))
+        series = {row: ([v * scale for v in base.get(row, [0.0] * n_base)], [v * scale for v in cur.get(row, [0.0] * n_cur)])
+                  for row in {*base, *cur}}
+        changes = {row: statistics.median(c) - statistics.median(b) for row, (b, c) in series.items()}
+        for row in sorted((row for row in changes if changes[row]), key=lambda row: (-abs(changes[row]), row))[:n]:
+            ci = change_interval(*series[row], paired=False)
+            noise = "" if ci is not None and (ci[0] > 0 or ci[1] < 0) else " (within noise)"
+            lines.append(Cause(path, row, changes[row], None, ci, min(n_base, n_cur)).line() + noise)
+    return lines or ["no op or kernel time moved between the runs' profiled steps"]

@@ -216,13 +216,14 @@ def verdict_table(comparisons: list[MetricComparison] | tuple[MetricComparison, 
     return _table([c.to_json() for c in comparisons]).terminal()
 
 
-def verdict_markdown(verdict: dict) -> str:
+def verdict_markdown(verdict: dict, heading: str | None = None) -> str:
     """A verdict's JSON (``Verdict.to_json``, as read from its file) as Markdown (a CI job summary, a PR comment):
-    the outcome and counts, a table of every comparison that is not "unchanged", and the whole table folded away."""
+    the outcome and counts, a table of every comparison that is not "unchanged", and the whole table folded away.
+    ``heading``: the first line, where the verdict is not a gate's (two saved runs explained)."""
     counts = verdict.get("counts") or {}
     outcome = ("COULD NOT JUDGE" if verdict.get("could_not_judge") else "FAILED" if verdict.get("failed")
                else "passed" if verdict.get("gated") else "not gated")
-    lines = [f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
+    lines = [heading or f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
              ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing compared", ""]
     lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
               if verdict.get("gated") and not verdict.get("new_cases_allowed")]
