@@ -122,7 +122,7 @@ def test_a_broken_record_is_named_by_file_and_entry(runs, capsys):
 
 
 def test_moved_rows_mark_a_change_within_noise_and_compare_folded_rows_inside_other():
-    from trainbench.compare import moved_rows
+    from trainbench.explain import moved_rows
 
     def tables(ops_ms):
         return {"time": {"steps": 5, "ops_ms": ops_ms}}

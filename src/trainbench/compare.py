@@ -19,7 +19,6 @@ fail the session is ``trainbench.gate.Verdict``'s one rule, shared with A/B.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -261,8 +260,6 @@ def noise_table(rows: list[dict], thresholds: list[float]) -> list[str]:
 # ``explain``'s thresholds where none are given: every deterministic metric exactly (any change of one is real), and
 # step time beyond 5%, judged over both sessions' rounds by the gate's test.
 EXPLAIN_THRESHOLDS = "deterministic:0%,step_time_ms:5%"
-MOVED_SHOWN = 8  # rows of each timed table named for a case asked about, whatever its verdict
-MOVED_TABLES = ("time.ops_ms", "time.kernels_ms")  # op self time; the kernels' time where the device has kernels
 
 
 class _SavedCase(NamedTuple):
@@ -374,6 +371,8 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     moved: tuple[str, ...] = ()
     if case is not None:
         name = next(name for name in cur if name in base)
+        from .explain import moved_rows
+
         moved = tuple(moved_rows(base_records[name].attribution, cur_records[name].attribution))
     return RunsExplained(verdict, described, thresholds, case, moved)
 
@@ -407,30 +406,3 @@ def _the_case(case: str, base: dict, base_path: str, cur: dict, cur_path: str) -
     return mine, theirs
 
 
-def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
-    """The rows of a case's timed attribution tables (op self time, and kernel time where there are kernels) whose
-    median per profiled step moved most between two saved runs, either way, each with its 95% interval; a row whose
-    interval holds zero is marked "within noise". Asked of a case whatever its verdict: a step time that stayed put
-    can hide an op that got slower and another that got faster."""
-    from .explain import TABLES, Cause, _comparable, change_interval, table
-
-    if baseline is None or current is None:
-        side = "either run" if baseline is None and current is None else "the baseline" if baseline is None else \
-            "the current run"
-        return [f"no attribution recorded by {side} (attribution off, or a run saved before it was recorded)"]
-    lines = []
-    for path in MOVED_TABLES:
-        base, cur = table(baseline, path), table(current, path)
-        if base is None or cur is None:
-            continue
-        base, cur = _comparable(base, cur)  # a row one run folded into "(other)" is compared inside it
-        scale = TABLES[path][2]
-        n_base, n_cur = len(next(iter(base.values()))), len(next(iter(cur.values())))
-        series = {row: ([v * scale for v in base.get(row, [0.0] * n_base)], [v * scale for v in cur.get(row, [0.0] * n_cur)])
-                  for row in {*base, *cur}}
-        changes = {row: statistics.median(c) - statistics.median(b) for row, (b, c) in series.items()}
-        for row in sorted((row for row in changes if changes[row]), key=lambda row: (-abs(changes[row]), row))[:n]:
-            ci = change_interval(*series[row], paired=False)
-            noise = "" if ci is not None and (ci[0] > 0 or ci[1] < 0) else " (within noise)"
-            lines.append(Cause(path, row, changes[row], None, ci, min(n_base, n_cur)).line() + noise)
-    return lines or ["no op or kernel time moved between the runs' profiled steps"]

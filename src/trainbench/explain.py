@@ -129,15 +129,20 @@ def _counted_causes(path: str, base: dict, cur: dict, scale: float) -> list[Caus
     return _named(path, changes, total, {})
 
 
-def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool, slower: bool | None) -> list[Cause]:
+def _aligned(base: dict, cur: dict, scale: float) -> tuple[dict[str, tuple[list[float], list[float]]], int, int]:
+    """Each row of two timed tables as (baseline samples, current samples) in the table's unit (0 in the steps of
+    a side that lacks the row), over the rows both compare (``_comparable``), and each side's sample count."""
     base, cur = _comparable(base, cur)
-    n_base = len(next(iter(base.values())))
-    n_cur = len(next(iter(cur.values())))
+    n_base, n_cur = len(next(iter(base.values()))), len(next(iter(cur.values())))
+    series = {row: ([v * scale for v in base.get(row, [0.0] * n_base)], [v * scale for v in cur.get(row, [0.0] * n_cur)])
+              for row in {*base, *cur}}
+    return series, n_base, n_cur
+
+
+def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool, slower: bool | None) -> list[Cause]:
+    series, n_base, n_cur = _aligned(base, cur, scale)
     if paired and n_base != n_cur:
         paired = False
-    rows = {*base, *cur}
-    series = {row: ([v * scale for v in base.get(row, [0.0] * n_base)], [v * scale for v in cur.get(row, [0.0] * n_cur)])
-              for row in rows}
     changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
     totals = ([sum(vs) for vs in zip(*(b for b, _ in series.values()))],
               [sum(vs) for vs in zip(*(c for _, c in series.values()))])
@@ -213,6 +218,33 @@ def _named(path: str, changes: dict[str, float], total: float, intervals: dict, 
 def _beyond_noise(ci: tuple[float, float] | None) -> bool:
     """Whether an interval excludes zero (no interval, from one sample a side: cannot tell, so not beyond)."""
     return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
+
+MOVED_SHOWN = 8  # rows of each timed table listed for a case asked about, whatever its verdict
+MOVED_TABLES = ("time.ops_ms", "time.kernels_ms")  # op self time; the kernels' time where the device has kernels
+
+
+def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
+    """The rows of a case's timed tables (op self time, and kernel time where there are kernels) whose median per
+    profiled step moved most between two runs, either way, each with its 95% interval; a row whose interval holds
+    zero is marked "within noise". Asked of a case whatever its verdict: a step time that stayed put can hide an op
+    that got slower and another that got faster."""
+    if baseline is None or current is None:
+        side = "either run" if baseline is None and current is None else "the baseline" if baseline is None else \
+            "the current run"
+        return [f"no attribution recorded by {side} (attribution off, or a run saved before it was recorded)"]
+    lines = []
+    for path in MOVED_TABLES:
+        base, cur = table(baseline, path), table(current, path)
+        if not base or not cur:
+            continue
+        series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
+        changes = {row: _change(b, c, paired=False) for row, (b, c) in series.items()}
+        for row in sorted((row for row in changes if changes[row]), key=lambda row: (-abs(changes[row]), row))[:n]:
+            ci = change_interval(*series[row], paired=False)
+            noise = "" if _beyond_noise(ci) else " (within noise)"
+            lines.append(Cause(path, row, changes[row], None, ci, min(n_base, n_cur)).line() + noise)
+    return lines or ["no op or kernel time moved between the runs' profiled steps"]
 
 
 def explanation(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
