@@ -11,6 +11,11 @@ inconclusive one is measured again with more pairs, up to a time budget;
 deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
 metric the thresholds name as a value; the loss guard compares both sides' losses over the seeded
 steps. The verdict is the gate's (``trainbench.gate.Verdict``), with both environments' identities.
+
+After the timed rounds both sides profile a few steps in the same ABBA order (``ATTRIBUTION_PAIRS``), so a
+regressed or improved timed metric is explained pair by pair: the ops (and kernels) whose self time changed,
+each with a bootstrap interval over the pairs, and none whose change is within noise
+(``trainbench.explain``); a deterministic change is explained from both sides' whole tables.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
 # and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
 # round in a row was up to 15% faster than the other, and per-run median ratios spread 0.89-1.06.
 REWARM_STEPS = 1
+# Profiled steps per side after the timed rounds, one per pair in ABBA order like the rounds: a timed change is
+# attributed to ops (and kernels) pair by pair, each row's change with a bootstrap interval over the pairs.
+ATTRIBUTION_PAIRS = 6
 
 
 class SideError(RuntimeError):
@@ -202,8 +210,11 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
              remeasure_s: float = 0.0) -> ABOutcome:
     """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare; while a timed
     verdict is inconclusive, add ``pairs`` more at a time for up to ``remeasure_s`` seconds (``MAX_PAIRS_FACTOR``)."""
+    attributed = case.settings.get("attribution", True)
+    # The work pass's profiled time is replaced by the pairs' (below): one profiled step gives its call counts.
+    settings = {**case.settings, "profiled_steps": 1} if attributed else case.settings
     build = {"config": case.config, "recipe": case.recipe, "extra_warmup_steps": case.extra_warmup_steps,
-             "spec": case.spec, "profile": case.profile, "settings": case.settings, "case": case.case,
+             "spec": case.spec, "profile": case.profile, "settings": settings, "case": case.case,
              "threads": case.threads, "paths": case.paths}
     base.call("build", **build)
     head.call("build", **build, slowdown=head_slowdown)
@@ -219,6 +230,8 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
                    == "inconclusive" for m, t in paired.items()):
             break
         rounds = _alternate(base, head, pairs, rounds)
+    # Never between the timed rounds: a profiled step is slower than the step it watches.
+    profiled = _profile_pairs(base, head, ATTRIBUTION_PAIRS) if attributed else None
     results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
                for side in (base, head)}  # one at a time
     for side in (base, head):  # a side whose training diverged measured nothing worth comparing
@@ -240,6 +253,10 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
                  if spec.deterministic or (m in thresholds and m not in paired)}
     comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
                                 CaseRecord.read(case_record(results["base"]), "base"), as_values, alpha)
+    # Where each change comes from: both sides' whole tables (a record keeps only their top rows), timed ones from
+    # the steps profiled pair by pair.
+    tables = {label: _attribution(results[label], profiled and profiled[label]) for label in ("base", "head")}
+    comparisons = [c.explained(tables["base"], tables["head"], paired=profiled is not None) for c in comparisons]
     times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
     return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
 
@@ -251,6 +268,40 @@ def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[d
         order = (base, head) if len(rounds) % 2 == 0 else (head, base)
         rounds.append({side.label: side.call("round", rewarm_steps=REWARM_STEPS) for side in order})
     return rounds
+
+
+def _profile_pairs(base: Side, head: Side, pairs: int) -> dict[str, list[dict]] | None:
+    """Each side's profiled steps (``attribution.profile_steps``' tables), one per side per pair in ABBA order,
+    each after ``REWARM_STEPS`` untimed steps as a round is; None where a side profiles nothing (a profiler of
+    the case's own is running)."""
+    profiled: dict[str, list[dict]] = {"base": [], "head": []}
+    for i in range(pairs):
+        for side in ((base, head) if i % 2 == 0 else (head, base)):
+            answer = side.call("profile", rewarm_steps=REWARM_STEPS).get("profile")
+            if answer is None:
+                return None
+            profiled[side.label].append(answer)
+    return profiled
+
+
+def _attribution(result: Result, profiled: list[dict] | None) -> dict | None:
+    """A side's attribution tables as A/B explains a change from them: whole, with the profiled time per step
+    (op self time, kernel time, wall time) that of the steps profiled pair by pair."""
+    if not profiled:
+        return result.attribution
+    time_table = {**(result.attribution or {}).get("time", {}), "steps": len(profiled),
+                  "wall_ms": [ms for p in profiled for ms in p["wall_ms"]], "ops_ms": _steps(profiled, "ops_ms")}
+    if all("kernels_ms" in p for p in profiled):
+        time_table["kernels_ms"] = _steps(profiled, "kernels_ms")
+    else:  # never the unpaired steps of the work pass beside paired op times
+        time_table.pop("kernels_ms", None)
+    return {**(result.attribution or {}), "time": time_table}
+
+
+def _steps(profiled: list[dict], key: str) -> dict[str, list[float]]:
+    """The per-step rows of several profiles, one after another (0 in a step that lacks the row)."""
+    rows = sorted({row for p in profiled for row in p[key]})
+    return {row: [ms for p in profiled for ms in p[key].get(row, [0.0] * len(p["wall_ms"]))] for row in rows}
 
 
 def _paired(result: Result, label: str, rounds: list[dict]) -> Result:

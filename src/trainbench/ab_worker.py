@@ -3,8 +3,9 @@
 It reads one JSON command per line on stdin and answers one JSON line on stdout; everything
 else the process prints (torch's warnings, a user's print) goes to stderr, so the protocol
 stays clean. Commands: ``hello``, ``build`` (the case, then its warm-up), ``round`` (one timed
-round), ``finish`` (the memory and work passes: the Result), ``losses`` (the loss guard's
-trajectory), ``close``. An error answers ``{"error": traceback}`` and the worker goes on.
+round), ``profile`` (a profiled step, after the rounds: where the step's time goes), ``finish`` (the
+memory and work passes: the Result), ``losses`` (the loss guard's trajectory), ``close``. An error
+answers ``{"error": traceback}`` and the worker goes on.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import traceback
 
 from trainbench.watchdog import watch
 
-PROTOCOL = 3  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot
+PROTOCOL = 4  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile
 
 
 class _Worker:
@@ -62,6 +63,14 @@ class _Worker:
         result = self.measurement.result
         return {"step_time_s": result.round_step_times_s[-1],
                 "cpu_time_s": result.round_cpu_times_s[-1] if result.round_cpu_times_s else None}
+
+    def profile(self, rewarm_steps: int = 0, steps: int = 1) -> dict:
+        """``steps`` profiled steps after ``rewarm_steps`` untimed ones (as before a round): each op's (and kernel's)
+        self time per step (``attribution.profile_steps``), or None where a profiler of the case's own is running.
+        Asked for after the timed rounds, never between them: the profiler slows the step it watches."""
+        for _ in range(rewarm_steps):
+            self.measurement.timed_step()
+        return {"profile": self.measurement.profile(steps)}
 
     def snapshot(self) -> dict:
         """The result so far (timing only: the memory and work passes run at ``finish``)."""

@@ -649,24 +649,29 @@ class Measurer:
         """
         if not self.settings.work:
             return
-        if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
-            # A second profiler fails to start and, on its way out, stops the one running
-            # (torch 2.9 then crashes when that one is closed).
+        profiled = self.profile(self.settings.profiled_steps if self.settings.attribution else 1)
+        if profiled is None:
             self._note("aten call count skipped: a profiler is already running")
             return
-        # Batches fetched before profiling: the loader's work is not the step's.
-        steps = self.settings.profiled_steps if self.settings.attribution else 1
-        pending = [self.training.fetch(self._batches) for _ in range(steps)]
-
-        def step():
-            self._last_loss = self.training.step(pending.pop(0))
-
-        profiled = profile_steps(step, steps, self.backend)
         self._set(aten_calls_per_step=sum(n for op, n in profiled["calls"].items() if op.startswith("aten::")))
         if self.backend.counts_kernels:
             self._set(kernels_per_step=sum(profiled["kernel_calls"].values()))
         if self.settings.attribution:
             self._attribute(time=profiled)
+
+    def profile(self, steps: int) -> dict | None:
+        """``steps`` steps on the live iterator, one profiler each (``attribution.profile_steps``), or None where a
+        profiler is already running: a second one fails to start and, on its way out, stops the one running (torch
+        2.9 then crashes when that one is closed)."""
+        if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
+            return None
+        # Batches fetched before profiling: the loader's work is not the step's.
+        pending = [self.training.fetch(self._batches) for _ in range(steps)]
+
+        def step():
+            self._last_loss = self.training.step(pending.pop(0))
+
+        return profile_steps(step, steps, self.backend)
 
     def _sites(self, backward: bool = True):
         """Where ops run and tensors are made (``attribution.Sites``), or a null context yielding None: attribution
