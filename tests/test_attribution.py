@@ -269,3 +269,17 @@ def test_the_allocator_peak_is_split_by_the_users_line_that_asked_for_it():
 
 def test_a_device_without_an_allocator_records_no_allocator_table(measured):
     assert "allocator_peak_bytes" not in measured("baseline", "mlp").attribution
+
+
+def test_rows_that_moved_against_the_change_are_named_after_it_with_a_negative_share():
+    base = {"memory": {"peak_bytes": {"Net.fc1": 10 * 2**20, "Net.act": 4 * 2**20}}}
+    head = {"memory": {"peak_bytes": {"Net.fc1": 20 * 2**20, "Net.act": 0}}}
+    assert explanation("tracked_peak_mib", base, head) == (
+        "memory at the peak by site: Net.fc1 +10 MiB, 167% of the change",
+        "memory at the peak by site: Net.act -4 MiB, -67% of the change")
+
+
+def test_a_case_whose_sides_lack_the_explaining_tables_says_which():
+    no_profile = {"ops": {"aten.mm": 3.0}}  # a recipe running a profiler of its own: no profiled steps of ours
+    assert explanation("step_time_ms", no_profile, no_profile, slower=True) == (
+        "where: neither side recorded the tables that explain step_time_ms (op self time, kernel time) for this case",)

@@ -26,6 +26,7 @@ from .metrics import METRICS
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named
+OFFSETS = 2  # rows that moved against the change, named after its causes
 
 # What each table is, its unit and the scale from its stored unit.
 TABLES = {
@@ -82,17 +83,20 @@ class NotReproduced(Exception):
 
 
 def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
-           slower: bool | None = None) -> list[Cause]:
+           slower: bool | None = None, compared: set | None = None) -> list[Cause]:
     """The rows that account for ``metric``'s change between two cases' attributions (``paired``: the timed
     tables' steps were profiled in alternation, pair by pair). [] where a side recorded none.
 
     ``slower``: the verdict says the step got slower (True) or faster (False). The profiled steps must show
-    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show)."""
+    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show).
+    ``compared``, if given, collects the tables both sides had."""
     found = []
+    compared = set() if compared is None else compared
     for path in METRICS[metric].where:
         base, cur = table(baseline, path), table(current, path)
         if base is None or cur is None or not (base or cur):
             continue
+        compared.add(path)
         scale = TABLES[path][2]
         if base and cur and _is_series(base) and _is_series(cur):
             found += _timed_causes(path, base, cur, scale, paired, slower)
@@ -202,17 +206,17 @@ def _named(path: str, changes: dict[str, float], total: float, intervals: dict, 
         # Counted rows that traded places (as many ops gone as came): the largest movements, with no share.
         moved = sorted((row for row, change in changes.items() if change), key=lambda row: (-abs(changes[row]), row))
         return [Cause(path, row, changes[row], None) for row in moved[:MAX_CAUSES]]
-    named = []
+    named, offsets = [], []
     for row in sorted(changes, key=lambda row: (-changes[row] * math.copysign(1, total), row)):
         change = changes[row]
-        if change * total <= 0 or abs(change) < MIN_SHARE * abs(total):
-            break
+        if abs(change) < MIN_SHARE * abs(total):
+            continue
         if samples is not None and not _beyond_noise(intervals.get(row)):
             continue  # within noise: its interval holds zero (or one profiled step a side gave none)
-        named.append(Cause(path, row, change, change / total, intervals.get(row), samples))
-        if len(named) == MAX_CAUSES:
-            break
-    return named
+        (named if change * total > 0 else offsets).append(Cause(path, row, change, change / total, intervals.get(row),
+                                                                samples))
+    # Rows that moved against the total come after, with a negative share: why the named ones add up to over 100%.
+    return named[:MAX_CAUSES] + sorted(offsets, key=lambda c: c.share)[:OFFSETS]
 
 
 def _beyond_noise(ci: tuple[float, float] | None) -> bool:
@@ -256,10 +260,14 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
     if baseline is None or current is None:
         side = "either side" if baseline is None and current is None else "the baseline" if baseline is None else "this run"
         return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",)
+    compared: set = set()
     try:
-        found = causes(metric, baseline, current, paired, slower)
+        found = causes(metric, baseline, current, paired, slower, compared)
     except NotReproduced as e:
         return (str(e),)
+    if not compared:  # e.g. a recipe that runs a profiler of its own has no profiled steps of trainbench's
+        wanted = ", ".join(TABLES[path][0] for path in METRICS[metric].where)
+        return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",)
     if not found:
         return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
     return tuple(cause.line() for cause in found)
