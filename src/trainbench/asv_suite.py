@@ -60,7 +60,7 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     """
     from .budgets import Budgets
     from .device import get_backend
-    from .measure import DEFAULT_SETTINGS
+    from .measure import DEFAULT_SETTINGS, with_overrides
     from .runner import Runner
     from .workloads import PROFILES
 
@@ -70,7 +70,8 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     budgets = Budgets.load(budgets_path) if budgets_path else Budgets.empty()
     selected = re.compile(pattern) if pattern else None
     results, burned_in = {}, False
-    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name], predict=True)
+    # asv keeps the numbers only: no attribution tables (where a change comes from is the gate's and explain's)
+    runner = Runner(backend, profile, with_overrides(DEFAULT_SETTINGS[profile.name], attribution=False), predict=True)
     for case in all_cases():
         reason = _not_taken(case, runner, selected, pattern)
         if reason:
