@@ -132,3 +132,8 @@ def test_profiled_steps_come_after_every_timed_round_in_abba_pairs_and_only_with
     run_case(LoggedSide("base", off, 0.010), LoggedSide("head", off, 0.020),
              _case(GELU_NET, {**SETTINGS, "attribution": False}), pairs=4, thresholds={"step_time_ms": 0.05})
     assert "profile" not in [command for command, _, _ in off]
+    same = []  # an unchanged step time has nothing to explain: no profiled pairs
+    unchanged = run_case(LoggedSide("base", same, 0.010), LoggedSide("head", same, 0.010), _case(GELU_NET), pairs=6,
+                         thresholds={"step_time_ms": 0.05})
+    assert _comparison(unchanged, "step_time_ms").verdict == "unchanged"
+    assert "profile" not in [command for command, _, _ in same]

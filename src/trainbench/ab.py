@@ -224,14 +224,13 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     rounds = _alternate(base, head, pairs, [])
     started = time.monotonic()
     while remeasure_s > 0 and len(rounds) < MAX_PAIRS_FACTOR * pairs and time.monotonic() - started < remeasure_s:
-        provisional = {side.label: _paired(Result.from_dict(side.call("snapshot")["result"]), side.label, rounds)
-                       for side in (base, head)}
-        if not any(paired_comparison(case.case, m, provisional["base"], provisional["head"], t, alpha).verdict
-                   == "inconclusive" for m, t in paired.items()):
+        if "inconclusive" not in _timed_verdicts(base, head, case.case, rounds, paired, alpha):
             break
         rounds = _alternate(base, head, pairs, rounds)
-    # Never between the timed rounds: a profiled step is slower than the step it watches.
-    profiled = _profile_pairs(base, head, ATTRIBUTION_PAIRS) if attributed else None
+    # Never between the timed rounds: a profiled step is slower than the step it watches. Only where a timed
+    # verdict changed: the pairs explain a change, and an unchanged case (most of a nightly) needs none.
+    changed = attributed and {"regressed", "improved"} & set(_timed_verdicts(base, head, case.case, rounds, paired, alpha))
+    profiled = _profile_pairs(base, head, ATTRIBUTION_PAIRS) if changed else None
     results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
                for side in (base, head)}  # one at a time
     for side in (base, head):  # a side whose training diverged measured nothing worth comparing
@@ -268,6 +267,15 @@ def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[d
         order = (base, head) if len(rounds) % 2 == 0 else (head, base)
         rounds.append({side.label: side.call("round", rewarm_steps=REWARM_STEPS) for side in order})
     return rounds
+
+
+def _timed_verdicts(base: Side, head: Side, case: str, rounds: list[dict], paired: dict[str, float], alpha: float
+                    ) -> list[str]:
+    """The verdicts of the pair-by-pair metrics over the rounds so far (each side's result as it stands)."""
+    provisional = {side.label: _paired(Result.from_dict(side.call("snapshot")["result"]), side.label, rounds)
+                   for side in (base, head)}
+    return [paired_comparison(case, m, provisional["base"], provisional["head"], t, alpha).verdict
+            for m, t in paired.items()]
 
 
 def _profile_pairs(base: Side, head: Side, pairs: int) -> dict[str, list[dict]] | None:
