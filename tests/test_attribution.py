@@ -21,9 +21,9 @@ from trainbench.spec import TrainingSpec
 
 
 class GeluNet(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, hidden: int = 64):
         super().__init__()
-        self.fc1, self.act, self.fc2 = torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(32, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, 4)
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -109,6 +109,8 @@ def test_the_tables_add_up_to_the_metrics_they_explain(measured):
     # sites: the model's modules by ModTracker's names, the optimizer step, and what runs outside any module
     assert {"Sequential.1", "Sequential.1 (backward)", "optimizer step"} <= set(tables["ops_by_site"])
     assert tables["memory"]["kept_bytes_per_step"] == {}  # no leak, nothing kept
+    assert sum(tables["memory"]["param_bytes"].values()) == result.memory_breakdown_bytes["params"]
+    assert tables["memory"]["param_bytes"]["Sequential.1"] == (3072 * 256 + 256) * 4  # Linear(3072, 256), fp32
 
 
 def test_a_leak_is_recorded_at_the_module_that_keeps_it(run_spec):
@@ -283,3 +285,13 @@ def test_a_case_whose_sides_lack_the_explaining_tables_says_which():
     no_profile = {"ops": {"aten.mm": 3.0}}  # a recipe running a profiler of its own: no profiled steps of ours
     assert explanation("step_time_ms", no_profile, no_profile, slower=True) == (
         "where: neither side recorded the tables that explain step_time_ms (op self time, kernel time) for this case",)
+
+
+def test_a_wider_layer_is_named_under_the_parameter_memory_it_adds(run_spec):
+    base, wide = run_spec(_spec(GeluNet, "net")), run_spec(_spec(lambda: GeluNet(hidden=128), "net"))
+    records = [CaseRecord.read(case_record(result), side) for result, side in ((base, "base"), (wide, "head"))]
+    (params,) = compare_case(records[1], records[0], {"param_mib": 0.0})
+    assert params.verdict == "regressed"
+    # fc1: 64 more outputs of 32 inputs and their biases; fc2: 64 more inputs for each of its 4 outputs
+    assert params.explanation[:2] == (f"parameters by module: GeluNet.fc1 +{64 * 33 * 4 / 2**20:.3g} MiB, 89% of the change",
+                                      f"parameters by module: GeluNet.fc2 +{64 * 4 * 4 / 2**20:.3g} MiB, 11% of the change")

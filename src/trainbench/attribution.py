@@ -10,7 +10,8 @@ Recorded per case after its timed rounds, never inside them (``Measurer``'s pass
   profiled step's wall time;
 - ``calls``: the profiler's calls per step by op (what ``aten_calls_per_step`` counts);
 - ``memory``: tensor bytes by the site that allocated them (a module's forward or backward, the optimizer
-  step), at the tracked peak and kept alive per step (a leak); on CUDA also the caching allocator's bytes at
+  step), at the tracked peak and kept alive per step (a leak), and the parameters' bytes by the module that
+  owns them (``param_bytes``); on CUDA also the caching allocator's bytes at
   the step's peak by the line of code that asked for them (``allocator_peak_bytes``, from its history).
 
 A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER``, so a case's tables
@@ -100,6 +101,18 @@ class Sites:
             return f"{OUTSIDE_MODULES} (backward)" if in_backward else OUTSIDE_MODULES
         innermost = max(active, key=lambda name: (name.count("."), name))  # a module's name extends its parent's
         return f"{innermost} (backward)" if in_backward else innermost
+
+
+def parameter_sites(model) -> dict[str, int]:
+    """Parameter bytes by the module that owns them, named as ``Sites`` names modules (a shared parameter once, at
+    its first owner): what a change of the parameters, their gradients or their optimizer state comes from."""
+    root, seen, owned = type(model).__name__, set(), Counter()
+    for name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                owned[root + (f".{name}" if name else "")] += parameter.numel() * parameter.element_size()
+    return dict(owned)
 
 
 def top(table: dict[str, float], n: int = TOP) -> dict[str, float]:

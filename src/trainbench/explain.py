@@ -39,6 +39,7 @@ TABLES = {
     "flops": ("FLOPs by op", "GFLOP/step", 1e-9),
     "memory.peak_bytes": ("memory at the peak by site", "MiB", 1 / 2**20),
     "memory.kept_bytes_per_step": ("memory kept per step by site", "MiB/step", 1 / 2**20),
+    "memory.param_bytes": ("parameters by module", "MiB", 1 / 2**20),
     "allocator_peak_bytes": ("allocator peak by call site", "MiB", 1 / 2**20),
 }
 

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .attribution import Sites, allocator_sites, per_step, profile_steps
+from .attribution import Sites, allocator_sites, parameter_sites, per_step, profile_steps
 from .device import Backend
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
@@ -550,7 +550,8 @@ class Measurer:
             kept = {site: (sites_after[1].get(site, 0) - sites_after[0].get(site, 0)) / steps
                     for site in {*sites_after[0], *sites_after[1]}}
             self._attribute(memory={"peak_bytes": live.peak_by_site,
-                                    "kept_bytes_per_step": {site: n for site, n in kept.items() if n}})
+                                    "kept_bytes_per_step": {site: n for site, n in kept.items() if n},
+                                    "param_bytes": parameter_sites(training.model)})
         # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
         # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
         # step's backward graph each step.

@@ -71,6 +71,7 @@ FLOPS = ("flops",)
 OPS = ("ops", "ops_by_site")
 PEAK = ("memory.peak_bytes",)
 KEPT = ("memory.kept_bytes_per_step",)
+PARAMS = ("memory.param_bytes", *PEAK)
 ALLOCATOR_PEAK = ("allocator_peak_bytes", *PEAK)
 
 METRICS: dict[str, Metric] = {
@@ -96,9 +97,10 @@ METRICS: dict[str, Metric] = {
                             "pass", group="memory", where=ALLOCATOR_PEAK),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
                                group="memory", where=PEAK),
-    "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PEAK),
-    "grad_mib": Metric("MiB", False, DETERMINISTIC, "gradients at the tracked peak", group="memory", where=PEAK),
-    "optimizer_state_mib": Metric("MiB", False, DETERMINISTIC, "optimizer state at the tracked peak", group="memory", where=PEAK),
+    "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PARAMS),
+    "grad_mib": Metric("MiB", False, DETERMINISTIC, "gradients at the tracked peak", group="memory", where=PARAMS),
+    "optimizer_state_mib": Metric("MiB", False, DETERMINISTIC, "optimizer state at the tracked peak", group="memory",
+                                   where=PARAMS),
     "activation_mib": Metric("MiB", False, DETERMINISTIC, "activations saved for backward at the tracked peak",
                              group="memory", where=PEAK),
     "temporary_mib": Metric("MiB", False, DETERMINISTIC, "temporaries at the tracked peak", group="memory", where=PEAK),
