@@ -159,3 +159,56 @@ def test_predicted_memory_is_the_allocator_peak_within_ten_percent_and_the_libra
     assert low <= result.peak_allocated_bytes <= high, (
         f"max_memory_allocated {result.peak_allocated_bytes / 2**20:.1f} MiB, predicted "
         f"{check['predicted_total'] / 2**20:.1f} MiB (allowed {low / 2**20:.1f}-{high / 2**20:.1f} MiB)")
+
+
+class _GeluNet:
+    """A tiny MLP with one ``nn.GELU`` (aten::gelu), built inside the spec so that the smoke file stays importable."""
+
+    @staticmethod
+    def spec():
+        import functools
+
+        import torch
+
+        from trainbench.spec import TrainingSpec
+
+        def batches(batch_size, generator):
+            return (torch.randn(batch_size, 256, generator=generator),
+                    torch.randint(0, 8, (batch_size,), generator=generator))
+
+        return TrainingSpec(
+            "gelu_net", lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 8)),
+            optimizer=functools.partial(torch.optim.SGD, lr=0.01), batch_size=64, batches=batches,
+            loss_fn=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
+def test_attribution_names_a_planted_slow_op_and_its_kernel(runner):
+    """aten::gelu's CUDA kernel patched to queue 5 ms of spin kernel after its own work: the gate's explanation of
+    the slower step names aten::gelu first (its device time) and the spin kernel (kernel time), each with most
+    of the change."""
+    import torch
+
+    from trainbench.compare import compare_case
+    from trainbench.result import CaseRecord, case_record
+
+    spec = _GeluNet.spec()
+    base = runner.run("baseline", spec).result
+    library = torch.library.Library("aten", "IMPL")
+
+    def slow_gelu(x, approximate="none"):
+        out = 0.5 * x * (1.0 + torch.erf(x / 2**0.5))
+        runner.backend.sleep_kernel(0.005)
+        return out
+
+    library.impl("gelu", slow_gelu, "CUDA")
+    try:
+        slow = runner.run("baseline", spec).result
+    finally:
+        library._destroy()
+    records = [CaseRecord.read(case_record(r), side) for r, side in ((base, "base"), (slow, "head"))]
+    (step,) = compare_case(records[1], records[0], {"step_time_ms": 0.10})
+    assert step.verdict == "regressed", step.describe()
+    lines = step.explanation
+    assert lines[0].startswith("op self time: aten::gelu +"), lines
+    kernels = [line for line in lines if line.startswith("kernel time:")]
+    assert kernels and float(kernels[0].rsplit(", ", 1)[1].split("%")[0]) > 50, lines

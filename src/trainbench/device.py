@@ -366,15 +366,18 @@ class CudaBackend(Backend):
 
         A self-check of the timing: the two must agree, or round times do not measure device work.
         """
-        cycles = int(seconds * torch.cuda.get_device_properties(self.device).clock_rate * 1e3)  # clock_rate: kHz
-
         def record() -> torch.cuda.Event:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
 
         return time_with_events(self.timer, record, lambda start, end: start.elapsed_time(end) / 1e3,
-                                lambda: torch.cuda._sleep(cycles))
+                                lambda: self.sleep_kernel(seconds))
+
+    def sleep_kernel(self, seconds: float) -> None:
+        """Queue a spin kernel of about ``seconds`` of device time (no host wait): known device work for
+        self-checks, and a slowdown planted in one op."""
+        torch.cuda._sleep(int(seconds * torch.cuda.get_device_properties(self.device).clock_rate * 1e3))  # kHz
 
     def total_memory_bytes(self) -> int | None:
         return torch.cuda.get_device_properties(self.device).total_memory
