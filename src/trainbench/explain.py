@@ -266,7 +266,7 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
         found = causes(metric, baseline, current, paired, slower, compared)
     except NotReproduced as e:
         return (str(e),)
-    if not compared:  # e.g. a recipe that runs a profiler of its own has no profiled steps of trainbench's
+    if not compared:  # e.g. a recipe whose step is already profiled: trainbench profiled no steps
         wanted = ", ".join(TABLES[path][0] for path in METRICS[metric].where)
         return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",)
     if not found:
