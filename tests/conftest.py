@@ -70,6 +70,17 @@ def impossible_speedup(tmp_path):
 
 
 @pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (and the A/B sides it starts, which take the caller's thread count): with
+    two OpenMP threads on a loaded 2-core machine (a parallel test run, a CPU hog), a parallel region waits for its
+    descheduled second thread for a scheduler slice, stalling a step of a few ms by tens of ms and flipping pairs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def machine_load(monkeypatch):
     """``machine_load(load)``: every case measured from now on saw ``load`` (what other processes used)."""
     return lambda load: monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))

@@ -174,16 +174,6 @@ def ab_options(quick_options):
     return [*quick_options, "--trainbench-min-warmup=2", "--trainbench-ab-pairs=8"]
 
 
-@pytest.fixture
-def one_thread():
-    """Each side trains on one intra-op thread: with two OpenMP threads per side on a loaded 2-core machine (a
-    parallel test run, a CPU hog) single rounds stall for a second in thread barriers and flip pairs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_verdict(pytester, ab_options):
     import json

@@ -204,16 +204,6 @@ def test_a_change_with_no_recorded_tables_says_so():
     assert explanation("first_step_s", None, None) == ()  # nothing explains it: no line at all
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: on a loaded machine, a parallel region waits for its descheduled second thread for
-    a scheduler slice (tens of ms in a 1 ms step), noise no planted margin could rise above."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 def test_the_gate_names_a_patched_op_first_with_most_of_the_change(run_spec, quick):
     # a one-sided rank test of 5 v 5 rounds can reach p < 0.05; 5 profiled steps a side place each op's change
