@@ -223,13 +223,17 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED
     rounds = _alternate(base, head, pairs, [])
     started = time.monotonic()
+    verdicts = None  # the timed verdicts over the rounds so far, once asked for
     while remeasure_s > 0 and len(rounds) < MAX_PAIRS_FACTOR * pairs and time.monotonic() - started < remeasure_s:
-        if "inconclusive" not in _timed_verdicts(base, head, case.case, rounds, paired, alpha):
+        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha)
+        if "inconclusive" not in verdicts:
             break
-        rounds = _alternate(base, head, pairs, rounds)
+        rounds, verdicts = _alternate(base, head, pairs, rounds), None
     # Never between the timed rounds: a profiled step is slower than the step it watches. Only where a timed
     # verdict changed: the pairs explain a change, and an unchanged case (most of a nightly) needs none.
-    changed = attributed and {"regressed", "improved"} & set(_timed_verdicts(base, head, case.case, rounds, paired, alpha))
+    if attributed and verdicts is None:
+        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha)
+    changed = attributed and {"regressed", "improved"} & set(verdicts)
     profiled = _profile_pairs(base, head, ATTRIBUTION_PAIRS) if changed else None
     results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
                for side in (base, head)}  # one at a time

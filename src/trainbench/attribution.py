@@ -14,8 +14,8 @@ Recorded per case after its timed rounds, never inside them (``Measurer``'s pass
   owns them (``param_bytes``); on CUDA also the caching allocator's bytes at
   the step's peak by the line of code that asked for them (``allocator_peak_bytes``, from its history).
 
-A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER``, so a case's tables
-stay a few kilobytes; ``complete()`` keeps them whole for a side file.
+A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER`` (``compact``), so a
+case's tables stay a few kilobytes; ``Result.attribution`` keeps them whole (a side file's).
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ class Sites:
 
     def __init__(self, model=None, backward: bool = True):
         self.backward = backward
-        self._names = {} if model is None else {
-            module: type(model).__name__ + (f".{name}" if name else "") for name, module in model.named_modules()}
+        self._names = {} if model is None else module_names(model)
         self._modules = None
         self._stack: list[str] = []  # forward-only: the modules whose forward is running, innermost last
         self._in_optimizer = 0
@@ -103,15 +102,22 @@ class Sites:
         return f"{innermost} (backward)" if in_backward else innermost
 
 
+def module_names(model) -> dict:
+    """Each module of ``model`` -> its site name, as ``ModTracker`` names it: the root's class, then the attribute
+    path (``ResNet.layer1.0.conv1``)."""
+    root = type(model).__name__
+    return {module: root + (f".{name}" if name else "") for name, module in model.named_modules()}
+
+
 def parameter_sites(model) -> dict[str, int]:
     """Parameter bytes by the module that owns them, named as ``Sites`` names modules (a shared parameter once, at
     its first owner): what a change of the parameters, their gradients or their optimizer state comes from."""
-    root, seen, owned = type(model).__name__, set(), Counter()
-    for name, module in model.named_modules():
+    seen, owned = set(), Counter()
+    for module, name in module_names(model).items():
         for parameter in module.parameters(recurse=False):
             if id(parameter) not in seen:
                 seen.add(id(parameter))
-                owned[root + (f".{name}" if name else "")] += parameter.numel() * parameter.element_size()
+                owned[name] += parameter.numel() * parameter.element_size()
     return dict(owned)
 
 
@@ -138,8 +144,9 @@ def top_series(table: dict[str, list[float]], n: int = TOP) -> dict[str, list[fl
     return kept
 
 
-def per_step(counter: Counter, steps: int) -> dict[str, float]:
-    return {str(key): value / steps for key, value in counter.items() if value}
+def per_step(counts, steps: int) -> dict[str, float]:
+    """Counts over ``steps`` steps (a mapping, its keys ops or sites) as counts per step, by name."""
+    return {str(key): value / steps for key, value in counts.items() if value}
 
 
 def profile_steps(run_step: Callable[[], None], steps: int, backend) -> dict:
@@ -209,11 +216,12 @@ def compact(tables: dict, n: int = TOP) -> dict:
 _FRAMEWORK = ("/torch/", "/trainbench/", "/site-packages/", "<frozen", "/lib/python")
 
 
-def allocator_sites(trace: list[dict], n: int = TOP) -> dict[str, int]:
+def allocator_sites(trace: list[dict]) -> dict[str, int]:
     """Bytes live at the allocator's peak by call site, replaying one device's allocator history (the
     ``device_traces`` entries of an allocator snapshot, ``Backend.allocator_history``: ``alloc`` and ``free_completed`` with their
     address, size and Python frames). A site is the first frame outside PyTorch and trainbench (the user's line),
-    ``file:line (function)``; blocks allocated before the history started are not in it."""
+    ``file:line (function)``; blocks allocated before the history started are not in it. The whole table
+    (``compact`` keeps its top rows)."""
     live: dict[int, tuple[int, str]] = {}
     by_site: Counter = Counter()
     peak, at_peak = 0, {}
@@ -229,7 +237,7 @@ def allocator_sites(trace: list[dict], n: int = TOP) -> dict[str, int]:
         elif action == "free_completed" and entry.get("addr") in live:
             size, site = live.pop(entry["addr"])
             by_site[site] -= size
-    return top(at_peak, n)
+    return at_peak
 
 
 def _site(frames: list[dict]) -> str:

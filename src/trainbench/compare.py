@@ -26,7 +26,7 @@ from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse, judge_change
 from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
 from .noise import busy_reason, median_ratio_interval
-from .render import Column, Table, number
+from .render import Column, Table, listed, number
 from .result import CaseRecord, RecordError
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
@@ -260,6 +260,7 @@ def noise_table(rows: list[dict], thresholds: list[float]) -> list[str]:
 # ``explain``'s thresholds where none are given: every deterministic metric exactly (any change of one is real), and
 # step time beyond 5%, judged over both sessions' rounds by the gate's test.
 EXPLAIN_THRESHOLDS = "deterministic:0%,step_time_ms:5%"
+LISTED = 20  # case names a line lists before "and N more"
 
 
 class _SavedCase(NamedTuple):
@@ -312,9 +313,9 @@ class RunsExplained:
                 lines.append(f"{c.verdict.upper()} {c.describe()}")
                 lines += ["    " + line for line in where_lines(c.to_json(), v.environment)]
         if v.new_cases:
-            lines.append(f"only in the current run (not compared): {_listed(v.new_cases)}")
+            lines.append(f"only in the current run (not compared): {listed(v.new_cases, LISTED)}")
         if v.not_run:
-            lines.append(f"only in the baseline run (not compared): {_listed(v.not_run)}")
+            lines.append(f"only in the baseline run (not compared): {listed(v.not_run, LISTED)}")
         if self.case is not None:
             lines.append(f"moved in {self.case}, between the runs' profiled steps (largest first, either way):")
             lines += ["    " + line for line in self.moved]
@@ -330,11 +331,6 @@ class RunsExplained:
             text += f"\n**Moved in `{self.case}`** (largest first, either way)\n\n" + "".join(
                 f"- {line}\n" for line in self.moved)
         return text
-
-
-def _listed(names, shown: int = 20) -> str:
-    names = list(names)
-    return ", ".join(names[:shown]) + (f", and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _described(thresholds: dict[str, float]) -> str:
@@ -394,7 +390,7 @@ def _the_case(case: str, base: dict, base_path: str, cur: dict, cur_path: str) -
 
     mine, theirs = of(base), of(cur)
     both = sorted({_extra_info(b)["case"] for name, b in cur.items() if name in base})
-    known = f"the cases both runs have: {_listed(both)}" if both else "the runs have no case in common"
+    known = f"the cases both runs have: {listed(both, LISTED)}" if both else "the runs have no case in common"
     if not mine and not theirs:
         raise CompareError(f"{case}: no such case in {base_path} or {cur_path}; {known}")
     for path, found in ((base_path, mine), (cur_path, theirs)):

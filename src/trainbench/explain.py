@@ -83,31 +83,35 @@ class NotReproduced(Exception):
     """The profiled steps do not show the timed change: their wall time did not move, beyond noise, the same way."""
 
 
+def _recorded(metric: str, baseline: dict | None, current: dict | None):
+    """(path, baseline rows, current rows) of each table explaining ``metric`` that both sides recorded, with rows
+    on at least one side ({} on the other: recorded, and nothing in it, as no memory kept)."""
+    for path in METRICS[metric].where:
+        base, cur = table(baseline, path), table(current, path)
+        if base is not None and cur is not None and (base or cur):
+            yield path, base, cur
+
+
 def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
-           slower: bool | None = None, compared: set | None = None) -> list[Cause]:
+           slower: bool | None = None) -> list[Cause]:
     """The rows that account for ``metric``'s change between two cases' attributions (``paired``: the timed
     tables' steps were profiled in alternation, pair by pair). [] where a side recorded none.
 
     ``slower``: the verdict says the step got slower (True) or faster (False). The profiled steps must show
-    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show).
-    ``compared``, if given, collects the tables both sides had."""
+    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show)."""
     found = []
-    compared = set() if compared is None else compared
-    for path in METRICS[metric].where:
-        base, cur = table(baseline, path), table(current, path)
-        if base is None or cur is None or not (base or cur):
-            continue
-        compared.add(path)
+    for path, base, cur in _recorded(metric, baseline, current):
         scale = TABLES[path][2]
-        if base and cur and _is_series(base) and _is_series(cur):
+        if _is_series(base) and _is_series(cur):
             found += _timed_causes(path, base, cur, scale, paired, slower)
-        elif not (_is_series(base) and base) and not (_is_series(cur) and cur):
+        elif not _is_series(base) and not _is_series(cur):  # (a timed table with no rows on one side: no samples)
             found += _counted_causes(path, base, cur, scale)
     return found
 
 
 def _is_series(rows: dict) -> bool:
-    return all(isinstance(v, list) for v in rows.values())
+    """A timed table: samples per profiled step in each row (an empty table is none)."""
+    return any(isinstance(v, list) for v in rows.values())
 
 
 def _comparable(base: dict, cur: dict) -> tuple[dict, dict]:
@@ -261,14 +265,14 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
     if baseline is None or current is None:
         side = "either side" if baseline is None and current is None else "the baseline" if baseline is None else "this run"
         return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",)
-    compared: set = set()
-    try:
-        found = causes(metric, baseline, current, paired, slower, compared)
-    except NotReproduced as e:
-        return (str(e),)
-    if not compared:  # e.g. a recipe whose step is already profiled: trainbench profiled no steps
+    # e.g. a recipe whose step is already profiled: trainbench profiled no steps
+    if next(_recorded(metric, baseline, current), None) is None:
         wanted = ", ".join(TABLES[path][0] for path in METRICS[metric].where)
         return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",)
+    try:
+        found = causes(metric, baseline, current, paired, slower)
+    except NotReproduced as e:
+        return (str(e),)
     if not found:
         return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
     return tuple(cause.line() for cause in found)

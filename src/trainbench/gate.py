@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from .metrics import METRICS
-from .render import Column, Table, change, interval, number
+from .render import Column, Table, change, interval, listed, number
 
 # Every verdict a comparison can have, in the order the counts list them.
 OUTCOMES = ("regressed", "inconclusive", "improved", "unchanged", "missing")
@@ -191,10 +191,8 @@ ENVIRONMENT_LISTED = 10  # differences the environment line names (a CUDA upgrad
 
 def environment_line(differences) -> str:
     """The line that says which software differs between the compared runs (the verdict JSON lists them all)."""
-    differences = list(differences)
-    more = len(differences) - ENVIRONMENT_LISTED
-    return ("environment differs from the baseline: " + "; ".join(differences[:ENVIRONMENT_LISTED])
-            + (f"; and {more} more" if more > 0 else "") + " (a change may come from these rather than the code)")
+    return ("environment differs from the baseline: " + listed(differences, ENVIRONMENT_LISTED, "; ")
+            + " (a change may come from these rather than the code)")
 
 
 ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the header names ENVIRONMENT_LISTED, the JSON all)
@@ -205,9 +203,7 @@ def where_lines(comparison: dict, environment) -> list[str]:
     that differs between the sides (a likely cause too)."""
     lines = list(comparison.get("explanation") or [])
     if lines and environment:
-        shown = "; ".join(list(environment)[:ENVIRONMENT_SHOWN])
-        more = len(environment) - ENVIRONMENT_SHOWN
-        lines.append("environment: " + shown + (f"; and {more} more" if more > 0 else ""))
+        lines.append("environment: " + listed(environment, ENVIRONMENT_SHOWN, "; "))
     return lines
 
 

@@ -345,7 +345,6 @@ class Measurer:
         self._wait_s = 0.0
         self._last_loss: torch.Tensor | None = None
         self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
-        self._attribution: dict = {}  # the passes' tables (trainbench.attribution), set on the result as they fill
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -518,7 +517,7 @@ class Measurer:
         if self.settings.attribution:  # one more step, with the allocator's history on (CUDA; None elsewhere)
             history = backend.allocator_history(self.timed_step)
             if history is not None:
-                self._attribute(allocator_peak_bytes=allocator_sites(history, n=len(history) or 1))
+                self._attribute(allocator_peak_bytes=allocator_sites(history))
 
     def measure_memory(self) -> None:
         """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""
@@ -637,12 +636,13 @@ class Measurer:
         precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp, convolution_share(flops_by_op))
         self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
                   syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
-        self._attribute(ops=per_step(counter.ops, n), flops=per_step(Counter({str(op): c for op, c in flops_by_op.items()}), n))
+        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, n))
         if sites is not None:
             self._attribute(ops_by_site=per_step(counter.ops_by_site, n))
 
     def count_calls(self) -> None:
-        """aten calls and device kernels of one step, from PyTorch's profiler.
+        """aten calls and device kernels of a step (the first of the profiled steps), from PyTorch's profiler, and
+        with attribution on, each op's self time over ``profiled_steps`` steps.
 
         Unlike the dispatch-mode op count, the profiler sees what compiled code really
         runs (a compiled region appears as its few extern calls and kernels), so this is
@@ -688,8 +688,7 @@ class Measurer:
     def _attribute(self, **tables) -> None:
         """Add the passes' attribution tables to the result (only where attribution is on)."""
         if self.settings.attribution:
-            self._attribution.update(tables)
-            self._set(attribution=dict(self._attribution))
+            self._set(attribution={**(self.result.attribution or {}), **tables})
 
     def rewarm(self) -> None:
         """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""

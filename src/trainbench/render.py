@@ -19,6 +19,13 @@ def number(value: float | None, spec: str = ".4g", suffix: str = "") -> str:
     return MISSING if value is None else format(value, spec) + suffix
 
 
+def listed(items, shown: int, separator: str = ", ") -> str:
+    """The first ``shown`` of ``items`` joined by ``separator``, and how many more there are."""
+    items = list(items)
+    more = len(items) - shown
+    return separator.join(str(item) for item in items[:shown]) + (f"{separator}and {more} more" if more > 0 else "")
+
+
 def change(fraction: float | None) -> str:
     """A relative change, signed: ``+12.5%``."""
     return number(fraction, "+.1%")

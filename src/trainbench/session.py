@@ -67,6 +67,7 @@ class TrainbenchSession:
     _backend: object = None
     _runner: object = None
     _pin_tried: bool = False
+    _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
 
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
@@ -318,9 +319,7 @@ class TrainbenchSession:
         """Cases that failed before they had a result are in the saved run too, with why (they have no timing); a
         trainbench run records its installed packages once, for a later comparison to name the ones that differ."""
         if self.cases or self.failed_cases:
-            from .environment import installed_packages
-
-            output_json[ENVIRONMENT_KEY] = {"packages": installed_packages()}
+            output_json[ENVIRONMENT_KEY] = {"packages": self.installed_packages()}
         if self.failed_cases:
             output_json["trainbench_failed_cases"] = list(self.failed_cases)
         if self.interrupted:
@@ -403,14 +402,13 @@ class TrainbenchSession:
             if baseline is None:
                 return None
             from .compare import gate
-            from .environment import installed_packages
             from .store import packages_of
 
             o = self.options
             verdict = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
                            o.compare_alpha, allow_new_cases=o.allow_new_cases,
                            allow_inconclusive=o.allow_inconclusive,
-                           packages=(packages_of(baseline[0]), installed_packages()))
+                           packages=(packages_of(baseline[0]), self.installed_packages()))
             measured = len(self.cases)
         if verdict.comparisons or verdict.errors:
             return verdict
@@ -427,6 +425,15 @@ class TrainbenchSession:
             write_summary(terminalreporter, self)
         if nothing:
             write_nothing_compared(terminalreporter, self.comparison)
+
+    def installed_packages(self) -> dict[str, str]:
+        """This process's installed packages (``environment.installed_packages``), read once: the saved run records
+        them and the gate compares them with the baseline's."""
+        if self._packages is None:
+            from .environment import installed_packages
+
+            self._packages = installed_packages()
+        return self._packages
 
     def baseline_used(self) -> Baseline | None:
         """The run the comparison used and why (for the summary): trainbench's choice, or pytest-benchmark's."""
