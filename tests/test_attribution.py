@@ -183,6 +183,44 @@ def test_paired_samples_are_judged_by_their_differences():
     assert [c.row for c in paired] == ["aten::mm"] and paired[0].ci == pytest.approx((0.5, 0.5))
 
 
+def _steps(*ms: float) -> list[float]:
+    return [t / 1e3 for t in ms]
+
+
+STEADY = _timed({"aten::mm": [5.0, 5.1, 4.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})
+DRIFTED = _timed({"aten::mm": [5.3, 5.4, 5.35], BETWEEN_OPS: [1.1, 1.15, 1.05]})  # +0.4 ms/step, beyond noise
+SLOWED = _timed({"aten::mm": [10.0, 10.1, 9.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})  # +5 ms/step in aten::mm
+
+
+@pytest.mark.parametrize("base, head, slower, shown", [
+    (STEADY, STEADY, True, "their time moved +0 ms/step"),  # did not move
+    (STEADY, SLOWED, False, "their time moved +5 ms/step"),  # moved, the other way
+    (STEADY, DRIFTED, True, "against +5 ms/step in the rounds"),  # moved the right way, a tenth as far
+])
+def test_a_timed_change_the_profiled_steps_do_not_show_names_no_op(base, head, slower, shown):
+    rounds_s = (_steps(6.0, 6.1, 5.9, 6.0), _steps(11.0, 11.1, 10.9, 11.0) if slower else _steps(1.0, 1.1, 0.9, 1.0))
+    (line,) = explanation("step_time_ms", base, head, slower=slower, rounds_s=rounds_s)
+    assert line.startswith("where: the profiled steps do not show the change") and shown in line, line
+
+
+def test_a_timed_change_the_profiled_steps_show_as_far_as_the_rounds_is_explained():
+    rounds_s = (_steps(6.0, 6.1, 5.9, 6.0), _steps(11.0, 11.1, 10.9, 11.0))
+    (line,) = explanation("step_time_ms", STEADY, SLOWED, slower=True, rounds_s=rounds_s)
+    assert line.startswith("op self time: aten::mm +5 ms/step (95% CI")
+    # without the rounds (a caller that has none), the direction beyond noise is all that is asked
+    assert explanation("step_time_ms", STEADY, DRIFTED, slower=True)[0].startswith("op self time: aten::mm +0.")
+
+
+def test_kernels_that_did_not_move_do_not_hide_the_ops_that_did():
+    # a host-bound step slowed on the host: the ops' wall time shows it, the kernels' device time does not
+    kernels = {"gemm": [3.0, 3.05, 2.95]}
+    base = {"time": {**STEADY["time"], "kernels_ms": kernels}}
+    head = {"time": {**SLOWED["time"], "kernels_ms": kernels}}
+    rounds_s = (_steps(6.0, 6.1, 5.9), _steps(11.0, 11.1, 10.9))
+    assert explanation("step_time_ms", base, head, slower=True, rounds_s=rounds_s)[0].startswith(
+        "op self time: aten::mm +5 ms/step")
+
+
 def test_counted_tables_name_every_row_that_changed_exactly():
     base = {"ops": {"aten.zero_": 4.0, "aten.mm": 3.0, "aten.add_": 12.0}}
     head = {"ops": {"aten.mm": 3.0, "aten.add_": 12.0}}

@@ -81,7 +81,9 @@ DISPLAY_THRESHOLDS = parse_spec("samples_per_s:5%,peak_memory:2%", "display thre
 def compare_case(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
                  alpha: float = DEFAULT_ALPHA) -> list[MetricComparison]:
     """Every gated metric either run measured (one this device never measures, e.g. CUDA kernels on a CPU, is left out)."""
-    return [_compare_metric(current, baseline, metric, limit, alpha).explained(baseline.attribution, current.attribution)
+    rounds_s = (baseline.round_step_times_s, current.round_step_times_s)
+    return [_compare_metric(current, baseline, metric, limit, alpha).explained(baseline.attribution, current.attribution,
+                                                                               rounds_s=rounds_s)
             for metric, limit in thresholds.items()
             if current.metrics.get(metric) is not None or baseline.metrics.get(metric) is not None]
 

@@ -26,6 +26,11 @@ from .metrics import METRICS
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named
+# The profiled steps show a timed change only if their time could have moved at least this share of the rounds'
+# change: a profiled step costs more than a timed one, but a change inside the step moves both alike, while drift
+# of a few tenths of a millisecond between two sessions must not be taken for a 5 ms regression.
+SHOWN_SHARE = 0.5
+WALL_TABLE = "time.ops_ms"  # its rows, ``(outside ops)`` included, add up to the profiled steps' wall time
 OFFSETS = 2  # rows that moved against the change, named after its causes
 
 # What each table is, its unit and the scale from its stored unit.
@@ -93,17 +98,21 @@ def _recorded(metric: str, baseline: dict | None, current: dict | None):
 
 
 def causes(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
-           slower: bool | None = None) -> list[Cause]:
+           slower: bool | None = None, rounds_s: tuple[list[float], list[float]] | None = None) -> list[Cause]:
     """The rows that account for ``metric``'s change between two cases' attributions (``paired``: the timed
     tables' steps were profiled in alternation, pair by pair). [] where a side recorded none.
 
-    ``slower``: the verdict says the step got slower (True) or faster (False). The profiled steps must show
-    that too, beyond noise, or their rows explain nothing of it (``NotReproduced``, naming what they show)."""
+    ``slower``: the verdict says the step got slower (True) or faster (False). The profiled steps' wall time must
+    show that too, beyond noise, and by at least ``SHOWN_SHARE`` of the change of the rounds' step times
+    (``rounds_s``: each side's, in seconds, paired like the profiled steps), or their rows explain nothing of it
+    (``NotReproduced``, naming what they show)."""
     found = []
     for path, base, cur in _recorded(metric, baseline, current):
         scale = TABLES[path][2]
         if _is_series(base) and _is_series(cur):
-            found += _timed_causes(path, base, cur, scale, paired, slower)
+            if slower is not None and path == WALL_TABLE:
+                _check_shown(base, cur, scale, paired, slower, rounds_s)
+            found += _timed_causes(path, base, cur, scale, paired)
         elif not _is_series(base) and not _is_series(cur):  # (a timed table with no rows on one side: no samples)
             found += _counted_causes(path, base, cur, scale)
     return found
@@ -148,21 +157,42 @@ def _aligned(base: dict, cur: dict, scale: float) -> tuple[dict[str, tuple[list[
     return series, n_base, n_cur
 
 
-def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool, slower: bool | None) -> list[Cause]:
+def _totals(series: dict[str, tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
+    """Each side's profiled steps' total over the rows (``_aligned``'s series)."""
+    return ([sum(vs) for vs in zip(*(b for b, _ in series.values()))],
+            [sum(vs) for vs in zip(*(c for _, c in series.values()))])
+
+
+def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool,
+                 rounds_s: tuple[list[float], list[float]] | None) -> None:
+    """Raise ``NotReproduced`` unless the profiled steps' wall time (``WALL_TABLE``) moved the verdict's way beyond
+    noise, and could have moved ``SHOWN_SHARE`` of the rounds' change."""
+    series, n_base, n_cur = _aligned(base, cur, scale)
+    paired = paired and n_base == n_cur
+    totals = _totals(series)
+    total, ci = _change(*totals, paired), change_interval(*totals, paired)
+    shown = f"{_num(total, True)} ms/step" + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "")
+    steps = f"{min(n_base, n_cur)} a side"
+    if not _beyond_noise(ci) or (ci[0] > 0) != slower:
+        raise NotReproduced(f"where: the profiled steps do not show the change (their time moved {shown}, {steps}): "
+                            "it comes from outside the steps (data loading, the machine) or is too small for a few "
+                            "profiled steps to resolve")
+    rounds = rounds_s and [[t * 1e3 for t in side] for side in rounds_s]
+    if rounds and all(rounds):
+        step_change = _change(*rounds, paired and len(rounds[0]) == len(rounds[1]))
+        reach = ci[1] if slower else -ci[0]  # the most the profiled steps' change could be, the verdict's way
+        if reach < SHOWN_SHARE * abs(step_change):
+            raise NotReproduced(f"where: the profiled steps do not show the change: their time moved {shown}, "
+                                f"{steps}, against {_num(step_change, True)} ms/step in the rounds: it comes from "
+                                "outside the profiled steps (data loading, the machine, drift between the runs)")
+
+
+def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) -> list[Cause]:
     series, n_base, n_cur = _aligned(base, cur, scale)
     if paired and n_base != n_cur:
         paired = False
     changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
-    totals = ([sum(vs) for vs in zip(*(b for b, _ in series.values()))],
-              [sum(vs) for vs in zip(*(c for _, c in series.values()))])
-    total = _change(*totals, paired)
-    if slower is not None:
-        ci = change_interval(*totals, paired)
-        if not _beyond_noise(ci) or (ci[0] > 0) != slower:
-            shown = f"{_num(total, True)} ms/step" + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "")
-            raise NotReproduced(f"where: the profiled steps do not show the change (their time moved {shown}, "
-                                f"{min(n_base, n_cur)} a side): it comes from outside the steps (data loading, "
-                                "the machine) or is too small for a few profiled steps to resolve")
+    total = _change(*_totals(series), paired)
     intervals = {}
     for row, change in changes.items():
         if total and abs(change) >= MIN_SHARE * abs(total):  # only rows that could be named get an interval
@@ -257,9 +287,10 @@ def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN
 
 
 def explanation(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
-                slower: bool | None = None) -> tuple[str, ...]:
+                slower: bool | None = None, rounds_s: tuple[list[float], list[float]] | None = None
+                ) -> tuple[str, ...]:
     """The lines printed under a changed verdict of ``metric``: its causes, or why none can be named (``slower``:
-    the verdict's direction, for a timed metric)."""
+    the verdict's direction, for a timed metric; ``rounds_s``: each side's round step times, as ``causes``)."""
     if not METRICS[metric].where:
         return ()
     if baseline is None or current is None:
@@ -270,7 +301,7 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
         wanted = ", ".join(TABLES[path][0] for path in METRICS[metric].where)
         return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",)
     try:
-        found = causes(metric, baseline, current, paired, slower)
+        found = causes(metric, baseline, current, paired, slower, rounds_s)
     except NotReproduced as e:
         return (str(e),)
     if not found:

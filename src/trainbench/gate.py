@@ -100,16 +100,18 @@ class MetricComparison:
         return {**asdict(self), "ci": list(self.ci) if self.ci else None, "explanation": list(self.explanation),
                 "unit": self.unit, "line": self.describe()}
 
-    def explained(self, baseline: dict | None, current: dict | None, paired: bool = False) -> MetricComparison:
+    def explained(self, baseline: dict | None, current: dict | None, paired: bool = False,
+                  rounds_s: tuple[list[float], list[float]] | None = None) -> MetricComparison:
         """This comparison with its "where" (a regressed or improved verdict only) from both sides' attribution
-        tables (``trainbench.attribution``; ``paired``: their profiled steps alternated)."""
+        tables (``trainbench.attribution``; ``paired``: their profiled steps alternated, and ``rounds_s``, both
+        sides' round step times, their rounds)."""
         if self.verdict not in ("regressed", "improved"):
             return self
         from .explain import explanation
 
         # A timed metric's regression is a slower step, its improvement a faster one: the profiled steps must agree.
         slower = (self.verdict == "regressed") if METRICS[self.metric].timed else None
-        return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower))
+        return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower, rounds_s))
 
 
 @dataclass(frozen=True)
