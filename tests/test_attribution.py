@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from trainbench.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
 from trainbench.compare import compare_case
-from trainbench.explain import causes, explanation
+from trainbench.explain import LEADS, causes, explanation
 from trainbench.result import CaseRecord, case_record
 from trainbench.spec import TrainingSpec
 
@@ -199,8 +199,19 @@ SLOWED = _timed({"aten::mm": [10.0, 10.1, 9.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})
 ])
 def test_a_timed_change_the_profiled_steps_do_not_show_names_no_op(base, head, slower, shown):
     rounds_s = (_steps(6.0, 6.1, 5.9, 6.0), _steps(11.0, 11.1, 10.9, 11.0) if slower else _steps(1.0, 1.1, 0.9, 1.0))
-    (line,) = explanation("step_time_ms", base, head, slower=slower, rounds_s=rounds_s)
+    line, *_ = explanation("step_time_ms", base, head, slower=slower, rounds_s=rounds_s)
     assert line.startswith("where: the profiled steps do not show the change") and shown in line, line
+
+
+def test_rows_that_moved_the_verdicts_way_are_leads_under_a_change_the_steps_do_not_show():
+    # The gate's planted wait beside ops that drifted the other way between two sessions: the steps' total moved
+    # the other way, the wait outside every op stands out; nothing is named where nothing moved the verdict's way.
+    base = _timed({"aten::mm": [9.0, 9.1, 8.9], "aten::add_": [2.0, 2.1, 1.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})
+    head = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::add_": [2.0, 2.1, 1.9], BETWEEN_OPS: [4.0, 4.05, 3.95]})
+    rounds_s = (_steps(12.0, 12.1, 11.9), _steps(15.0, 15.1, 14.9))
+    assert explanation("step_time_ms", base, head, slower=True, rounds_s=rounds_s)[1:] == (
+        LEADS, f"  op self time: {BETWEEN_OPS} +3 ms/step (95% CI +2.9..+3.1)")
+    assert explanation("step_time_ms", STEADY, STEADY, slower=True, rounds_s=rounds_s)[1:] == ()
 
 
 def test_a_timed_change_the_profiled_steps_show_as_far_as_the_rounds_is_explained():

@@ -175,8 +175,8 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     steps = f"{min(n_base, n_cur)} a side"
     if not _beyond_noise(ci) or (ci[0] > 0) != slower:
         raise NotReproduced(f"where: the profiled steps do not show the change (their time moved {shown}, {steps}): "
-                            "it comes from outside the steps (data loading, the machine) or is too small for a few "
-                            "profiled steps to resolve")
+                            "it comes from outside the steps (data loading, the machine), or is too small for a few "
+                            "profiled steps to resolve, or they drifted the other way (separate sessions)")
     rounds = rounds_s and [[t * 1e3 for t in side] for side in rounds_s]
     if rounds and all(rounds):
         step_change = _change(*rounds, paired and len(rounds[0]) == len(rounds[1]))
@@ -263,6 +263,30 @@ MOVED_SHOWN = 8  # rows of each timed table listed for a case asked about, whate
 MOVED_TABLES = ("time.ops_ms", "time.kernels_ms")  # op self time; the kernels' time where the device has kernels
 
 
+LEADS = "rows that moved the verdict's way beyond noise in the profiled steps (leads, not shares of the change):"
+
+
+def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool) -> list[Cause]:
+    """Under a timed change the profiled steps do not show as a whole: the rows of its timed tables that moved the
+    verdict's way beyond noise, largest first (``MAX_CAUSES`` a table), with no share (their total did not move
+    so). A planted wait outside every op stands out so, beside ops that drifted the other way between sessions."""
+    found = []
+    for path, base, cur in _recorded(metric, baseline, current):
+        if not (_is_series(base) and _is_series(cur)):
+            continue
+        series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
+        pair = paired and n_base == n_cur
+        moved = []
+        for row, (b, c) in series.items():
+            change = _change(b, c, pair)
+            if change and (change > 0) == slower:
+                ci = change_interval(b, c, pair)
+                if _beyond_noise(ci):
+                    moved.append(Cause(path, row, change, None, ci, min(n_base, n_cur)))
+        found += sorted(moved, key=lambda c: (-abs(c.change), c.row))[:MAX_CAUSES]
+    return found
+
+
 def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
     """The rows of a case's timed tables (op self time, and kernel time where there are kernels) whose median per
     profiled step moved most between two runs, either way, each with its 95% interval; a row whose interval holds
@@ -303,7 +327,8 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
     try:
         found = causes(metric, baseline, current, paired, slower, rounds_s)
     except NotReproduced as e:
-        return (str(e),)
+        found = leads(metric, baseline, current, paired, slower)
+        return (str(e), *((LEADS,) if found else ()), *(f"  {cause.line()}" for cause in found))
     if not found:
         return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
     return tuple(cause.line() for cause in found)
