@@ -171,20 +171,27 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     paired = paired and n_base == n_cur
     totals = _totals(series)
     total, ci = _change(*totals, paired), change_interval(*totals, paired)
-    shown = f"{_num(total, True)} ms/step" + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "")
-    steps = f"{min(n_base, n_cur)} a side"
+    step_change = rounds_change_ms(rounds_s, paired)
+    moved = (f"their time moved {_num(total, True)} ms/step"
+             + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "") + f", {min(n_base, n_cur)} a side"
+             + (f", against {_num(step_change, True)} ms/step in the rounds" if step_change is not None else ""))
     if not _beyond_noise(ci) or (ci[0] > 0) != slower:
-        raise NotReproduced(f"where: the profiled steps do not show the change (their time moved {shown}, {steps}): "
-                            "it comes from outside the steps (data loading, the machine), or is too small for a few "
-                            "profiled steps to resolve, or they drifted the other way (separate sessions)")
-    rounds = rounds_s and [[t * 1e3 for t in side] for side in rounds_s]
-    if rounds and all(rounds):
-        step_change = _change(*rounds, paired and len(rounds[0]) == len(rounds[1]))
-        reach = ci[1] if slower else -ci[0]  # the most the profiled steps' change could be, the verdict's way
-        if reach < SHOWN_SHARE * abs(step_change):
-            raise NotReproduced(f"where: the profiled steps do not show the change: their time moved {shown}, "
-                                f"{steps}, against {_num(step_change, True)} ms/step in the rounds: it comes from "
-                                "outside the profiled steps (data loading, the machine, drift between the runs)")
+        raise NotReproduced(f"where: the profiled steps do not show the change ({moved}): it comes from outside the "
+                            "steps (data loading, the machine), or is too small for a few profiled steps to resolve, "
+                            "or they drifted the other way (separate sessions)")
+    reach = ci[1] if slower else -ci[0]  # the most the profiled steps' change could be, the verdict's way
+    if step_change is not None and reach < SHOWN_SHARE * abs(step_change):
+        raise NotReproduced(f"where: the profiled steps do not show the change ({moved}): it comes from outside the "
+                            "profiled steps (data loading, the machine), or they drifted between the runs")
+
+
+def rounds_change_ms(rounds_s: tuple[list[float], list[float]] | None, paired: bool) -> float | None:
+    """The change of the step time over the rounds (``rounds_s``: each side's round step times in seconds), in
+    ms/step, as the profiled steps' rows are compared (``_change``); None without rounds on both sides."""
+    if not rounds_s or not all(rounds_s):
+        return None
+    base, cur = ([t * 1e3 for t in side] for side in rounds_s)
+    return _change(base, cur, paired and len(base) == len(cur))
 
 
 def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) -> list[Cause]:
@@ -264,12 +271,18 @@ MOVED_TABLES = ("time.ops_ms", "time.kernels_ms")  # op self time; the kernels' 
 
 
 LEADS = "rows that moved the verdict's way beyond noise in the profiled steps (leads, not shares of the change):"
+LEAD_SHARE = 0.1  # a lead moved at least this share of the rounds' change (less is no lead to a change that size)
 
 
-def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool) -> list[Cause]:
+def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool,
+          rounds_s: tuple[list[float], list[float]] | None) -> list[Cause]:
     """Under a timed change the profiled steps do not show as a whole: the rows of its timed tables that moved the
-    verdict's way beyond noise, largest first (``MAX_CAUSES`` a table), with no share (their total did not move
-    so). A planted wait outside every op stands out so, beside ops that drifted the other way between sessions."""
+    verdict's way beyond noise and by ``LEAD_SHARE`` of the rounds' change, largest first (``MAX_CAUSES`` a table),
+    with no share (their total did not move so). [] without the rounds. A planted wait outside every op stands out
+    so, beside ops that drifted the other way between sessions."""
+    step_change = rounds_change_ms(rounds_s, paired)
+    if step_change is None:
+        return []
     found = []
     for path, base, cur in _recorded(metric, baseline, current):
         if not (_is_series(base) and _is_series(cur)):
@@ -279,7 +292,7 @@ def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool
         moved = []
         for row, (b, c) in series.items():
             change = _change(b, c, pair)
-            if change and (change > 0) == slower:
+            if change and (change > 0) == slower and abs(change) >= LEAD_SHARE * abs(step_change):
                 ci = change_interval(b, c, pair)
                 if _beyond_noise(ci):
                     moved.append(Cause(path, row, change, None, ci, min(n_base, n_cur)))
@@ -327,7 +340,7 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
     try:
         found = causes(metric, baseline, current, paired, slower, rounds_s)
     except NotReproduced as e:
-        found = leads(metric, baseline, current, paired, slower)
+        found = leads(metric, baseline, current, paired, slower, rounds_s)
         return (str(e), *((LEADS,) if found else ()), *(f"  {cause.line()}" for cause in found))
     if not found:
         return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
