@@ -1,6 +1,7 @@
 """The regression gate: statistics on timed metrics, exact deterministic ones, and the plugin's compare flow."""
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -248,6 +249,18 @@ def virtual_time(monkeypatch):
     monkeypatch.setattr(LoadMeter, "stop", lambda self: {"cpus": 2, "seconds": 1.0, "other_cpus": 0.0,
                                                           "load_average_1m": [1.0, 1.0]})
     monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
+    # And the profiled steps: their wall on the virtual clock, all of it outside ops (a real profiler would time
+    # the ops by the machine's clock, which a loaded machine moves by more than the virtual step).
+    monkeypatch.setattr("trainbench.measure.profile_steps", virtual_profile)
+
+
+def virtual_profile(run_step, steps, backend):
+    walls = []
+    for _ in range(steps):
+        started = CLOCK.read()
+        run_step()
+        walls.append((CLOCK.read() - started) * 1e3)
+    return {"steps": steps, "wall_ms": walls, "ops_ms": {"(outside ops)": walls}, "calls": {}}
 
 
 def test_steady(train_bench):
@@ -329,10 +342,9 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())
     assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
-    # where: the planted wait holds the host after each step, outside every op; the profiled steps are timed on the
-    # rounds' (virtual) clock, so they show it there, whatever the machine's real op times do
-    (where, *_) = verdict["comparisons"][0]["explanation"]
-    assert where.startswith("op self time: (outside ops) +"), where
+    # where: the planted wait holds the host after each step, outside every op (the virtual profile's one row)
+    (where,) = verdict["comparisons"][0]["explanation"]
+    assert re.fullmatch(r"op self time: \(outside ops\) \+[34]\.?\d* ms/step \(95% CI .*\), 100% of the change", where), where
 
 
 @pytest.mark.usefixtures("saved_baseline")
