@@ -285,19 +285,24 @@ def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool
         return []
     found = []
     for path, base, cur in _recorded(metric, baseline, current):
-        if not (_is_series(base) and _is_series(cur)):
-            continue
-        series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
-        pair = paired and n_base == n_cur
-        moved = []
-        for row, (b, c) in series.items():
-            change = _change(b, c, pair)
-            if change and (change > 0) == slower and abs(change) >= LEAD_SHARE * abs(step_change):
-                ci = change_interval(b, c, pair)
-                if _beyond_noise(ci):
-                    moved.append(Cause(path, row, change, None, ci, min(n_base, n_cur)))
-        found += sorted(moved, key=lambda c: (-abs(c.change), c.row))[:MAX_CAUSES]
+        if _is_series(base) and _is_series(cur):
+            found += [cause for cause in _moved(path, base, cur, paired,
+                                                lambda change: (change > 0) == slower
+                                                and abs(change) >= LEAD_SHARE * abs(step_change))
+                      if _beyond_noise(cause.ci)][:MAX_CAUSES]
     return found
+
+
+def _moved(path: str, base: dict, cur: dict, paired: bool, wanted=bool) -> list[Cause]:
+    """The rows of a timed table whose change ``wanted`` accepts (default: any change), largest first, each with its
+    interval and no share."""
+    series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
+    paired = paired and n_base == n_cur
+    changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
+    rows = sorted((row for row, change in changes.items() if change and wanted(change)),
+                  key=lambda row: (-abs(changes[row]), row))
+    return [Cause(path, row, changes[row], None, change_interval(*series[row], paired), min(n_base, n_cur))
+            for row in rows]
 
 
 def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
@@ -314,12 +319,8 @@ def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN
         base, cur = table(baseline, path), table(current, path)
         if not base or not cur:
             continue
-        series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
-        changes = {row: _change(b, c, paired=False) for row, (b, c) in series.items()}
-        for row in sorted((row for row in changes if changes[row]), key=lambda row: (-abs(changes[row]), row))[:n]:
-            ci = change_interval(*series[row], paired=False)
-            noise = "" if _beyond_noise(ci) else " (within noise)"
-            lines.append(Cause(path, row, changes[row], None, ci, min(n_base, n_cur)).line() + noise)
+        for cause in _moved(path, base, cur, paired=False)[:n]:
+            lines.append(cause.line() + ("" if _beyond_noise(cause.ci) else " (within noise)"))
     return lines or ["no op or kernel time moved between the runs' profiled steps"]
 
 
