@@ -259,10 +259,10 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     # Where each change comes from: both sides' whole tables (a record keeps only their top rows), timed ones from
     # the steps profiled pair by pair.
     tables = {label: _attribution(results[label], profiled and profiled[label]) for label in ("base", "head")}
-    times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
-    rounds_s = ([b for b, _ in times], [h for _, h in times])
+    rounds_s = (results["base"].round_step_times_s, results["head"].round_step_times_s)  # the pairs' (``_paired``)
     comparisons = [c.explained(tables["base"], tables["head"], paired=profiled is not None, rounds_s=rounds_s)
                    for c in comparisons]
+    times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
     return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
 
 
