@@ -7,7 +7,9 @@
 # make ab-base: A/B of this checkout against a base commit (BASE=<git ref>; default the merge base with origin/main),
 #               the base in a git worktree with its own venv under .trainbench-base/, timing judged pair by pair
 # make report: run the seeds' two ladders (torch.compile included) and render results/report/<device>/
-# All create .venv and install the project on first use.
+# make gpu-night: the GPU night within NIGHT_BUDGET_S seconds into NIGHT_OUT (python -m trainbench night; docs/ci-and-gpu.md)
+# All create .venv and install the project on first use; with PY=<interpreter> they use that interpreter as it is
+# and install nothing (a GPU box's own torch: pip install --no-deps --no-build-isolation -e . first).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,8 +30,20 @@ AB_OUT ?= $(GATE_OUT)
 AB_BASE_TORCH_PKGS ?= $(TORCH_PKGS)
 export BASE UPSTREAM AB_FAIL AB_ARGS AB_OUT AB_BASE_TORCH_PKGS TORCH_PKGS PYTHON
 BIN := $(VENV)/bin
+# PY set: run with it, install nothing; else the project's .venv, installed on first use.
+PY ?=
+ifeq ($(strip $(PY)),)
+RUN := $(BIN)/python
+SETUP := install
+else
+RUN := $(PY)
+SETUP :=
+endif
+NIGHT_BUDGET_S ?= 480
+NIGHT_OUT ?= results/gpu-night
+NIGHT_ARGS ?=
 
-.PHONY: install bench baseline gate ab-base ab-base-key test report gpu-smoke doctor clean
+.PHONY: install bench baseline gate ab-base ab-base-key test report gpu-smoke gpu-night doctor clean
 
 install: $(VENV)/.installed
 
@@ -39,37 +53,40 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-bench: install
-	$(BIN)/python -m pytest benchmarks -rs $(BENCH_ARGS)
+bench: $(SETUP)
+	$(RUN) -m pytest benchmarks -rs $(BENCH_ARGS)
 
-baseline: install
-	$(BIN)/python -m pytest benchmarks -rs --benchmark-save=baseline $(BENCH_ARGS)
+baseline: $(SETUP)
+	$(RUN) -m pytest benchmarks -rs --benchmark-save=baseline $(BENCH_ARGS)
 
-gate: install
+gate: $(SETUP)
 	mkdir -p $(GATE_OUT)
-	$(BIN)/python -m pytest benchmarks -rs --benchmark-compare='*_baseline' --trainbench-compare-fail=$(GATE_FAIL) \
+	$(RUN) -m pytest benchmarks -rs --benchmark-compare='*_baseline' --trainbench-compare-fail=$(GATE_FAIL) \
 		--trainbench-compare-json=$(GATE_OUT)/verdict.json --benchmark-json=$(GATE_OUT)/run.json $(BENCH_ARGS)
 
-ab-base: install
-	HEAD_PYTHON=$(BIN)/python .ci/ab-base run
+ab-base: $(SETUP)
+	HEAD_PYTHON=$(RUN) .ci/ab-base run
 
 # The base venv's key (CI caches .trainbench-base/venv under it)
-ab-base-key: install
-	@HEAD_PYTHON=$(BIN)/python .ci/ab-base key
+ab-base-key: $(SETUP)
+	@HEAD_PYTHON=$(RUN) .ci/ab-base key
 
-test: install
-	$(BIN)/python -m pytest tests -rs $(TEST_ARGS)
+test: $(SETUP)
+	$(RUN) -m pytest tests -rs $(TEST_ARGS)
 
-gpu-smoke: install
-	$(BIN)/python -m trainbench doctor
-	$(BIN)/python -m pytest smoke -rs $(BENCH_ARGS)
+gpu-smoke: $(SETUP)
+	$(RUN) -m trainbench doctor
+	$(RUN) -m pytest smoke -rs $(BENCH_ARGS)
 
-doctor: install
-	$(BIN)/python -m trainbench doctor
+doctor: $(SETUP)
+	$(RUN) -m trainbench doctor
 
-report: install
-	$(BIN)/python -m pytest benchmarks -k test_ladder --trainbench-slow -rs --benchmark-save=ladders $(BENCH_ARGS)
-	$(BIN)/python -m trainbench report
+gpu-night: $(SETUP)
+	$(RUN) -m trainbench night --budget-s $(NIGHT_BUDGET_S) --out $(NIGHT_OUT) $(NIGHT_ARGS)
+
+report: $(SETUP)
+	$(RUN) -m pytest benchmarks -k test_ladder --trainbench-slow -rs --benchmark-save=ladders $(BENCH_ARGS)
+	$(RUN) -m trainbench report
 
 clean:
 	rm -rf $(VENV) .pytest_cache .trainbench-base

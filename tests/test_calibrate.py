@@ -66,6 +66,23 @@ def test_a_gpu_run_gets_its_own_section_by_name_with_allocator_peaks(tmp_path):
     assert {b.key for b in loaded["cpu"]["mlp-baseline"].bounds} == {"max_ops_per_step"}  # untouched
 
 
+def test_without_tomlkit_a_gpus_first_section_is_appended_and_an_existing_one_refused(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tomlkit", None)  # a bare GPU box: import tomlkit raises ImportError
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text(EXISTING)
+    result = calibrate(make_run(tmp_path, "cuda", "NVIDIA H100 80GB HBM3"), budgets)
+    write(result)
+    text = budgets.read_text()
+    assert text.startswith(EXISTING)  # every line and comment kept
+    assert '["NVIDIA H100 80GB HBM3"."mlp-baseline"]' in text
+    with_tomlkit = Budgets.load(budgets).sections["NVIDIA H100 80GB HBM3"]
+    assert {b.key for b in with_tomlkit["mlp-baseline"].bounds} >= {"max_peak_memory_mib", "max_ops_per_step"}
+    with pytest.raises(CalibrationError, match=r"\[cpu\] exists and tomlkit is not installed"):
+        calibrate(make_run(tmp_path), budgets)
+
+
 def test_cli_shows_the_diff_and_writes_only_when_asked(tmp_path, capsys):
     budgets = tmp_path / "budgets.toml"
     budgets.write_text(EXISTING)

@@ -5,6 +5,7 @@ predictions are stood in for (a prediction at the GPU profile's sizes takes seco
 the test that checks the real one for the case known to outgrow an 80 GB card.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -163,15 +164,14 @@ def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
     assert needed == pytest.approx(GPT_LARGER_BATCH_MIB * 1.25 / 1024, rel=0.05)
 
 
-def test_the_doctor_checks_a_fleet_gpu_without_its_case_list(monkeypatch, capsys):
+def test_the_doctor_checks_a_fleet_gpu_as_on_it_without_its_case_list(tmp_path, capsys):
     from trainbench import __main__ as cli
-    from trainbench import night_plan
 
-    real = night_plan.plan_night
-    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: real(gpu, budgets, StandInPredictions()))
-    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3"]) == 0
+    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3", "--json", str(tmp_path / "d.json")]) == 0
     out = capsys.readouterr().out
-    assert "run " not in out and "skip " not in out
-    assert "memory: the largest case that runs" in out and "of 79.1 GiB" in out and "69 run, 6 skip" in out
+    assert not any(line.startswith(("run ", "skip ")) for line in out.splitlines())
+    assert "doctor of 1 x NVIDIA H100 80GB HBM3" in out and "gpu0_memory: NVIDIA H100 80GB HBM3 has 80,998 MiB" in out
+    checks = json.loads((tmp_path / "d.json").read_text())
+    assert {"cuda", "gpu0_arch", "gpu0_memory"} <= {check["name"] for check in checks}
     assert cli.main(["doctor", "--simulate-gpu", "v100-16gb"]) == 1  # refused by the default wheel
     assert "FAIL" in capsys.readouterr().out

@@ -82,6 +82,17 @@ def test_the_newest_run_is_the_highest_number_not_the_newest_file(storage):
     assert older != newest
 
 
+def test_another_machines_higher_numbered_run_is_never_taken_for_this_ones(storage, tmp_path):
+    # a committed CPU run numbered 0008 beside tonight's first run on a GPU box (another machine folder)
+    other = tmp_path / "benchmarks" / "Linux-CPython-3.11-64bit-other" / "0008_baseline.json"
+    other.parent.mkdir()
+    other.write_text(_run(CPU_B))
+    with pytest.raises(RunFileError, match=f"no run saved on this machine .*{other}: pass it as RUN_JSON"):
+        latest_run(storage.root)
+    mine = storage("0001_night.json", _run(CPU_A))
+    assert latest_run(storage.root) == mine
+
+
 def test_no_saved_run_is_an_error_naming_the_folder(tmp_path):
     with pytest.raises(RunFileError, match="no \\*.json run found"):
         latest_run(tmp_path)

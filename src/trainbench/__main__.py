@@ -110,17 +110,16 @@ def _count(n: int, noun: str) -> str:
 
 
 def _newest_run(project) -> Path:
-    """The newest run saved on this machine in the project's storage (else on any machine): what the last
-    ``pytest --benchmark-save`` there wrote."""
+    """The newest run saved on this machine in the project's storage: what the last ``pytest --benchmark-save``
+    there wrote (never another machine's)."""
     from .project import ProjectError
-    from .store import latest_run, matching_runs
+    from .store import latest_run
 
     folder = project.runs_folder
     if folder is None:
         raise ProjectError(f"--benchmark-storage={project.storage}: not a file storage, which calibrate reads; pass "
                            "RUN_JSON (--benchmark-json=FILE)")
-    mine = matching_runs(folder)
-    return mine[-1] if mine else latest_run(folder.parent)
+    return latest_run(folder.parent)
 
 
 def _budgets_beside_the_tests(project, chosen: dict):
@@ -240,19 +239,27 @@ def _add_releases(subparsers) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    import json
-
     from .doctor import doctor_record, format_checks, run_checks
 
-    if args.simulate_gpu:  # the night's checks and memory on a fleet GPU, without its case list
-        return _plan(args, cases=False)
+    if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
+        from .fleet import find_gpu
+        from .night_plan import simulated_doctor
 
-    checks = run_checks(args.device, args.expect_cuda)
+        try:
+            gpu = find_gpu(args.simulate_gpu)
+        except KeyError as e:
+            print(f"trainbench doctor: {e.args[0]}", file=sys.stderr)
+            return 2
+        checks = simulated_doctor(gpu)
+        print(f"doctor of {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / 2**30:.1f} GiB), simulated")
+    else:
+        checks = run_checks(args.device, args.expect_cuda)
     for line in format_checks(checks):
         print(line)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doctor_record(checks)["checks"], f, indent=2)
+        from .files import write_json_atomic
+
+        write_json_atomic(Path(args.json), doctor_record(checks)["checks"])
     return 1 if doctor_record(checks)["blockers"] else 0
 
 
@@ -393,8 +400,8 @@ def _add_torchrun_job(subparsers) -> None:
     parser.set_defaults(handler=_torchrun_job)
 
 
-def _plan(args: argparse.Namespace, cases: bool = True) -> int:
-    """The night's plan on a fleet GPU; ``cases`` False: its checks and summary lines only (``doctor``)."""
+def _plan(args: argparse.Namespace) -> int:
+    """The night's plan on a fleet GPU."""
     from pathlib import Path
 
     from .fleet import find_gpu
@@ -403,12 +410,16 @@ def _plan(args: argparse.Namespace, cases: bool = True) -> int:
     try:
         gpu = find_gpu(args.simulate_gpu)
     except KeyError as e:
-        print(f"trainbench {'plan' if cases else 'doctor'}: {e.args[0]}", file=sys.stderr)
+        print(f"trainbench plan: {e.args[0]}", file=sys.stderr)
         return 2
     night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
     for line in format_night(night):
-        if cases or not line.startswith(("run ", "skip ")):
-            print(line)
+        print(line)
+    if args.json:
+        from .files import write_json_atomic
+        from .night_plan import plan_record
+
+        write_json_atomic(Path(args.json), plan_record(night))
     return 0 if night.ok else 1
 
 
@@ -422,7 +433,39 @@ def _add_plan(subparsers) -> None:
                         help='a fleet GPU: its name as torch reports it ("NVIDIA H100 80GB HBM3", "2xNVIDIA H100 80GB '
                              'HBM3") or its key (h100-sxm, 8xh100-sxm, t4, ...)')
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
     parser.set_defaults(handler=_plan)
+
+
+def _night(args: argparse.Namespace) -> int:
+    from .night import NightError, run_night
+
+    try:
+        return run_night(Path(args.out), args.budget_s, args.simulate_gpu, Path.cwd(),
+                         pytest_args=tuple(args.pytest_arg))
+    except NightError as e:
+        print(f"trainbench night: {e}", file=sys.stderr)
+        return 2
+
+
+def _add_night(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "night", help="the GPU night: doctor, self-checks, the cases by what they tell, calibration, report, summary",
+        description="Spend a GPU window measuring, within --budget-s, writing into --out as it goes: the doctor "
+                    "(doctor.json), the GPU self-checks (smoke/), the suite's cases in groups ordered by what they "
+                    "tell, the merged run (run.json), its device's budgets section calibrated (a diff), the ladder "
+                    "report, the simulated plan of the same GPU (plan.json) and summary.md beside it. Each step is a "
+                    "child process of this interpreter: nothing is installed, nothing is fetched. Exit 1 when a "
+                    "step failed, 2 when the night cannot start.")
+    parser.add_argument("--budget-s", type=float, required=True, metavar="SECONDS",
+                        help="wall time for the whole night; measuring stops early enough to merge and summarize")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the night's folder (night.json, logs/, ...)")
+    parser.add_argument("--simulate-gpu", default=None, metavar="GPU",
+                        help="rehearse on a simulated GPU (a fleet name or spec): cases collect and skip as on it, "
+                             "nothing is measured")
+    parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for every pytest session of the night (repeatable)")
+    parser.set_defaults(handler=_night)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -437,6 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_explain(subparsers)
     _add_torchrun_job(subparsers)
     _add_plan(subparsers)
+    _add_night(subparsers)
     return parser
 
 

@@ -14,12 +14,13 @@ parses as a budgets file.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .budgets import BudgetError, Budgets
+from .budgets import BudgetError, Budgets, tomllib
 from .device import DeviceCaps
 from .files import write_text_atomic
 from .metrics import calibrated_metrics
@@ -157,12 +158,15 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
 
 def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, dict]], run_name: str) -> FileChange:
     """One budgets file with ``cases``' bounds written into its ``key`` section."""
-    import tomlkit
-
     try:
         old_text = budgets_path.read_text(encoding="utf-8") if budgets_path.exists() else ""
     except (OSError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{budgets_path}: cannot read it ({e})") from None
+    try:
+        import tomlkit
+    except ImportError:  # a bare GPU box: a device's first section needs no round trip of the file
+        new_text = _appended_section(budgets_path, old_text, key, cases, run_name)
+        return _file_change(budgets_path, key, cases, old_text, new_text, tomllib.loads)
     try:
         doc = tomlkit.parse(old_text)
     except tomlkit.exceptions.ParseError as e:
@@ -177,14 +181,39 @@ def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, 
             entry["note"] = f"calibrated from {run_name}: {record.metrics.get('samples_per_s') or 0:.1f} samples/s"
         for name, value in bounds.items():
             entry[name] = value
-    new_text = tomlkit.dumps(doc)
+    return _file_change(budgets_path, key, cases, old_text, tomlkit.dumps(doc), lambda text: tomlkit.parse(text).unwrap())
+
+
+def _file_change(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, dict]], old_text: str, new_text: str,
+                 parse: Callable[[str], dict]) -> FileChange:
+    """The change to one budgets file, once its new text is checked to load as budgets."""
     try:
-        Budgets._parse(tomlkit.parse(new_text).unwrap(), budgets_path)
+        Budgets._parse(parse(new_text), budgets_path)
     except BudgetError as e:
         raise CalibrationError(f"calibrated budgets would not load: {e}") from None
     diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=str(budgets_path), tofile=f"{budgets_path} (calibrated [{key}])"))
     return FileChange(budgets_path, tuple(record.case for record, _ in cases), diff, new_text)
+
+
+def _appended_section(budgets_path: Path, old_text: str, key: str, cases: list[tuple[CaseRecord, dict]],
+                      run_name: str) -> str:
+    """``old_text`` with a new ``key`` section after it, written as plain TOML (no tomlkit: the file is not
+    parsed and rewritten, so every comment stays). An existing section needs tomlkit, to keep its comments."""
+    try:
+        existing = tomllib.loads(old_text)
+    except tomllib.TOMLDecodeError as e:
+        raise CalibrationError(f"{budgets_path}: not valid TOML: {e}") from None
+    if key in existing and cases:
+        raise CalibrationError(f"{budgets_path}: [{key}] exists and tomlkit is not installed here: calibrating it "
+                               "keeps its comments only with tomlkit (pip install tomlkit), or calibrate the saved "
+                               "run on another machine")
+    lines = [old_text.rstrip("\n"), ""] if old_text.strip() else []
+    for record, bounds in cases:
+        note = f"calibrated from {run_name}: {record.metrics.get('samples_per_s') or 0:.1f} samples/s"
+        lines += [f"[{json.dumps(key)}.{json.dumps(record.case)}]", f"note = {json.dumps(note)}"]
+        lines += [f"{name} = {value!r}" for name, value in bounds.items()] + [""]
+    return "\n".join(lines)
 
 
 def write(calibration: Calibration) -> list[Path]:

@@ -9,6 +9,7 @@ has problems where the night would crash or refuse a case for a reason a GPU can
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,3 +167,32 @@ def _memory_line(night: NightPlan) -> str:
     return (f"memory: the largest case that runs, {largest.case}, needs ~{largest.needed_bytes / GiB:.1f} GiB of "
             f"{have}; cases that would not fit are skipped with their figures (python -m trainbench plan lists "
             "every case)")
+
+
+def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check]:
+    """The doctor's checks of a machine with ``gpu``, as on it: its CUDA checks, and its memory against the suite's
+    heaviest cases (the few the doctor predicts, not every case: ``plan_night`` does that)."""
+    from .doctor import check_device_memory, heaviest_cases
+
+    runtime = simulated_runtime(gpu, arch_list)
+    checks = check_cuda(runtime, expect_cuda=True)
+    if any(check.status == "FAIL" for check in checks):
+        return checks
+    caps = SimulatedGpu(gpu, arch_list=arch_list).caps()
+    predict = functools.partial(PredictionCache(prediction_backend()), "gpu")
+    for device in runtime["devices"]:
+        checks += check_device_memory(device, heaviest_cases(caps, device["total_memory_bytes"], predict))
+    return checks
+
+
+def plan_record(night: NightPlan) -> dict:
+    """The plan as JSON (``plan --json``; the night's summary reads it): the GPU, the checks, every case."""
+    from dataclasses import asdict
+
+    from .doctor import doctor_record
+
+    gpu = night.gpu
+    return {"gpu": {"name": gpu.name, "count": gpu.count, "sm": gpu.sm, "memory_bytes": gpu.memory_bytes},
+            "checks": doctor_record(night.checks)["checks"], "refused": night.refused,
+            "cases": [dict(asdict(c), needed_mib=round(c.needed_bytes / 2**20, 1) if c.needed_bytes else None)
+                      for c in night.cases]}

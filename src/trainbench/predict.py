@@ -362,6 +362,7 @@ class PredictionCache:
         # By the spec object and memory setup: a spec the caller gave as it is (not a workload built per profile)
         # is the same spec in every profile, so where the setups match, so do the predictions.
         self._by_spec: dict[tuple, tuple[TrainingSpec, dict]] = {}
+        self._shared = SharedPredictions.from_environment(backend)
 
     def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> dict:
         setup = memory_setup(config)
@@ -370,6 +371,65 @@ class PredictionCache:
             return self._by_spec[same_spec][1]
         key = (profile_name, spec.name, setup)
         if key not in self._predictions:
-            self._predictions[key] = predict_memory(setup, spec, self.backend)
+            self._predictions[key] = self._shared.get(key) or predict_memory(setup, spec, self.backend)
+            self._shared.put(key, self._predictions[key])
         self._by_spec[same_spec] = (spec, self._predictions[key])  # the spec kept: its id is not reused
         return self._predictions[key]
+
+
+class SharedPredictions:
+    """Predictions kept in a JSON file for the processes of one job (the GPU night's steps all predict the same
+    setups of the built-in workloads): named by ``TRAINBENCH_PREDICTIONS_FILE``, off where it is unset. Keyed by
+    torch's version and the predicting device too; a file that cannot be read is started anew."""
+
+    ENV = "TRAINBENCH_PREDICTIONS_FILE"
+
+    def __init__(self, path, backend: Backend | None):
+        from pathlib import Path
+
+        self.path = Path(path) if path else None
+        self.prefix = f"{torch.__version__}|{backend.kind if backend else ''}|"
+        self._entries: dict[str, dict] | None = None
+
+    @classmethod
+    def from_environment(cls, backend: Backend) -> SharedPredictions:
+        import os
+
+        return cls(os.environ.get(cls.ENV), backend)
+
+    def _key(self, key: tuple) -> str:
+        return self.prefix + repr(key)
+
+    def _read(self) -> dict[str, dict]:
+        import json
+
+        if self._entries is None:
+            try:
+                entries = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                entries = {}
+            self._entries = entries if isinstance(entries, dict) else {}
+        return self._entries
+
+    def get(self, key: tuple) -> dict | None:
+        if self.path is None:
+            return None
+        found = self._read().get(self._key(key))
+        return found if isinstance(found, dict) else None
+
+    def put(self, key: tuple, prediction: dict) -> None:
+        import json
+
+        from .files import write_text_atomic
+
+        if self.path is None or self._read().get(self._key(key)) == prediction:
+            return
+        try:
+            text = json.dumps({**self._read(), self._key(key): prediction}, sort_keys=True)
+        except (TypeError, ValueError):
+            return  # a prediction that is not plain data stays in this process
+        self._entries[self._key(key)] = prediction
+        try:
+            write_text_atomic(self.path, text)
+        except OSError:
+            self.path = None  # an unwritable file: predict in each process, as without it

@@ -99,16 +99,24 @@ def matching_runs(folder: Path, name: str | bool | None = None) -> list[Path]:
 
 
 def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
-    """The newest saved run under ``runs_dir`` (pytest-benchmark's storage), in pytest-benchmark's own order
-    (run number, then machine folder): never the file's modification time, which a checkout resets."""
+    """The newest run saved on this machine under ``runs_dir`` (pytest-benchmark's storage: its folder for this
+    machine), in pytest-benchmark's own order (the run number): never the file's modification time, which a
+    checkout resets. Another machine's run is never taken for this one's: without a run of this machine, the
+    error names the newest there is, to pass as RUN_JSON."""
     runs_dir = Path(runs_dir)
-    runs = _query(runs_dir, "*", RUN_FILES)
-    if not runs:
-        runs = sorted((p for p in runs_dir.rglob("*.json") if p.is_file()), key=lambda p: (p.name, str(p.parent)))
-    if not runs:
-        raise RunFileError(runs_dir, "no *.json run found; save one with pytest --benchmark-save=NAME "
-                                     "or --benchmark-json=FILE, or pass RUN_JSON")
-    return runs[-1]
+    from pytest_benchmark.utils import get_machine_id
+
+    machine = get_machine_id()
+    mine = _query(runs_dir, machine, RUN_FILES)
+    if mine:
+        return mine[-1]
+    others = _query(runs_dir, "*", RUN_FILES) or sorted(
+        (p for p in runs_dir.rglob("*.json") if p.is_file()), key=lambda p: (p.name, str(p.parent)))
+    if others:
+        raise RunFileError(runs_dir, f"no run saved on this machine ({machine}); the newest of another is "
+                                     f"{others[-1]}: pass it as RUN_JSON to use it")
+    raise RunFileError(runs_dir, "no *.json run found; save one with pytest --benchmark-save=NAME "
+                                 "or --benchmark-json=FILE, or pass RUN_JSON")
 
 
 def device_of(run: dict) -> tuple | None:

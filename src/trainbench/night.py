@@ -1,0 +1,528 @@
+"""The GPU night: one command that spends a short GPU window measuring, within a time budget, writing as it goes.
+
+``python -m trainbench night --budget-s SECONDS --out DIR`` runs, each step a child process of the interpreter it
+was started with (nothing installed, no network): the doctor, the GPU self-checks (``smoke/``), the suite's
+cases in groups ordered by what they tell (``CASE_GROUPS``), then the run those groups saved (merged), its
+device's calibrated budgets section (a diff), the ladder report, the simulated plan of the same GPU, and
+``summary.md``, which sets the run beside that plan. ``--simulate-gpu`` rehearses it on any machine: the cases
+collect and skip as that GPU would, and nothing is measured.
+
+Every step has a deadline inside the budget: measuring steps end ``FINISH_RESERVE_S`` before it, so that the
+run is always merged and summarized; a step that cannot start in time is recorded as not started, one that runs
+past its deadline is stopped (SIGTERM: a pytest session saves what it measured, marked incomplete), and the
+manifest ``night.json`` is rewritten after every step. Killed at any point, what finished is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .files import write_json_atomic, write_text_atomic
+from .store import INCOMPLETE_KEY, RunFileError, load_run
+
+SUITE_FILE = "benchmarks/test_recipes.py"
+# Time kept back from the measuring steps for merging, calibrating, reporting, planning and the summary.
+FINISH_RESERVE_S = 60.0
+# A step that would have less than this left is not started: it could not finish anything worth keeping.
+MIN_STEP_S = 10.0
+# After SIGTERM, how long a step may take to save what it measured before it is killed.
+TERM_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class CaseGroup:
+    """Cases measured in one pytest session, in the night's order: the first tell the most per second."""
+
+    name: str
+    why: str
+    cases: tuple[str, ...] | None  # case ids; None: every suite case no earlier group took
+    slow: bool = False  # torch.compile and the like: --trainbench-slow
+    ladders: bool = False  # the ladder rungs (test_ladder) rather than single recipes
+
+
+CASE_GROUPS: tuple[CaseGroup, ...] = (
+    CaseGroup("resnet18", "the seeds' model: each CUDA data path and precision against its fp32 baseline",
+              ("resnet18-baseline", "resnet18-amp_fp16", "resnet18-amp_bf16", "resnet18-channels_last_amp",
+               "resnet18-uint8_transfer", "resnet18-pinned_memory", "resnet18-multiprocess_loading",
+               "resnet18-cudnn_benchmark")),
+    CaseGroup("gpt", "a decoder LM: flash attention and the fused optimizer",
+              ("gpt-baseline", "gpt-sdpa_flash", "gpt-optimizer_fused")),
+    CaseGroup("vit", "a Vision Transformer under bf16 autocast", ("vit-amp_bf16",)),
+    CaseGroup("ladders", "the seeds' two ladders, rung by rung (torch.compile included)", None, slow=True,
+              ladders=True),
+    CaseGroup("rest", "every other case of the suite", None, slow=True),
+)
+
+
+@dataclass
+class StepRecord:
+    name: str
+    why: str
+    status: str = "pending"  # pending, running, ok, failed, stopped (its deadline), not started, skipped
+    exit_code: int | None = None
+    seconds: float | None = None
+    log: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class Night:
+    """The night's manifest (``night.json``): every step, its status and time."""
+
+    out: Path
+    budget_s: float
+    simulate_gpu: str | None
+    python: str
+    started: float = 0.0  # the clock's reading at the start
+    steps: list[StepRecord] = field(default_factory=list)
+    finished: bool = False
+    interrupted: bool = False
+
+    def to_json(self) -> dict:
+        return {"budget_s": self.budget_s, "simulate_gpu": self.simulate_gpu, "python": self.python,
+                "finished": self.finished, "interrupted": self.interrupted,
+                "steps": [asdict(step) for step in self.steps]}
+
+    def save(self) -> None:
+        write_json_atomic(self.out / "night.json", self.to_json())
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    exit_code: int | None  # None: it never started
+    stopped: bool = False  # it ran past its deadline and was stopped
+
+
+# A step's command runs as (argv, log file, deadline on the night's clock) -> outcome.
+StepRunner = Callable[[list[str], Path, float], StepOutcome]
+
+
+class NightError(ValueError):
+    """A night that cannot start; the message names what is wrong."""
+
+
+def check_start(out: Path, budget_s: float, root: Path) -> None:
+    """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written, a
+    budget too short to measure anything."""
+    from .files import cannot_write
+
+    if not _plugin_installed():
+        raise NightError(f"trainbench is not installed for pytest in {sys.executable} (no pytest11 entry point): "
+                         "pip install --no-deps --no-build-isolation -e . installs it and nothing else")
+    if not (root / SUITE_FILE).is_file():
+        raise NightError(f"{root / SUITE_FILE}: not found; run the night from a trainbench checkout")
+    if budget_s < FINISH_RESERVE_S / 2 + 2 * MIN_STEP_S:
+        raise NightError(f"--budget-s {budget_s:g}: too short; expected at least "
+                         f"{FINISH_RESERVE_S / 2 + 2 * MIN_STEP_S:g} s")
+    if out.exists() and not out.is_dir():
+        raise NightError(f"--out {out}: not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    problem = cannot_write(out)
+    if problem:
+        raise NightError(f"--out {out}: {problem}")
+
+
+def _plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(entry.name == "trainbench" for entry in entry_points(group="pytest11"))
+
+
+def suite_node_ids(group: CaseGroup, taken: set[str]) -> list[str]:
+    """The pytest node ids of ``group``'s cases in its order (``taken``: ids earlier groups ran, updated)."""
+    from .cases import ladder_cases, recipe_cases
+
+    if group.ladders:
+        ids = [case.id for case in ladder_cases()]
+        test = "test_ladder"
+    else:
+        ids = list(group.cases) if group.cases is not None else [case.id for case in recipe_cases()]
+        test = "test_recipe"
+    ids = [i for i in ids if i not in taken]
+    taken.update(ids)
+    return [f"{SUITE_FILE}::{test}[{case}]" for case in ids]
+
+
+def subprocess_runner(clock: Callable[[], float] = time.monotonic, env: dict[str, str] | None = None) -> StepRunner:
+    """Run a step as a child process in its own process group, its output into its log; stopped at the deadline.
+    ``env``: variables the children get beside this process's."""
+
+    def run(argv: list[str], log: Path, deadline: float) -> StepOutcome:
+        env_here = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        with open(log, "wb") as out:
+            child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env_here,
+                                     start_new_session=True)
+            try:
+                return _wait(child, deadline, clock)
+            except BaseException:
+                _stop(child)
+                raise
+
+    return run
+
+
+def _wait(child: subprocess.Popen, deadline: float, clock: Callable[[], float]) -> StepOutcome:
+    while True:
+        left = deadline - clock()
+        try:
+            return StepOutcome(child.wait(timeout=max(0.05, min(left, 1.0))))
+        except subprocess.TimeoutExpired:
+            if clock() >= deadline:
+                return StepOutcome(_stop(child), stopped=True)
+
+
+def _stop(child: subprocess.Popen) -> int:
+    """SIGTERM to the step's process group (pytest saves what it measured), SIGKILL after ``TERM_GRACE_S``."""
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return child.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.wait()
+
+
+class NightRun:
+    """One night: its steps in order, each under its deadline, the manifest rewritten after each."""
+
+    def __init__(self, night: Night, root: Path, runner: StepRunner, clock: Callable[[], float],
+                 say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()):
+        self.night, self.root, self.runner, self.clock, self.say = night, root, runner, clock, say
+        self.pytest_args = pytest_args
+        self.end = 0.0
+
+    @property
+    def out(self) -> Path:
+        return self.night.out
+
+    def left(self) -> float:
+        return self.end - self.clock()
+
+    # -- steps -------------------------------------------------------------------------------------
+    def run_step(self, name: str, why: str, argv: list[str], deadline: float) -> StepRecord:
+        """One child step: not started without ``MIN_STEP_S`` before ``deadline``, stopped at it."""
+        step = StepRecord(name, why, log=f"logs/{name}.log")
+        self.night.steps.append(step)
+        left = deadline - self.clock()
+        if left < MIN_STEP_S:
+            step.status, step.note = "not started", f"{max(left, 0):.0f} s left of the budget"
+            self.night.save()
+            self.say(f"night: {name}: not started ({step.note})")
+            return step
+        step.status = "running"
+        self.night.save()
+        self.say(f"night: {name}: {why} ({left:.0f} s left)")
+        start = self.clock()
+        outcome = self.runner(argv, self.out / step.log, deadline)
+        step.seconds = round(self.clock() - start, 1)
+        step.exit_code = outcome.exit_code
+        step.status = "stopped" if outcome.stopped else "ok" if outcome.exit_code == 0 else "failed"
+        if outcome.stopped:
+            step.note = "stopped at its deadline; what it measured was saved, marked incomplete"
+        self.night.save()
+        self.say(f"night: {name}: {step.status}" + (f" (exit {step.exit_code})" if step.status == "failed" else "")
+                 + f" in {step.seconds:.0f} s")
+        if step.status == "failed":
+            for line in _tail(self.out / step.log, 12):
+                self.say(f"    {line}")
+        return step
+
+    def in_process(self, name: str, why: str, work: Callable[[], str | None]) -> StepRecord:
+        """A step run here (no child: it only reads and writes files), its note what ``work`` returns."""
+        step = StepRecord(name, why, status="running")
+        self.night.steps.append(step)
+        start = self.clock()
+        try:
+            step.note = work()
+            step.status = "ok"
+        except (OSError, ValueError, RunFileError) as e:
+            step.status, step.note = "failed", str(e)
+        step.seconds = round(self.clock() - start, 1)
+        self.night.save()
+        self.say(f"night: {name}: {step.status}" + (f": {step.note}" if step.note else ""))
+        return step
+
+    def python(self, *args: str) -> list[str]:
+        return [self.night.python, *args]
+
+    def trainbench(self, *args: str) -> list[str]:
+        return self.python("-m", "trainbench", *args)
+
+    def pytest(self, *args: str) -> list[str]:
+        simulate = ("--trainbench-simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ()
+        return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *simulate, *self.pytest_args, *args)
+
+    # -- the night ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        night = self.night
+        night.started = self.clock()
+        self.end = night.started + night.budget_s
+        measure_end = self.end - min(FINISH_RESERVE_S, night.budget_s / 4)
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        (self.out / "groups").mkdir(parents=True, exist_ok=True)
+        night.save()
+        try:
+            self._measure(measure_end)
+        except KeyboardInterrupt:
+            night.interrupted = True
+            self.say("night: interrupted; merging and summarizing what finished")
+        self._finish()
+        night.finished = True
+        night.save()
+        failed = [s.name for s in night.steps if s.status == "failed"]
+        missing = [s.name for s in night.steps if s.status in ("not started", "stopped")]
+        used = self.clock() - night.started
+        verdict = ("FAILED: " + ", ".join(failed) if failed else
+                   "PARTIAL: " + ", ".join(missing) + " did not finish in the budget" if missing else "complete")
+        self.say(f"night: {verdict}; {used:.0f} s of {night.budget_s:.0f}; {self.out / 'summary.md'}")
+        return 1 if failed or night.interrupted else 0
+
+    def _measure(self, deadline: float) -> None:
+        simulate = ("--simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ("--expect-cuda",)
+        self.run_step("doctor", "this machine before a run (CUDA, driver, memory, timing distortions)",
+                      self.trainbench("doctor", *simulate, "--json", str(self.out / "doctor.json")), deadline)
+        self.run_step("smoke", "self-checks of the measurement on this GPU (make gpu-smoke)",
+                      self.pytest("smoke", "--junitxml", str(self.out / "groups" / "smoke.xml")), deadline)
+        taken: set[str] = set()
+        for number, group in enumerate(CASE_GROUPS, 1):
+            stem = f"{number:02d}-{group.name}"
+            node_ids = suite_node_ids(group, taken)
+            extra = ("--trainbench-slow",) if group.slow else ()
+            self.run_step(f"cases-{stem}", f"{len(node_ids)} cases: {group.why}",
+                          self.pytest(*extra, "--benchmark-json", str(self.out / "groups" / f"{stem}.json"),
+                                      "--junitxml", str(self.out / "groups" / f"{stem}.xml"), *node_ids), deadline)
+
+    def _finish(self) -> None:
+        run_path = self.out / "run.json"
+        merge = self.in_process("run", "the groups' runs merged into one pytest-benchmark run",
+                                lambda: merge_runs(sorted((self.out / "groups").glob("[0-9][0-9]-*.json")), run_path))
+        if merge.status == "ok" and run_path.exists():
+            self.run_step("calibrate", "this GPU's budgets section calibrated from the run (a diff, not written)",
+                          self.trainbench("calibrate", str(run_path), "--budgets",
+                                          str(self.root / "benchmarks" / "budgets.toml")), self.end)
+            self.run_step("report", "the ladder report of the run",
+                          self.trainbench("report", str(run_path), "--out", str(self.out / "report")), self.end)
+        gpu = self.night.simulate_gpu or _recorded_gpu(run_path)
+        if gpu:
+            self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
+                          self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")),
+                          self.end)
+        else:
+            self.in_process("plan", "the simulated plan of this GPU", lambda: _raise("no GPU named by the run"))
+        self.in_process("summary", "summary.md: the run beside the plan",
+                        lambda: write_summary(self.night, self.out))
+
+
+def _raise(message: str):
+    raise ValueError(message)
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def merge_runs(parts: list[Path], out: Path) -> str:
+    """The groups' pytest-benchmark runs as one run at ``out`` (the first's machine and commit info, every case,
+    incomplete if any part is). A part that cannot be read is left out and named."""
+    merged: dict | None = None
+    unreadable = []
+    for part in parts:
+        try:
+            run = load_run(part)
+        except RunFileError as e:
+            unreadable.append(str(e))
+            continue
+        if merged is None:
+            merged = dict(run, benchmarks=[])
+            merged.pop("trainbench_failed_cases", None)
+        merged["benchmarks"] += run["benchmarks"]
+        if run.get(INCOMPLETE_KEY):
+            merged[INCOMPLETE_KEY] = True
+        failed = run.get("trainbench_failed_cases")
+        if isinstance(failed, list) and failed:
+            merged.setdefault("trainbench_failed_cases", []).extend(failed)
+    if merged is None:
+        raise ValueError("no group saved a run" + (f" ({'; '.join(unreadable)})" if unreadable else ""))
+    if unreadable:
+        merged[INCOMPLETE_KEY] = True
+    write_json_atomic(out, merged)
+    note = f"{len(merged['benchmarks'])} cases from {len(parts) - len(unreadable)} group(s)"
+    return note + (f"; left out: {'; '.join(unreadable)}" if unreadable else "")
+
+
+def _recorded_gpu(run_path: Path) -> str | None:
+    """The GPU the run was measured on, by name (None: no run, or a CPU run)."""
+    from .device import DeviceCaps
+    from .report import run_device
+
+    try:
+        device = run_device(load_run(run_path))
+    except (RunFileError, ValueError):
+        return None
+    return device.get("name") if DeviceCaps.from_identity(device).cuda and device.get("name") else None
+
+
+# -- the summary -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaseOutcomeLine:
+    """A case as one pytest session reported it (its JUnit XML)."""
+
+    case: str
+    outcome: str  # passed, failed, error, skipped
+    message: str = ""
+
+
+def junit_cases(path: Path) -> list[CaseOutcomeLine]:
+    """The suite cases of a pytest JUnit XML report, with their outcome and the skip or failure message."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return []
+    found = []
+    for testcase in root.iter("testcase"):
+        name = testcase.get("name", "")
+        case = name[name.find("[") + 1:-1] if name.endswith("]") and "[" in name else name
+        outcome, message = "passed", ""
+        for child in testcase:
+            if child.tag in ("skipped", "failure", "error"):
+                outcome = {"skipped": "skipped", "failure": "failed", "error": "error"}[child.tag]
+                message = (child.get("message") or "").strip()
+                break
+        found.append(CaseOutcomeLine(case, outcome, message))
+    return found
+
+
+def write_summary(night: Night, out: Path) -> str:
+    lines = summary_lines(night, out)
+    write_text_atomic(out / "summary.md", "\n".join(lines) + "\n")
+    return f"{len(lines)} lines"
+
+
+def summary_lines(night: Night, out: Path) -> list[str]:
+    """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
+    plan = _read_json(out / "plan.json")
+    measured = _measured_cases(out / "run.json")
+    reported = {}
+    for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")):
+        reported.update({c.case: c for c in junit_cases(xml)})
+    gpu = (plan or {}).get("gpu", {}).get("name") or night.simulate_gpu or "this GPU"
+    kind = "simulated: nothing measured" if night.simulate_gpu else "measured"
+    lines = [f"# GPU night: {gpu} ({kind})", "",
+             f"Budget {night.budget_s:g} s; python {night.python}."
+             + (" Interrupted." if night.interrupted else ""), "", "## Steps", ""]
+    lines += _table(("step", "status", "s", "note"),
+                    [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
+                     for s in night.steps])
+    planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
+    rows, differs = [], []
+    for case in dict.fromkeys([*planned, *reported, *measured]):
+        p, r, m = planned.get(case), reported.get(case), measured.get(case)
+        plan_text = ("-" if p is None else f"skip: {p['skipped']}" if p.get("skipped") else
+                     f"PROBLEM: {p['problem']}" if p.get("problem") else "run")
+        night_text = "not reached" if r is None else r.outcome + (f": {r.message}" if r.message else "")
+        predicted = p.get("needed_mib") if p else None
+        peak = m.get("peak_memory_mib") if m else None
+        speed = m.get("samples_per_s") if m else None
+        rows.append((case, plan_text, night_text, _num(speed), _num(peak), _num(predicted)))
+        difference = _difference(p, r, peak, predicted)
+        if difference:
+            differs.append(f"- {case}: {difference}")
+    lines += ["", "## Cases", "",
+              "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (predicted MiB: its tensor peak with "
+              "the memory gate's headroom); night: the pytest outcome of the case.", ""]
+    lines += _table(("case", "plan", "night", "samples/s", "peak MiB", "predicted MiB"), rows, text_columns=3)
+    lines += ["", "## What differed from the plan", ""] + (differs or ["- nothing"])
+    if plan is None:
+        lines += ["", "No plan was made (see the plan step): nothing to compare with."]
+    return lines
+
+
+def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], text_columns: int | None = None) -> list[str]:
+    from .render import Column, Table
+
+    text_columns = len(titles) if text_columns is None else text_columns
+    columns = tuple(Column(title, left=i < text_columns) for i, title in enumerate(titles))
+    return Table(columns, tuple(rows)).markdown()
+
+
+def _difference(planned: dict | None, reported: CaseOutcomeLine | None, peak: float | None,
+                predicted: float | None) -> str | None:
+    if planned is None or reported is None:
+        return None
+    plan_runs = not planned.get("skipped") and not planned.get("problem")
+    if plan_runs and reported.outcome == "skipped" and not reported.message.startswith("would run"):
+        return f"planned to run, skipped: {reported.message}"
+    if not plan_runs and reported.outcome != "skipped":
+        return f"planned to skip ({planned.get('skipped') or planned.get('problem')}), {reported.outcome}"
+    if reported.outcome in ("failed", "error"):
+        return f"{reported.outcome}: {reported.message}"
+    if peak and predicted and peak > predicted:
+        return f"measured peak {peak:.0f} MiB above the predicted {predicted:.0f} MiB (with headroom)"
+    return None
+
+
+def _measured_cases(run_path: Path) -> dict[str, dict]:
+    from .result import CaseRecord, RecordError
+
+    try:
+        run = load_run(run_path)
+    except RunFileError:
+        return {}
+    found = {}
+    for bench in run["benchmarks"]:
+        info = bench.get("extra_info") or {}
+        if info.get("case"):
+            try:
+                found[info["case"]] = CaseRecord.read(info, f"{run_path}: {bench.get('name')}").metrics
+            except RecordError:
+                continue
+    return found
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, python: str = sys.executable,
+              runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
+              say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()) -> int:
+    """The night, start to end; its exit status (0: every step that ran passed)."""
+    from .predict import SharedPredictions
+
+    check_start(out, budget_s, root)
+    night = Night(out, budget_s, simulate_gpu, python)
+    # every pytest session and the plan predict the same setups' memory: once for the night
+    runner = runner or subprocess_runner(clock, {SharedPredictions.ENV: str(out / "predictions.json")})
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return NightRun(night, root, runner, clock, say, pytest_args).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

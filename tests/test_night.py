@@ -1,0 +1,203 @@
+"""The GPU night, rehearsed on the CPU: its order, its budget on a clock the test controls, what a kill leaves on
+disk, and a whole night in an environment like a bare GPU box's (installed with no index, no asv, no tomlkit)."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from trainbench.night import (
+    CASE_GROUPS,
+    FINISH_RESERVE_S,
+    MIN_STEP_S,
+    NightError,
+    StepOutcome,
+    junit_cases,
+    merge_runs,
+    run_night,
+)
+from trainbench.store import INCOMPLETE_KEY
+
+ROOT = Path(__file__).parents[1]
+
+
+def _group_run(cases: list[str], incomplete: bool = False) -> dict:
+    run = {"machine_info": {"trainbench": {"kind": "cpu", "name": "CPU"}}, "commit_info": {},
+           "benchmarks": [{"name": f"test_recipe[{c}]", "fullname": f"benchmarks/test_recipes.py::test_recipe[{c}]",
+                           "stats": {}, "extra_info": {"case": c}} for c in cases]}
+    if incomplete:
+        run[INCOMPLETE_KEY] = True
+    return run
+
+
+class VirtualNight:
+    """A step runner on a virtual clock: each step takes the seconds ``durations`` gives its name (default 5),
+    is stopped at its deadline, and a case group writes its run and JUnit report as pytest would."""
+
+    def __init__(self, durations: dict[str, float] | None = None, interrupt_at: str | None = None):
+        self.now = 1000.0
+        self.durations = durations or {}
+        self.interrupt_at = interrupt_at
+        self.started: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, argv: list[str], log: Path, deadline: float) -> StepOutcome:
+        name = log.stem
+        if name == self.interrupt_at:
+            raise KeyboardInterrupt("SIGTERM")
+        self.started.append(name)
+        log.write_text(" ".join(argv) + "\n")
+        took = self.durations.get(name, 5.0)
+        stopped = self.now + took > deadline
+        self.now = min(self.now + took, deadline + 2.0)
+        if name.startswith("cases-"):
+            node_ids = [a for a in argv if "::" in a]
+            done = [n[n.index("[") + 1:-1] for n in node_ids][:1 if stopped else None]
+            out = Path(argv[argv.index("--benchmark-json") + 1])
+            out.write_text(json.dumps(_group_run(done, incomplete=stopped)))
+            cases = "".join(f'<testcase classname="x" name="test_recipe[{c}]"/>' for c in done)
+            Path(argv[argv.index("--junitxml") + 1]).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+        return StepOutcome(0, stopped=stopped) if not stopped else StepOutcome(-15, stopped=True)
+
+
+def _night(tmp_path, virtual: VirtualNight, budget_s: float = 600.0, simulate: str | None = "h100-sxm"):
+    lines: list[str] = []
+    status = run_night(tmp_path / "night", budget_s, simulate, ROOT, python="python-under-test", runner=virtual,
+                       clock=virtual.clock, say=lines.append)
+    manifest = json.loads((tmp_path / "night" / "night.json").read_text())
+    return status, manifest, lines
+
+
+def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
+    virtual = VirtualNight()
+    status, manifest, lines = _night(tmp_path, virtual)
+    groups = [f"cases-{i:02d}-{g.name}" for i, g in enumerate(CASE_GROUPS, 1)]
+    assert virtual.started == ["doctor", "smoke", *groups, "calibrate", "report", "plan"]
+    assert [s["name"] for s in manifest["steps"]] == ["doctor", "smoke", *groups, "run", "calibrate", "report",
+                                                     "plan", "summary"]
+    assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
+    first = (tmp_path / "night" / "logs" / f"{groups[0]}.log").read_text()
+    assert first.index("resnet18-baseline") < first.index("resnet18-amp_fp16") < first.index("resnet18-cudnn_benchmark")
+    assert "--trainbench-simulate-gpu h100-sxm" in first
+    # every suite case is in exactly one group
+    every = [a for g in groups for a in (tmp_path / "night" / "logs" / f"{g}.log").read_text().split() if "::" in a]
+    assert len(every) == len(set(every)) == 75
+    run = json.loads((tmp_path / "night" / "run.json").read_text())
+    assert len(run["benchmarks"]) == 75 and INCOMPLETE_KEY not in run
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    assert summary.startswith("# GPU night:") and "| resnet18-baseline |" in summary
+
+
+def test_the_budget_stops_measuring_early_enough_to_merge_and_summarize(tmp_path):
+    budget = 300.0
+    virtual = VirtualNight({"cases-01-resnet18": 100.0, "cases-02-gpt": 400.0})
+    status, manifest, lines = _night(tmp_path, virtual, budget)
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["cases-01-resnet18"]["status"] == "ok"
+    assert steps["cases-02-gpt"]["status"] == "stopped"  # past the measuring deadline
+    assert steps["cases-03-vit"]["status"] == "not started" and "cases-03-vit" not in virtual.started
+    assert steps["summary"]["status"] == "ok"
+    # the stopped group's partial run is kept and marks the merged run incomplete
+    run = json.loads((tmp_path / "night" / "run.json").read_text())
+    assert run[INCOMPLETE_KEY] is True and [b["extra_info"]["case"] for b in run["benchmarks"]][-1] == "gpt-baseline"
+    assert virtual.now - 1000.0 <= budget
+    assert lines[-1].startswith("night: PARTIAL: cases-02-gpt, cases-03-vit") and status == 0
+
+
+def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
+    virtual = VirtualNight(interrupt_at="cases-03-vit")
+    status, manifest, lines = _night(tmp_path, virtual)
+    assert manifest["interrupted"] and manifest["finished"] and status == 1
+    run = json.loads((tmp_path / "night" / "run.json").read_text())
+    cases = [b["extra_info"]["case"] for b in run["benchmarks"]]
+    assert cases[0] == "resnet18-baseline" and cases[-1] == "gpt-optimizer_fused"
+    assert (tmp_path / "night" / "summary.md").exists()
+
+
+def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NightError, match="--out .*file: not a folder"):
+        run_night(tmp_path / "file", 600, None, ROOT, runner=VirtualNight())
+    with pytest.raises(NightError, match="--budget-s 20: too short"):
+        run_night(tmp_path / "n", 20, None, ROOT, runner=VirtualNight())
+    with pytest.raises(NightError, match="benchmarks/test_recipes.py: not found"):
+        run_night(tmp_path / "n", 600, None, tmp_path, runner=VirtualNight())
+    assert FINISH_RESERVE_S > MIN_STEP_S
+
+
+def test_merging_keeps_every_part_and_names_the_unreadable(tmp_path):
+    (tmp_path / "01.json").write_text(json.dumps(_group_run(["a-baseline"])))
+    (tmp_path / "02.json").write_text("{truncated")
+    note = merge_runs([tmp_path / "01.json", tmp_path / "02.json"], tmp_path / "run.json")
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert [b["extra_info"]["case"] for b in run["benchmarks"]] == ["a-baseline"] and run[INCOMPLETE_KEY]
+    assert "02.json: invalid JSON" in note
+    with pytest.raises(ValueError, match="no group saved a run"):
+        merge_runs([tmp_path / "02.json"], tmp_path / "none.json")
+
+
+def test_junit_cases_read_outcomes_and_skip_reasons(tmp_path):
+    (tmp_path / "r.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase name="test_recipe[a-baseline]"/>'
+        '<testcase name="test_recipe[a-ddp]"><skipped message="needs 2 CUDA devices"/></testcase>'
+        '<testcase name="test_recipe[a-amp]"><failure message="budget: min_speedup"/></testcase>'
+        '</testsuite></testsuites>')
+    assert [(c.case, c.outcome, c.message) for c in junit_cases(tmp_path / "r.xml")] == [
+        ("a-baseline", "passed", ""), ("a-ddp", "skipped", "needs 2 CUDA devices"), ("a-amp", "failed",
+                                                                                      "budget: min_speedup")]
+
+
+# -- a bare GPU box, rehearsed ---------------------------------------------------------------------------
+
+BLOCKER = """import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    # asv and tomlkit are not on the GPU box
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("asv", "tomlkit"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_box(tmp_path_factory):
+    """A venv whose packages are this one's (torch and pytest, as the box's python3 holds them) but for asv and
+    tomlkit, with trainbench installed as on the box: no index, no dependencies, no build isolation."""
+    venv = tmp_path_factory.mktemp("box") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], check=True, capture_output=True, text=True).stdout.strip())
+    (site / "box_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\nimport box_absent\n")
+    (site / "box_absent.py").write_text(BLOCKER)
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                                "--quiet", "--no-index", "--no-deps", "--no-build-isolation", str(ROOT)],
+                               capture_output=True, text=True, env=dict(os.environ, PIP_NO_INPUT="1"))
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    python = str(venv / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import torch, trainbench; import tomlkit"], capture_output=True, text=True)
+    assert "No module named 'tomlkit'" in probe.stderr
+    return python
+
+
+def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_filled(bare_box, tmp_path):
+    out = tmp_path / "night"
+    budget = 150
+    done = subprocess.run([bare_box, "-m", "trainbench", "night", "--simulate-gpu", "NVIDIA H100 80GB HBM3",
+                           "--budget-s", str(budget), "--out", str(out), "--pytest-arg=-k",
+                           "--pytest-arg=resnet18-baseline or gpt-baseline or resnet18-ddp or ladder000-0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=budget + 60)
+    manifest = json.loads((out / "night.json").read_text())
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert manifest["finished"], done.stdout[-3000:]
+    assert steps["doctor"]["status"] == "ok" and json.loads((out / "doctor.json").read_text())
+    assert (out / "logs" / "smoke.log").exists() and (out / "summary.md").exists()
+    assert sum(s["seconds"] or 0 for s in manifest["steps"]) <= budget
+    assert done.stdout.splitlines()[-1].startswith("night: ")
