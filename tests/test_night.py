@@ -26,7 +26,7 @@ ROOT = Path(__file__).parents[1]
 
 
 def _group_run(cases: list[str], incomplete: bool = False) -> dict:
-    run = {"machine_info": {"trainbench": {"kind": "cpu", "name": "CPU"}}, "commit_info": {},
+    run = {"machine_info": {"trainbench": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3"}}, "commit_info": {},
            "benchmarks": [{"name": f"test_recipe[{c}]", "fullname": f"benchmarks/test_recipes.py::test_recipe[{c}]",
                            "stats": {}, "extra_info": {"case": c}} for c in cases]}
     if incomplete:
@@ -76,15 +76,17 @@ def _night(tmp_path, virtual: VirtualNight, budget_s: float = 600.0, simulate: s
 
 def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
     virtual = VirtualNight()
-    status, manifest, lines = _night(tmp_path, virtual)
+    status, manifest, lines = _night(tmp_path, virtual, simulate=None)
     groups = [f"cases-{i:02d}-{g.name}" for i, g in enumerate(CASE_GROUPS, 1)]
     assert virtual.started == ["doctor", "smoke", *groups, "calibrate", "report", "plan"]
+    assert "plan --simulate-gpu NVIDIA H100 80GB HBM3" in (tmp_path / "night" / "logs" / "plan.log").read_text()
     assert [s["name"] for s in manifest["steps"]] == ["doctor", "smoke", *groups, "run", "calibrate", "report",
                                                      "plan", "summary"]
     assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
     first = (tmp_path / "night" / "logs" / f"{groups[0]}.log").read_text()
     assert first.index("resnet18-baseline") < first.index("resnet18-amp_fp16") < first.index("resnet18-cudnn_benchmark")
-    assert "--trainbench-simulate-gpu h100-sxm" in first
+    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first
+    assert "--trainbench-slow" in (tmp_path / "night" / "logs" / f"{groups[3]}.log").read_text()
     # every suite case is in exactly one group
     every = [a for g in groups for a in (tmp_path / "night" / "logs" / f"{g}.log").read_text().split() if "::" in a]
     assert len(every) == len(set(every)) == 75
@@ -97,7 +99,7 @@ def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
 def test_the_budget_stops_measuring_early_enough_to_merge_and_summarize(tmp_path):
     budget = 300.0
     virtual = VirtualNight({"cases-01-resnet18": 100.0, "cases-02-gpt": 400.0})
-    status, manifest, lines = _night(tmp_path, virtual, budget)
+    status, manifest, lines = _night(tmp_path, virtual, budget, simulate=None)
     steps = {s["name"]: s for s in manifest["steps"]}
     assert steps["cases-01-resnet18"]["status"] == "ok"
     assert steps["cases-02-gpt"]["status"] == "stopped"  # past the measuring deadline
@@ -112,12 +114,24 @@ def test_the_budget_stops_measuring_early_enough_to_merge_and_summarize(tmp_path
 
 def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
     virtual = VirtualNight(interrupt_at="cases-03-vit")
-    status, manifest, lines = _night(tmp_path, virtual)
+    status, manifest, lines = _night(tmp_path, virtual, simulate=None)
     assert manifest["interrupted"] and manifest["finished"] and status == 1
     run = json.loads((tmp_path / "night" / "run.json").read_text())
     cases = [b["extra_info"]["case"] for b in run["benchmarks"]]
     assert cases[0] == "resnet18-baseline" and cases[-1] == "gpt-optimizer_fused"
     assert (tmp_path / "night" / "summary.md").exists()
+
+
+def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothing(tmp_path):
+    virtual = VirtualNight()
+    status, manifest, lines = _night(tmp_path, virtual, simulate="NVIDIA L40S")
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["run"]["status"] == "skipped" and "nothing is measured" in steps["run"]["note"]
+    assert "calibrate" not in steps and steps["plan"]["status"] == "ok"
+    for log in ("smoke", "cases-01-resnet18", "cases-05-rest"):
+        assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
+    assert "doctor --simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
+    assert "(simulated: nothing measured)" in (tmp_path / "night" / "summary.md").read_text()
 
 
 def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):

@@ -254,6 +254,13 @@ class NightRun:
         self.say(f"night: {name}: {step.status}" + (f": {step.note}" if step.note else ""))
         return step
 
+    def skip_step(self, name: str, why: str, note: str) -> StepRecord:
+        step = StepRecord(name, why, status="skipped", note=note)
+        self.night.steps.append(step)
+        self.night.save()
+        self.say(f"night: {name}: skipped: {note}")
+        return step
+
     def python(self, *args: str) -> list[str]:
         return [self.night.python, *args]
 
@@ -306,8 +313,12 @@ class NightRun:
 
     def _finish(self) -> None:
         run_path = self.out / "run.json"
-        merge = self.in_process("run", "the groups' runs merged into one pytest-benchmark run",
-                                lambda: merge_runs(sorted((self.out / "groups").glob("[0-9][0-9]-*.json")), run_path))
+        why = "the groups' runs merged into one pytest-benchmark run"
+        if self.night.simulate_gpu:
+            merge = self.skip_step("run", why, "nothing is measured on a simulated GPU")
+        else:
+            merge = self.in_process("run", why, lambda: merge_runs(
+                sorted((self.out / "groups").glob("[0-9][0-9]-*.json")), run_path))
         if merge.status == "ok" and run_path.exists():
             self.run_step("calibrate", "this GPU's budgets section calibrated from the run (a diff, not written)",
                           self.trainbench("calibrate", str(run_path), "--budgets",
@@ -320,13 +331,9 @@ class NightRun:
                           self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")),
                           self.end)
         else:
-            self.in_process("plan", "the simulated plan of this GPU", lambda: _raise("no GPU named by the run"))
+            self.skip_step("plan", "the simulated plan of this GPU", "no run names a GPU to plan for")
         self.in_process("summary", "summary.md: the run beside the plan",
                         lambda: write_summary(self.night, self.out))
-
-
-def _raise(message: str):
-    raise ValueError(message)
 
 
 def _tail(path: Path, lines: int) -> list[str]:
