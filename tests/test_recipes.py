@@ -128,8 +128,14 @@ def test_config_rejects_values_out_of_range_naming_the_knob(knobs, message):
 def test_a_rank_config_is_the_global_batch_in_one_process():
     ddp = TrainConfig(parallel="ddp", world_size=2, dist_backend="gloo", batch_multiplier=2)
     assert ddp.rank_processes and not TrainConfig(parallel="dp", replicas=2).rank_processes
-    assert ddp.one_process_equivalent() == TrainConfig(batch_multiplier=4)
+    # each rank's share a micro-batch of its own: DDP averages the ranks' gradients, each over its own samples
+    assert ddp.one_process_equivalent() == TrainConfig(batch_multiplier=4, accumulation_steps=2)
     assert TrainConfig().one_process_equivalent() == TrainConfig()
+    # a one-process baseline judged against two ranks is split as they split it; DataParallel's replicas likewise
+    assert TrainConfig(batch_multiplier=2).one_process_equivalent(2) == TrainConfig(batch_multiplier=2,
+                                                                                    accumulation_steps=2)
+    dp = TrainConfig(parallel="dp", replicas=2, batch_multiplier=2)
+    assert dp.one_process_equivalent() == TrainConfig(batch_multiplier=2, accumulation_steps=2)
 
 
 def test_a_recipe_changes_only_known_knobs_and_picks_values_by_profile():

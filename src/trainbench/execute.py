@@ -333,8 +333,10 @@ class Executor:
             losses = guards.loss_trajectory(config, spec, self.backend)
             verdicts.append(guards.compare_trajectories(losses, self._trajectories[key], recipe.loss_rtol))
         if recipe.grad_rtol is not None:
-            # A baseline trained by rank processes (fsdp_gloo's ddp_gloo) has the gradients of its one-process equal.
-            base_grads = guards.first_step_gradients(base_config.one_process_equivalent(), spec, self.backend)
+            # The baseline in one process, its batch split into the case's shards as its ranks split it (BatchNorm
+            # normalizes each rank's samples alone): what DDP's averaged gradients equal.
+            base_grads = guards.first_step_gradients(base_config.one_process_equivalent(config.shards), spec,
+                                                     self.backend)
             if config.rank_processes:  # recorded by rank 0 while the case was measured
                 grads = self._ddp_grads
             else:
