@@ -127,14 +127,32 @@ def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu,
     from trainbench.recipes import TrainConfig
     from trainbench.spec import classification_loss
 
-    tiny = dataclasses.replace(mlp, name="tiny_loss_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * 1e-4)
+    tiny = dataclasses.replace(mlp, name="tiny_loss_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * 1e-6)
     fp32 = first_step_gradients(TrainConfig(), tiny, cpu)
     scaled = first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), tiny, cpu)
     unscaled = first_step_gradients(TrainConfig(amp="fp16"), tiny, cpu)
-    rtol = get_recipe("amp_fp16_no_scaler").grad_rtol
-    assert compare_gradients(scaled, fp32, rtol).ok
-    verdict = compare_gradients(unscaled, fp32, rtol)
+    recipe = get_recipe("amp_fp16_no_scaler")
+    assert compare_gradients(scaled, fp32, recipe.grad_rtol, recipe.grad_measure).ok
+    verdict = compare_gradients(unscaled, fp32, recipe.grad_rtol, recipe.grad_measure)
     assert not verdict.ok, verdict.message
+
+
+def test_reduced_precision_is_judged_on_the_steps_direction_not_each_parameters_error():
+    """fp16 leaves a BatchNorm bias's small, cancelling gradient far off while the step keeps its way; the
+    direction measure passes that and fails a step that turned."""
+    from trainbench.guards import compare_gradients
+
+    recipe = get_recipe("amp_fp16")
+    assert recipe.grad_measure == "direction"
+    base = {"conv.weight": torch.linspace(-1.0, 1.0, 1000), "bn.bias": torch.full((4,), 1e-3)}
+    fp16 = {"conv.weight": base["conv.weight"] * 1.001, "bn.bias": base["bn.bias"] * 1.2}  # 20% off, a tiny tensor
+    assert not compare_gradients(fp16, base, recipe.grad_rtol, "parameter").ok
+    assert compare_gradients(fp16, base, recipe.grad_rtol, recipe.grad_measure).ok
+    turned = {"conv.weight": base["conv.weight"].flip(0).roll(100), "bn.bias": base["bn.bias"]}
+    verdict = compare_gradients(turned, base, recipe.grad_rtol, recipe.grad_measure)
+    assert not verdict.ok and "1 - cosine" in verdict.message
+    nan = {**fp16, "bn.bias": torch.full((4,), float("nan"))}
+    assert not compare_gradients(nan, base, recipe.grad_rtol, recipe.grad_measure).ok
 
 
 def test_a_nan_loss_or_gradient_fails_the_guard():
@@ -180,7 +198,8 @@ def test_the_gradient_guard_compares_the_step_the_grad_scaler_takes_not_one_it_s
     _Fp16Gradient.seen.clear()
     scaled = first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), overflowing, cpu)
     assert _Fp16Gradient.seen == [2.0**18, 2.0**17, 2.0**16, 2.0**15]
-    verdict = compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol)
+    recipe = get_recipe("amp_fp16")
+    verdict = compare_gradients(scaled, fp32, recipe.grad_rtol, recipe.grad_measure)
     assert verdict.ok, verdict.message
 
 
@@ -196,5 +215,5 @@ def test_a_step_the_grad_scaler_would_skip_forever_fails_the_gradient_guard(cpu,
         mlp, name="inf_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * torch.tensor(float("inf")))
     fp32 = guards.first_step_gradients(TrainConfig(), mlp, cpu)
     scaled = guards.first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), always_inf, cpu)
-    verdict = guards.compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol)
+    verdict = guards.compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol, get_recipe("amp_fp16").grad_measure)
     assert not verdict.ok and verdict.max_rel_diff == float("inf")

@@ -341,7 +341,7 @@ class Executor:
                 grads = self._ddp_grads
             else:
                 grads = guards.first_step_gradients(config, spec, self.backend)
-            verdict = guards.compare_gradients(grads, base_grads, recipe.grad_rtol)
+            verdict = guards.compare_gradients(grads, base_grads, recipe.grad_rtol, recipe.grad_measure)
             verdicts.append(guards.with_likely_cause(verdict, config, spec))
         return verdicts
 

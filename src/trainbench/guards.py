@@ -127,14 +127,18 @@ def with_likely_cause(verdict: GuardVerdict, config: TrainConfig, spec: Training
     return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {'; '.join(causes)}")
 
 
-def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:
-    """Worst relative error ||g - g_base|| / ||g_base|| over parameters; a missing gradient fails."""
+def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float,
+                      measure: str = "parameter") -> GuardVerdict:
+    """``measure`` (``recipes.GRADIENT_MEASURES``) of ``grads`` against ``baseline`` within ``rtol``: the worst
+    parameter's relative error ||g - g_base|| / ||g_base||, or the step's direction; a missing gradient fails."""
     missing = sorted(set(baseline) - set(grads))
     extra = sorted(set(grads) - set(baseline))
     if missing or extra:
         what = "; ".join(x for x in (f"no gradient for {', '.join(missing[:3])}" if missing else "",
                                      f"unexpected gradient for {', '.join(extra[:3])}" if extra else "") if x)
         return GuardVerdict(False, "gradients", float("inf"), f"gradients vs baseline: {what}")
+    if measure == "direction":
+        return _compare_directions(grads, baseline, rtol)
     worst, worst_name = 0.0, ""
     for name, base in baseline.items():
         err = float(torch.linalg.vector_norm(grads[name] - base) / torch.linalg.vector_norm(base).clamp_min(1e-30))
@@ -145,3 +149,19 @@ def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.
     message = (f"first-step gradients vs baseline over {len(baseline)} parameters: worst relative error {worst:.3g} "
                f"({worst_name or 'all equal'}), tolerance {rtol:g}")
     return GuardVerdict(worst <= rtol, "gradients", worst, message)
+
+
+def _compare_directions(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:
+    """1 - cos(g, g_base) over every gradient as one vector: how far the step turns (gradients that all underflowed
+    to zero turn it by 1)."""
+    g = torch.cat([grads[name].flatten().double() for name in baseline])
+    base = torch.cat([b.flatten().double() for b in baseline.values()])
+    norms = float(torch.linalg.vector_norm(g) * torch.linalg.vector_norm(base))
+    if not (math.isfinite(norms) and bool(g.isfinite().all())):
+        turned = math.inf  # an inf or NaN gradient (fp16 overflow, a broken kernel) fails
+    else:
+        turned = 1.0 - (float(g @ base) / norms if norms > 0 else 0.0)
+    message = (f"first-step gradients vs baseline over {len(baseline)} parameters as one vector: 1 - cosine {turned:.3g} "
+               f"(norm ratio {float(torch.linalg.vector_norm(g)) / max(float(torch.linalg.vector_norm(base)), 1e-30):.3g}), "
+               f"tolerance {rtol:g}")
+    return GuardVerdict(turned <= rtol, "gradients", turned, message)
