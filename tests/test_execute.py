@@ -241,3 +241,49 @@ def test_an_error_outside_a_recomputed_block_or_without_a_cache_gains_no_note(re
     with pytest.raises(RuntimeError) as raised:
         Runner(cpu, profile, quick).run(recipe, spec)
     assert not hasattr(raised.value, "__notes__")
+
+
+class _CachingBackend(CpuBackend):
+    """A CPU backend that says it caches freed blocks, logging releases, peak resets and reads in order."""
+
+    caching_allocator = True
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.log = []
+
+    def release_memory(self):
+        self.log.append("release")
+        super().release_memory()
+
+    def reset_peak_memory(self):
+        self.log.append("reset peaks")
+
+    def peak_memory(self):
+        self.log.append("read peaks")
+        return PeakMemory()
+
+
+def test_each_setup_is_built_and_its_peaks_measured_after_what_earlier_cases_cached_is_released(profile, quick):
+    backend = _CachingBackend()
+    mlp = resolve_spec("mlp", profile)
+
+    def logged_model():
+        backend.log.append("build")
+        return mlp.model()
+
+    spec = dataclasses.replace(mlp, name="logged_mlp", model=logged_model)
+    runner = Runner(backend, profile, quick, predict=False)
+    for recipe in ("baseline", "set_to_none"):  # the second case's setup built after the first's
+        backend.log.append(f"case {recipe}")
+        runner.run(recipe, spec)
+    log = backend.log
+    builds = [i for i, entry in enumerate(log) if entry == "build"]
+    measured = [i for i in builds if "read peaks" in log[i:]]
+    assert measured and all(log[i - 1] == "release" for i in measured), log
+    # before each read of the peaks: a release, then the reset, with no setup built in between
+    for i, entry in enumerate(log):
+        if entry == "read peaks":
+            before = log[:i]
+            reset = len(before) - 1 - before[::-1].index("reset peaks")
+            assert before[reset - 1] == "release" and "build" not in before[reset:], log

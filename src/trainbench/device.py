@@ -257,6 +257,15 @@ class Backend:
         gc.collect()
         self.empty_cache()
 
+    caching_allocator = False  # freed blocks stay reserved for the next allocation (CUDA's caching allocator)
+
+    def release_cache(self) -> None:
+        """Before a setup is built: what earlier setups left cached returned to the device, so the new one's
+        allocator figures (reserved peak, reserved between steps) do not depend on which cases ran before. Nothing
+        to return without a caching allocator (the CPU: no collection either)."""
+        if self.caching_allocator:
+            self.release_memory()
+
     def capability(self) -> tuple[int, int] | None:
         return None
 
@@ -328,6 +337,7 @@ class CudaBackend(Backend):
     counts_kernels = True
     default_dist_backend = "nccl"
     profiler_sort_key = "self_device_time_total"
+    caching_allocator = True
 
     def __init__(self, device: torch.device):
         if device.index is None:

@@ -210,6 +210,7 @@ class Executor:
     def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> None:
         """The case and its baseline, the way the plan says (``plan`` lists the ways and why each)."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
+        self.backend.release_cache()  # what earlier cases left cached is not this case's to reserve
         if plan.measuring == FRESH_PROCESSES:
             self._measure_fresh(plan, outcome)
         elif plan.measuring == PAIRED:
@@ -289,6 +290,7 @@ class Executor:
             if grads is not None:
                 self._ddp_grads = grads
             return result
+        self.backend.release_cache()  # the setup measured before this one (a baseline after its case) is gone
         with TrainingSetup(config, spec, self.backend, fault) as training:
             m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
             return m.run(_rounds_checking_loss(training))
