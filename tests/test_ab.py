@@ -269,3 +269,33 @@ def test_an_ab_case_must_fit_the_device_twice_both_sides_holding_it(profile, qui
     assert runner.planner.plan("set_to_none", "mlp").skipped is None  # a plain run of the same case fits
     _, roomy = planned_on(2 * GiB)
     assert roomy.skipped is None and roomy.case.case == "mlp-set_to_none"
+
+
+class _NoCpuClockSide(ScriptedSide):
+    """A CUDA side: its rounds have no CPU time (no CPU clock there)."""
+
+    def call(self, command: str, **arguments) -> dict:
+        answer = super().call(command, **arguments)
+        return {**answer, "cpu_time_s": None} if command == "round" else answer
+
+
+def test_a_threshold_on_a_metric_neither_side_measures_is_said_once_not_failed():
+    from trainbench.gate import verdict_markdown
+
+    base, head = _NoCpuClockSide("base", [0.1] * 8), _NoCpuClockSide("head", [0.1] * 8)
+    outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 0.05, "cpu_time_ms": 0.05})
+    assert set(_by_metric(outcome)) >= {"step_time_ms"} and "cpu_time_ms" not in _by_metric(outcome)
+    assert outcome.not_measured == ("cpu_time_ms",)
+    hello = {label: {"python": "scripted", "trainbench": "x", "identity": {}} for label in ("base", "head")}
+    judged = verdict([outcome, outcome], hello, gated=True)
+    assert not judged.failed and judged.not_measured == ("cpu_time_ms",)
+    assert verdict_markdown(judged.to_json()).count("not measured here") == 1
+
+
+def test_a_metric_one_side_measured_is_still_missing_and_fails():
+    base, head = ScriptedSide("base", [0.1] * 8), _NoCpuClockSide("head", [0.1] * 8)
+
+    outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 0.05, "cpu_time_ms": 0.05})
+    compared = _by_metric(outcome)
+    hello = {label: {"python": "scripted", "trainbench": "x", "identity": {}} for label in ("base", "head")}
+    assert compared["cpu_time_ms"].verdict == "missing" and verdict([outcome], hello, gated=True).failed

@@ -185,6 +185,7 @@ class ABOutcome:
     pairs: list[tuple[float, float]]  # (base, head) step seconds of each ABBA pair
     comparisons: list[MetricComparison]
     guard: object = None  # trainbench.guards.GuardVerdict: both sides' losses over the seeded steps
+    not_measured: tuple[str, ...] = ()  # timed metrics the thresholds name that neither side measured (this device)
 
 
 def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None
@@ -250,8 +251,11 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         from .guards import compare_trajectories
 
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
+    # As the saved-run gate (compare.compare_case): a metric neither side measured (CPU time on CUDA) is not
+    # measured here, said once in the verdict; one measured on one side only stays "missing".
+    measured = {m: t for m, t in paired.items() if any(r.metrics().get(m) is not None for r in results.values())}
     comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], limit, alpha)
-                   for metric, limit in paired.items()]
+                   for metric, limit in measured.items()]
     as_values = {m: thresholds.get(m, 0.0) for m, spec in METRICS.items()
                  if spec.deterministic or (m in thresholds and m not in paired)}
     comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
@@ -263,7 +267,8 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     comparisons = [c.explained(tables["base"], tables["head"], paired=profiled is not None, rounds_s=rounds_s)
                    for c in comparisons]
     times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
-    return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard)
+    return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard,
+                     tuple(m for m in paired if m not in measured))
 
 
 def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[dict]:
@@ -382,6 +387,7 @@ def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inco
         sides={label: {"python": h["python"], "trainbench": h["trainbench"], "identity": h["identity"]}
                for label, h in identities.items()},
         pairs={o.case: o.pairs for o in outcomes},
+        not_measured=tuple(dict.fromkeys(m for o in outcomes for m in o.not_measured)),
         # Both sides' losses over the seeded steps, per case: an upgrade that moved the numerics
         numerics={o.case: {"ok": o.guard.ok, "max_rel_diff": o.guard.max_rel_diff, "message": o.guard.message}
                   for o in outcomes if o.guard is not None},

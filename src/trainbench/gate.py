@@ -136,6 +136,7 @@ class Verdict:
     sides: dict | None = None
     pairs: dict | None = None
     numerics: dict | None = None
+    not_measured: tuple[str, ...] = ()  # metrics the thresholds name that neither side measured on this device
 
     @property
     def counts(self) -> dict[str, int]:
@@ -173,6 +174,7 @@ class Verdict:
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
                 "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
+                "not_measured": list(self.not_measured),
                 "environment_differs": list(self.environment)}
 
 
@@ -195,6 +197,11 @@ def environment_line(differences) -> str:
     """The line that says which software differs between the compared runs (the verdict JSON lists them all)."""
     return ("environment differs from the baseline: " + listed(differences, ENVIRONMENT_LISTED, "; ")
             + " (a change may come from these rather than the code)")
+
+
+def not_measured_line(metrics) -> str:
+    """The one line for thresholds on metrics neither side measured (this device cannot): not compared, not failed."""
+    return f"not measured here (neither side), not compared: {', '.join(metrics)}"
 
 
 ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the header names ENVIRONMENT_LISTED, the JSON all)
@@ -228,6 +235,8 @@ def verdict_markdown(verdict: dict, heading: str | None = None) -> str:
     lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
     if verdict.get("environment_differs"):
         lines.append("- " + environment_line(verdict["environment_differs"]))
+    if verdict.get("not_measured"):
+        lines.append(f"- {not_measured_line(verdict['not_measured'])}")
     not_run = verdict.get("not_run") or []
     if not_run:
         lines.append(f"- not compared: {len(not_run)} case(s) of the baseline this run did not run: "

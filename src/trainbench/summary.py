@@ -59,6 +59,10 @@ def write_ab(terminalreporter, state) -> None:
         terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
                                     + (f", {extras}" if extras else "") + f", {ident.get('name')}")
     _write_verdict_table(terminalreporter, verdict)
+    if verdict.not_measured:
+        from .gate import not_measured_line
+
+        terminalreporter.write_line(not_measured_line(verdict.not_measured), yellow=True)
     for outcome in state.ab.outcomes:
         if outcome.guard is not None and not outcome.guard.ok:
             terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
