@@ -251,15 +251,7 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
         from .guards import compare_trajectories
 
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
-    # As the saved-run gate (compare.compare_case): a metric neither side measured (CPU time on CUDA) is not
-    # measured here, said once in the verdict; one measured on one side only stays "missing".
-    measured = {m: t for m, t in paired.items() if any(r.metrics().get(m) is not None for r in results.values())}
-    comparisons = [paired_comparison(case.case, metric, results["base"], results["head"], limit, alpha)
-                   for metric, limit in measured.items()]
-    as_values = {m: thresholds.get(m, 0.0) for m, spec in METRICS.items()
-                 if spec.deterministic or (m in thresholds and m not in paired)}
-    comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
-                                CaseRecord.read(case_record(results["base"]), "base"), as_values, alpha)
+    comparisons, not_measured = _compare_sides(case.case, results, paired, thresholds, alpha)
     # Where each change comes from: both sides' whole tables (a record keeps only their top rows), timed ones from
     # the steps profiled pair by pair.
     tables = {label: _attribution(results[label], profiled and profiled[label]) for label in ("base", "head")}
@@ -267,8 +259,23 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     comparisons = [c.explained(tables["base"], tables["head"], paired=profiled is not None, rounds_s=rounds_s)
                    for c in comparisons]
     times = [(r["base"]["step_time_s"], r["head"]["step_time_s"]) for r in rounds]
-    return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard,
-                     tuple(m for m in paired if m not in measured))
+    return ABOutcome(case.case, results["base"], results["head"], times, comparisons, guard, not_measured)
+
+
+def _compare_sides(case: str, results: dict[str, Result], paired: dict[str, float], thresholds: dict[str, float],
+                   alpha: float) -> tuple[list[MetricComparison], tuple[str, ...]]:
+    """The pair-by-pair comparisons, then the values; and the paired metrics neither side measured.
+
+    As the saved-run gate (compare.compare_case): a metric neither side measured (CPU time on CUDA) is not
+    measured here, said once in the verdict; one measured on one side only stays "missing"."""
+    measured = {m: t for m, t in paired.items() if any(r.metrics().get(m) is not None for r in results.values())}
+    comparisons = [paired_comparison(case, metric, results["base"], results["head"], limit, alpha)
+                   for metric, limit in measured.items()]
+    as_values = {m: thresholds.get(m, 0.0) for m, spec in METRICS.items()
+                 if spec.deterministic or (m in thresholds and m not in paired)}
+    comparisons += compare_case(CaseRecord.read(case_record(results["head"]), "head"),
+                                CaseRecord.read(case_record(results["base"]), "base"), as_values, alpha)
+    return comparisons, tuple(m for m in paired if m not in measured)
 
 
 def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[dict]:
