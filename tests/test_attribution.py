@@ -336,3 +336,77 @@ def test_a_wider_layer_is_named_under_the_parameter_memory_it_adds(run_spec):
     # fc1: 64 more outputs of 32 inputs and their biases; fc2: 64 more inputs for each of its 4 outputs
     assert params.explanation[:2] == (f"parameters by module: GeluNet.fc1 +{64 * 33 * 4 / 2**20:.3g} MiB, 89% of the change",
                                       f"parameters by module: GeluNet.fc2 +{64 * 4 * 4 / 2**20:.3g} MiB, 11% of the change")
+
+
+def _frames(*where):
+    return [{"filename": f, "line": n, "name": fn} for f, n, fn in where]
+
+
+def test_the_users_line_is_found_by_where_files_resolve_not_by_words_in_their_path():
+    import sysconfig
+    from pathlib import Path
+
+    import trainbench
+    from trainbench.attribution import allocation_site, is_framework_file
+
+    ours = str(Path(trainbench.__file__).parent / "training.py")
+    library = str(Path(sysconfig.get_paths()["purelib"]) / "timm" / "layers" / "mlp.py")
+    stdlib = str(Path(sysconfig.get_paths()["stdlib"]) / "contextlib.py")
+    user = "/home/me/trainbench/models/model.py"  # a checkout named after the tool is still the user's code
+    assert not any(is_framework_file(f) for f in (user, "/home/me/trainbench-models/model.py", "/srv/torch/train.py"))
+    assert all(is_framework_file(f) for f in (ours, library, stdlib, "<frozen runpy>",
+                                              "/other/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"))
+    frames = _frames((library, 10, "forward"), (ours, 700, "step"), (stdlib, 80, "inner"), (user, 21, "forward"))
+    assert allocation_site(frames) == "model.py:21 (forward)"
+    assert allocation_site(_frames((library, 10, "forward"), (stdlib, 80, "inner"))) == "mlp.py:10 (forward)"
+
+
+def test_backward_allocations_without_python_frames_are_named_by_their_autograd_node():
+    from trainbench.attribution import BACKWARD, NO_STACK, allocation_site, allocator_sites
+
+    so = "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"
+    # As a snapshot with C++ stacks gives an allocation on autograd's device thread: innermost first, no Python frame.
+    mm_backward = _frames(("??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)"),
+                          (so, 0, "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+                          (so, 0, "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"),
+                          (so, 0, "torch::autograd::Engine::evaluate_function(...)"),
+                          (so, 0, "torch::autograd::Engine::thread_main(...)"))
+    accumulate = _frames(("??", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)"),
+                         (so, 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)"),
+                         (so, 0, "torch::autograd::Engine::thread_main(...)"))
+    assert allocation_site(mm_backward) == f"{BACKWARD}: MmBackward0"
+    assert allocation_site(accumulate) == BACKWARD
+    assert allocation_site([]) == NO_STACK
+    # a user's custom Function's backward is the user's line, though autograd's engine is below it
+    custom = _frames(("/project/ops.py", 30, "backward"), (so, 0, "torch::autograd::PyNode::apply(...)"),
+                     (so, 0, "torch::autograd::Engine::thread_main(...)"))
+    assert allocation_site(custom) == "ops.py:30 (backward)"
+    trace = [{"action": "alloc", "addr": 1, "size": 64, "frames": mm_backward},
+             {"action": "alloc", "addr": 2, "size": 32, "frames": accumulate}]
+    assert allocator_sites(trace) == {f"{BACKWARD}: MmBackward0": 64, BACKWARD: 32}
+
+
+def test_a_real_backward_stack_names_its_autograd_node():
+    # The frames torch's own unwinder and symbolizer give inside a backward op (CPU: the caller's Python frames below).
+    from torch._C._profiler import gather_traceback, symbolize_tracebacks
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainbench.attribution import BACKWARD, allocation_site
+
+    stacks = []
+
+    class Catch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mm.default and torch._C._current_graph_task_id() != -1 and not stacks:
+                stacks.append(gather_traceback(python=True, script=False, cpp=True))
+            return func(*args, **(kwargs or {}))
+
+    layer = torch.nn.Linear(4, 4)
+    try:
+        with Catch():
+            layer(torch.randn(2, 4)).sum().backward()
+        (frames,) = symbolize_tracebacks(stacks)
+    except RuntimeError as e:  # no C++ unwinder on this platform
+        pytest.skip(f"C++ stacks unavailable: {e}")
+    catcher = [f for f in frames if f["name"] != "__torch_dispatch__"]  # this test's frame: what an allocator lacks
+    assert allocation_site(catcher) == f"{BACKWARD}: AddmmBackward0"

@@ -12,7 +12,8 @@ Recorded per case after its timed rounds, never inside them (``Measurer``'s pass
 - ``memory``: tensor bytes by the site that allocated them (a module's forward or backward, the optimizer
   step), at the tracked peak and kept alive per step (a leak), and the parameters' bytes by the module that
   owns them (``param_bytes``); on CUDA also the caching allocator's bytes at
-  the step's peak by the line of code that asked for them (``allocator_peak_bytes``, from its history).
+  the step's peak by the line of code that asked for them, or in backward the autograd node
+  (``allocator_peak_bytes``, from its history).
 
 A saved run keeps the top ``TOP`` rows of each table and the rest summed into ``OTHER`` (``compact``), so a
 case's tables stay a few kilobytes; ``Result.attribution`` keeps them whole (a side file's).
@@ -20,8 +21,12 @@ case's tables stay a few kilobytes; ``Result.attribution`` keeps them whole (a s
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 TOP = 15  # rows each table keeps in a saved run
 OTHER = "(other)"  # the rows beyond TOP, summed
@@ -210,23 +215,28 @@ def compact(tables: dict, n: int = TOP) -> dict:
     return out
 
 
-# Frames of these files are the framework, not the user's code: an allocation's site is the first frame outside them.
-_FRAMEWORK = ("/torch/", "/trainbench/", "/site-packages/", "<frozen", "/lib/python")
+# Sites of allocations no user line asked for. Autograd's engine runs backward on a thread of its own (one per
+# device) with no Python frames: its allocations are named by the autograd node whose C++ frame made them.
+BACKWARD = "backward (autograd)"
+NO_STACK = "(no stack)"
+# ``torch::autograd::generated::MmBackward0::apply(...)``: the node autograd recorded for a forward op.
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply\b")
+_AUTOGRAD_ENGINE = "torch::autograd::Engine::"
+_LIBRARY_FOLDERS = ("site-packages", "dist-packages")
 
 
 def allocator_sites(trace: list[dict]) -> dict[str, int]:
     """Bytes live at the allocator's peak by call site, replaying one device's allocator history (the
     ``device_traces`` entries of an allocator snapshot, ``Backend.allocator_history``: ``alloc`` and ``free_completed`` with their
-    address, size and Python frames). A site is the first frame outside PyTorch and trainbench (the user's line),
-    ``file:line (function)``; blocks allocated before the history started are not in it. The whole table
-    (``compact`` keeps its top rows)."""
+    address, size and frames, Python and C++). A site is ``allocation_site``'s; blocks allocated before the history
+    started are not in it. The whole table (``compact`` keeps its top rows)."""
     live: dict[int, tuple[int, str]] = {}
     by_site: Counter = Counter()
     peak, at_peak = 0, {}
     for entry in trace:
         action = entry.get("action")
         if action == "alloc":
-            site = _site(entry.get("frames") or [])
+            site = allocation_site(entry.get("frames") or [])
             live[entry["addr"]] = (entry["size"], site)
             by_site[site] += entry["size"]
             total = sum(by_site.values())
@@ -238,9 +248,65 @@ def allocator_sites(trace: list[dict]) -> dict[str, int]:
     return at_peak
 
 
-def _site(frames: list[dict]) -> str:
-    frame = next((f for f in frames if not any(part in str(f.get("filename", "")) for part in _FRAMEWORK)),
-                 frames[0] if frames else None)
-    if frame is None:
-        return "(no stack)"
+def allocation_site(frames: list[dict]) -> str:
+    """Where an allocation comes from, its frames innermost first: the first Python frame of the user's code
+    (``file:line (function)``), else the autograd node running it in backward (``backward (autograd): MmBackward0``),
+    else the innermost Python frame (the library's line), else ``BACKWARD`` when autograd's engine is on the C++
+    stack, else ``NO_STACK``."""
+    innermost_python = None
+    for frame in frames:
+        filename, name = str(frame.get("filename", "")), str(frame.get("name", ""))
+        if _is_python_frame(filename):
+            if not is_framework_file(filename):
+                return _frame_site(frame)
+            innermost_python = innermost_python or frame
+            continue
+        node = _AUTOGRAD_NODE.search(name)
+        if node:
+            return f"{BACKWARD}: {node.group(1)}"
+    if innermost_python is not None:
+        return _frame_site(innermost_python)
+    if any(_AUTOGRAD_ENGINE in str(frame.get("name", "")) for frame in frames):
+        return BACKWARD
+    return NO_STACK
+
+
+def _frame_site(frame: dict) -> str:
     return f"{str(frame.get('filename', '?')).rsplit('/', 1)[-1]}:{frame.get('line', '?')} ({frame.get('name', '?')})"
+
+
+def _is_python_frame(filename: str) -> bool:
+    # C++ frames name a source (.cpp, .h), a library (.so) or nothing ("??")
+    return filename.endswith(".py") or filename.startswith("<")
+
+
+def is_framework_file(filename: str) -> bool:
+    """Whether a Python frame's file is trainbench's, PyTorch's, the standard library's or an installed package's
+    (not the user's code), by where the file resolves: under one of ``_framework_roots()``, or in a
+    site-packages folder. A user's checkout whose path merely contains "trainbench" or "torch" is the user's."""
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>: no file of the user's
+        return True
+    resolved = _resolved(filename)
+    return (any(part in _LIBRARY_FOLDERS for part in resolved.parts)
+            or any(resolved.is_relative_to(root) for root in _framework_roots()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(filename: str) -> Path:
+    return Path(os.path.realpath(filename))
+
+
+@functools.lru_cache(maxsize=1)
+def _framework_roots() -> tuple[Path, ...]:
+    """trainbench's and PyTorch's installed package folders (also where they run from a checkout), and this
+    interpreter's standard library and package folders."""
+    import sysconfig
+
+    import torch
+
+    import trainbench
+
+    packages = (Path(trainbench.__file__).parent, Path(torch.__file__).parent)
+    paths = sysconfig.get_paths()
+    library = (paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key))
+    return tuple(dict.fromkeys(_resolved(str(path)) for path in (*packages, *library)))

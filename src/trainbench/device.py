@@ -181,7 +181,7 @@ class Backend:
         yield
 
     def allocator_history(self, run: Callable[[], None]) -> list[dict] | None:
-        """The caching allocator's history (alloc and free entries with Python frames) while ``run`` runs, or None
+        """The caching allocator's history (alloc and free entries with their Python and C++ frames) while ``run`` runs, or None
         on a device without one (the CPU)."""
         return None
 
@@ -427,8 +427,16 @@ class CudaBackend(Backend):
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
 
     def allocator_history(self, run: Callable[[], None]) -> list[dict] | None:
-        # Python frames only: C++ stacks cost far more to record, and the user's line is a Python one.
-        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python", device=self.device)
+        # C++ frames too: autograd's engine thread runs backward without Python frames, and only its C++ stack names
+        # the autograd node (MmBackward0) an allocation is for. Symbolized by dladdr (function names, no DWARF
+        # lookups: addr2line over libtorch_cuda would take minutes) unless the user chose a mode.
+        os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, context="alloc", stacks="all",
+                                                     device=self.device)
+        except RuntimeError:  # no C++ unwinder on this platform: Python frames only
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, context="alloc", stacks="python",
+                                                     device=self.device)
         try:
             run()
             self.synchronize()
