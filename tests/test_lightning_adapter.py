@@ -133,3 +133,24 @@ def test_the_root_forward_is_the_training_step_so_compile_and_checkpointing_wrap
         training.model.module.training_step = lambda batch, index: calls.append(index) or torch.ones((), requires_grad=True)
         training.step(training.fetch(training.batches()))
     assert calls == [0]  # through the root's forward
+
+
+class DeviceReader(Regressor):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        noise = torch.zeros(x.shape, device=self.device, dtype=self.dtype)  # as Lightning users write it
+        return F.mse_loss(self.net(x + noise), y)
+
+
+def test_moving_the_setups_model_moves_the_lightning_modules_own_device():
+    # The setup moves its model with module_to (nn.Module.to on the root): Lightning's device must follow it.
+    from trainbench.training import module_to
+
+    spec = from_lightning(DeviceReader, name="reader", batch_size=4,
+                          batches=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)))
+    meta = torch.device("meta")
+    root = module_to(spec.model(), meta)
+    assert root.module.device == meta and next(root.parameters()).device == meta
+    loss = spec.loss_fn(root, (torch.randn(4, 8, device=meta), torch.randn(4, 1, device=meta)))
+    assert loss.device == meta
+    assert module_to(root, torch.float64).module.dtype == torch.float64

@@ -73,6 +73,13 @@ class TrainingStepModule(torch.nn.Module):
         with _no_trainer_log_warning():
             return self.module.training_step(batch, 0)
 
+    def to(self, *args, **kwargs) -> TrainingStepModule:
+        # Through the LightningModule's own ``to`` (Lightning's DeviceDtypeModuleMixin): nn.Module.to on this root
+        # would move the tensors but leave ``self.device`` and ``self.dtype`` at cpu and float32, and a
+        # training_step making tensors with ``device=self.device`` would put them on the wrong device.
+        self.module.to(*args, **kwargs)
+        return super().to(*args, **kwargs)
+
 
 class _ContextOptimizer:
     """An optimizer as ``self.optimizers()`` gives it to a manual ``training_step``: ``step`` and ``zero_grad`` through
