@@ -148,15 +148,31 @@ def test_a_case_too_large_for_the_gpu_is_skipped_as_the_runner_skips_it_not_a_bl
     memory = checks["gpu0_memory"]
     assert memory.status == "ok"
     assert memory.message == ("NVIDIA H100 80GB HBM3 has 81,920 MiB; the largest case that will run "
-                              "(vit-larger_batch) needs 37,500 MiB")
+                              "(vit-larger_batch) needs 37,500 MiB with the memory gate's headroom")
     skipped = checks["gpu0_memory:gpt-larger_batch"]
     assert skipped.status == "info"
     assert skipped.message.startswith("gpt-larger_batch will be skipped (needs 193,750 MiB of 81,920): ")
 
 
+def test_a_healthy_h100_is_not_warned_about_the_largest_case_the_gate_lets_run():
+    # vit-larger_batch needs 72.4 GiB with the gate's headroom on a 79.1 GiB H100: it fits, as the gate says
+    from trainbench.fleet import H100_SXM
+
+    caps = DeviceCaps("cuda", H100_SXM.name, cuda=True, capability=H100_SXM.capability, gpu_count=1, bf16=True)
+    peaks = {**PREDICTED_PEAK, "vit": int(72.4 * GiB / 1.25)}
+    cases = doctor.heaviest_cases(caps, H100_SXM.memory_bytes,
+                                  lambda config, spec: {"breakdown_bytes": {"total": peaks[spec.name]}})
+    checks = check_device_memory(gpu(memory=H100_SXM.memory_bytes), cases)
+    assert [c.status for c in checks if c.status in ("warn", "FAIL")] == []
+    assert by_name(checks)["gpu0_memory"].status == "ok" and "(vit-larger_batch) needs 74,138 MiB" in \
+        by_name(checks)["gpu0_memory"].message
+
+
 def test_device_memory_lines_for_a_tight_fit_nothing_predicted_and_nothing_running():
     tight = [doctor.CaseMemory("vit-larger_batch", 15 * GiB)]
-    assert check_device_memory(gpu(memory=16 * GiB), tight)[0].status == "warn"
+    assert check_device_memory(gpu(memory=16 * GiB), tight)[0].status == "ok"  # the headroom is in the need already
+    over = check_device_memory(gpu(memory=16 * GiB), [doctor.CaseMemory("vit-larger_batch", 17 * GiB)])
+    assert over[0].status == "warn" and "run out of memory" in over[0].message  # a case no gate skipped
     unpredicted = check_device_memory(gpu(memory=16 * GiB), [doctor.CaseMemory("gpt-larger_batch", None)])
     assert unpredicted[0].status == "info" and "gpt-larger_batch needs is not predicted" in unpredicted[0].message
     none_run = check_device_memory(gpu(memory=16 * GiB), [doctor.CaseMemory("gpt-larger_batch", 40 * GiB, "too big")])
@@ -412,7 +428,7 @@ def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_
     assert recorded["compile_toolchain"] in ("ok", "warn")
     lines = capsys.readouterr().out.splitlines()
     assert "ok    gpu0_memory: NVIDIA H100 80GB HBM3 has 81,920 MiB; the largest case that will run " \
-           "(vit-larger_batch) needs 37,500 MiB" in lines
+           "(vit-larger_batch) needs 37,500 MiB with the memory gate's headroom" in lines
     assert any(line.startswith("info  gpu0_memory:gpt-larger_batch: gpt-larger_batch will be skipped (needs 193,750 MiB")
                for line in lines)
 
