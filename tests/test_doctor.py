@@ -225,6 +225,18 @@ def test_the_gpu_profile_outgrows_dockers_default_shared_memory():
     assert check_shm(64 * MiB, (case_id, batch_bytes, workers), "gpu").status == "FAIL"
 
 
+def test_shared_memory_is_sized_for_the_recipe_cases_and_only_warns_for_a_larger_ladder_rung():
+    recipes, rungs = doctor.largest_worker_batch("gpu"), doctor.largest_worker_batch("gpu", rungs=True)
+    assert "ladder" not in recipes[0] and "ladder" in rungs[0]
+    assert host.shm_needed_bytes(*recipes[1:]) < 2 * GiB < host.shm_needed_bytes(*rungs[1:])  # fp32 images, 8 workers
+    for free in (2 * GiB, 4 * GiB):  # a host with a few GiB runs every recipe case: the larger rungs would not
+        check = check_shm(free, recipes, "gpu", largest_rung=rungs)
+        assert check.status == "warn" and rungs[0] in check.message and "--shm-size=" in check.message
+    assert check_shm(64 * MiB, recipes, "gpu", largest_rung=rungs).status == "FAIL"
+    assert check_shm(16 * GiB, recipes, "gpu", largest_rung=rungs).status == "ok"
+    assert check_shm(GiB, None, "gpu", largest_rung=("x-ladder000-1_workers", MiB, 2)).status == "ok"
+
+
 # -- environment and host ----------------------------------------------------------------------------
 
 def test_timing_distortions_from_the_environment_and_process_state():

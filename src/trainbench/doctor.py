@@ -265,15 +265,16 @@ def _sample_nbytes(sample) -> int:
     return total
 
 
-@functools.lru_cache(maxsize=4)  # the datasets are seeded: the answer only changes with the suite
-def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] | None:
-    """The suite case whose DataLoader workers hold the most shared memory on ``profile_name``:
-    (case id, bytes of one loader batch, worker processes over all ranks), None when no case uses workers.
+@functools.lru_cache(maxsize=8)  # the datasets are seeded: the answer only changes with the suite
+def largest_worker_batch(profile_name: str, caps=None, rungs: bool = False) -> tuple[str, int, int] | None:
+    """The case whose DataLoader workers hold the most shared memory on ``profile_name``, among the suite's recipe
+    cases (``rungs``: among the ladders' rungs instead): (case id, bytes of one loader batch, worker processes over
+    all ranks), None when no such case uses workers.
 
     Builds datasets and one sample each, never a model. ``caps`` (a ``DeviceCaps``) leaves out
     cases the device cannot run; without it every case counts.
     """
-    from .cases import all_cases
+    from .cases import ladder_cases, recipe_cases
     from .eligibility import why_not
     from .recipes import spec_unmet
     from .workloads import PROFILES, resolve_spec
@@ -281,7 +282,7 @@ def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] |
     profile = PROFILES[profile_name]
     samples: dict[tuple[str, str | None], int] = {}
     best: tuple[int, str, int, int] | None = None
-    for case in all_cases():
+    for case in ladder_cases() if rungs else recipe_cases():
         recipe = case.recipe(caps, profile)
         config = recipe.config(profile)
         if config.num_workers <= 0 or config.synthetic:
@@ -301,23 +302,44 @@ def largest_worker_batch(profile_name: str, caps=None) -> tuple[str, int, int] |
     return None if best is None else best[1:]
 
 
-def check_shm(free_bytes: int | None, largest: tuple[str, int, int] | None, profile_name: str,
-              path: str = "/dev/shm") -> Check:
-    """Shared memory against the largest worker batch: too little and DataLoader workers die with a bus error."""
+def _shm_need(largest: tuple[str, int, int] | None) -> tuple[int, str]:
+    """Shared memory a ``largest_worker_batch`` answer needs, and the figures that say why."""
     if largest is None:
-        return Check("shm", "ok", f"no {profile_name}-profile case uses DataLoader workers")
+        return 0, ""
     case_id, batch_bytes, workers = largest
     needed = host.shm_needed_bytes(batch_bytes, workers)
-    figures = (f"{needed / MiB:.0f} MiB needed by {case_id} ({workers} workers x 2 prefetched + 1 batch of "
-               f"{batch_bytes / MiB:.1f} MiB)")
+    return needed, (f"{needed / MiB:.0f} MiB needed by {case_id} ({workers} workers x 2 prefetched + 1 batch of "
+                    f"{batch_bytes / MiB:.1f} MiB)")
+
+
+def _shm_fix(needed: int) -> str:
+    size = max(1, -(-2 * needed // GiB))  # twice the need, in whole GiB
+    return f"docker run --shm-size={size}g, or --ipc=host"
+
+
+def check_shm(free_bytes: int | None, largest: tuple[str, int, int] | None, profile_name: str,
+              path: str = "/dev/shm", largest_rung: tuple[str, int, int] | None = None) -> Check:
+    """Shared memory against the largest worker batch: too little and DataLoader workers die with a bus error. Sized
+    for the suite's recipe cases (``largest``: a blocker where they do not fit); a ladder rung that needs more
+    (``largest_rung``, e.g. the larger-batch rung's fp32 images) is a warning: only those rungs would fail."""
+    needed, figures = _shm_need(largest)
+    rung_needed, rung_figures = _shm_need(largest_rung)
+    if largest is None and largest_rung is None:
+        return Check("shm", "ok", f"no {profile_name}-profile case uses DataLoader workers")
+    figures = figures or f"no {profile_name}-profile recipe case uses DataLoader workers"
+    if rung_needed > needed:
+        figures += f"; {rung_figures}"
     if free_bytes is None:
         return Check("shm", "info", f"{path} not found, free shared memory unknown; {figures}")
+    free = f"{path} has {free_bytes / MiB:.0f} MiB free"
     if free_bytes < needed:
-        size = max(1, -(-2 * needed // GiB))  # twice the need, in whole GiB
-        return Check("shm", "FAIL", f"{path} has {free_bytes / MiB:.0f} MiB free, {figures}: DataLoader workers would die "
-                                    f"with a bus error (Docker's default is 64 MiB): docker run --shm-size={size}g, "
-                                    "or --ipc=host")
-    return Check("shm", "ok", f"{path} has {free_bytes / MiB:.0f} MiB free, {figures}")
+        return Check("shm", "FAIL", f"{free}, {figures}: DataLoader workers would die with a bus error (Docker's "
+                                    f"default is 64 MiB): {_shm_fix(max(needed, rung_needed))}")
+    if free_bytes < rung_needed:
+        return Check("shm", "warn", f"{free}, {figures}: enough for the recipe cases, but {largest_rung[0]}'s "
+                                    f"workers (and those of any rung as large) would die with a bus error: "
+                                    f"{_shm_fix(rung_needed)}")
+    return Check("shm", "ok", f"{free}, {figures}")
 
 
 # -- environment and host -------------------------------------------------------------------
@@ -469,12 +491,12 @@ def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Ma
     profile_name = "gpu" if uses_cuda else "cpu"
 
     try:
-        largest = largest_worker_batch(profile_name)
+        largest, largest_rung = largest_worker_batch(profile_name), largest_worker_batch(profile_name, rungs=True)
     except Exception as e:  # noqa: BLE001 - a suite being edited must not hide the other checks
         checks.append(Check("shm", "warn", f"could not size the worker batches of the {profile_name} profile: "
                                            f"{type(e).__name__}: {e}"))
     else:
-        checks.append(check_shm(host.shm_free_bytes(shm_path), largest, profile_name, shm_path))
+        checks.append(check_shm(host.shm_free_bytes(shm_path), largest, profile_name, shm_path, largest_rung))
     if uses_cuda:
         checks += _device_memory_checks(device_spec, runtime)
 
