@@ -4,8 +4,12 @@ import os
 import sys
 import types
 
+import pytest
+
 from trainbench import gpu_state
 from trainbench.gpu_state import GpuProcess, GpuState
+
+PID_VISIBLE = gpu_state.pid_visible  # before the fixture below replaces it
 
 H100_UUID = "GPU-5a0e9b3e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 SMI_GPUS = f"""0, {H100_UUID}, NVIDIA H100 80GB HBM3, Disabled, 1980, 1980, 1755, 1755
@@ -18,8 +22,15 @@ GPU-77777777-0000-0000-0000-000000000000, 99, [N/A]
 """
 
 
+@pytest.fixture(autouse=True)
+def one_pid_namespace(monkeypatch):
+    """The driver's PIDs are this namespace's (no container), whatever runs on this machine."""
+    monkeypatch.setattr(gpu_state, "pid_visible", lambda pid: True)
+
+
 def test_nvidia_smis_answers_give_each_gpus_mig_mode_clocks_and_other_processes():
-    gpus = gpu_state.with_processes(gpu_state._parse_gpus(SMI_GPUS), gpu_state._parse_apps(SMI_APPS, os.getpid()))
+    gpus = gpu_state.with_processes(gpu_state._parse_gpus(SMI_GPUS), gpu_state._parse_apps(SMI_APPS),
+                                    frozenset({os.getpid()}))
     h100, a100, l4 = gpus
     assert (h100.mig, h100.sm_clock_mhz, h100.max_sm_clock_mhz, h100.app_clocks_set) == (False, 1980, 1980, False)
     assert h100.processes == (GpuProcess(4242, 30210),)  # this process left out
@@ -74,3 +85,40 @@ def test_nvidia_smi_answers_where_nvml_cannot_and_nothing_where_neither_is_there
     assert gpus[0].processes == (GpuProcess(4242, 30210),)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gpu_state.gpu_states() is None
+
+
+def test_in_a_container_the_drivers_pids_are_not_taken_for_other_processes(monkeypatch, tmp_path):
+    # The driver lists PIDs of the host's namespace: this run's own context there reads as a stranger's PID.
+    monkeypatch.setattr(gpu_state, "pid_visible", lambda pid: pid in (1, 42))  # what this container's /proc has
+    apps = gpu_state._parse_apps(f"{H100_UUID}, 731002, 500\n{H100_UUID}, 42, 100\n")
+    [h100] = gpu_state.with_processes(gpu_state._parse_gpus(SMI_GPUS)[:1], apps, frozenset({1}))
+    assert h100.processes == (GpuProcess(42, 100),) and h100.unmatched == (GpuProcess(731002, 500),)
+    [alone] = gpu_state.with_processes(gpu_state._parse_gpus(SMI_GPUS)[:1], gpu_state._parse_apps(f"{H100_UUID}, 731002, 500"),
+                                       frozenset({1}))
+    assert alone.processes == () and alone.unmatched == (GpuProcess(731002, 500),)
+    # this process's PIDs in nested namespaces, where its /proc shows them
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nNSpid:\t731002\t1\n")
+    assert gpu_state.own_pids(str(status)) >= {731002, 1}
+    assert gpu_state.own_pids(str(tmp_path / "missing")) == {os.getpid()}
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "42").mkdir()
+    assert PID_VISIBLE(42, str(proc)) and not PID_VISIBLE(731002, str(proc))
+    assert PID_VISIBLE(731002, str(tmp_path / "no-proc"))  # off Linux: one namespace assumed
+
+
+def test_the_doctor_says_cannot_tell_for_one_unmatched_pid_and_warns_for_more():
+    from trainbench.doctor import check_gpu_state
+
+    def state(*unmatched, others=()):
+        gpu = GpuState(0, H100_UUID, "NVIDIA H100 80GB HBM3", False, 1980, 1980, 1755, 1755, tuple(others),
+                       tuple(GpuProcess(pid, 500) for pid in unmatched))
+        return {c.name: c for c in check_gpu_state(("NVML", [gpu]), [{"index": 0, "uuid": H100_UUID}])}["gpu0_processes"]
+
+    one = state(731002)
+    assert one.status == "info" and "cannot tell" in one.message and "other process(es)" not in one.message
+    two = state(731002, 731003)
+    assert two.status == "warn" and "at most one is this run's own" in two.message
+    assert state(731002, others=[GpuProcess(42, 1)]).status == "warn"
+    assert state().status == "ok"

@@ -387,16 +387,34 @@ def check_gpu_state(state: tuple[str, list[GpuState]] | None, devices: list[dict
     return checks
 
 
+def _listed(processes) -> str:
+    return ", ".join(f"pid {p.pid}" + (f" {p.used_mib:,} MiB" if p.used_mib is not None else "") for p in processes)
+
+
+def _processes_check(label: str, name: str, gpu: GpuState) -> Check:
+    """Other processes on the GPU. PIDs the driver gives from another PID namespace (a container's host) may be this
+    run's own CUDA context: one such is "cannot tell", more than one holds at least one other process."""
+    shares = "they share its SMs and memory, and every timing measures them too"
+    unmatched = (f"; {len(gpu.unmatched)} more whose PIDs are not in this PID namespace ({_listed(gpu.unmatched)})"
+                 if gpu.unmatched else "")
+    if gpu.processes:
+        return Check(f"{label}_processes", "warn", f"{name}: {len(gpu.processes)} other process(es) on it "
+                                                   f"({_listed(gpu.processes)}){unmatched}: {shares}")
+    if len(gpu.unmatched) > 1:
+        return Check(f"{label}_processes", "warn", f"{name}: {len(gpu.unmatched)} processes on it whose PIDs are not "
+                                                   f"in this PID namespace ({_listed(gpu.unmatched)}): at most one is "
+                                                   f"this run's own, the others are not: {shares}")
+    if gpu.unmatched:
+        return Check(f"{label}_processes", "info", f"{name}: one process on it ({_listed(gpu.unmatched)}) whose PID "
+                                                   "is not in this PID namespace (a container): this run's own CUDA "
+                                                   "context or another process, cannot tell (nvidia-smi on the host "
+                                                   "can)")
+    return Check(f"{label}_processes", "ok", f"{name}: no other process on it")
+
+
 def _gpu_state_checks(label: str, gpu: GpuState, source: str) -> list[Check]:
     name = f"{gpu.name} ({source})"
-    if gpu.processes:
-        listed = ", ".join(f"pid {p.pid}" + (f" {p.used_mib:,} MiB" if p.used_mib is not None else "")
-                           for p in gpu.processes)
-        processes = Check(f"{label}_processes", "warn", f"{name}: {len(gpu.processes)} other process(es) on it "
-                                                        f"({listed}): they share its SMs and memory, and every timing "
-                                                        "measures them too")
-    else:
-        processes = Check(f"{label}_processes", "ok", f"{name}: no other process on it")
+    processes = _processes_check(label, name, gpu)
     if gpu.mig is None:
         mig = Check(f"{label}_mig", "info", f"{name}: no MIG mode")
     elif gpu.mig:

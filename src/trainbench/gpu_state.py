@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 # nvidia-smi --query-gpu fields, in the order ``_parse_gpus`` reads them.
@@ -38,7 +39,10 @@ class GpuState:
     max_sm_clock_mhz: int | None
     app_clock_mhz: int | None  # the applications clock set (``nvidia-smi -ac``)
     default_app_clock_mhz: int | None
-    processes: tuple[GpuProcess, ...] = ()  # compute processes on it, this one left out
+    processes: tuple[GpuProcess, ...] = ()  # other compute processes on it: PIDs of this PID namespace, this one left out
+    # Compute processes whose PIDs this PID namespace has not (the driver numbers them in the host's, a container
+    # does not): this run's own or another's, which cannot be told
+    unmatched: tuple[GpuProcess, ...] = ()
 
     @property
     def app_clocks_set(self) -> bool | None:
@@ -74,21 +78,58 @@ def _parse_gpus(text: str) -> list[GpuState]:
     return gpus
 
 
-def _parse_apps(text: str, own_pid: int) -> dict[str, list[GpuProcess]]:
+def _parse_apps(text: str) -> dict[str, list[GpuProcess]]:
     """``nvidia-smi --query-compute-apps=<APPS_FIELDS> --format=csv,noheader,nounits`` lines, by GPU UUID."""
     apps: dict[str, list[GpuProcess]] = {}
     for line in text.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != len(APPS_FIELDS) or _number(fields[1]) in (None, own_pid):
+        if len(fields) != len(APPS_FIELDS) or _number(fields[1]) is None:
             continue
         apps.setdefault(fields[0], []).append(GpuProcess(int(fields[1]), _number(fields[2])))
     return apps
 
 
-def with_processes(gpus: list[GpuState], apps: dict[str, list[GpuProcess]]) -> list[GpuState]:
-    """Each GPU with the processes the driver lists on it (by UUID)."""
-    return [replace(g, processes=tuple(p for uuid, found in apps.items() if same_gpu(uuid, g.uuid) for p in found))
-            for g in gpus]
+def own_pids(status: str = "/proc/self/status") -> frozenset[int]:
+    """This process's PIDs: its PID in each nested PID namespace its /proc shows (``NSpid``), else ``os.getpid()``."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return frozenset(int(pid) for pid in line.split()[1:]) | {os.getpid()}
+    except OSError:
+        pass
+    return frozenset({os.getpid()})
+
+
+def pid_visible(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` is a process of this PID namespace (True where there is no /proc to ask: off Linux)."""
+    return os.path.exists(os.path.join(proc, str(pid))) or not os.path.exists(os.path.join(proc, "self"))
+
+
+def split_processes(found: Iterable[GpuProcess], own: frozenset[int],
+                    visible: Callable[[int], bool] | None = None) -> tuple[tuple[GpuProcess, ...], tuple[GpuProcess, ...]]:
+    """The driver's processes on a GPU as (other processes, processes that cannot be told from this run's own).
+
+    The driver gives PIDs of the host's PID namespace. One that is ours is left out; one that this namespace has not
+    (in a container) may be this run's own CUDA context seen from the host, or another container's process."""
+    visible = visible or pid_visible
+    others, unmatched = [], []
+    for process in found:
+        if process.pid in own:
+            continue
+        (others if visible(process.pid) else unmatched).append(process)
+    return tuple(others), tuple(unmatched)
+
+
+def with_processes(gpus: list[GpuState], apps: dict[str, list[GpuProcess]], own: frozenset[int],
+                   visible: Callable[[int], bool] | None = None) -> list[GpuState]:
+    """Each GPU with the processes the driver lists on it (by UUID), split by ``split_processes``."""
+    states = []
+    for g in gpus:
+        others, unmatched = split_processes((p for uuid, found in apps.items() if same_gpu(uuid, g.uuid) for p in found),
+                                            own, visible)
+        states.append(replace(g, processes=others, unmatched=unmatched))
+    return states
 
 
 def _smi(smi: str, query: str, fields: tuple[str, ...]) -> str | None:
@@ -100,12 +141,12 @@ def _smi(smi: str, query: str, fields: tuple[str, ...]) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def _from_nvidia_smi(smi: str, own_pid: int) -> list[GpuState] | None:
+def _from_nvidia_smi(smi: str, own: frozenset[int]) -> list[GpuState] | None:
     gpus = _smi(smi, "gpu", GPU_FIELDS)
     if gpus is None:
         return None
     apps = _smi(smi, "compute-apps", APPS_FIELDS)
-    return with_processes(_parse_gpus(gpus), _parse_apps(apps or "", own_pid))
+    return with_processes(_parse_gpus(gpus), _parse_apps(apps or ""), own)
 
 
 def _nvml_value(call, *args):
@@ -117,7 +158,7 @@ def _nvml_value(call, *args):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _from_nvml(nvml, own_pid: int) -> list[GpuState]:
+def _from_nvml(nvml, own: frozenset[int]) -> list[GpuState]:
     nvml.nvmlInit()
     try:
         gpus = []
@@ -126,14 +167,14 @@ def _from_nvml(nvml, own_pid: int) -> list[GpuState]:
             mig = _nvml_value(nvml.nvmlDeviceGetMigMode, handle)
             processes = _nvml_value(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
             sm, graphics = nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_GRAPHICS
+            others, unmatched = split_processes(
+                (GpuProcess(p.pid, p.usedGpuMemory // (1 << 20) if p.usedGpuMemory else None) for p in processes), own)
             gpus.append(GpuState(
                 index, _nvml_value(nvml.nvmlDeviceGetUUID, handle) or "", _nvml_value(nvml.nvmlDeviceGetName, handle)
                 or "?", None if mig is None else bool(mig[0]), _nvml_value(nvml.nvmlDeviceGetClockInfo, handle, sm),
                 _nvml_value(nvml.nvmlDeviceGetMaxClockInfo, handle, sm),
                 _nvml_value(nvml.nvmlDeviceGetApplicationsClock, handle, graphics),
-                _nvml_value(nvml.nvmlDeviceGetDefaultApplicationsClock, handle, graphics),
-                tuple(GpuProcess(p.pid, p.usedGpuMemory // (1 << 20) if p.usedGpuMemory else None)
-                      for p in processes if p.pid != own_pid)))
+                _nvml_value(nvml.nvmlDeviceGetDefaultApplicationsClock, handle, graphics), others, unmatched))
         return gpus
     finally:
         nvml.nvmlShutdown()
@@ -144,9 +185,9 @@ def gpu_states() -> tuple[str, list[GpuState]] | None:
     try:
         import pynvml  # optional: nvidia-ml-py
 
-        return "NVML", _from_nvml(pynvml, os.getpid())
+        return "NVML", _from_nvml(pynvml, own_pids())
     except Exception:  # noqa: BLE001,S110 - not installed, no driver, or an old library: nvidia-smi is the fallback
         pass
     smi = shutil.which("nvidia-smi")
-    found = _from_nvidia_smi(smi, os.getpid()) if smi else None
+    found = _from_nvidia_smi(smi, own_pids()) if smi else None
     return ("nvidia-smi", found) if found is not None else None
