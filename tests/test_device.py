@@ -305,3 +305,12 @@ def test_setting_cudnn_autotuning_returns_the_setting_to_restore():
 ])
 def test_out_of_memory_is_told_alike_for_the_device_and_the_host(error, out_of_memory):
     assert device.is_out_of_memory(error) is out_of_memory
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                                  "NVIDIA H100 PCIe MIG 7g.80gb"])
+def test_a_mig_slice_gets_no_peak_of_the_whole_gpu(name):
+    # Its SMs are a share of the GPU's: the whole GPU's peak would make its MFU read several times too low.
+    assert all(device.peak_tflops(name, dtype) is None for dtype in ("fp32", "tf32", "fp16", "bf16"))
+    assert "MIG" in device.no_peak_reason(name) and "MFU not computed" in device.no_peak_reason(name)
+    assert device.no_peak_reason("NVIDIA H100 80GB HBM3") is None

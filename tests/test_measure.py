@@ -378,3 +378,21 @@ def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
     assert convolution_share(_flops_by_op(convnet, torch.randn(2, 3, 8, 8))) > 0.9
     assert convolution_share(_flops_by_op(mlp, torch.randn(2, 64))) == 0.0
     assert convolution_share({}) == 0.0  # a step without counted FLOPs
+
+
+def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
+    from trainbench import device
+    from trainbench.device import CpuBackend
+    from trainbench.measure import Measurer
+
+    class MigSlice(CpuBackend):  # a device named as a MIG slice of an H100: the table's H100 row must not apply
+        name = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+
+        def mfu_peak(self, amp, convolution_share=0.0):
+            return "bf16", device.peak_tflops(self.name, "bf16")
+
+    with training("baseline", "mlp", backend=MigSlice(torch.device("cpu"))) as setup:
+        measurer = Measurer(setup, "mlp-baseline", "baseline", quick, 0, "cpu")
+        measurer.count_work()
+    assert measurer.result.peak_tflops is None and measurer.result.metrics()["mfu"] is None
+    assert any("MIG slice" in note and "MFU not computed" in note for note in measurer.result.notes)

@@ -43,8 +43,23 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 ]
 
 
+# Devices whose name matches a row of PEAK_TFLOPS but whose peak is not that row's, and why they get no MFU. A MIG
+# slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") has a fraction of the GPU's SMs (16 of 132 for 1g.10gb: not 1/7):
+# against the whole GPU's peak its MFU would read up to 8x low.
+NO_PEAK: list[tuple[str, str]] = [
+    (r"\bMIG\b", "a MIG slice has a share of the GPU's SMs, not the whole GPU's peak: MFU not computed"),
+]
+
+
+def no_peak_reason(device_name: str) -> str | None:
+    """Why ``device_name`` gets no peak though its model may be in the table (a MIG slice), else None."""
+    return next((why for pattern, why in NO_PEAK if re.search(pattern, device_name, flags=re.IGNORECASE)), None)
+
+
 def peak_tflops(device_name: str, dtype: str) -> float | None:
     """Peak dense TFLOP/s of a known GPU for ``dtype`` ("fp32", "tf32", "fp16", "bf16"), else None."""
+    if no_peak_reason(device_name):
+        return None
     for pattern, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name, flags=re.IGNORECASE):
             return peaks.get(dtype)

@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .attribution import Sites, allocator_sites, parameter_sites, per_step, profile_steps
-from .device import Backend
+from .device import Backend, no_peak_reason
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
@@ -634,6 +634,9 @@ class Measurer:
         self.backend.synchronize()
         flops_by_op = flops.get_flop_counts().get("Global", {})
         precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp, convolution_share(flops_by_op))
+        no_peak = no_peak_reason(self.backend.name)
+        if no_peak and not any(no_peak in note for note in self.result.notes):
+            self._note(f"{self.backend.name}: {no_peak}")
         self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
                   syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
         self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, n))
