@@ -314,3 +314,18 @@ def test_a_mig_slice_gets_no_peak_of_the_whole_gpu(name):
     assert all(device.peak_tflops(name, dtype) is None for dtype in ("fp32", "tf32", "fp16", "bf16"))
     assert "MIG" in device.no_peak_reason(name) and "MFU not computed" in device.no_peak_reason(name)
     assert device.no_peak_reason("NVIDIA H100 80GB HBM3") is None
+
+
+def test_the_sm_clock_is_read_where_this_torch_has_it_else_asked_elsewhere_and_never_raises():
+    import types
+
+    from trainbench.device import NOMINAL_SM_CLOCK_KHZ, sm_clock_khz
+
+    def refuse():
+        raise RuntimeError("NVML not found")
+
+    assert sm_clock_khz(types.SimpleNamespace(clock_rate=1_980_000), (refuse,)) == 1_980_000
+    without = types.SimpleNamespace(total_memory=80 << 30)  # a build whose properties have no clock_rate (CUDA 13)
+    assert sm_clock_khz(without, (refuse, lambda: 1_755_000.0)) == 1_755_000
+    assert sm_clock_khz(types.SimpleNamespace(clock_rate=0), (lambda: None, lambda: 1_410_000.0)) == 1_410_000
+    assert sm_clock_khz(without, (refuse, lambda: None)) == NOMINAL_SM_CLOCK_KHZ

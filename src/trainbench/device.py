@@ -402,7 +402,14 @@ class CudaBackend(Backend):
     def sleep_kernel(self, seconds: float) -> None:
         """Queue a spin kernel of about ``seconds`` of device time (no host wait): known device work for
         self-checks, and a slowdown planted in one op."""
-        torch.cuda._sleep(int(seconds * torch.cuda.get_device_properties(self.device).clock_rate * 1e3))  # kHz
+        torch.cuda._sleep(int(seconds * self.sm_clock_khz() * 1e3))
+
+    def sm_clock_khz(self) -> float:
+        """The SM clock the spin kernel counts cycles of (``sm_clock_khz``), read once per device."""
+        return _cached_sm_clock_khz(self.device.index, lambda: sm_clock_khz(
+            torch.cuda.get_device_properties(self.device),
+            (lambda: _nvml_max_sm_clock_khz(torch.cuda.get_device_properties(self.device).uuid),
+             lambda: _timed_sm_clock_khz(self.device))))
 
     def total_memory_bytes(self) -> int | None:
         return torch.cuda.get_device_properties(self.device).total_memory
@@ -514,6 +521,61 @@ class CudaBackend(Backend):
             gpu_count=self.device_count(),
         )
         return ident
+
+
+# What the spin kernel assumes where no clock can be read: its duration is then only approximate, which the
+# self-checks that use it (timer against device events) do not depend on.
+NOMINAL_SM_CLOCK_KHZ = 1_500_000.0
+
+
+def sm_clock_khz(props, fallbacks: tuple[Callable[[], float | None], ...] = ()) -> float:
+    """A GPU's SM clock in kHz: ``clock_rate`` of its properties where this torch has it (CUDA 13 dropped
+    ``cudaDeviceProp::clockRate``, so a build may not), else the first of ``fallbacks`` that answers (NVML's maximum
+    SM clock, a spin kernel timed by device events), else ``NOMINAL_SM_CLOCK_KHZ``. Never raises."""
+    clock = getattr(props, "clock_rate", None)
+    if clock:
+        return float(clock)
+    for fallback in fallbacks:
+        try:
+            clock = fallback()
+        except Exception:  # noqa: BLE001 - NVML missing or refusing, a failed launch: the next way answers
+            clock = None
+        if clock:
+            return float(clock)
+    return NOMINAL_SM_CLOCK_KHZ
+
+
+_SM_CLOCKS: dict[int | None, float] = {}
+
+
+def _cached_sm_clock_khz(index: int | None, read: Callable[[], float]) -> float:
+    if index not in _SM_CLOCKS:
+        _SM_CLOCKS[index] = read()
+    return _SM_CLOCKS[index]
+
+
+def _nvml_max_sm_clock_khz(uuid) -> float | None:
+    import pynvml  # optional: nvidia-ml-py
+
+    text = str(uuid)
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+        return pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e3  # MHz
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _timed_sm_clock_khz(device: torch.device, cycles: int = 20_000_000) -> float:
+    """Cycles per millisecond of a spin kernel timed by device events (a first, short launch loads the module)."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(1000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / start.elapsed_time(end)
 
 
 def time_with_events(timer: Callable[[], float], record_event: Callable[[], Any],
