@@ -469,3 +469,41 @@ def test_gpu_ranks_share_the_cores_their_one_process_baseline_has(monkeypatch):
     assert CudaBackend.rank_threads(gpu, 2) == CpuBackend.rank_threads(gpu, 2) == 8
     assert CudaBackend.rank_threads(gpu, 32) == 1
     assert _child_env({"env": {}, "threads": CudaBackend.rank_threads(gpu, 2)})["OMP_NUM_THREADS"] == "8"
+
+
+def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_keeps_on_their_device(
+        profile, quick, monkeypatch):
+    # A GPU run's parent holds a CUDA context on rank 0's device: its cache goes before they start, its context is noted.
+    import json
+    import subprocess
+
+    from trainbench import distributed
+    from trainbench.device import CpuBackend
+    from trainbench.result import Result
+
+    events = []
+
+    class Parent(CpuBackend):
+        def release_memory(self):
+            events.append("released")
+
+        def kept_while_others_run(self):
+            return "the parent process keeps its CUDA context on cpu"
+
+    class Started:  # the new process, done at once: it wrote its result into the job's folder (the last argument)
+        def __init__(self, command, **kwargs):
+            events.append("started")
+            out = Path(command[-1])
+            result = Result("mlp-x", "mlp", "x", "cpu", 16, {}, {"kind": "cpu"})
+            (out / "result.json").write_text(json.dumps(dataclasses.asdict(result)))
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    spec, backend = resolve_spec("mlp", profile), Parent(torch.device("cpu"))
+    result, _ = distributed.measure_in_fresh_process(TrainConfig(), spec, backend, profile, quick, "mlp-x", "x")
+    assert events == ["released", "started"]
+    assert "the parent process keeps its CUDA context on cpu" in result.notes
+    job = distributed._job(TrainConfig(), spec, backend, profile, quick, "mlp-x", "x", 0)
+    assert distributed._shared_device({**job, "rank_devices": ["cuda:1"]}, backend) == []  # not the parent's device

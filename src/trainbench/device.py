@@ -281,6 +281,11 @@ class Backend:
         if self.caching_allocator:
             self.release_memory()
 
+    def kept_while_others_run(self) -> str | None:
+        """What this process keeps on its device while processes it started use the same device (after
+        ``release_memory``), for their results' notes; None where it keeps nothing there."""
+        return None
+
     def capability(self) -> tuple[int, int] | None:
         return None
 
@@ -385,6 +390,13 @@ class CudaBackend(Backend):
 
     def reserved_bytes(self) -> int | None:
         return torch.cuda.memory_reserved(self.device)
+
+    def kept_while_others_run(self) -> str | None:
+        if not torch.cuda.is_initialized():
+            return None
+        # The context cannot be given back while this process lives; its cache can, and was.
+        return (f"the parent process keeps its CUDA context on {self.device} (its cache released before: "
+                f"{torch.cuda.memory_reserved(self.device) / 2**20:.0f} MiB still reserved)")
 
     def time_sleep_kernel(self, seconds: float) -> tuple[float, float]:
         """A spin kernel of about ``seconds``, timed by ``timer`` (what every round reads) and by CUDA events.

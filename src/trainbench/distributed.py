@@ -322,18 +322,25 @@ NATIVE_CRASH_RELAUNCHES = 1
 
 def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, list[str]]:
     """Run the job in ``nprocs`` new interpreters (torchrun for DDP); the folder they wrote to (the caller removes
-    it) and the native crashes it was relaunched after, each summarized in a line."""
+    it) and the notes for its result: the native crashes it was relaunched after, each summarized in a line, and
+    what this process keeps on a device the new ones use."""
     crashes: list[str] = []
     while True:
         out, returncode = _launch_once(job, nprocs, backend, what)
         if returncode == 0:
-            return out, crashes
+            return out, [f"{RELAUNCH_NOTE}: {crash}" for crash in crashes] + _shared_device(job, backend)
         errors, crash = _errors(out), _native_crash(out)
         shutil.rmtree(out, ignore_errors=True)
         if crash is None or len(crashes) == NATIVE_CRASH_RELAUNCHES:
             earlier = "".join(f"\n(run again after an earlier crash: {c})" for c in crashes)
             raise ProcessFailed(f"{job['case']}: {what} failed (exit status {returncode}):\n{errors}{earlier}")
         crashes.append(crash)
+
+
+def _shared_device(job: dict, backend: Backend) -> list[str]:
+    """A note where this process's device is one the job's processes use (rank 0's GPU): what it keeps there."""
+    kept = backend.kept_while_others_run() if str(backend.device) in job["rank_devices"] else None
+    return [kept] if kept else []
 
 
 def _launch_once(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, int]:
@@ -405,10 +412,11 @@ def _errors(out: Path) -> str:
     return "\n".join(errors)
 
 
-def _note_relaunches(result: Result, crashes: list[str]) -> Result:
-    """The measurement is the relaunched job's, whole; the crash before it is recorded, never dropped."""
-    for crash in crashes:
-        result = result.with_note(f"{RELAUNCH_NOTE}: {crash}")
+def _with_notes(result: Result, notes: list[str]) -> Result:
+    """The measurement is the relaunched job's, whole; the crash before it is recorded, never dropped, and so is
+    what the parent kept on a device the processes used."""
+    for note in notes:
+        result = result.with_note(note)
     return result
 
 
@@ -418,9 +426,9 @@ def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profi
     """Run ``config`` (parallel="ddp") as ``config.world_size`` torchrun ranks; rank 0's Result and gradients."""
     settings = dataclasses.replace(settings, fixed_warmup=True)
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
-    out, crashes = _launch(job, config.world_size, backend, "a DDP rank")
+    out, notes = _launch(job, config.world_size, backend, "a DDP rank")
     try:
-        result = _note_relaunches(Result.from_dict(json.loads((out / "result.json").read_text())), crashes)
+        result = _with_notes(Result.from_dict(json.loads((out / "result.json").read_text())), notes)
         grads = None
         if want_grads:
             with np.load(out / "grads.npz", allow_pickle=False) as npz:
@@ -440,9 +448,9 @@ def measure_in_fresh_process(config: TrainConfig, spec: TrainingSpec, backend: B
     """
     job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps,
                want_losses=want_losses, env=dict(env or {}))
-    out, crashes = _launch(job, 1, backend, "the fresh process")
+    out, notes = _launch(job, 1, backend, "the fresh process")
     try:
-        result = _note_relaunches(Result.from_dict(json.loads((out / "result.json").read_text())), crashes)
+        result = _with_notes(Result.from_dict(json.loads((out / "result.json").read_text())), notes)
         losses = json.loads((out / "losses.json").read_text()) if want_losses else None
     finally:
         shutil.rmtree(out, ignore_errors=True)
