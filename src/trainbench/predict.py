@@ -388,7 +388,7 @@ class SharedPredictions:
         from pathlib import Path
 
         self.path = Path(path) if path else None
-        self.prefix = f"{torch.__version__}|{backend.kind if backend else ''}|"
+        self.prefix = f"{torch.__version__}|{getattr(backend, 'kind', '')}|"  # fake tensors differ by device kind
         self._entries: dict[str, dict] | None = None
 
     @classmethod
