@@ -15,6 +15,7 @@ from trainbench.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.night_plan import format_night, plan_night
 from trainbench.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
 from trainbench.predict import PredictionCache
+from trainbench.roofline import StepCounts
 from trainbench.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
 
 BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
@@ -37,10 +38,21 @@ class StandInPredictions:
         return {"breakdown_bytes": {"total": (GPT_LARGER_BATCH_MIB * MiB) if big else GiB}}
 
 
+class StandInCounts:
+    """A step's counts without a fake step (one takes seconds at the GPU profile's sizes): 1 TFLOP and 1 GB a step in
+    1,000 launches; under autocast the same FLOPs, half the bytes and 1,200 launches (its casts). Every GPU then draws
+    the same bound kind for a case and its baseline; the transformer's are launch-bound (20,000 launches)."""
+
+    def __call__(self, profile_name, config, spec):
+        launches = 20_000 if spec.name == "transformer" else 1_000
+        return StepCounts(flops=10**12, convolution_flops=0, bytes_moved=10**9 // (2 if config.amp else 1),
+                          launches=int(launches * (1.2 if config.amp else 1)), samples=spec.batch_size)
+
+
 @pytest.fixture(scope="module")
 def nights():
-    predictions = StandInPredictions()
-    return {key: plan_night(gpu, BUDGETS, predictions) for key, gpu in FLEET.items()}
+    predictions, counts = StandInPredictions(), StandInCounts()
+    return {key: plan_night(gpu, BUDGETS, predictions, counts=counts) for key, gpu in FLEET.items()}
 
 
 def _by_case(night):
@@ -49,8 +61,8 @@ def _by_case(night):
 
 # Every GPU skips the two CPU-only cases (ddp_gloo, fsdp_gloo) and gpt-larger_batch with gpt-grad_accumulation (its
 # baseline) for memory; one GPU also DDP and FSDP; the T4 also its four bf16 recipes and both fused SDPA kernels.
-RUNS = {"h100-sxm": 69, "h100-pcie": 69, "a100-40gb": 69, "l4": 69, "t4": 63, "h200": 69, "2xh100-sxm": 71,
-        "8xh100-sxm": 71}
+RUNS = {"h100-sxm": 69, "h100-pcie": 69, "a100-40gb": 69, "a100-80gb": 69, "l4": 69, "l40s": 69, "a10g": 69,
+        "rtx4090": 69, "t4": 63, "h200": 69, "b200": 69, "2xh100-sxm": 71, "8xh100-sxm": 71}
 
 
 def test_every_fleet_member_but_the_v100_plans_every_case_without_a_problem(nights):
@@ -76,7 +88,8 @@ def test_the_v100_is_refused_by_the_default_wheel_with_the_readme_advice(nights)
     with pytest.raises(RuntimeError, match="none that runs on sm_70"):
         SimulatedGpu(FLEET["v100-16gb"])
     # a CUDA 12.6 build carries sm_70: the same GPU plans
-    assert plan_night(FLEET["v100-16gb"], BUDGETS, StandInPredictions(), arch_list=["sm_50", "sm_70", "sm_90"]).ok
+    assert plan_night(FLEET["v100-16gb"], BUDGETS, StandInPredictions(), arch_list=["sm_50", "sm_70", "sm_90"],
+                      counts=StandInCounts()).ok
 
 
 def test_bf16_recipes_are_skipped_on_the_t4_with_the_reason(nights):
@@ -167,7 +180,14 @@ def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
 def test_the_doctor_checks_a_fleet_gpu_as_on_it_without_its_case_list(tmp_path, capsys):
     from trainbench import __main__ as cli
 
+<<<<<<< HEAD
     assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3", "--json", str(tmp_path / "d.json")]) == 0
+=======
+    real = night_plan.plan_night
+    monkeypatch.setattr(night_plan, "plan_night",
+                        lambda gpu, budgets, roofline: real(gpu, budgets, StandInPredictions(), roofline=roofline))
+    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3"]) == 0
+>>>>>>> 4684569 (fleet: L40S, A10G, RTX 4090, A100 80GB and B200 with bandwidths, any GPU from an explicit spec (fleet.parse_gpu) for doctor/plan --simulate-gpu; roofline.py: what bounds each planned case (compute, memory, launches) and the min_speedup budgets it rules out, in the night plan)
     out = capsys.readouterr().out
     assert not any(line.startswith(("run ", "skip ")) for line in out.splitlines())
     assert "doctor of 1 x NVIDIA H100 80GB HBM3" in out and "gpu0_memory: NVIDIA H100 80GB HBM3 has 80,998 MiB" in out
@@ -175,3 +195,67 @@ def test_the_doctor_checks_a_fleet_gpu_as_on_it_without_its_case_list(tmp_path, 
     assert {"cuda", "gpu0_arch", "gpu0_memory"} <= {check["name"] for check in checks}
     assert cli.main(["doctor", "--simulate-gpu", "v100-16gb"]) == 1  # refused by the default wheel
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_roofline_says_what_bounds_each_case_and_flags_a_speedup_it_rules_out(nights):
+    h100 = _by_case(nights["h100-sxm"])
+    # 1 TFLOP at fp32's 67 TFLOP/s, over 1,000 launches' 5 ms and 1 GB's 0.3 ms
+    assert h100["resnet18-baseline"].roofline == "compute-bound, >= 14.9 ms/step"
+    assert h100["resnet18-amp_fp16"].roofline == "launch-bound, >= 6.0 ms/step"  # fp16's peak, 1,200 launches
+    assert h100["resnet18-amp_fp16"].speedup_flag is None  # 14.9 / 6.0: 2.5x allowed, 1.2 asked
+    # the transformer: both launch-bound, AMP's casts add launches; its min_speedup 1.2 cannot hold
+    flag = h100["transformer-amp_fp16"].speedup_flag
+    assert flag.startswith("min_speedup 1.2 cannot hold by the roofline: both launch-bound") and "~0.83x" in flag
+    lines = format_night(nights["h100-sxm"])
+    assert f"flag  transformer-amp_fp16: {flag}" in lines
+    assert any(line.startswith("run   resnet18-amp_fp16: ") and line.endswith("; launch-bound, >= 6.0 ms/step")
+               for line in lines)
+    assert "min_speedup budget(s) the roofline says cannot hold" in lines[-1]
+    # a slower GPU moves the bound: the T4's fp32 peak (8.1 TFLOP/s)
+    assert _by_case(nights["t4"])["resnet18-baseline"].roofline == "compute-bound, >= 123 ms/step"
+
+
+def test_any_gpu_by_name_or_explicit_spec_is_planned():
+    from trainbench.fleet import GpuSpecError, parse_gpu
+
+    for name, sm, sms in (("NVIDIA L40S", (8, 9), 142), ("NVIDIA A10G", (8, 6), 80), ("NVIDIA GeForce RTX 4090", (8, 9), 128),
+                          ("NVIDIA A100-SXM4-80GB", (8, 0), 108), ("NVIDIA B200", (10, 0), 148)):
+        gpu = parse_gpu(name)
+        assert (gpu.name, gpu.capability, gpu.multiprocessors) == (name, sm, sms)
+        assert gpu.bandwidth_gbs and gpu.peak_tflops("bf16") and gpu.peak_tflops("fp32")
+    assert parse_gpu("NVIDIA A10G").peak_tflops("bf16") == 70.0  # not the A10's 125
+    spec = parse_gpu("name=My GPU,memory_gib=48,capability=8.9,sms=142,bf16=1,count=2,bandwidth_gbs=864,"
+                     "tflops_bf16=362,tflops_fp32=91,tflops_tf32=181,tflops_fp16=362")
+    assert (spec.name, spec.count, spec.memory_bytes, spec.capability, spec.bf16) == ("My GPU", 2, 48 * GiB, (8, 9), True)
+    assert SimulatedGpu(spec).mfu_peak("bf16") == ("bf16", 362.0) and SimulatedGpu(spec).memory_bandwidth_gbs() == 864
+    # its own peaks answer before the name table's: an "H100" with other figures
+    assert parse_gpu("name=NVIDIA H100 80GB HBM3,memory_gib=80,capability=9.0,sms=132,tflops_bf16=500").peak_tflops(
+        "bf16") == 500.0
+    assert parse_gpu("name=Old,memory_gib=16,capability=7.0,sms=80").bf16 is False  # default: bf16 from sm_80
+    for bad, said in (("name=X,memory_gib=big,capability=8.9,sms=1", "memory_gib='big': expected GiB > 0"),
+                      ("name=X,memory_gib=8,capability=89,sms=1", "capability='89': expected MAJOR.MINOR"),
+                      ("name=X,memory_gib=8,capability=8.9", "sms missing: expected a whole number > 0"),
+                      ("name=X,memory_gib=8,capability=8.9,sms=1,speed=9", "'speed=9' is not a field"),
+                      ("name=X,memory_gib=8,capability=8.9,sms=1,count=0", "count='0': expected a whole number > 0"),
+                      ("NVIDIA B300", "unknown GPU 'NVIDIA B300'")):
+        with pytest.raises(GpuSpecError) as raised:
+            parse_gpu(bad)
+        assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monkeypatch, capsys):
+    from trainbench import __main__ as cli
+    from trainbench import night_plan
+
+    real = night_plan.plan_night
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets, roofline: real(
+        gpu, budgets, StandInPredictions(), counts=StandInCounts(), roofline=roofline))
+    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA L40S"]) == 0
+    assert "night plan for 1 x NVIDIA L40S (sm_89, 44.4 GiB)" in capsys.readouterr().out
+    spec = "name=My GPU,memory_gib=48,capability=8.9,sms=142,bf16=1,count=2,bandwidth_gbs=864,tflops_bf16=362,tflops_fp32=91"
+    assert cli.main(["plan", "--simulate-gpu", spec]) == 0
+    out = capsys.readouterr().out
+    assert "night plan for 2 x My GPU" in out and "run   resnet18-ddp: " in out and "-bound, >= " in out
+    assert cli.main(["plan", "--simulate-gpu", "name=My GPU,memory_gib=48,capability=89,sms=1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "trainbench plan: --simulate-gpu: GPU spec: capability='89': expected MAJOR.MINOR, e.g. 8.9\n"

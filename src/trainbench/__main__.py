@@ -242,13 +242,13 @@ def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor_record, format_checks, run_checks
 
     if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
-        from .fleet import find_gpu
+        from .fleet import GpuSpecError, parse_gpu
         from .night_plan import simulated_doctor
 
         try:
-            gpu = find_gpu(args.simulate_gpu)
-        except KeyError as e:
-            print(f"trainbench doctor: {e.args[0]}", file=sys.stderr)
+            gpu = parse_gpu(args.simulate_gpu)
+        except GpuSpecError as e:
+            print(f"trainbench doctor: --simulate-gpu: {e}", file=sys.stderr)
             return 2
         checks = simulated_doctor(gpu)
         print(f"doctor of {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / 2**30:.1f} GiB), simulated")
@@ -273,10 +273,10 @@ def _add_doctor(subparsers) -> None:
     parser.add_argument("--expect-cuda", action="store_true",
                         help="a GPU must be usable (also set by TRAINBENCH_EXPECT_CUDA=1)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the checks as JSON to PATH")
-    parser.add_argument("--simulate-gpu", default=None, metavar="MODEL",
-                        help="check a GPU of the fleet instead of this machine, with no GPU needed: its CUDA checks "
-                             "and the memory the largest case that will run needs (python -m trainbench plan lists "
-                             "every case)")
+    parser.add_argument("--simulate-gpu", default=None, metavar="MODEL_OR_SPEC",
+                        help="check a GPU instead of this machine, with no GPU needed: its CUDA checks and the memory "
+                             "the largest case that will run needs (python -m trainbench plan lists every case); a "
+                             "fleet GPU or an explicit spec, as for plan")
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help=argparse.SUPPRESS)
     parser.set_defaults(handler=_doctor)
 
@@ -404,13 +404,13 @@ def _plan(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
     from pathlib import Path
 
-    from .fleet import find_gpu
+    from .fleet import GpuSpecError, parse_gpu
     from .night_plan import format_night, plan_night
 
     try:
-        gpu = find_gpu(args.simulate_gpu)
-    except KeyError as e:
-        print(f"trainbench plan: {e.args[0]}", file=sys.stderr)
+        gpu = parse_gpu(args.simulate_gpu)
+    except GpuSpecError as e:
+        print(f"trainbench plan: --simulate-gpu: {e}", file=sys.stderr)
         return 2
     night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
     for line in format_night(night):
@@ -427,11 +427,14 @@ def _add_plan(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="the GPU night's plan for a GPU of the fleet, made on this machine (no GPU needed)",
         description="Every suite case on a simulated GPU: run or skip (why), its budget section, predicted memory "
-                    "against the GPU's, how it is measured. Exit 1 where the build cannot run on that GPU (the "
-                    "doctor's FAIL) or a case would crash or be refused for a reason a GPU cannot have.")
-    parser.add_argument("--simulate-gpu", required=True, metavar="MODEL",
-                        help='a fleet GPU: its name as torch reports it ("NVIDIA H100 80GB HBM3", "2xNVIDIA H100 80GB '
-                             'HBM3") or its key (h100-sxm, 8xh100-sxm, t4, ...)')
+                    "against the GPU's, how it is measured, what bounds its step (the roofline: compute, memory "
+                    "or kernel launches) and the min_speedup budgets it says cannot hold. Exit 1 where the build "
+                    "cannot run on that GPU (the doctor's FAIL) or a case would crash or be refused for a reason a GPU cannot have.")
+    parser.add_argument("--simulate-gpu", required=True, metavar="MODEL_OR_SPEC",
+                        help='a fleet GPU: its name as torch reports it ("NVIDIA L40S", "2xNVIDIA H100 80GB HBM3") or '
+                             'its key (h100-sxm, 8xh100-sxm, l40s, t4, ...); or any GPU as an explicit spec, e.g. '
+                             '"name=My GPU,memory_gib=48,capability=8.9,sms=142,bf16=1,count=2,bandwidth_gbs=864,'
+                             'tflops_bf16=362,tflops_fp32=91" (fields: see docs/ci-and-gpu.md)')
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
     parser.set_defaults(handler=_plan)

@@ -33,6 +33,8 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
     (r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),  # SXM4 and PCIe alike
     (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
+    # AWS's A10G (G5 instances): more CUDA cores than the A10, half its tensor rate.
+    (r"\bA10G\b", {"fp32": 35.0, "tf32": 35.0, "fp16": 70.0, "bf16": 70.0}),
     (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
     (r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0}),
     (r"\bH100\b.*\bPCIe\b", {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0}),
@@ -40,6 +42,9 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     (r"\bH100\b", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),  # SXM5 ("H100 80GB HBM3")
     (r"\bH200\b.*\bNVL\b", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
     (r"\bH200\b", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),  # SXM
+    (r"\bB200\b", {"fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0}),  # HGX B200, per GPU
+    # GeForce: fp16/bf16 tensor rate with fp32 accumulation (what autocast's matmuls use), half the fp16-accumulate one.
+    (r"\bRTX 4090\b", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}),
 ]
 
 
@@ -263,6 +268,11 @@ class Backend:
 
     def total_memory_bytes(self) -> int | None:
         """The device's memory, where cases must fit in it (None: host memory, not checked)."""
+        return None
+
+    def memory_bandwidth_gbs(self) -> float | None:
+        """Peak device-memory bandwidth in GB/s (the roofline's memory term), where known: a simulated GPU's data
+        sheet figure (``fleet.Gpu.bandwidth_gbs``); None on live devices, which do not report it."""
         return None
 
     def release_memory(self) -> None:

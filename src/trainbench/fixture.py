@@ -40,10 +40,16 @@ class TrainBench:
         from .recipes import ConfigError
         from .spec import SpecError
 
-        self._refuse_parallel_timing()
+        simulated = self.session.options.simulate_gpu is not None
+        if not simulated:
+            self._refuse_parallel_timing()
         if self.session.ab is not None:
             return self._ab(recipe, spec, overrides)
         try:
+            if simulated:
+                plan = self.session.runner.planner.plan(recipe, spec, baseline=baseline, budgets=self.budgets,
+                                                        overrides=overrides)
+                return self._simulated(plan, plan.case)
             outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides,
                                               still_unsure=self._still_unsure())
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
@@ -53,6 +59,8 @@ class TrainBench:
 
     def case(self, case, **overrides):
         """Measure a ``trainbench.cases.Case``: a recipe on a workload, or a ladder rung."""
+        if self.session.options.simulate_gpu is not None:
+            return self._simulated(self.session.runner.plan_case(case, self.budgets, **overrides), case.id)
         self._refuse_parallel_timing()
         if self.session.ab is not None:
             from .eligibility import Context, why_not
@@ -62,6 +70,15 @@ class TrainBench:
                 pytest.skip(skipped)
             return self._ab(case.recipe_name, case.workload, overrides)
         return self._finish(self.session.runner.run_case(case, self.budgets, self._still_unsure(), **overrides))
+
+    def _simulated(self, plan, case_id: str):
+        """Under --trainbench-simulate-gpu: skip the case as that GPU would, or with what it would do there; fail it
+        where the night would crash on it (``session.simulated_outcome``)."""
+        action, why = self.session.simulated_outcome(plan, case_id)
+        if action == "fail":
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {why}", pytrace=False)
+        pytest.skip(why)
 
     def _ab(self, recipe, spec, overrides: dict):
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.ab``)."""

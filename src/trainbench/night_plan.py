@@ -3,8 +3,11 @@
 The same code decides as on the GPU itself: the doctor's CUDA checks on what the driver would
 report (``simulated.simulated_runtime``), then for every suite case ``Runner.plan_case`` on a
 ``SimulatedGpu``: whether it can run (``eligibility.why_not``, the memory gate with
-predictions at the GPU profile's sizes), its budget section and how it is measured. A plan
-has problems where the night would crash or refuse a case for a reason a GPU cannot have.
+predictions at the GPU profile's sizes), its budget section and how it is measured; and what
+bounds its step there (``trainbench.roofline``), with every ``min_speedup`` budget the roofline
+says cannot hold. A plan has problems where the night would crash or refuse a case for a reason a
+GPU cannot have. ``pytest --trainbench-simulate-gpu`` plans each collected case the same way
+(``planned``) and skips it with what it would do there (``would_run``).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .budgets import Budgets
-from .cases import all_cases
+from .budgets import Budgets, parse_key
+from .cases import Case, all_cases
 from .doctor import Check, check_cuda, format_checks
 from .fleet import Gpu
 from .measure import DEFAULT_SETTINGS
 from .plan import CasePlan
 from .predict import HEADROOM, PredictionCache, without_unpredictable
+from .roofline import CountCache, StepCounts, case_bound, speedup_flag
 from .runner import Runner
 from .simulated import SimulatedGpu, prediction_backend, simulated_runtime
 from .workloads import PROFILES
@@ -43,6 +47,9 @@ class PlannedCase:
     # share of convolution FLOPs picks cuDNN's TF32 flag or the matmul one.
     mfu_peaks: tuple[tuple[str, float | None], ...] = ()
     problem: str | None = None  # why the night would crash on it, or refuses it wrongly
+    roofline: str | None = None  # what bounds its step there and its lower bound, e.g. "launch-bound, >= 3.1 ms/step"
+    bound_s: float | None = None  # that lower bound (roofline.versus_measured compares a measured step with it)
+    speedup_flag: str | None = None  # why its min_speedup budget cannot hold by the roofline
 
 
 @dataclass
@@ -64,6 +71,11 @@ class NightPlan:
         return [c for c in self.cases if c.skipped is not None]
 
     @property
+    def flagged(self) -> list[PlannedCase]:
+        """Cases whose min_speedup budget the roofline says cannot hold."""
+        return [c for c in self.runs if c.speedup_flag]
+
+    @property
     def problems(self) -> list[PlannedCase]:
         return [c for c in self.cases if c.problem is not None]
 
@@ -77,12 +89,18 @@ class NightPlan:
         return not self.refused and not self.problems
 
 
+def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check]:
+    """The doctor's CUDA checks on what the driver of a machine with ``gpu`` would report (this torch's archs)."""
+    return check_cuda(simulated_runtime(gpu, arch_list), expect_cuda=True)
+
+
 def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
-               arch_list: list[str] | None = None) -> NightPlan:
-    """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions``: a cache shared
-    across GPUs (the GPU profile's predictions do not depend on the GPU)."""
-    checks = check_cuda(simulated_runtime(gpu, arch_list), expect_cuda=True)
-    night = NightPlan(gpu, checks)
+               arch_list: list[str] | None = None, counts: CountCache | None = None,
+               roofline: bool = True) -> NightPlan:
+    """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
+    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU);
+    ``roofline`` False: no step counts (the doctor's summary needs none)."""
+    night = NightPlan(gpu, simulated_checks(gpu, arch_list))
     if night.refused:
         return night
     backend = SimulatedGpu(gpu, arch_list=arch_list)
@@ -90,23 +108,58 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
     runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name],
                     predictions=predictions or PredictionCache(prediction_backend()))
     budgets = Budgets.load(budgets_path) if budgets_path else None
-    night.cases = [_plan_case(runner, case, budgets) for case in all_cases()]
+    counts = (counts or CountCache(prediction_backend())) if roofline else None
+    night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
     return night
 
 
-def _plan_case(runner: Runner, case, budgets: Budgets | None) -> PlannedCase:
+def plan_suite_case(runner: Runner, case: Case, budgets: Budgets | None,
+                    counts: CountCache | None = None) -> PlannedCase:
+    """What the night does with a suite case on ``runner``'s device (``Runner.plan_case``); ``counts``: the step
+    counts its roofline is drawn from (None: no roofline)."""
     try:
         plan = runner.plan_case(case, budgets)
     except Exception as e:  # noqa: BLE001 - the night would stop here: report it as the plan's problem
         return PlannedCase(case.id, problem=f"planning raised {type(e).__name__}: {e}")
+    return planned(runner, plan, case.id, counts)
+
+
+def planned(runner: Runner, plan: CasePlan | str, case_id: str, counts: CountCache | None = None) -> PlannedCase:
+    """A case's plan (or why it cannot run, as ``Runner.plan_case`` gives it) as the night shows it."""
     if isinstance(plan, str):
-        return PlannedCase(case.id, skipped=plan, problem=_wrong_reason(plan))
+        return PlannedCase(case_id, skipped=plan, problem=_wrong_reason(plan))
     needed, unpredicted = _needed_bytes(runner, plan)
     if plan.skipped:
         return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
     return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
                        unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring,
-                       mfu_peaks=_mfu_peaks(runner, plan))
+                       mfu_peaks=_mfu_peaks(runner, plan), **(_roofline(runner, plan, counts) if counts else {}))
+
+
+def _roofline(runner: Runner, plan: CasePlan, counts: CountCache) -> dict:
+    """The case's roofline phrase and bound, and its min_speedup budget's flag where the roofline rules it out."""
+    counted = counts(plan.profile.name, plan.config, plan.spec)
+    if not isinstance(counted, StepCounts):
+        return {"roofline": f"roofline not drawn ({counted})"}
+    bandwidth = runner.backend.memory_bandwidth_gbs()
+    bound = case_bound(counted, plan.config, runner.backend, bandwidth)
+    drawn = {"roofline": bound.phrase(), "bound_s": bound.seconds}
+    min_speedup = _min_speedup(plan)
+    if min_speedup is None or plan.baseline_config is None:
+        return drawn
+    base = counts(plan.profile.name, plan.baseline_config, plan.spec)
+    if isinstance(base, StepCounts):
+        base_bound = case_bound(base, plan.baseline_config, runner.backend, bandwidth)
+        drawn["speedup_flag"] = speedup_flag(min_speedup, bound, counted.samples, base_bound, base.samples)
+    return drawn
+
+
+def _min_speedup(plan: CasePlan) -> float | None:
+    """The case's min_speedup budget (a minimum samples/s ratio to its baseline), or None."""
+    speedup = parse_key("min_speedup")
+    bounds = [b.limit for b in (plan.budget.bounds if plan.budget else ())
+              if (b.metric, b.bound, b.relative) == speedup]
+    return max(bounds) if bounds else None
 
 
 def _mfu_peaks(runner: Runner, plan: CasePlan) -> tuple[tuple[str, float | None], ...]:
@@ -143,19 +196,28 @@ def format_night(night: NightPlan) -> list[str]:
     if night.refused:
         return lines + ["refused: this torch build cannot run on this GPU (see the FAIL above)"]
     for c in night.cases:
-        memory = f"needs ~{c.needed_bytes / GiB:.1f} of {gpu.memory_bytes / GiB:.1f} GiB" if c.needed_bytes else \
-            f"memory not predicted ({c.unpredicted or 'not asked'})"
         if c.problem:
             lines.append(f"PROBLEM  {c.case}: {c.problem}")
         elif c.skipped:
             lines.append(f"skip  {c.case}: {c.skipped}")
         else:
-            how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
-            mfu = "MFU against " + " or ".join(f"{precision} {peak:g}" if peak else f"{precision} (peak unknown)"
-                                               for precision, peak in c.mfu_peaks) + " TFLOP/s"
-            lines.append(f"run   {c.case}: [{c.section or 'no budget'}] {memory}; {how}; {mfu}")
+            lines.append(f"run   {c.case}: {would_run(c, gpu)}")
+            if c.speedup_flag:
+                lines.append(f"flag  {c.case}: {c.speedup_flag}")
+    flagged = f", {len(night.flagged)} min_speedup budget(s) the roofline says cannot hold" if night.flagged else ""
     return lines + [_memory_line(night),
-                    f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s)"]
+                    f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s){flagged}"]
+
+
+def would_run(c: PlannedCase, gpu: Gpu) -> str:
+    """What a case that runs on ``gpu`` does there: its budget section, memory, how it is measured, the peaks its MFU
+    is judged against, and its roofline where drawn."""
+    memory = f"needs ~{c.needed_bytes / GiB:.1f} of {gpu.memory_bytes / GiB:.1f} GiB" if c.needed_bytes else \
+        f"memory not predicted ({c.unpredicted or 'not asked'})"
+    how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
+    mfu = "MFU against " + " or ".join(f"{precision} {peak:g}" if peak else f"{precision} (peak unknown)"
+                                       for precision, peak in c.mfu_peaks) + " TFLOP/s"
+    return f"[{c.section or 'no budget'}] {memory}; {how}; {mfu}" + (f"; {c.roofline}" if c.roofline else "")
 
 
 def _memory_line(night: NightPlan) -> str:

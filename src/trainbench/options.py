@@ -53,6 +53,11 @@ def add_options(parser) -> None:
                     help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
                          "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
                          "cannot say where")
+    group.addoption("--trainbench-simulate-gpu", default=None, metavar="NAME_OR_SPEC",
+                    help="plan every case for a simulated GPU instead of measuring here: a fleet GPU's name or key "
+                         "(\"NVIDIA L40S\", 2xh100-sxm) or an explicit spec (name=...,memory_gib=...,capability=8.9,"
+                         "sms=...; see docs/ci-and-gpu.md). Cases skip as on that GPU; those that would run there are "
+                         "skipped too, saying what they would do (nothing is measured on a simulated GPU)")
     group.addoption("--trainbench-attribution-json", default=None, metavar="PATH",
                     help="write every case's complete attribution tables to PATH (a saved run keeps their top rows)")
     _add_compare_options(group)
@@ -149,6 +154,7 @@ class Options:
     xdist_workers: int = 1  # pytest-xdist workers in this run (1: none, or this is the only one)
     xdist_index: int = 0  # this worker's number (gw<N>)
     pair_baselines: bool = False  # every case timed interleaved with its baseline, budget or not
+    simulate_gpu: object = None  # trainbench.fleet.Gpu from --trainbench-simulate-gpu: cases planned for it, not run
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -182,6 +188,7 @@ class Options:
             xdist_workers=workers,
             xdist_index=index,
             pair_baselines=config.getoption("--trainbench-pair-baselines"),
+            simulate_gpu=_simulated_gpu(config, ab=ab is not None, gated=compare_fail is not None),
         )
 
 
@@ -204,6 +211,27 @@ def _settings_overrides(config) -> dict:
     overrides["no_progress_s"] = timeout
     overrides["attribution"] = False if config.getoption("--trainbench-no-attribution") else None
     return overrides
+
+
+def _simulated_gpu(config, ab: bool, gated: bool):
+    """The GPU --trainbench-simulate-gpu names or specifies (``fleet.parse_gpu``), or None; it measures nothing, so
+    an option that asks for a device or a measurement to compare is a usage error beside it."""
+    text = config.getoption("--trainbench-simulate-gpu")
+    if text is None:
+        return None
+    from .fleet import GpuSpecError, parse_gpu
+
+    try:
+        gpu = parse_gpu(text)
+    except GpuSpecError as e:
+        raise usage_error(f"--trainbench-simulate-gpu: {e}") from None
+    device = config.getoption("--trainbench-device")
+    conflicting = ((f"--trainbench-device={device}" if device not in ("", "auto") else None)
+                   or ("--trainbench-ab" if ab else None) or ("--trainbench-compare-fail" if gated else None))
+    if conflicting:
+        raise usage_error(f"--trainbench-simulate-gpu with {conflicting}: a simulated GPU runs and measures nothing; "
+                          "drop one of the two")
+    return gpu
 
 
 def _remeasure_s(config) -> float:

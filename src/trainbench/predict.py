@@ -302,40 +302,49 @@ class _PredictedTraining(TrainingSetup):
         optimizer.step()
 
 
+@contextlib.contextmanager
+def fake_training(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> Iterator[TrainingSetup]:
+    """A ``TrainingSetup`` of ``config`` on ``spec`` under ``FakeTensorMode`` on ``backend``'s device: its steps run
+    no kernel and hold no memory. ``config`` must be predictable (``unpredictable`` is None). The memory prediction
+    and the roofline's counts (``trainbench.roofline``) both step it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    # A shape environment lets ``.item()`` (a logged loss) return a symbol instead of failing.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    with mode, optimizer_path_of_real_tensors(), _global_peak_only(), contextlib.ExitStack() as stack:
+        with _no_weight_init(), warnings.catch_warnings():
+            # The loader is never iterated here: its worker count suits the GPU runner, not this one.
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            training = _PredictedTraining(config, dataclasses.replace(spec, model=_fake_model(spec.model, mode)),
+                                          backend)
+        stack.enter_context(training)
+        yield training
+
+
 def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = PREDICTED_STEPS) -> dict:
     """The tracked breakdown of one step of ``config`` on ``spec``, from fake tensors on ``backend``'s device.
 
     Returns ``{"device", "batch_size", "breakdown_bytes"}``, or ``{"reason"}`` where the setup cannot be faked.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     from .measure import Measurer, MeasureSettings
 
     reason = unpredictable(config)
     if reason:
         return {"reason": reason}
-    # A shape environment lets ``.item()`` (a logged loss) return a symbol instead of failing.
-    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with mode, optimizer_path_of_real_tensors(), _global_peak_only(), contextlib.ExitStack() as stack:
-            with _no_weight_init(), warnings.catch_warnings():
-                # The loader is never iterated here: its worker count suits the GPU runner, not this one.
-                warnings.filterwarnings("ignore", message="This DataLoader will create")
-                training = _PredictedTraining(config, dataclasses.replace(spec, model=_fake_model(spec.model, mode)),
-                                              backend)
-            stack.enter_context(training)
+        with fake_training(config, spec, backend) as training:
             measurement = Measurer(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
             for _ in range(steps):
                 training.step(training.fetch(batches))
             breakdown = measurement.tracked_breakdown()
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
-        return {"reason": f"FakeTensorMode could not run the step: {_failure_line(e)}"}
+        return {"reason": f"FakeTensorMode could not run the step: {failure_line(e)}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}
 
 
-def _failure_line(error: BaseException, limit: int = 300) -> str:
+def failure_line(error: BaseException, limit: int = 300) -> str:
     """One line for a summary: the exception's type, its message's first line, and the last frame outside torch
     (the model's, the spec's or trainbench's code that called the op), e.g. ``TypeError: Multiple dispatch failed
     for 'torch._ops.aten.stack.default'; all __torch_dispatch__ handlers returned NotImplemented: (at

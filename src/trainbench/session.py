@@ -72,8 +72,8 @@ class TrainbenchSession:
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
         """Checks that need more than the options: the device named, the one budgets file, the baseline."""
-        if self.options.device_spec not in ("", "auto"):
-            try:  # an explicit device that is not there is a set-up error, not a skip
+        if self.options.device_spec not in ("", "auto") or self.options.simulate_gpu is not None:
+            try:  # an explicit device that is not there (or a GPU this torch has no kernels for) is a set-up error
                 self.backend  # noqa: B018
             except (RuntimeError, ValueError) as e:
                 raise usage_error(str(e)) from None
@@ -127,13 +127,18 @@ class TrainbenchSession:
         if self._pin_tried:
             return
         self._pin_tried = True
-        if self.options.xdist_workers > 1 and self.options.device_spec in ("auto", "cuda"):
+        if self.options.xdist_workers > 1 and self.options.device_spec in ("auto", "cuda") \
+                and self.options.simulate_gpu is None:
             from .device import pin_to_one_gpu
 
             self.pinned_gpu = pin_to_one_gpu(self.options.xdist_index, self.options.xdist_workers)
 
     @property
     def backend(self):
+        if self._backend is None and self.options.simulate_gpu is not None:
+            from .simulated import SimulatedGpu
+
+            self._backend = SimulatedGpu(self.options.simulate_gpu)
         if self._backend is None:  # lazy: importing torch costs seconds in unrelated pytest runs
             from .device import get_backend
 
@@ -156,9 +161,15 @@ class TrainbenchSession:
             o = self.options
             name = self.backend.profile_name if o.profile_name == "auto" else o.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
+            predictions = None
+            if o.simulate_gpu is not None:  # no tensor can be made on it: its memory gate predicts on the CPU
+                from .predict import PredictionCache
+                from .simulated import prediction_backend
+
+                predictions = PredictionCache(prediction_backend())
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
                                   predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
-                                  remeasure_s=o.remeasure_s, pair_baselines=o.pair_baselines)
+                                  remeasure_s=o.remeasure_s, predictions=predictions, pair_baselines=o.pair_baselines)
         return self._runner
 
     def budgets(self, path: Path | None):
@@ -193,6 +204,20 @@ class TrainbenchSession:
             return undecided(current, base, limits, self.options.compare_alpha)
 
         return unsure
+
+    def simulated_outcome(self, plan, case_id: str) -> tuple[str, str]:
+        """Under --trainbench-simulate-gpu, what a case planned for that GPU (a ``CasePlan``, or why it cannot run)
+        does there: ("fail", why the night would crash on it or refuse it wrongly) or ("skip", why it cannot run
+        there, or what it would do there: ``night_plan.would_run``)."""
+        from .night_plan import planned, would_run
+
+        gpu = self.options.simulate_gpu
+        c = planned(self.runner, plan, case_id)
+        if c.problem:
+            return "fail", c.problem
+        if c.skipped:
+            return "skip", c.skipped
+        return "skip", f"would run on simulated {gpu.name}: {would_run(c, gpu)}; nothing is measured on a simulated GPU"
 
     def budgets_of(self, item):
         return self.budgets(item.stash.get(BUDGETS_PATH, self.options.budgets_override))
@@ -250,7 +275,12 @@ class TrainbenchSession:
         every check is recorded in the saved run's machine info."""
         from .doctor import doctor_record, format_checks, run_checks
 
-        checks = run_checks(self.options.device_spec, expect_cuda=self.options.expect_cuda)
+        if self.options.simulate_gpu is not None:  # the checks the night would make there: this machine runs nothing
+            from .night_plan import simulated_checks
+
+            checks = simulated_checks(self.options.simulate_gpu)
+        else:
+            checks = run_checks(self.options.device_spec, expect_cuda=self.options.expect_cuda)
         self.doctor = doctor_record(checks)
         if hasattr(os, "getloadavg"):  # a busy machine is the first suspect when numbers move; the end is added at save
             self.doctor["load_average"] = {"start": list(os.getloadavg())}

@@ -91,6 +91,9 @@ class SimulatedGpu(Backend):
     def total_memory_bytes(self) -> int | None:
         return self.gpu.memory_bytes
 
+    def memory_bandwidth_gbs(self) -> float | None:
+        return self.gpu.bandwidth_gbs
+
     def caps(self) -> DeviceCaps:
         return DeviceCaps(self.kind, self.name, cuda=True, capability=self.capability(), gpu_count=self.device_count(),
                           bf16=self.supports_bf16())
