@@ -429,7 +429,8 @@ def _add_plan(subparsers) -> None:
         description="Every suite case on a simulated GPU: run or skip (why), its budget section, predicted memory "
                     "against the GPU's, how it is measured, what bounds its step (the roofline: compute, memory "
                     "or kernel launches) and the min_speedup budgets it says cannot hold. Exit 1 where the build "
-                    "cannot run on that GPU (the doctor's FAIL) or a case would crash or be refused for a reason a GPU cannot have.")
+                    "cannot run on that GPU (the doctor's FAIL) or a case would crash or be refused for a reason a GPU "
+                    "cannot have.")
     parser.add_argument("--simulate-gpu", required=True, metavar="MODEL_OR_SPEC",
                         help='a fleet GPU: its name as torch reports it ("NVIDIA L40S", "2xNVIDIA H100 80GB HBM3") or '
                              'its key (h100-sxm, 8xh100-sxm, l40s, t4, ...); or any GPU as an explicit spec, e.g. '
