@@ -34,6 +34,9 @@ def test_a_gpu_supports_bf16_only_natively(monkeypatch):
     ("NVIDIA H100 80GB HBM3", 67.0, 494.7),  # SXM5
     ("NVIDIA A100-SXM4-80GB", 19.5, 156.0),
     ("NVIDIA A10", 31.2, 62.5),
+    ("NVIDIA A10G", 35.0, 35.0),  # AWS's A10G: not the A10's row (half its tensor rate)
+    ("NVIDIA GeForce RTX 4090", 82.6, 82.6),
+    ("NVIDIA B200", 75.0, 1100.0),
     ("Tesla V100S-PCIE-32GB", 16.4, None),  # not a V100 PCIe
     ("Tesla V100-SXM2-16GB", 15.7, None),
     ("Tesla V100-PCIE-16GB", 14.0, None),
@@ -43,9 +46,9 @@ def test_a_gpu_gets_the_peaks_of_its_own_model_and_form_factor(name, fp32, tf32)
     assert device.peak_tflops(name, "tf32") == tf32
 
 
-@pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA L40", "NVIDIA GeForce RTX 4090", "some accelerator"])
+@pytest.mark.parametrize("name", ["NVIDIA L40", "NVIDIA GeForce RTX 4080", "NVIDIA B100", "some accelerator"])
 def test_a_gpu_missing_from_the_table_has_no_peak(name):
-    # A10G is not an A10 (other clocks): a row of a different model would give a wrong MFU, none gives no MFU.
+    # An L40 is not an L40S, a 4080 not a 4090: a row of a different model would give a wrong MFU, none gives no MFU.
     assert all(device.peak_tflops(name, dtype) is None for dtype in ("fp32", "tf32", "fp16", "bf16"))
 
 

@@ -567,3 +567,40 @@ def test_a_failed_case_has_no_stray_fixture_not_used_warning_and_a_users_benchma
     # the one warning left is the plain benchmark test's own
     result.stdout.fnmatch_lines(["*test_plain_benchmark_unused*", "*Benchmark fixture was not used at all*"])
     assert out.count("Benchmark fixture was not used at all") == 1
+
+
+SIMULATED = """
+import pytest
+from trainbench.plugin import recipe_params
+
+@pytest.mark.parametrize("recipe", recipe_params("ddp", "amp_bf16"))
+def test_mlp(train_bench, recipe):
+    train_bench(recipe, "mlp")
+"""
+
+
+def test_a_simulated_gpu_skips_as_that_gpu_would_and_measures_nothing(pytester):
+    pytester.makepyfile(test_sim=SIMULATED)
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider", "--trainbench-simulate-gpu", "NVIDIA L40S")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.assert_outcomes(skipped=2)
+    out = result.stdout.str()
+    assert "): needs 2 GPUs; 1 present" in out  # eligibility.why_not's reason on that GPU (the marker names ddp)
+    assert "would run on simulated NVIDIA L40S: [no budget]" in out and "nothing is measured on a simulated GPU" in out
+    # two GPUs: the DDP case would run there (and is not run here)
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider", "-k", "ddp", "--trainbench-simulate-gpu", "2xh100-sxm")
+    result.assert_outcomes(skipped=1)
+    assert "would run on simulated NVIDIA H100 80GB HBM3: [no budget]" in result.stdout.str()
+
+
+def test_an_unknown_simulated_gpu_or_a_bad_spec_is_a_usage_error_at_start_up(pytester):
+    pytester.makepyfile(test_sim=SIMULATED)
+    for given, said in (("NVIDIA B300", "trainbench: --trainbench-simulate-gpu: unknown GPU 'NVIDIA B300'"),
+                        ("name=X,memory_gib=big,capability=8.9,sms=1",
+                         "trainbench: --trainbench-simulate-gpu: GPU spec: memory_gib='big': expected GiB > 0")):
+        result = pytester.runpytest("-p", "no:cacheprovider", "--trainbench-simulate-gpu", given)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert said in result.stderr.str()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--trainbench-simulate-gpu", "l40s", "--trainbench-device=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--trainbench-simulate-gpu with --trainbench-device=cpu" in result.stderr.str()

@@ -217,7 +217,8 @@ class TrainbenchSession:
             return "fail", c.problem
         if c.skipped:
             return "skip", c.skipped
-        return "skip", f"would run on simulated {gpu.name}: {would_run(c, gpu)}; nothing is measured on a simulated GPU"
+        return "skip", (f"{c.case}: would run on simulated {gpu.name}: {would_run(c, gpu)}; nothing is measured on a "
+                        "simulated GPU")
 
     def budgets_of(self, item):
         return self.budgets(item.stash.get(BUDGETS_PATH, self.options.budgets_override))
