@@ -61,6 +61,8 @@ def test_a_speedup_the_roofline_rules_out_is_flagged_with_the_bound_kinds():
     # within the margin the counts' estimates leave: not flagged
     assert speedup_flag(0.9, amp, 32, base, 32) is None
     assert speedup_flag(1.2, step_bound(None, 0, None, None), 32, base, 32) is None  # no bound: nothing said
+    # the same device work (pinned memory, cuDNN autotuning): its speed-up is outside the roofline, not ruled out
+    assert speedup_flag(1.2, base, 32, base, 32) is None
 
 
 def test_a_measured_step_against_its_bound():
