@@ -25,10 +25,16 @@ from trainbench.store import INCOMPLETE_KEY
 ROOT = Path(__file__).parents[1]
 
 
+def _record(case: str) -> dict:
+    """A measured case's record: 20 ms steps of 32 samples, a 900 MiB allocator peak."""
+    return {"case": case, "samples_per_step": 32, "samples_per_s": 1600.0, "step_time_ms": 20.0,
+            "round_step_times_s": [0.02, 0.02, 0.02], "peak_memory_mib": 900.0}
+
+
 def _group_run(cases: list[str], incomplete: bool = False) -> dict:
     run = {"machine_info": {"trainbench": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3"}}, "commit_info": {},
            "benchmarks": [{"name": f"test_recipe[{c}]", "fullname": f"benchmarks/test_recipes.py::test_recipe[{c}]",
-                           "stats": {}, "extra_info": {"case": c}} for c in cases]}
+                           "stats": {}, "extra_info": _record(c)} for c in cases]}
     if incomplete:
         run[INCOMPLETE_KEY] = True
     return run
@@ -38,7 +44,9 @@ class VirtualNight:
     """A step runner on a virtual clock: each step takes the seconds ``durations`` gives its name (default 5),
     is stopped at its deadline, and a case group writes its run and JUnit report as pytest would."""
 
-    def __init__(self, durations: dict[str, float] | None = None, interrupt_at: str | None = None):
+    def __init__(self, durations: dict[str, float] | None = None, interrupt_at: str | None = None,
+                 plan: dict | None = None, skips: dict[str, str] | None = None):
+        self.plan, self.skips = plan, skips or {}
         self.now = 1000.0
         self.durations = durations or {}
         self.interrupt_at = interrupt_at
@@ -60,9 +68,13 @@ class VirtualNight:
             node_ids = [a for a in argv if "::" in a]
             done = [n[n.index("[") + 1:-1] for n in node_ids][:1 if stopped else None]
             out = Path(argv[argv.index("--benchmark-json") + 1])
-            out.write_text(json.dumps(_group_run(done, incomplete=stopped)))
-            cases = "".join(f'<testcase classname="x" name="test_recipe[{c}]"/>' for c in done)
+            out.write_text(json.dumps(_group_run([c for c in done if c not in self.skips], incomplete=stopped)))
+            cases = "".join(f'<testcase classname="x" name="test_recipe[{c}]"><skipped message="{self.skips[c]}"/>'
+                            f'</testcase>' if c in self.skips else f'<testcase classname="x" name="test_recipe[{c}]"/>'
+                            for c in done)
             Path(argv[argv.index("--junitxml") + 1]).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+        if name == "plan" and self.plan is not None:
+            Path(argv[argv.index("--json") + 1]).write_text(json.dumps(self.plan))
         return StepOutcome(0, stopped=stopped) if not stopped else StepOutcome(-15, stopped=True)
 
 
@@ -132,6 +144,24 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
         assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
     assert "doctor --simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
     assert "(simulated: nothing measured)" in (tmp_path / "night" / "summary.md").read_text()
+
+
+def test_the_summary_sets_the_run_beside_the_plan_and_says_what_differed(tmp_path):
+    plan = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
+        {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step",
+         "bound_s": 0.005},
+        {"case": "resnet18-amp_fp16", "needed_mib": 600.0},  # measured 900 MiB: above the prediction
+        {"case": "resnet18-ddp", "skipped": "needs 2 CUDA devices"},  # skipped as planned
+        {"case": "gpt-baseline", "skipped": "needs ~90 GiB"},  # yet it ran
+    ]}
+    _night(tmp_path, VirtualNight(plan=plan, skips={"resnet18-ddp": "needs 2 CUDA devices"}), simulate=None)
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | 1600.0 | 900.0 | 1200.0 |" in summary
+    differed = summary.split("## What differed from the plan")[1]
+    assert "- resnet18-amp_fp16: measured peak 900 MiB above the predicted 600 MiB" in differed
+    assert "- gpt-baseline: planned to skip (needs ~90 GiB), passed" in differed
+    assert "resnet18-ddp" not in differed and "- resnet18-baseline:" not in differed.split("## Measured")[0]
+    assert "- resnet18-baseline: measured 20.0 ms/step, roofline >= 5.0 ms/step (4.00x)" in summary
 
 
 def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):

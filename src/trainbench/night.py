@@ -436,8 +436,10 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps])
+    from .roofline import versus_measured
+
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
-    rows, differs = [], []
+    rows, differs, bounds = [], [], []
     for case in dict.fromkeys([*planned, *reported, *measured]):
         p, r, m = planned.get(case), reported.get(case), measured.get(case)
         plan_text = ("-" if p is None else f"skip: {p['skipped']}" if p.get("skipped") else
@@ -446,15 +448,23 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         predicted = p.get("needed_mib") if p else None
         peak = m.get("peak_memory_mib") if m else None
         speed = m.get("samples_per_s") if m else None
-        rows.append((case, plan_text, night_text, _num(speed), _num(peak), _num(predicted)))
+        roofline = (p or {}).get("roofline") or ""
+        rows.append((case, plan_text, night_text, roofline, _num(speed), _num(peak), _num(predicted)))
         difference = _difference(p, r, peak, predicted)
         if difference:
             differs.append(f"- {case}: {difference}")
+        step_ms, bound_s = (m or {}).get("step_time_ms"), (p or {}).get("bound_s")
+        if step_ms and bound_s:
+            bounds.append(f"- {case}: {versus_measured(bound_s, step_ms / 1000)}")
     lines += ["", "## Cases", "",
-              "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (predicted MiB: its tensor peak with "
-              "the memory gate's headroom); night: the pytest outcome of the case.", ""]
-    lines += _table(("case", "plan", "night", "samples/s", "peak MiB", "predicted MiB"), rows, text_columns=3)
+              "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (roofline: what bounds its step and "
+              "the bound; predicted MiB: its tensor peak with the memory gate's headroom); night: the pytest outcome "
+              "of the case.", ""]
+    lines += _table(("case", "plan", "night", "roofline", "samples/s", "peak MiB", "predicted MiB"), rows,
+                    text_columns=4)
     lines += ["", "## What differed from the plan", ""] + (differs or ["- nothing"])
+    if bounds:
+        lines += ["", "## Measured steps against the roofline's bound", ""] + bounds
     if plan is None:
         lines += ["", "No plan was made (see the plan step): nothing to compare with."]
     return lines
@@ -473,7 +483,7 @@ def _difference(planned: dict | None, reported: CaseOutcomeLine | None, peak: fl
     if planned is None or reported is None:
         return None
     plan_runs = not planned.get("skipped") and not planned.get("problem")
-    if plan_runs and reported.outcome == "skipped" and not reported.message.startswith("would run"):
+    if plan_runs and reported.outcome == "skipped" and "would run on simulated" not in reported.message:
         return f"planned to run, skipped: {reported.message}"
     if not plan_runs and reported.outcome != "skipped":
         return f"planned to skip ({planned.get('skipped') or planned.get('problem')}), {reported.outcome}"
