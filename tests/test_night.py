@@ -170,6 +170,8 @@ def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
         run_night(tmp_path / "file", 600, None, ROOT, runner=VirtualNight())
     with pytest.raises(NightError, match="--budget-s 20: too short"):
         run_night(tmp_path / "n", 20, None, ROOT, runner=VirtualNight())
+    with pytest.raises(NightError, match="--simulate-gpu: .*unknown GPU 'NVIDIA L41S'"):
+        run_night(tmp_path / "n", 600, "NVIDIA L41S", ROOT, runner=VirtualNight())
     with pytest.raises(NightError, match="benchmarks/test_recipes.py: not found"):
         run_night(tmp_path / "n", 600, None, tmp_path, runner=VirtualNight())
     assert FINISH_RESERVE_S > MIN_STEP_S

@@ -110,11 +110,17 @@ class NightError(ValueError):
     """A night that cannot start; the message names what is wrong."""
 
 
-def check_start(out: Path, budget_s: float, root: Path) -> None:
+def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written, a
-    budget too short to measure anything."""
+    budget too short to measure anything, a GPU to simulate that cannot be."""
     from .files import cannot_write
+    from .fleet import GpuSpecError, parse_gpu
 
+    if simulate_gpu is not None:
+        try:
+            parse_gpu(simulate_gpu)
+        except GpuSpecError as e:
+            raise NightError(f"--simulate-gpu: {e}") from None
     if not _plugin_installed():
         raise NightError(f"trainbench is not installed for pytest in {sys.executable} (no pytest11 entry point): "
                          "pip install --no-deps --no-build-isolation -e . installs it and nothing else")
@@ -530,7 +536,7 @@ def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, 
     """The night, start to end; its exit status (0: every step that ran passed)."""
     from .predict import SharedPredictions
 
-    check_start(out, budget_s, root)
+    check_start(out, budget_s, root, simulate_gpu)
     night = Night(out, budget_s, simulate_gpu, python)
     # every pytest session and the plan predict the same setups' memory: once for the night
     runner = runner or subprocess_runner(clock, {SharedPredictions.ENV: str(out / "predictions.json")})
