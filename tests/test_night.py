@@ -45,8 +45,9 @@ class VirtualNight:
     is stopped at its deadline, and a case group writes its run and JUnit report as pytest would."""
 
     def __init__(self, durations: dict[str, float] | None = None, interrupt_at: str | None = None,
-                 plan: dict | None = None, skips: dict[str, str] | None = None):
-        self.plan, self.skips = plan, skips or {}
+                 plan: dict | None = None, skips: dict[str, str] | None = None,
+                 exit_codes: dict[str, int] | None = None):
+        self.plan, self.skips, self.exit_codes = plan, skips or {}, exit_codes or {}
         self.now = 1000.0
         self.durations = durations or {}
         self.interrupt_at = interrupt_at
@@ -75,7 +76,7 @@ class VirtualNight:
             Path(argv[argv.index("--junitxml") + 1]).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
         if name == "plan" and self.plan is not None:
             Path(argv[argv.index("--json") + 1]).write_text(json.dumps(self.plan))
-        return StepOutcome(0, stopped=stopped) if not stopped else StepOutcome(-15, stopped=True)
+        return StepOutcome(self.exit_codes.get(name, 0)) if not stopped else StepOutcome(-15, stopped=True)
 
 
 def _night(tmp_path, virtual: VirtualNight, budget_s: float = 600.0, simulate: str | None = "h100-sxm"):
@@ -124,6 +125,15 @@ def test_the_budget_stops_measuring_early_enough_to_merge_and_summarize(tmp_path
     assert lines[-1].startswith("night: PARTIAL: cases-02-gpt, cases-03-vit") and status == 0
 
 
+def test_a_failed_step_fails_the_night_and_a_group_left_empty_does_not(tmp_path):
+    virtual = VirtualNight(exit_codes={"cases-02-gpt": 5, "cases-03-vit": 1})
+    status, manifest, lines = _night(tmp_path, virtual, simulate=None)
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["cases-02-gpt"]["status"] == "ok" and "no case selected" in steps["cases-02-gpt"]["note"]
+    assert steps["cases-03-vit"]["status"] == "failed" and steps["cases-04-ladders"]["status"] == "ok"
+    assert status == 1 and lines[-1].startswith("night: FAILED: cases-03-vit;")
+
+
 def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
     virtual = VirtualNight(interrupt_at="cases-03-vit")
     status, manifest, lines = _night(tmp_path, virtual, simulate=None)
@@ -140,7 +150,8 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
     steps = {s["name"]: s for s in manifest["steps"]}
     assert steps["run"]["status"] == "skipped" and "nothing is measured" in steps["run"]["note"]
     assert "calibrate" not in steps and steps["plan"]["status"] == "ok"
-    for log in ("smoke", "cases-01-resnet18", "cases-05-rest"):
+    assert steps["smoke"]["status"] == "skipped"
+    for log in ("cases-01-resnet18", "cases-05-rest"):
         assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
     assert "doctor --simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
     assert "(simulated: nothing measured)" in (tmp_path / "night" / "summary.md").read_text()

@@ -34,6 +34,8 @@ SUITE_FILE = "benchmarks/test_recipes.py"
 FINISH_RESERVE_S = 60.0
 # A step that would have less than this left is not started: it could not finish anything worth keeping.
 MIN_STEP_S = 10.0
+# pytest's exit status when its arguments selected nothing (the night's -k left a group empty): not a failure.
+NO_TESTS_COLLECTED = 5
 # After SIGTERM, how long a step may take to save what it measured before it is killed.
 TERM_GRACE_S = 15.0
 
@@ -234,9 +236,12 @@ class NightRun:
         outcome = self.runner(argv, self.out / step.log, deadline)
         step.seconds = round(self.clock() - start, 1)
         step.exit_code = outcome.exit_code
-        step.status = "stopped" if outcome.stopped else "ok" if outcome.exit_code == 0 else "failed"
+        step.status = ("stopped" if outcome.stopped else
+                       "ok" if outcome.exit_code in (0, NO_TESTS_COLLECTED) else "failed")
         if outcome.stopped:
             step.note = "stopped at its deadline; what it measured was saved, marked incomplete"
+        elif outcome.exit_code == NO_TESTS_COLLECTED:
+            step.note = "no case selected (-k or -m left none)"
         self.night.save()
         self.say(f"night: {name}: {step.status}" + (f" (exit {step.exit_code})" if step.status == "failed" else "")
                  + f" in {step.seconds:.0f} s")
@@ -306,8 +311,12 @@ class NightRun:
         simulate = ("--simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ("--expect-cuda",)
         self.run_step("doctor", "this machine before a run (CUDA, driver, memory, timing distortions)",
                       self.trainbench("doctor", *simulate, "--json", str(self.out / "doctor.json")), deadline)
-        self.run_step("smoke", "self-checks of the measurement on this GPU (make gpu-smoke)",
-                      self.pytest("smoke", "--junitxml", str(self.out / "groups" / "smoke.xml")), deadline)
+        why = "self-checks of the measurement on this GPU (make gpu-smoke)"
+        if self.night.simulate_gpu:
+            self.skip_step("smoke", why, "the self-checks measure: nothing runs on a simulated GPU")
+        else:
+            self.run_step("smoke", why, self.pytest("smoke", "--junitxml", str(self.out / "groups" / "smoke.xml")),
+                          deadline)
         taken: set[str] = set()
         for number, group in enumerate(CASE_GROUPS, 1):
             stem = f"{number:02d}-{group.name}"
@@ -441,7 +450,7 @@ def summary_lines(night: Night, out: Path) -> list[str]:
              + (" Interrupted." if night.interrupted else ""), "", "## Steps", ""]
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
-                     for s in night.steps])
+                     for s in night.steps if s.name != "summary"])  # this file, being written
     from .roofline import versus_measured
 
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
