@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -246,15 +247,21 @@ def bare_box(tmp_path_factory):
 
 def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_filled(bare_box, tmp_path):
     out = tmp_path / "night"
-    budget = 150
-    done = subprocess.run([bare_box, "-m", "trainbench", "night", "--simulate-gpu", "NVIDIA H100 80GB HBM3",
+    budget = 90
+    started = time.monotonic()
+    done = subprocess.run([bare_box, "-m", "trainbench", "night", "--simulate-gpu", "NVIDIA L40S",
                            "--budget-s", str(budget), "--out", str(out), "--pytest-arg=-k",
-                           "--pytest-arg=resnet18-baseline or gpt-baseline or resnet18-ddp or ladder000-0"],
+                           "--pytest-arg=resnet18-baseline or gpt-baseline or resnet18-ddp"],
                           cwd=ROOT, capture_output=True, text=True, timeout=budget + 60)
+    took = time.monotonic() - started
     manifest = json.loads((out / "night.json").read_text())
     steps = {s["name"]: s for s in manifest["steps"]}
     assert manifest["finished"], done.stdout[-3000:]
-    assert steps["doctor"]["status"] == "ok" and json.loads((out / "doctor.json").read_text())
-    assert (out / "logs" / "smoke.log").exists() and (out / "summary.md").exists()
-    assert sum(s["seconds"] or 0 for s in manifest["steps"]) <= budget
-    assert done.stdout.splitlines()[-1].startswith("night: ")
+    assert took <= budget + 10  # the interpreter's own start and end beside the night's clock
+    assert steps["doctor"]["status"] == "ok" and {c["name"] for c in json.loads((out / "doctor.json").read_text())} \
+        >= {"cuda", "gpu0_arch", "gpu0_memory"}
+    assert list(steps)[:3] == ["doctor", "smoke", "cases-01-resnet18"] and list(steps)[-1] == "summary"
+    # every step ended as the budget allowed, none failed: asv and tomlkit were not needed
+    assert {s["status"] for s in manifest["steps"]} <= {"ok", "skipped", "stopped", "not started"}, done.stdout
+    assert (out / "summary.md").read_text().startswith("# GPU night: NVIDIA L40S (simulated: nothing measured)")
+    assert done.stdout.splitlines()[-1].startswith(("night: complete", "night: PARTIAL"))

@@ -287,7 +287,7 @@ class NightRun:
         night = self.night
         night.started = self.clock()
         self.end = night.started + night.budget_s
-        measure_end = self.end - min(FINISH_RESERVE_S, night.budget_s / 4)
+        measure_end = self.end - max(min(FINISH_RESERVE_S, night.budget_s / 4), TERM_GRACE_S + MIN_STEP_S)
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         (self.out / "groups").mkdir(parents=True, exist_ok=True)
         night.save()
@@ -327,6 +327,7 @@ class NightRun:
                                       "--junitxml", str(self.out / "groups" / f"{stem}.xml"), *node_ids), deadline)
 
     def _finish(self) -> None:
+        end = self.end - TERM_GRACE_S  # a step stopped at its deadline may take this long to end
         run_path = self.out / "run.json"
         why = "the groups' runs merged into one pytest-benchmark run"
         if self.night.simulate_gpu:
@@ -337,14 +338,13 @@ class NightRun:
         if merge.status == "ok" and run_path.exists():
             self.run_step("calibrate", "this GPU's budgets section calibrated from the run (a diff, not written)",
                           self.trainbench("calibrate", str(run_path), "--budgets",
-                                          str(self.root / "benchmarks" / "budgets.toml")), self.end)
+                                          str(self.root / "benchmarks" / "budgets.toml")), end)
             self.run_step("report", "the ladder report of the run",
-                          self.trainbench("report", str(run_path), "--out", str(self.out / "report")), self.end)
+                          self.trainbench("report", str(run_path), "--out", str(self.out / "report")), end)
         gpu = self.night.simulate_gpu or _recorded_gpu(run_path)
         if gpu:
             self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
-                          self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")),
-                          self.end)
+                          self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")), end)
         else:
             self.skip_step("plan", "the simulated plan of this GPU", "no run names a GPU to plan for")
         self.in_process("summary", "summary.md: the run beside the plan",
