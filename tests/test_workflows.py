@@ -203,3 +203,19 @@ def test_a_failed_asv_pass_fails_its_step_visibly_without_failing_the_nightly(tm
     if asv_exit:
         assert "::error title=asv history::asv run failed (exit 2" in ran.stdout
         assert "TRAINBENCH_ASV_TIMEOUT=3600s" in summary.read_text()
+
+
+def test_every_make_target_given_an_interpreter_installs_nothing(tmp_path):
+    # A GPU box's own torch must never be replaced, and it has no network: PY=python3 runs as it is.
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split()
+    for target in sorted(set(phony) - {"install", "clean"}):
+        dry = subprocess.run(["make", "-n", "-C", str(ROOT), target, "PY=python3", "VENV=" + str(tmp_path / "venv")],
+                             capture_output=True, text=True, check=True).stdout
+        assert "pip install" not in dry and "-m venv" not in dry and str(tmp_path) not in dry, f"make {target}:\n{dry}"
+    without = subprocess.run(["make", "-n", "-C", str(ROOT), "doctor", "VENV=" + str(tmp_path / "venv")],
+                             capture_output=True, text=True, check=True).stdout
+    assert "pip install" in without  # without PY the project's venv is made and installed first
+    night = subprocess.run(["make", "-n", "-C", str(ROOT), "gpu-night", "PY=python3", "NIGHT_BUDGET_S=300"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "python3 -m trainbench night --budget-s 300 --out results/gpu-night" in night
