@@ -180,14 +180,7 @@ def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
 def test_the_doctor_checks_a_fleet_gpu_as_on_it_without_its_case_list(tmp_path, capsys):
     from trainbench import __main__ as cli
 
-<<<<<<< HEAD
     assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3", "--json", str(tmp_path / "d.json")]) == 0
-=======
-    real = night_plan.plan_night
-    monkeypatch.setattr(night_plan, "plan_night",
-                        lambda gpu, budgets, roofline: real(gpu, budgets, StandInPredictions(), roofline=roofline))
-    assert cli.main(["doctor", "--simulate-gpu", "NVIDIA H100 80GB HBM3"]) == 0
->>>>>>> 4684569 (fleet: L40S, A10G, RTX 4090, A100 80GB and B200 with bandwidths, any GPU from an explicit spec (fleet.parse_gpu) for doctor/plan --simulate-gpu; roofline.py: what bounds each planned case (compute, memory, launches) and the min_speedup budgets it rules out, in the night plan)
     out = capsys.readouterr().out
     assert not any(line.startswith(("run ", "skip ")) for line in out.splitlines())
     assert "doctor of 1 x NVIDIA H100 80GB HBM3" in out and "gpu0_memory: NVIDIA H100 80GB HBM3 has 80,998 MiB" in out
@@ -248,10 +241,10 @@ def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monk
     from trainbench import night_plan
 
     real = night_plan.plan_night
-    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets, roofline: real(
-        gpu, budgets, StandInPredictions(), counts=StandInCounts(), roofline=roofline))
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: real(
+        gpu, budgets, StandInPredictions(), counts=StandInCounts()))
     assert cli.main(["doctor", "--simulate-gpu", "NVIDIA L40S"]) == 0
-    assert "night plan for 1 x NVIDIA L40S (sm_89, 44.4 GiB)" in capsys.readouterr().out
+    assert "doctor of 1 x NVIDIA L40S (sm_89, 44.4 GiB), simulated" in capsys.readouterr().out
     spec = "name=My GPU,memory_gib=48,capability=8.9,sms=142,bf16=1,count=2,bandwidth_gbs=864,tflops_bf16=362,tflops_fp32=91"
     assert cli.main(["plan", "--simulate-gpu", spec]) == 0
     out = capsys.readouterr().out

@@ -99,7 +99,7 @@ def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
     assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
     first = (tmp_path / "night" / "logs" / f"{groups[0]}.log").read_text()
     assert first.index("resnet18-baseline") < first.index("resnet18-amp_fp16") < first.index("resnet18-cudnn_benchmark")
-    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first
+    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first and "--trainbench-expect-cuda" in first
     assert "--trainbench-slow" in (tmp_path / "night" / "logs" / f"{groups[3]}.log").read_text()
     # every suite case is in exactly one group
     every = [a for g in groups for a in (tmp_path / "night" / "logs" / f"{g}.log").read_text().split() if "::" in a]

@@ -279,8 +279,10 @@ class NightRun:
         return self.python("-m", "trainbench", *args)
 
     def pytest(self, *args: str) -> list[str]:
-        simulate = ("--trainbench-simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ()
-        return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *simulate, *self.pytest_args, *args)
+        # a GPU night that found no GPU fails rather than measuring the CPU profile
+        device = (("--trainbench-simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else
+                  ("--trainbench-expect-cuda",))
+        return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *device, *self.pytest_args, *args)
 
     # -- the night ---------------------------------------------------------------------------------
     def run(self) -> int:

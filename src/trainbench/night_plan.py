@@ -95,11 +95,9 @@ def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
 
 
 def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
-               arch_list: list[str] | None = None, counts: CountCache | None = None,
-               roofline: bool = True) -> NightPlan:
+               arch_list: list[str] | None = None, counts: CountCache | None = None) -> NightPlan:
     """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
-    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU);
-    ``roofline`` False: no step counts (the doctor's summary needs none)."""
+    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU)."""
     night = NightPlan(gpu, simulated_checks(gpu, arch_list))
     if night.refused:
         return night
@@ -108,7 +106,7 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
     runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name],
                     predictions=predictions or PredictionCache(prediction_backend()))
     budgets = Budgets.load(budgets_path) if budgets_path else None
-    counts = (counts or CountCache(prediction_backend())) if roofline else None
+    counts = counts or CountCache(prediction_backend())
     night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
     return night
 
@@ -236,13 +234,12 @@ def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
     heaviest cases (the few the doctor predicts, not every case: ``plan_night`` does that)."""
     from .doctor import check_device_memory, heaviest_cases
 
-    runtime = simulated_runtime(gpu, arch_list)
-    checks = check_cuda(runtime, expect_cuda=True)
+    checks = simulated_checks(gpu, arch_list)
     if any(check.status == "FAIL" for check in checks):
         return checks
     caps = SimulatedGpu(gpu, arch_list=arch_list).caps()
     predict = functools.partial(PredictionCache(prediction_backend()), "gpu")
-    for device in runtime["devices"]:
+    for device in simulated_runtime(gpu, arch_list)["devices"]:
         checks += check_device_memory(device, heaviest_cases(caps, device["total_memory_bytes"], predict))
     return checks
 
