@@ -139,3 +139,24 @@ def test_a_collate_fn_pads_a_datasets_samples_of_different_lengths(cpu, profile)
         assert isinstance(batch[0], dict) and batch[0]["input_ids"].dim() == 2
         assert float(training.last_items) == float(tokens(batch[0]))
         assert torch.isfinite(training.step(batch))
+
+
+def test_weighting_micro_batches_by_their_items_copies_nothing_to_the_device(profile):
+    """On a GPU a count made on the host and copied to the device per micro-batch is a sync each: the step must count
+    the items where the batches are. The CPU is host and device at once, so this backend calls every copy to the
+    device what a GPU's pageable host-to-device copy is, a sync."""
+    from trainbench.device import CpuBackend
+    from trainbench.measure import Measurer, MeasureSettings
+    from trainbench.training import TrainingSetup
+
+    class CopiesSyncAsOnAGpu(CpuBackend):
+        def blocking_copy(self, src, dst_device, non_blocking):
+            return True
+
+    backend = CopiesSyncAsOnAGpu(torch.device("cpu"))
+    config = get_recipe("grad_accumulation").config(profile)
+    with TrainingSetup(config, lm_spec(items=tokens, items_unit="tokens"), backend) as training:
+        measurer = Measurer(training, "padded_lm-grad_accumulation", "grad_accumulation", MeasureSettings())
+        measurer.count_work()
+    assert config.accumulation_steps > 1
+    assert measurer.result.syncs_per_step == 0

@@ -621,8 +621,9 @@ class TrainingSetup:
         return self._normalize(t)
 
     # -- the step -------------------------------------------------------------------
-    def _loss(self, batch) -> torch.Tensor:
-        batch = self.to_device(batch)
+    def _loss(self, batch, on_device: bool = False) -> torch.Tensor:
+        if not on_device:
+            batch = self.to_device(batch)
         if self.before_forward is not None:
             self.before_forward()
         with self.autocast():
@@ -667,12 +668,17 @@ class TrainingSetup:
         step's items where the spec counts them), so the summed gradients equal those of the whole batch.
         Returns the step's (mean) loss with its graph, as a training loop sees it.
         """
+        items_weighted = len(micro_batches) > 1 and self.spec.items is not None
+        if items_weighted:
+            # Every micro-batch on the device first and its items counted there: counts made on the host would each
+            # be copied to the device inside the step, a host-device sync per micro-batch on a GPU.
+            micro_batches = [self.to_device(batch) for batch in micro_batches]
         weights = self.accumulation_weights(micro_batches)
         total = None
         for i, batch in enumerate(micro_batches):
-            loss = self._loss(batch)
+            loss = self._loss(batch, on_device=items_weighted)
             if isinstance(weights, list):
-                loss = loss * weights[i].to(device=loss.device, dtype=loss.dtype)
+                loss = loss * weights[i].to(dtype=loss.dtype)  # a dtype only: the weight is where its batch is
             elif weights is not None:
                 loss = loss / weights
             if i == 0:
@@ -687,7 +693,9 @@ class TrainingSetup:
 
         A loss that is a mean over a batch's samples is divided by k (the k micro-batches are equal). A loss that is a mean over items
         whose count differs between micro-batches (a padded LM's non-padding tokens) gets its share of the step's
-        items: averaging k micro-batch means equally is not the whole batch's mean.
+        items: averaging k micro-batch means equally is not the whole batch's mean. The weights are computed where
+        the counts are (the device, for batches moved there; an ``items`` returning a number gives a host scalar,
+        which a device op reads as an argument), never copied.
         """
         k = len(micro_batches)
         if k == 1:
