@@ -242,6 +242,56 @@ def test_fp16_with_a_grad_scaler_scales_every_loss_and_updates_once(config, cpu,
     assert verdict.ok, verdict.message
 
 
+
+def critic_step(model, real, ctx, n_critic=2, clear=True):
+    """A critic updated ``n_critic`` times per generator update (WGAN's), clearing its gradients through ctx or not."""
+    d, g = ctx.optimizer("D"), ctx.optimizer("G")
+    for _ in range(n_critic):
+        z = torch.randn(real.shape[0], NOISE, device=real.device, generator=ctx.generator)
+        with ctx.autocast():
+            d_loss = bce(model.D(real), 1.0) + bce(model.D(model.G(z).detach()), 0.0)
+        ctx.zero_grad(d) if clear else d.zero_grad()
+        ctx.backward(d_loss)
+        ctx.step(d)
+    return gan_step(model, real, ctx, update_d=False)
+
+
+def _scales_seen(training: TrainingSetup, monkeypatch) -> list[tuple[str, float]]:
+    """("scale"/"unscale", the GradScaler's scale then) as the step scales losses and unscales gradients."""
+    seen = []
+    for method in ("scale", "unscale_"):
+        original = getattr(torch.amp.GradScaler, method)
+
+        def recording(self, *args, _original=original, _method=method):
+            seen.append((_method.rstrip("_"), self.get_scale()))
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.amp.GradScaler, method, recording)
+    return seen
+
+
+@pytest.mark.parametrize("clear", [True, False])
+def test_a_critic_stepped_twice_under_a_grad_scaler_gets_an_update_between(config, cpu, monkeypatch, clear):
+    # GradScaler.step refuses an optimizer stepped since the last update; this scaler doubles its scale at every
+    # update, so an update placed between a backward and the unscaling of its gradients shows
+    fp16 = config(amp="fp16", grad_scaler=True)
+    with TrainingSetup(fp16, gan_spec(functools.partial(critic_step, clear=clear)), cpu) as training:
+        training.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+        before = {n: p.detach().clone() for n, p in training.model.named_parameters()}
+        seen = _scales_seen(training, monkeypatch)
+        training.stepped_gradients = {}
+        training.step(training.fetch(training.batches()))
+        assert {n.split(":")[0] for n in training.stepped_gradients} == {"D", "D#2", "G"}
+        assert all(torch.isfinite(g).all() for g in training.stepped_gradients.values())
+        assert all(not torch.equal(before[n], p) for n, p in training.model.named_parameters())
+        assert training.scaler.get_scale() == 2.0**12  # the critic's second update, then the step's end
+    if clear:  # each update's gradients unscaled at the scale they were scaled with
+        assert seen == [("scale", 2.0**10), ("unscale", 2.0**10), ("scale", 2.0**11), ("unscale", 2.0**11),
+                        ("scale", 2.0**11), ("unscale", 2.0**11)]
+    else:  # cleared behind trainbench's back: the update can only come at the second step
+        assert [what for what, _ in seen] == ["scale", "unscale", "scale", "unscale", "scale", "unscale"]
+
+
 def test_compile_compiles_the_modules_the_step_calls(config, cpu, monkeypatch):
     # Dynamo with its eager backend: what is compiled and what the step calls, without a minute of inductor's C++
     # code generation on two cores (the recipe itself compiles with inductor).

@@ -293,12 +293,12 @@ class _PredictedTraining(TrainingSetup):
             self._iterator = _OneSampleBatches(self.loader)
         return self._iterator
 
-    def step_optimizer(self, optimizer, name: str) -> None:
+    def _apply_step(self, optimizer) -> None:
         # GradScaler.step asks whether any gradient overflowed (a host sync on a value fake tensors do
         # not have); its unscaling and the update allocate the same either way.
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-            self._scaler_stepped = True
+            self._scaled_steps.add(id(optimizer))
         optimizer.step()
 
 

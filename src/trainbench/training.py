@@ -400,7 +400,8 @@ class StepContext:
     - ``ctx.zero_grad(optimizer)``: the recipe's way of clearing that optimizer's gradients (zeros, set_to_none,
       ``param.grad = None``);
     - ``ctx.step(optimizer)``: ``scaler.step(optimizer)`` or ``optimizer.step()`` (trainbench calls
-      ``scaler.update()`` once after the whole step);
+      ``scaler.update()`` once after the whole step, and before an optimizer's second update in one step: see
+      ``TrainingSetup.update_scaler``);
     - ``ctx.generator``: a generator on the device, seeded as the setup is, for the step's own random numbers
       (noise): a recipe and its baseline draw the same, whatever else draws from the global generator.
 
@@ -480,7 +481,7 @@ class TrainingSetup:
         # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
         self.stepped_gradients: dict[str, torch.Tensor] | None = None
         self._times_stepped: Counter[str] = Counter()
-        self._scaler_stepped = False
+        self._scaled_steps: set[int] = set()  # the optimizers (ids) the GradScaler stepped since its last update
         self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
         self._normalize = spec.pixel_normalize()
         self._loss_checked = False
@@ -650,7 +651,13 @@ class TrainingSetup:
             yield
 
     def zero_grad(self, optimizer: torch.optim.Optimizer | None = None) -> None:
-        """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's."""
+        """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's.
+
+        Clearing an optimizer the GradScaler stepped since its last update starts that optimizer's next update in
+        the step (a critic's n updates): the scaler is updated first, before the backward that scales its gradients.
+        """
+        if optimizer is None or id(optimizer) in self._scaled_steps:
+            self.update_scaler()
         mode = self.config.zero_grad
         if mode == "param_none":
             params = self.model.parameters() if optimizer is None else (
@@ -761,14 +768,12 @@ class TrainingSetup:
         """The spec's own step on the step's batch (one: no accumulation for a custom step), then the GradScaler's
         one update. Returns the loss the step reports."""
         [batch] = micro_batches
-        self._scaler_stepped = False
         self._times_stepped.clear()
         loss = self.spec.step(self.forward, self.to_device(batch), self.context)
         if not self._loss_checked:
             self._check_loss_returned(loss, "step")
             self._loss_checked = True
-        if self.scaler is not None and self._scaler_stepped:  # GradScaler.update fails where no step was taken
-            self.scaler.update()
+        self.update_scaler()
         return loss
 
     def optimizer_step(self) -> None:
@@ -776,17 +781,33 @@ class TrainingSetup:
         overflowed), whose scale is then updated once."""
         for name, optimizer in self.optimizers.items():
             self.step_optimizer(optimizer, name)
-        if self.scaler is not None:
+        self.update_scaler()
+
+    def update_scaler(self) -> None:
+        """``scaler.update()`` where the GradScaler stepped an optimizer since its last update (it fails where none
+        stepped): once per step, after every optimizer stepped, as PyTorch's AMP examples do; and before an optimizer
+        is stepped again in the same step, which GradScaler refuses without an update between. That one comes where
+        the optimizer's gradients are cleared (``zero_grad``), so the gradients of its next update are scaled and
+        unscaled at the same scale; an optimizer stepped again without being cleared through trainbench gets it
+        just before the step, whose gradients are then unscaled at the updated scale (the same but after an
+        overflow or a growth)."""
+        if self.scaler is not None and self._scaled_steps:
             self.scaler.update()
+        self._scaled_steps.clear()
 
     def step_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> None:
         """One optimizer's update: ``scaler.step(optimizer)`` or ``optimizer.step()``; while ``stepped_gradients`` is
         a dict, the (unscaled) gradients it steps on are kept there first."""
+        if id(optimizer) in self._scaled_steps:
+            self.update_scaler()
         if self.stepped_gradients is not None:
             self._keep_stepped_gradients(optimizer, name)
+        self._apply_step(optimizer)
+
+    def _apply_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None:
             self.scaler.step(optimizer)
-            self._scaler_stepped = True
+            self._scaled_steps.add(id(optimizer))
         else:
             optimizer.step()
 
