@@ -332,3 +332,18 @@ def test_the_sm_clock_is_read_where_this_torch_has_it_else_asked_elsewhere_and_n
     assert sm_clock_khz(without, (refuse, lambda: 1_755_000.0)) == 1_755_000
     assert sm_clock_khz(types.SimpleNamespace(clock_rate=0), (lambda: None, lambda: 1_410_000.0)) == 1_410_000
     assert sm_clock_khz(without, (refuse, lambda: None)) == NOMINAL_SM_CLOCK_KHZ
+
+
+def test_a_pinned_process_remembers_how_many_gpus_it_was_pinned_among(monkeypatch):
+    monkeypatch.setattr(device, "_PINNED", {"among": 0})
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    backend = object.__new__(CudaBackend)
+    monkeypatch.setattr(CudaBackend, "name", property(lambda self: "NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(CudaBackend, "capability", lambda self: (9, 0))
+    monkeypatch.setattr(CudaBackend, "device_count", lambda self: 1)
+    monkeypatch.setattr(CudaBackend, "supports_bf16", lambda self: True)
+    assert backend.caps().pinned_among == 0
+    pin_to_one_gpu(2, 4)
+    assert backend.caps().pinned_among == 4

@@ -190,3 +190,12 @@ def test_memory_is_checked_last_on_the_nearest_predictable_setup(cpu_profile, ml
         "compile: needs ~10.0 GiB")
     [config] = asked
     assert config.compile is False  # predicted without compilation (predict.without_unpredictable)
+
+
+def test_a_multi_gpu_case_on_a_worker_pinned_to_one_gpu_says_so_and_how_to_run_it():
+    pinned = dataclasses.replace(T4, pinned_among=4)  # an xdist worker of a 4-GPU host, pinned to its own GPU
+    reason = why_not(get_recipe("ddp"), pinned, GPU)
+    assert reason.startswith("ddp: needs 2 GPUs; this pytest-xdist worker sees one of the host's 4, pinned to it")
+    assert "without -n" in reason
+    # pinned on a host of fewer GPUs than the case needs: the pinning is not what stops it
+    assert why_not(get_recipe("ddp"), dataclasses.replace(T4, pinned_among=1), GPU) == "ddp: needs 2 GPUs; 1 present"

@@ -100,6 +100,9 @@ class DeviceCaps:
     capability: tuple[int, int] | None = None
     gpu_count: int = 0
     bf16: bool | None = None  # None: unknown (an identity recorded without it)
+    # The GPUs the host has where this process was pinned to one of them (pin_to_one_gpu: one per pytest-xdist
+    # worker), so gpu_count is 1; 0: not pinned.
+    pinned_among: int = 0
 
     @classmethod
     def from_identity(cls, identity: dict) -> DeviceCaps:
@@ -453,7 +456,7 @@ class CudaBackend(Backend):
 
     def caps(self) -> DeviceCaps:
         return DeviceCaps(self.kind, self.name, cuda=True, capability=self.capability(),
-                          gpu_count=self.device_count(), bf16=self.supports_bf16())
+                          gpu_count=self.device_count(), bf16=self.supports_bf16(), pinned_among=_PINNED["among"])
 
     def profiler_activities(self) -> list:
         from torch.profiler import ProfilerActivity
@@ -645,6 +648,9 @@ def build_arch_list() -> list[str]:
     return torch.cuda.get_arch_list()
 
 
+_PINNED = {"among": 0}  # what pin_to_one_gpu did to this process: the GPUs visible before (0: nothing pinned)
+
+
 def pin_to_one_gpu(index: int, count: int) -> str | None:
     """Make GPU ``index`` of the visible ones the only GPU this process sees, when there are at least ``count``.
 
@@ -661,6 +667,7 @@ def pin_to_one_gpu(index: int, count: int) -> str | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(nvml_count)]
     os.environ["CUDA_VISIBLE_DEVICES"] = ids[index]
+    _PINNED["among"] = nvml_count  # a multi-GPU case then skips saying why it sees one (eligibility)
     return ids[index]
 
 

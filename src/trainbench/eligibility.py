@@ -107,6 +107,10 @@ def _device_lacks(requires: Requirements, caps: DeviceCaps) -> str | None:
         have, need = ".".join(map(str, caps.capability)), ".".join(map(str, capability))
         return f"needs compute capability >= {need}; {caps.name} has {have}"
     if requires.min_gpus and caps.gpu_count < requires.min_gpus:
+        if caps.pinned_among >= requires.min_gpus:
+            return (f"needs {requires.min_gpus} GPUs; this pytest-xdist worker sees one of the host's "
+                    f"{caps.pinned_among}, pinned to it as every worker is to its own: run the multi-GPU cases "
+                    "in a run without -n (-n 0 or -p no:xdist)")
         return f"needs {requires.min_gpus} GPUs; {caps.gpu_count} present"
     if requires.cpu_only and caps.cuda:
         return f"runs on the CPU only; this run uses {caps.kind} (see the GPU variant of this case)"
