@@ -7,7 +7,7 @@ metric of ``trainbench.metrics.METRICS`` for one case, in the unit asv shows, gr
 metric says: ``Speed`` (timing), ``Memory`` and ``Work`` (exact signals, the ones a shared CPU
 runner can gate on). Cases this device cannot run (GPU-only, several GPUs) are skipped; so
 are slow ones unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a regex) limits the cases
-measured; TRAINBENCH_ASV_TIMEOUT (seconds, default 3600) bounds the one measurement of them all.
+measured; TRAINBENCH_ASV_TIMEOUT (seconds, default 7200) bounds the one measurement of them all.
 A metric this device does not produce (CUDA kernels on CPU) is n/a for that track; a case whose
 correctness guard failed fails its tracks.
 """
