@@ -202,7 +202,7 @@ def test_a_failed_asv_pass_fails_its_step_visibly_without_failing_the_nightly(tm
     assert kept == (asv_exit == 0)
     if asv_exit:
         assert "::error title=asv history::asv run failed (exit 2" in ran.stdout
-        assert "TRAINBENCH_ASV_TIMEOUT=3600s" in summary.read_text()
+        assert "TRAINBENCH_ASV_TIMEOUT=7200s" in summary.read_text()
 
 
 def test_every_make_target_given_an_interpreter_installs_nothing(tmp_path):
