@@ -271,7 +271,8 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     assert outcome.result.round_step_times_s == [max(t) for t in zip(*(r["round_step_times_s"] for r in ranks["per_rank"]))]
     assert ranks["per_rank"][0]["memory_breakdown_bytes"] == ranks["per_rank"][1]["memory_breakdown_bytes"]
     assert ranks["ideal_speedup"] == 1.0 and ranks["speedup_vs"] == "one_process"
-    assert ranks["scaling_efficiency"] == pytest.approx(outcome.speedup)
+    # one_process trains the global batch: not the one-rank reference the scaling efficiency divides by
+    assert "scaling_efficiency" not in ranks
 
 
 def _batchnorm_mlp():

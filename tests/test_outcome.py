@@ -73,3 +73,22 @@ def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):
     outcome = failed_without_result(_outcome(measured), "mlp-set_to_none: out of memory at batch 16")
     assert outcome.result is None and outcome.baseline is None and outcome.speedup is None
     assert outcome.error == "mlp-set_to_none: out of memory at batch 16" and outcome.failures == [outcome.error]
+
+
+def test_scaling_efficiency_is_n_ranks_over_n_times_one_rank_at_the_per_rank_batch():
+    from trainbench.outcome import scaling_efficiency
+    from trainbench.result import Result
+
+    def run(recipe, batch, step_s, parallel=None, world=1, ideal=None):
+        return Result(f"resnet18-{recipe}", "resnet18", recipe, "gpu", batch_size=batch, config={"parallel": parallel},
+                      device={}, world_size=world, rounds=1, steps_per_round=1, round_step_times_s=[step_s],
+                      ranks={"ideal_speedup": ideal} if ideal else None)
+
+    ddp = run("ddp", 32, 0.125, "ddp", world=2, ideal=2.0)  # 2 GPUs x 32 samples in 0.125 s: 512 samples/s
+    one_rank = run("baseline", 32, 0.1)  # one GPU at the per-rank batch: 320 samples/s
+    assert scaling_efficiency(ddp, one_rank) == pytest.approx(512 / (2 * 320))
+    # DataParallel already uses both GPUs at the global batch: against it the figure would be halved, so none
+    assert scaling_efficiency(ddp, run("data_parallel", 64, 0.15, "dp")) is None
+    assert scaling_efficiency(ddp, run("one_process", 64, 0.2)) is None  # another batch per device
+    assert scaling_efficiency(ddp, run("ddp_other", 32, 0.1, "ddp", world=2, ideal=2.0)) is None  # ranks itself
+    assert scaling_efficiency(one_rank, one_rank) is None  # not a rank case

@@ -90,10 +90,23 @@ class CaseOutcome:
         record = case_record(self.result, **fields)
         if record["ranks"] and self.speedup is not None:
             ranks = record["ranks"] = {**record["ranks"], "speedup_vs": self.baseline_recipe.name}
-            if not self.baseline.ranks:
-                # vs one process training the same global batch: the speed-up over what perfect scaling would give
-                ranks["scaling_efficiency"] = self.speedup / ranks["ideal_speedup"]
+            efficiency = scaling_efficiency(self.result, self.baseline)
+            if efficiency is not None:
+                ranks["scaling_efficiency"] = efficiency
         return record
+
+
+def scaling_efficiency(ranks: Result, reference: Result | None) -> float | None:
+    """The textbook scaling efficiency of a rank case: its samples/s over ``ideal_speedup`` times the samples/s of
+    one process on one device at the same per-rank batch (``ideal_speedup``: the devices the ranks use, 1 on the
+    CPU, whose ranks split one process's cores). None where ``reference`` is not such a run: ranks itself, several
+    devices in one process (DataParallel), or another batch (one process training the global batch)."""
+    if not ranks.ranks or reference is None or not reference.samples_per_s or not ranks.samples_per_s:
+        return None
+    one_device = not reference.ranks and reference.config.get("parallel") is None
+    if not one_device or reference.batch_size != ranks.batch_size:
+        return None
+    return ranks.samples_per_s / (ranks.ranks["ideal_speedup"] * reference.samples_per_s)
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,8 @@ def _ranks_line(case: str, ranks: dict) -> str:
         scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['speedup_vs']} (ideal speed-up "
                    f"{ranks['ideal_speedup']:g}x)")
     elif "speedup_vs" in ranks:
-        scaling = f"compared with {ranks['speedup_vs']}, itself distributed (scaling efficiency is vs one process)"
+        scaling = (f"compared with {ranks['speedup_vs']}, not one process on one device at the per-rank batch: no "
+                   "scaling efficiency")
     else:
         scaling = "no scaling efficiency (no ratio budget asked for its one-process baseline)"
     spread = ranks["max_grad_difference_between_ranks"]
