@@ -20,7 +20,7 @@ from trainbench.gate import (
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
              "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
-             "environment_differs"]
+             "environment_differs", "not_measured"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
                    "reason", "explanation", "unit", "line"}
 

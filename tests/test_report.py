@@ -166,8 +166,16 @@ def test_cli_report_writes_and_prints_paths(run_file, tmp_path, capsys):
     assert printed == [str(out / "ladders.md")] + [str(out / f"{name}.png") for name in LADDERS]
 
 
-def test_cli_defaults_to_the_newest_saved_run(run_file, tmp_path, monkeypatch):
-    saved = tmp_path / "results" / "benchmarks" / "Linux-CPython-3.12-64bit"
+def test_cli_defaults_to_the_newest_saved_run_of_this_machine(run_file, tmp_path, monkeypatch, capsys):
+    from pytest_benchmark.utils import get_machine_id
+
+    other = tmp_path / "results" / "benchmarks" / "Another-Machine-64bit" / "0009_ladders.json"
+    other.parent.mkdir(parents=True)
+    other.write_text(run_file.read_text())  # another machine's, numbered higher: never taken for this one's
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 2
+    assert "no run saved on this machine" in capsys.readouterr().err
+    saved = tmp_path / "results" / "benchmarks" / get_machine_id()
     saved.mkdir(parents=True)
     older = saved / "0001_old.json"
     older.write_text("not json")  # would fail if it were picked

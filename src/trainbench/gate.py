@@ -174,8 +174,7 @@ class Verdict:
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
                 "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
-                "not_measured": list(self.not_measured),
-                "environment_differs": list(self.environment)}
+                "environment_differs": list(self.environment), "not_measured": list(self.not_measured)}
 
 
 # -- printing a verdict ----------------------------------------------------------------------------
