@@ -151,6 +151,7 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
     steps = {s["name"]: s for s in manifest["steps"]}
     assert steps["run"]["status"] == "skipped" and "nothing is measured" in steps["run"]["note"]
     assert "calibrate" not in steps and steps["plan"]["status"] == "ok"
+    assert virtual.started[:2] == ["doctor", "plan"]  # the rehearsal's measurement, before its sessions
     assert steps["smoke"]["status"] == "skipped"
     for log in ("cases-01-resnet18", "cases-05-rest"):
         assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
@@ -212,6 +213,25 @@ def test_junit_cases_read_outcomes_and_skip_reasons(tmp_path):
                                                                                       "budget: min_speedup")]
 
 
+def test_a_jobs_processes_share_predictions_and_counts_through_one_file(tmp_path, monkeypatch, cpu, profile, mlp):
+    from trainbench import predict, roofline
+    from trainbench.recipes import get_recipe
+
+    monkeypatch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path / "shared.json"))
+    calls = []
+    real_predict, real_count = predict.predict_memory, roofline.count_step
+    monkeypatch.setattr(predict, "predict_memory", lambda *a: calls.append("memory") or real_predict(*a))
+    monkeypatch.setattr(roofline, "count_step", lambda *a: calls.append("counts") or real_count(*a))
+    config = get_recipe("baseline").config(profile)
+    first = (predict.PredictionCache(cpu)("cpu", config, mlp), roofline.CountCache(cpu)("cpu", config, mlp))
+    # a second process: new caches, the same file
+    second = (predict.PredictionCache(cpu)("cpu", config, mlp), roofline.CountCache(cpu)("cpu", config, mlp))
+    assert calls == ["memory", "counts"] and first == second
+    monkeypatch.delenv("TRAINBENCH_PREDICTIONS_FILE")
+    predict.PredictionCache(cpu)("cpu", config, mlp)
+    assert calls[-1] == "memory"  # off without the variable
+
+
 # -- a bare GPU box, rehearsed ---------------------------------------------------------------------------
 
 BLOCKER = """import importlib.abc, sys
@@ -260,7 +280,7 @@ def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_fill
     assert took <= budget + 10  # the interpreter's own start and end beside the night's clock
     assert steps["doctor"]["status"] == "ok" and {c["name"] for c in json.loads((out / "doctor.json").read_text())} \
         >= {"cuda", "gpu0_arch", "gpu0_memory"}
-    assert list(steps)[:3] == ["doctor", "smoke", "cases-01-resnet18"] and list(steps)[-1] == "summary"
+    assert list(steps)[:4] == ["doctor", "plan", "smoke", "cases-01-resnet18"] and list(steps)[-1] == "summary"
     # every step ended as the budget allowed, none failed: asv and tomlkit were not needed
     assert {s["status"] for s in manifest["steps"]} <= {"ok", "skipped", "stopped", "not started"}, done.stdout
     assert (out / "summary.md").read_text().startswith("# GPU night: NVIDIA L40S (simulated: nothing measured)")

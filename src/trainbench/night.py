@@ -313,6 +313,8 @@ class NightRun:
         simulate = ("--simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ("--expect-cuda",)
         self.run_step("doctor", "this machine before a run (CUDA, driver, memory, timing distortions)",
                       self.trainbench("doctor", *simulate, "--json", str(self.out / "doctor.json")), deadline)
+        if self.night.simulate_gpu:  # a rehearsal's plan is its measurement, and predicts what its sessions ask
+            self._plan(self.night.simulate_gpu, deadline)
         why = "self-checks of the measurement on this GPU (make gpu-smoke)"
         if self.night.simulate_gpu:
             self.skip_step("smoke", why, "the self-checks measure: nothing runs on a simulated GPU")
@@ -327,6 +329,10 @@ class NightRun:
             self.run_step(f"cases-{stem}", f"{len(node_ids)} cases: {group.why}",
                           self.pytest(*extra, "--benchmark-json", str(self.out / "groups" / f"{stem}.json"),
                                       "--junitxml", str(self.out / "groups" / f"{stem}.xml"), *node_ids), deadline)
+
+    def _plan(self, gpu: str, deadline: float) -> None:
+        self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
+                      self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")), deadline)
 
     def _finish(self) -> None:
         end = self.end - TERM_GRACE_S  # a step stopped at its deadline may take this long to end
@@ -343,12 +349,12 @@ class NightRun:
                                           str(self.root / "benchmarks" / "budgets.toml")), end)
             self.run_step("report", "the ladder report of the run",
                           self.trainbench("report", str(run_path), "--out", str(self.out / "report")), end)
-        gpu = self.night.simulate_gpu or _recorded_gpu(run_path)
-        if gpu:
-            self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
-                          self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")), end)
-        else:
-            self.skip_step("plan", "the simulated plan of this GPU", "no run names a GPU to plan for")
+        if not self.night.simulate_gpu:  # on a GPU the plan takes no GPU time from the cases: planned last
+            gpu = _recorded_gpu(run_path)
+            if gpu:
+                self._plan(gpu, end)
+            else:
+                self.skip_step("plan", "the simulated plan of this GPU", "no run names a GPU to plan for")
         self.in_process("summary", "summary.md: the run beside the plan",
                         lambda: write_summary(self.night, self.out))
 

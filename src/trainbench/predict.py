@@ -389,22 +389,24 @@ class PredictionCache:
 class SharedPredictions:
     """Predictions kept in a JSON file for the processes of one job (the GPU night's steps all predict the same
     setups of the built-in workloads): named by ``TRAINBENCH_PREDICTIONS_FILE``, off where it is unset. Keyed by
-    torch's version and the predicting device too; a file that cannot be read is started anew."""
+    what is predicted (memory, the roofline's step counts), torch's version and the predicting device too; a file
+    that cannot be read is started anew."""
 
     ENV = "TRAINBENCH_PREDICTIONS_FILE"
 
-    def __init__(self, path, backend: Backend | None):
+    def __init__(self, path, backend: Backend | None, what: str = "memory"):
         from pathlib import Path
 
         self.path = Path(path) if path else None
-        self.prefix = f"{torch.__version__}|{getattr(backend, 'kind', '')}|"  # fake tensors differ by device kind
+        # fake tensors differ by device kind; ``what``: the kind of answer (memory predictions, roofline counts)
+        self.prefix = f"{what}|{torch.__version__}|{getattr(backend, 'kind', '')}|"
         self._entries: dict[str, dict] | None = None
 
     @classmethod
-    def from_environment(cls, backend: Backend) -> SharedPredictions:
+    def from_environment(cls, backend: Backend, what: str = "memory") -> SharedPredictions:
         import os
 
-        return cls(os.environ.get(cls.ENV), backend)
+        return cls(os.environ.get(cls.ENV), backend, what)
 
     def _key(self, key: tuple) -> str:
         return self.prefix + repr(key)

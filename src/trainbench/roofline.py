@@ -25,10 +25,10 @@ The loader is not part of the roofline: a step waiting on its data is slower tha
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from .device import Backend
-from .predict import fake_training, failure_line, unpredictable, without_unpredictable
+from .predict import SharedPredictions, fake_training, failure_line, unpredictable, without_unpredictable
 from .recipes import TrainConfig
 from .spec import TrainingSpec
 
@@ -203,18 +203,29 @@ def count_step(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> Ste
     return StepCounts(total, int(total * share), traffic.bytes_moved, traffic.launches, training.samples_per_step)
 
 
+def _read_counts(stored: dict | None) -> StepCounts | None:
+    """Counts another process stored (None: none, or of another shape: counted again)."""
+    try:
+        return StepCounts(**stored) if stored else None
+    except TypeError:
+        return None
+
+
 class CountCache:
     """``count_step`` once per setup and spec: a case and every case sharing its baseline ask for the same counts."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
         self._counts: dict[tuple, StepCounts | str] = {}
+        self._shared = SharedPredictions.from_environment(backend, "counts")  # a job's other processes' counts
 
     def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> StepCounts | str:
         counted = without_unpredictable(config)
         key = (profile_name, spec.name, counted)
         if key not in self._counts:
-            self._counts[key] = count_step(counted, spec, self.backend)
+            self._counts[key] = _read_counts(self._shared.get(key)) or count_step(counted, spec, self.backend)
+            if isinstance(self._counts[key], StepCounts):
+                self._shared.put(key, asdict(self._counts[key]))
         counts = self._counts[key]
         fused = config.compile or config.fuse_pointwise  # compiled code's launches are not eager dispatch's
         return replace(counts, launches=None) if fused and isinstance(counts, StepCounts) else counts
