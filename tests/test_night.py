@@ -222,14 +222,17 @@ def test_a_jobs_processes_share_predictions_and_counts_through_one_file(tmp_path
     real_predict, real_count = predict.predict_memory, roofline.count_step
     monkeypatch.setattr(predict, "predict_memory", lambda *a: calls.append("memory") or real_predict(*a))
     monkeypatch.setattr(roofline, "count_step", lambda *a: calls.append("counts") or real_count(*a))
-    config = get_recipe("baseline").config(profile)
-    first = (predict.PredictionCache(cpu)("cpu", config, mlp), roofline.CountCache(cpu)("cpu", config, mlp))
+    configs = [get_recipe(name).config(profile) for name in ("baseline", "larger_batch")]
+    memory, counts = predict.PredictionCache(cpu), roofline.CountCache(cpu)
+    first = [(memory("cpu", config, mlp), counts("cpu", config, mlp)) for config in configs]  # interleaved writes
+    stored = json.loads((tmp_path / "shared.json").read_text())
+    assert sorted(key.split("|")[0] for key in stored) == ["counts"] * 2 + ["memory"] * 2  # none written over
     # a second process: new caches, the same file
-    second = (predict.PredictionCache(cpu)("cpu", config, mlp), roofline.CountCache(cpu)("cpu", config, mlp))
-    assert calls == ["memory", "counts"] and first == second
+    second = [(predict.PredictionCache(cpu)("cpu", c, mlp), roofline.CountCache(cpu)("cpu", c, mlp)) for c in configs]
+    assert calls == ["memory", "counts"] * 2 and first == second
     monkeypatch.delenv("TRAINBENCH_PREDICTIONS_FILE")
-    predict.PredictionCache(cpu)("cpu", config, mlp)
-    assert calls[-1] == "memory"  # off without the variable
+    predict.PredictionCache(cpu)("cpu", configs[0], mlp)
+    assert calls[-1] == "memory" and len(calls) == 5  # off without the variable
 
 
 # -- a bare GPU box, rehearsed ---------------------------------------------------------------------------

@@ -435,6 +435,7 @@ class SharedPredictions:
 
         if self.path is None or self._read().get(self._key(key)) == prediction:
             return
+        self._entries = None  # read again: other caches (here or in another process) may have added to the file
         try:
             text = json.dumps({**self._read(), self._key(key): prediction}, sort_keys=True)
         except (TypeError, ValueError):
