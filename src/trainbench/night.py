@@ -139,6 +139,14 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
         raise NightError(f"--out {out}: {problem}")
 
 
+def finish_reserve(budget_s: float, simulated: bool) -> float:
+    """Seconds kept back from measuring: for merging, calibrating, reporting and planning (a quarter of a short
+    budget), or on a rehearsal, which has only its summary to write, for a stopped step to end."""
+    if simulated:
+        return TERM_GRACE_S + 5.0
+    return max(min(FINISH_RESERVE_S, budget_s / 4), TERM_GRACE_S + MIN_STEP_S)
+
+
 def _plugin_installed() -> bool:
     from importlib.metadata import entry_points
 
@@ -289,7 +297,7 @@ class NightRun:
         night = self.night
         night.started = self.clock()
         self.end = night.started + night.budget_s
-        measure_end = self.end - max(min(FINISH_RESERVE_S, night.budget_s / 4), TERM_GRACE_S + MIN_STEP_S)
+        measure_end = self.end - finish_reserve(night.budget_s, bool(night.simulate_gpu))
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         (self.out / "groups").mkdir(parents=True, exist_ok=True)
         night.save()
