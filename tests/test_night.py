@@ -146,7 +146,9 @@ def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
 
 
 def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothing(tmp_path):
-    virtual = VirtualNight()
+    plan = {"gpu": {"name": "NVIDIA L40S"}, "cases": [{"case": "resnet18-baseline"}]}
+    virtual = VirtualNight(plan=plan, skips={"resnet18-baseline": "resnet18-baseline: would run on simulated NVIDIA "
+                                                                  "L40S: [cuda] ...; nothing is measured"})
     status, manifest, lines = _night(tmp_path, virtual, simulate="NVIDIA L40S")
     steps = {s["name"]: s for s in manifest["steps"]}
     assert steps["run"]["status"] == "skipped" and "nothing is measured" in steps["run"]["note"]
@@ -156,7 +158,9 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
     for log in ("cases-01-resnet18", "cases-05-rest"):
         assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
     assert "doctor --simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
-    assert "(simulated: nothing measured)" in (tmp_path / "night" / "summary.md").read_text()
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    assert "(simulated: nothing measured)" in summary and "| resnet18-baseline | run | would run (simulated) |" in summary
+    assert summary.split("## What differed from the plan")[1].startswith("\n\n- nothing")
 
 
 def test_the_summary_sets_the_run_beside_the_plan_and_says_what_differed(tmp_path):

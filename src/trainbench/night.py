@@ -475,7 +475,8 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         p, r, m = planned.get(case), reported.get(case), measured.get(case)
         plan_text = ("-" if p is None else f"skip: {p['skipped']}" if p.get("skipped") else
                      f"PROBLEM: {p['problem']}" if p.get("problem") else "run")
-        night_text = "not reached" if r is None else r.outcome + (f": {r.message}" if r.message else "")
+        night_text = ("not reached" if r is None else "would run (simulated)" if _would_run(r) else
+                      r.outcome + (f": {r.message}" if r.message else ""))
         predicted = p.get("needed_mib") if p else None
         peak = m.get("peak_memory_mib") if m else None
         speed = m.get("samples_per_s") if m else None
@@ -514,7 +515,7 @@ def _difference(planned: dict | None, reported: CaseOutcomeLine | None, peak: fl
     if planned is None or reported is None:
         return None
     plan_runs = not planned.get("skipped") and not planned.get("problem")
-    if plan_runs and reported.outcome == "skipped" and "would run on simulated" not in reported.message:
+    if plan_runs and reported.outcome == "skipped" and not _would_run(reported):
         return f"planned to run, skipped: {reported.message}"
     if not plan_runs and reported.outcome != "skipped":
         return f"planned to skip ({planned.get('skipped') or planned.get('problem')}), {reported.outcome}"
@@ -523,6 +524,11 @@ def _difference(planned: dict | None, reported: CaseOutcomeLine | None, peak: fl
     if peak and predicted and peak > predicted:
         return f"measured peak {peak:.0f} MiB above the predicted {predicted:.0f} MiB (with headroom)"
     return None
+
+
+def _would_run(reported: CaseOutcomeLine) -> bool:
+    """A rehearsal's skip of a case the simulated GPU would run (``--trainbench-simulate-gpu``)."""
+    return reported.outcome == "skipped" and "would run on simulated" in reported.message
 
 
 def _measured_cases(run_path: Path) -> dict[str, dict]:
