@@ -181,6 +181,22 @@ def test_the_summary_sets_the_run_beside_the_plan_and_says_what_differed(tmp_pat
     assert "- resnet18-baseline: measured 20.0 ms/step, roofline >= 5.0 ms/step (4.00x)" in summary
 
 
+def test_a_plan_made_afterwards_is_summarized_again_without_running_anything(tmp_path, capsys):
+    from trainbench.__main__ import main
+
+    _night(tmp_path, VirtualNight({"plan": 500.0}), budget_s=200.0, simulate=None)  # the plan stopped
+    out = tmp_path / "night"
+    assert "No plan was made" in (out / "summary.md").read_text()
+    (out / "plan.json").write_text(json.dumps({"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
+        {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step"}]}))
+    assert main(["night", "--out", str(out), "--summarize"]) == 0
+    summary = (out / "summary.md").read_text()
+    assert "No plan was made" not in summary and "| resnet18-baseline | run | passed | launch-bound" in summary
+    assert "| plan | stopped |" in summary  # the steps as the night recorded them
+    assert main(["night", "--out", str(tmp_path), "--summarize"]) == 2
+    assert "night.json: missing or unreadable" in capsys.readouterr().err
+
+
 def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NightError, match="--out .*file: not a folder"):

@@ -442,9 +442,14 @@ def _add_plan(subparsers) -> None:
 
 
 def _night(args: argparse.Namespace) -> int:
-    from .night import NightError, run_night
+    from .night import NightError, run_night, summarize_again
 
     try:
+        if args.summarize:
+            print(summarize_again(Path(args.out)))
+            return 0
+        if args.budget_s is None:
+            raise NightError("--budget-s: required to run a night")
         return run_night(Path(args.out), args.budget_s, args.simulate_gpu, Path.cwd(),
                          pytest_args=tuple(args.pytest_arg))
     except NightError as e:
@@ -461,8 +466,11 @@ def _add_night(subparsers) -> None:
                     "report, the simulated plan of the same GPU (plan.json) and summary.md beside it. Each step is a "
                     "child process of this interpreter: nothing is installed, nothing is fetched. Exit 1 when a "
                     "step failed, 2 when the night cannot start.")
-    parser.add_argument("--budget-s", type=float, required=True, metavar="SECONDS",
+    parser.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
                         help="wall time for the whole night; measuring stops early enough to merge and summarize")
+    parser.add_argument("--summarize", action="store_true",
+                        help="run nothing: rewrite DIR/summary.md from what the folder holds now (e.g. a plan.json "
+                             "made afterwards with plan --simulate-gpu GPU --json DIR/plan.json)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the night's folder (night.json, logs/, ...)")
     parser.add_argument("--simulate-gpu", default=None, metavar="GPU",
                         help="rehearse on a simulated GPU (a fleet name or spec): cases collect and skip as on it, "

@@ -561,6 +561,22 @@ def _num(value) -> str:
     return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def summarize_again(out: Path) -> Path:
+    """Rewrite ``out``'s summary.md from what the folder holds now (e.g. a plan made afterwards, on another
+    machine, where the night's own was stopped): the steps as night.json recorded them."""
+    manifest = _read_json(out / "night.json")
+    if manifest is None or not isinstance(manifest.get("steps"), list):
+        raise NightError(f"{out / 'night.json'}: missing or unreadable; expected a night's folder")
+    try:
+        night = Night(out, float(manifest["budget_s"]), manifest.get("simulate_gpu"), str(manifest.get("python")),
+                      steps=[StepRecord(**step) for step in manifest["steps"]], finished=bool(manifest["finished"]),
+                      interrupted=bool(manifest.get("interrupted")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise NightError(f"{out / 'night.json'}: not a night's manifest ({e})") from None
+    write_summary(night, out)
+    return out / "summary.md"
+
+
 def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, python: str = sys.executable,
               runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
               say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()) -> int:
