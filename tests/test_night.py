@@ -135,6 +135,21 @@ def test_a_failed_step_fails_the_night_and_a_group_left_empty_does_not(tmp_path)
     assert status == 1 and lines[-1].startswith("night: FAILED: cases-03-vit;")
 
 
+def test_self_checks_that_all_skipped_checked_nothing_and_fail_the_night(tmp_path):
+    class NoGpu(VirtualNight):
+        def __call__(self, argv, log, deadline):
+            if log.stem == "smoke":  # what pytest reports where no CUDA device is usable: skipped, exit 0
+                Path(argv[argv.index("--junitxml") + 1]).write_text(
+                    '<testsuites><testsuite><testcase name="test_cuda_path[resnet18-baseline]">'
+                    '<skipped message="GPU smoke: needs a CUDA device"/></testcase></testsuite></testsuites>')
+            return super().__call__(argv, log, deadline)
+
+    status, manifest, lines = _night(tmp_path, NoGpu(), simulate=None)
+    smoke = {s["name"]: s for s in manifest["steps"]}["smoke"]
+    assert smoke["status"] == "failed" and smoke["note"] == "every self-check skipped: GPU smoke: needs a CUDA device"
+    assert status == 1 and lines[-1].startswith("night: FAILED: smoke;")
+
+
 def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
     virtual = VirtualNight(interrupt_at="cases-03-vit")
     status, manifest, lines = _night(tmp_path, virtual, simulate=None)

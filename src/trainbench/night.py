@@ -327,8 +327,14 @@ class NightRun:
         if self.night.simulate_gpu:
             self.skip_step("smoke", why, "the self-checks measure: nothing runs on a simulated GPU")
         else:
-            self.run_step("smoke", why, self.pytest("smoke", "--junitxml", str(self.out / "groups" / "smoke.xml")),
-                          deadline)
+            report = self.out / "groups" / "smoke.xml"
+            step = self.run_step("smoke", why, self.pytest("smoke", "--junitxml", str(report)), deadline)
+            checked = junit_cases(report)
+            if step.status == "ok" and checked and all(c.outcome == "skipped" for c in checked):
+                # pytest passes a session that skipped everything: the night checked nothing, and says so
+                step.status, step.note = "failed", f"every self-check skipped: {checked[0].message}"
+                self.night.save()
+                self.say(f"night: smoke: failed: {step.note}")
         taken: set[str] = set()
         for number, group in enumerate(CASE_GROUPS, 1):
             stem = f"{number:02d}-{group.name}"
