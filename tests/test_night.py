@@ -17,6 +17,7 @@ from trainbench.night import (
     MIN_STEP_S,
     NightError,
     StepOutcome,
+    child_environment,
     junit_cases,
     merge_runs,
     run_night,
@@ -99,7 +100,7 @@ def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
     assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
     first = (tmp_path / "night" / "logs" / f"{groups[0]}.log").read_text()
     assert first.index("resnet18-baseline") < first.index("resnet18-amp_fp16") < first.index("resnet18-cudnn_benchmark")
-    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first and "--trainbench-expect-cuda" in first
+    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first and "--trainbench-device=cuda" in first
     assert "--trainbench-slow" in (tmp_path / "night" / "logs" / f"{groups[3]}.log").read_text()
     # every suite case is in exactly one group
     every = [a for g in groups for a in (tmp_path / "night" / "logs" / f"{g}.log").read_text().split() if "::" in a]
@@ -210,6 +211,12 @@ def test_a_plan_made_afterwards_is_summarized_again_without_running_anything(tmp
     assert "| plan | stopped |" in summary  # the steps as the night recorded them
     assert main(["night", "--out", str(tmp_path), "--summarize"]) == 2
     assert "night.json: missing or unreadable" in capsys.readouterr().err
+
+
+def test_a_gpu_nights_sessions_measure_whatever_its_doctor_said_and_a_rehearsals_do_not(tmp_path):
+    assert child_environment(tmp_path, None) == {"TRAINBENCH_PREDICTIONS_FILE": str(tmp_path / "predictions.json"),
+                                                 "TRAINBENCH_IGNORE_DOCTOR": "1"}
+    assert "TRAINBENCH_IGNORE_DOCTOR" not in child_environment(tmp_path, "NVIDIA L40S")
 
 
 def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):

@@ -289,7 +289,7 @@ class NightRun:
     def pytest(self, *args: str) -> list[str]:
         # a GPU night that found no GPU fails rather than measuring the CPU profile
         device = (("--trainbench-simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else
-                  ("--trainbench-expect-cuda",))
+                  ("--trainbench-device=cuda",))
         return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *device, *self.pytest_args, *args)
 
     # -- the night ---------------------------------------------------------------------------------
@@ -567,6 +567,20 @@ def _num(value) -> str:
     return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def child_environment(out: Path, simulate_gpu: str | None) -> dict[str, str]:
+    """What the night's steps get beside this process's environment."""
+    from .predict import SharedPredictions
+
+    # every pytest session and the plan predict the same setups: once for the night
+    env = {SharedPredictions.ENV: str(out / "predictions.json")}
+    if simulate_gpu is None:
+        # The doctor step has recorded (and, on a blocker, failed the night on) the checks each session would
+        # repeat: a check never yet proven on this GPU must not stop the window's measurements. The sessions
+        # still run on CUDA or not at all (--trainbench-device=cuda).
+        env["TRAINBENCH_IGNORE_DOCTOR"] = "1"
+    return env
+
+
 def summarize_again(out: Path) -> Path:
     """Rewrite ``out``'s summary.md from what the folder holds now (e.g. a plan made afterwards, on another
     machine, where the night's own was stopped): the steps as night.json recorded them."""
@@ -587,12 +601,9 @@ def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, 
               runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
               say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()) -> int:
     """The night, start to end; its exit status (0: every step that ran passed)."""
-    from .predict import SharedPredictions
-
     check_start(out, budget_s, root, simulate_gpu)
     night = Night(out, budget_s, simulate_gpu, python)
-    # every pytest session and the plan predict the same setups' memory: once for the night
-    runner = runner or subprocess_runner(clock, {SharedPredictions.ENV: str(out / "predictions.json")})
+    runner = runner or subprocess_runner(clock, child_environment(out, simulate_gpu))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return NightRun(night, root, runner, clock, say, pytest_args).run()
