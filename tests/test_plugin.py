@@ -211,6 +211,12 @@ def test_a_gpu_job_that_finds_no_gpu_fails_before_any_case(pytester, monkeypatch
     result.stderr.fnmatch_lines(["*the runner is not ready*", "FAIL  cuda: CUDA expected*"])
     monkeypatch.setenv("TRAINBENCH_EXPECT_CUDA", "1")  # what a GPU job's environment says instead
     assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
+    monkeypatch.setenv("TRAINBENCH_IGNORE_DOCTOR", "0")  # off: the blocker still stops it (any value used to skip it)
+    assert pytester.runpytest("-p", "no:cacheprovider").ret == pytest.ExitCode.USAGE_ERROR
+    monkeypatch.setenv("TRAINBENCH_EXPECT_CUDA", "sure")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*TRAINBENCH_EXPECT_CUDA='sure': expected 1 or 0*"])
 
 
 def test_the_doctors_checks_are_saved_with_the_run(baseline_without_budgets):

@@ -253,7 +253,13 @@ def _doctor(args: argparse.Namespace) -> int:
         checks = simulated_doctor(gpu)
         print(f"doctor of {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / 2**30:.1f} GiB), simulated")
     else:
-        checks = run_checks(args.device, args.expect_cuda)
+        from .host import SwitchError
+
+        try:
+            checks = run_checks(args.device, args.expect_cuda)
+        except SwitchError as e:
+            print(f"trainbench doctor: {e}", file=sys.stderr)
+            return 2
     for line in format_checks(checks):
         print(line)
     if args.json:

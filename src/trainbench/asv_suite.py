@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .cases import Case, all_cases
 from .eligibility import Context, why_not
+from .host import env_switch
 
 # Environment knobs for asv runs (asv passes no arguments to benchmarks):
 CASES_ENV = "TRAINBENCH_ASV_CASES"  # regex: measure only matching case ids (e.g. a quick CI pass)
@@ -45,7 +46,7 @@ def case_ids() -> list[str]:
 
 def _not_taken(case: Case, runner, selected: re.Pattern | None, pattern: str | None) -> str | None:
     """Why this run leaves ``case`` out: it cannot run here (the device, a slow case), or it is not selected."""
-    asv_run = Context(slow_allowed=os.environ.get(SLOW_ENV) == "1", slow_hint=f"set {SLOW_ENV}=1")
+    asv_run = Context(slow_allowed=env_switch(SLOW_ENV), slow_hint=f"set {SLOW_ENV}=1")
     reason = why_not(case, runner.caps, runner.profile, context=asv_run)
     if reason:
         return f"{case.id}: {reason}"

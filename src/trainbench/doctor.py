@@ -44,8 +44,7 @@ class Check:
 
 def expects_cuda(flag: bool, device_spec: str | None, environ: Mapping[str, str]) -> bool:
     """A run that must use a GPU: asked on the command line, by TRAINBENCH_EXPECT_CUDA=1, or by naming a CUDA device."""
-    return bool(flag or environ.get("TRAINBENCH_EXPECT_CUDA", "").strip() == "1"
-                or str(device_spec or "").startswith("cuda"))
+    return bool(flag or host.env_switch("TRAINBENCH_EXPECT_CUDA", environ) or str(device_spec or "").startswith("cuda"))
 
 
 def _release(version: str) -> str:

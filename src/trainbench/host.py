@@ -32,6 +32,35 @@ DISTORTING_ENV: dict[str, str] = {
 
 LOG_LEVEL_ENV = ("CUBLASLT_LOG_LEVEL",)
 _TRUE = {"1", "true", "yes", "on", "y"}
+_FALSE = {"0", "false", "no", "off", "n"}
+
+# trainbench's own switches in the environment, and what "on" means: every reader asks ``env_switch``, so "0" is
+# off everywhere and a value that is neither on nor off is refused in one line, never read as on (or off).
+SWITCHES: dict[str, str] = {
+    "TRAINBENCH_EXPECT_CUDA": "a GPU must be usable, as --trainbench-expect-cuda and doctor --expect-cuda",
+    "TRAINBENCH_IGNORE_DOCTOR": "a session runs past the doctor's blockers",
+    "TRAINBENCH_PREDICT_MEMORY": "memory is predicted under fake tensors (default on; off as --trainbench-no-predict)",
+    "TRAINBENCH_ASV_SLOW": "asv measures the slow cases (torch.compile) too",
+}
+
+
+class SwitchError(ValueError):
+    """A switch set to a value that is neither on nor off; the message names it."""
+
+
+def env_switch(name: str, environ: Mapping[str, str] | None = None, default: bool = False) -> bool:
+    """Whether switch ``name`` (a ``SWITCHES`` entry) is on: 1/true/yes/on, or 0/false/no/off; unset or empty:
+    ``default``. Anything else raises ``SwitchError``."""
+    if name not in SWITCHES:
+        raise KeyError(f"{name}: not a trainbench switch; add it to host.SWITCHES")
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None or not value.strip():
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise SwitchError(f"{name}={value!r}: expected 1 or 0 (or true/false, yes/no, on/off): {SWITCHES[name]}")
 
 
 def _is_true(value: str | None) -> bool:

@@ -114,6 +114,16 @@ def _add_trace_and_ab_options(group) -> None:
 DEFAULT_REMEASURE_S = 120.0
 
 
+def _switch(name: str, default: bool = False) -> bool:
+    """A ``host.SWITCHES`` environment switch, read once here: a value neither on nor off stops the session."""
+    from .host import SwitchError, env_switch
+
+    try:
+        return env_switch(name, default=default)
+    except SwitchError as e:
+        raise usage_error(str(e)) from None
+
+
 def usage_error(message: str) -> pytest.UsageError:
     return pytest.UsageError(f"trainbench: {message}")
 
@@ -155,6 +165,7 @@ class Options:
     xdist_index: int = 0  # this worker's number (gw<N>)
     pair_baselines: bool = False  # every case timed interleaved with its baseline, budget or not
     simulate_gpu: object = None  # trainbench.fleet.Gpu from --trainbench-simulate-gpu: cases planned for it, not run
+    ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -164,10 +175,11 @@ class Options:
         return cls(
             device_spec=config.getoption("--trainbench-device"),
             profile_name=config.getoption("--trainbench-profile"),
-            expect_cuda=config.getoption("--trainbench-expect-cuda"),
+            expect_cuda=config.getoption("--trainbench-expect-cuda") or _switch("TRAINBENCH_EXPECT_CUDA"),
             run_slow=config.getoption("--trainbench-slow"),
-            predict_memory=not (config.getoption("--trainbench-no-predict")
-                                or os.environ.get("TRAINBENCH_PREDICT_MEMORY", "").strip() == "0"),
+            predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY",
+                                                                                      default=True),
+            ignore_doctor=_switch("TRAINBENCH_IGNORE_DOCTOR"),
             require_budgets=config.getoption("--trainbench-require-budgets"),
             strict_timing=config.getoption("--trainbench-strict-timing"),
             settings_overrides=_settings_overrides(config),

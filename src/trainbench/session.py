@@ -286,7 +286,7 @@ class TrainbenchSession:
         if hasattr(os, "getloadavg"):  # a busy machine is the first suspect when numbers move; the end is added at save
             self.doctor["load_average"] = {"start": list(os.getloadavg())}
         blockers = [line for check, line in zip(checks, format_checks(checks)) if check.status == "FAIL"]
-        if blockers and not os.environ.get("TRAINBENCH_IGNORE_DOCTOR"):
+        if blockers and not self.options.ignore_doctor:
             raise usage_error("the runner is not ready (python -m trainbench doctor shows every check; "
                               "TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
 
