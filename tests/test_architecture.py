@@ -168,3 +168,14 @@ def test_every_module_is_read_in_units_of_at_most_60_lines(name):
     long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(MODULES[name].read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
     assert not long, f"{name}.py: split {long}"
+
+
+def test_trainbench_switches_are_read_only_through_the_switch_table():
+    # "0" means off and "maybe" is refused only where every reader asks host.env_switch
+    from trainbench.host import SWITCHES
+
+    for name, path in MODULES.items():
+        source = path.read_text()
+        for switch in SWITCHES:
+            assert not re.search(rf"""(?:environ|getenv)\s*(?:\.get\(|\[|\()\s*["']{switch}["']""", source), \
+                f"{name}.py reads {switch} itself: ask host.env_switch"
