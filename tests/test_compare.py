@@ -21,6 +21,11 @@ def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)
 
 # -- the specification ---------------------------------------------------------------
 
+def test_a_bare_fraction_below_one_is_a_fraction_and_a_percentage_is_a_percentage():
+    assert parse_spec("samples_per_s:0.05")["samples_per_s"] == pytest.approx(0.05)
+    assert parse_spec("samples_per_s:150%")["samples_per_s"] == pytest.approx(1.5)
+
+
 def test_spec_parses_thresholds_aliases_and_the_deterministic_group():
     gate = parse_spec("samples_per_s:5%,peak_memory:2%,deterministic:0")
     assert gate["samples_per_s"] == pytest.approx(0.05) and gate["peak_memory_mib"] == pytest.approx(0.02)
@@ -33,6 +38,9 @@ def test_spec_parses_thresholds_aliases_and_the_deterministic_group():
     ("samples_per_s:fast", "threshold 'fast' is not a number or a percentage"),
     ("samples_per_s:-5%", "threshold must be a finite value >= 0"),
     (" , ", "empty gate"),
+    # read as a fraction of one, 5 was 500%: a planted 94% throughput loss passed as unchanged
+    ("samples_per_s:5", "threshold '5' without %: write 5%"),
+    ("deterministic:0,samples_per_s:1", "threshold '1' without %: write 1%"),
 ])
 def test_bad_specs_say_what_was_expected(spec, message):
     with pytest.raises(CompareError, match=message):

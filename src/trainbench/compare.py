@@ -63,14 +63,20 @@ def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str,
 
 
 def parse_fraction(text: str, where: str, item: str | None = None) -> float:
-    """``"20%"`` or ``"0.2"`` -> 0.2; an error names ``where`` and ``item`` (default: the text itself)."""
+    """``"20%"`` or ``"0.2"`` -> 0.2; an error names ``where`` and ``item`` (default: the text itself). A bare
+    number of 1 or more is refused: ``5`` is far likelier to mean 5% than 500%, and read as 500% it would call a
+    94% throughput loss unchanged."""
     item = text if item is None else item
+    percent = text.strip().endswith("%")
     try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        value = float(text.strip()[:-1]) / 100 if percent else float(text)
     except ValueError:
         raise CompareError(f"{where}: {item!r}: threshold {text!r} is not a number or a percentage") from None
     if not math.isfinite(value) or value < 0:
         raise CompareError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
+    if not percent and value >= 1:
+        raise CompareError(f"{where}: {item!r}: threshold {text!r} without %: write {text.strip()}% (a fraction below "
+                           f"1 reads as one, e.g. 0.05 for 5%)")
     return value
 
 
