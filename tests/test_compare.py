@@ -356,6 +356,24 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
 
 
 @pytest.mark.usefixtures("saved_baseline")
+def test_a_run_saved_with_a_planted_fault_is_marked_and_never_the_next_baseline(pytester, gate_options):
+    from pytest_benchmark.utils import get_machine_id
+
+    _save(pytester, gate_options, "--trainbench-inject-slowdown=20%").assert_outcomes(passed=1)
+    planted = pytester.path / ".benchmarks" / get_machine_id() / "0002_base.json"
+    assert json.loads(planted.read_text())["trainbench_planted_fault"] == {"slowdown": 0.2}
+    # the newest run is the planted one: a bare compare passes over it (a gate against it saw an "improvement")
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*",
+                                 "compared with *0001_base.json*(passed over newer runs: with a planted fault "
+                                 "0002_base.json)"])
+    named = _compare(pytester, gate_options, f"--benchmark-compare={planted}", "--trainbench-compare-fail=samples_per_s:10%")
+    assert named.ret == pytest.ExitCode.USAGE_ERROR
+    named.stderr.fnmatch_lines(["*0002_base.json: a run measured with a fault planted on purpose*never a baseline*"])
+
+
+@pytest.mark.usefixtures("saved_baseline")
 def test_a_7x_slowdown_on_a_busy_machine_ends_could_not_judge_never_green(pytester, gate_options):
     # The run of the issue: samples/s -86% beside another job using 1.01 of 2 CPUs passed as "inconclusive".
     pytester.makepyfile(test_case=CASE.replace('"other_cpus": 0.0', '"other_cpus": 1.01'))

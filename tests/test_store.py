@@ -23,12 +23,14 @@ CPU_B = {"kind": "cpu", "name": "CPU B", "cpu_capability": "AVX2"}
 HERE = ("cpu", "CPU A", "AVX512")
 
 
-def _run(device: dict | None = None, incomplete: bool = False, records: tuple = ()) -> str:
+def _run(device: dict | None = None, incomplete: bool = False, records: tuple = (), planted: dict | None = None) -> str:
     benchmarks = [{"name": f"test_{i}", "fullname": f"test_x.py::test_{i}", "stats": {}, "extra_info": info}
                   for i, info in enumerate(records)]
     run = {"machine_info": {"trainbench": device} if device else {}, "benchmarks": benchmarks}
     if incomplete:
         run[INCOMPLETE_KEY] = True
+    if planted:
+        run["trainbench_planted_fault"] = planted
     return json.dumps(run)
 
 
@@ -91,6 +93,19 @@ def test_another_machines_higher_numbered_run_is_never_taken_for_this_ones(stora
         latest_run(storage.root)
     mine = storage("0001_night.json", _run(CPU_A))
     assert latest_run(storage.root) == mine
+
+
+def test_a_run_with_a_planted_fault_is_passed_over_and_never_the_only_choice(storage):
+    mine = storage("0001_baseline.json", _run(CPU_A))
+    storage("0002_baseline.json", _run(CPU_A, planted={"slowdown": 0.2}))
+    chosen = choose_baseline(storage.root, True, lambda: HERE)
+    assert chosen.path == mine and "passed over newer runs: with a planted fault 0002_baseline.json" in chosen.why
+    mine.unlink()
+    with pytest.raises(UnusableBaselineError, match="0002_baseline.json: a run measured with a fault planted on "
+                                                    "purpose .*slowdown 0.2.*so is every complete run of this"):
+        choose_baseline(storage.root, True, lambda: HERE)
+    with pytest.raises(UnusableBaselineError, match="planted on purpose"):
+        choose_baseline(storage.root, str(storage.folder / "0002_baseline.json"), lambda: HERE)
 
 
 def test_no_saved_run_is_an_error_naming_the_folder(tmp_path):

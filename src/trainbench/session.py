@@ -21,6 +21,7 @@ from .options import Options, discover_budgets, usage_error
 from .store import (
     ENVIRONMENT_KEY,
     INCOMPLETE_KEY,
+    PLANTED_KEY,
     PYTEST_BENCHMARKS_CHOICE,
     Baseline,
     NoBaselineError,
@@ -355,6 +356,10 @@ class TrainbenchSession:
             output_json["trainbench_failed_cases"] = list(self.failed_cases)
         if self.interrupted:
             output_json[INCOMPLETE_KEY] = True  # kept, but a bare --benchmark-compare never takes it as the baseline
+        fault = self.options.fault
+        if fault is not None and (fault.slowdown or fault.leak_mib):  # kept, never a baseline
+            output_json[PLANTED_KEY] = {name: value for name, value in
+                                        (("slowdown", fault.slowdown), ("leak_mib", fault.leak_mib)) if value}
 
     def pytest_benchmark_update_machine_info(self, config, machine_info):
         """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""

@@ -14,6 +14,9 @@ from pathlib import Path
 
 # A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
 INCOMPLETE_KEY = "trainbench_incomplete"
+# A run measured with a fault planted on purpose (--trainbench-inject-*): {"slowdown": fraction, "leak_mib": MiB}.
+# Kept, but never a baseline: a gate against it would call the next honest run an improvement.
+PLANTED_KEY = "trainbench_planted_fault"
 # The run's software beyond its device identity, once per run (not per case, and not in machine_info, whose every
 # difference pytest-benchmark warns about): {"packages": {canonical name: version}}.
 ENVIRONMENT_KEY = "trainbench_environment"
@@ -157,6 +160,11 @@ class SavedRun:
     def complete(self) -> bool:
         return self.run is not None and not self.run.get(INCOMPLETE_KEY)
 
+    @property
+    def planted(self) -> dict | None:  # the fault planted in it on purpose, if any
+        fault = self.run.get(PLANTED_KEY) if self.run is not None else None
+        return fault if isinstance(fault, dict) and fault else None
+
 
 def _read_saved(path: Path) -> SavedRun:
     """A run as --benchmark-compare would load it: pytest-benchmark skips, with a warning, one whose benchmarks
@@ -219,6 +227,8 @@ def _named_run(run: SavedRun) -> Baseline | None:
         raise UnusableBaselineError(run.problem)
     if not run.complete:
         raise UnusableBaselineError(_interrupted(run.path))
+    if run.planted:
+        raise UnusableBaselineError(_planted(run))
     if run.device is None:
         return None
     _check_records(run)
@@ -230,6 +240,12 @@ def _interrupted(path: Path, what: str = "an interrupted run") -> str:
             "compare with a complete run (--benchmark-compare=NNNN of one) or save one with --benchmark-save")
 
 
+def _planted(run: SavedRun) -> str:
+    fault = ", ".join(f"{name} {value}" for name, value in run.planted.items())
+    return (f"{run.path}: a run measured with a fault planted on purpose ({PLANTED_KEY}: {fault}), never a "
+            "baseline; compare with a run saved without --trainbench-inject-*")
+
+
 def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) -> Baseline | None:
     """The newest complete run of ``mine`` in ``runs`` (oldest first), with the newer ones passed over and why;
     an unreadable run newer than it may have been this device's newest, so it stops the choice."""
@@ -238,14 +254,18 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
         if run.problem:
             raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
                                         f"{_matching(compare)}: fix or remove it")
-        if run.device == mine and run.complete:
+        if run.device == mine and run.complete and not run.planted:
             _check_records(run)
             why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
             skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
             return Baseline(run.path, why + (f" (passed over newer runs: {skipped})" if skipped else ""))
-        what = ("interrupted" if run.device == mine else "of another device" if run.device
-                else "not made by trainbench")
+        what = ("of another device" if run.device != mine and run.device else "not made by trainbench"
+                if run.device is None else "interrupted" if not run.complete else "with a planted fault")
         passed.setdefault(what, []).append(run.path.name)
+    if "with a planted fault" in passed and "interrupted" not in passed:
+        planted = next(r for r in reversed(runs) if r.path.name == passed["with a planted fault"][0])
+        raise UnusableBaselineError(f"{_planted(planted)}; so is every complete run of this {describe_device(mine)} "
+                                    f"{_matching(compare)}")
     if "interrupted" in passed:
         raise UnusableBaselineError(_interrupted(
             folder / passed["interrupted"][0],
