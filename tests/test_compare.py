@@ -344,8 +344,11 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
     assert same.ret == 0, same.stdout.str()
     same.stdout.fnmatch_lines(["*trainbench compare vs *0001_base.json*", "*steady-baseline*samples_per_s*unchanged*"])
 
+    assert same.stdout.lines[-1] == "trainbench gate: passed, 1 unchanged (exit 0)"
     slow = _compare(pytester, gate_options, "--trainbench-compare-fail=samples_per_s:10%", "--trainbench-inject-slowdown=20%")
     assert slow.ret == 1
+    # pytest's "1 passed" is not the log's last word: the gate's decision and exit status are
+    assert slow.stdout.lines[-1] == "trainbench gate: FAILED, 1 regressed (exit 1)"
     slow.stdout.fnmatch_lines([("*REGRESSION steady-baseline samples_per_s: * -> * samples/s (-*%, 95% CI *, p=*) "
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())

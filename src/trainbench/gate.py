@@ -165,6 +165,22 @@ class Verdict:
         ``EXIT_COULD_NOT_JUDGE`` could not judge."""
         return EXIT_COULD_NOT_JUDGE if self.could_not_judge else int(self.failed)
 
+    def last_line(self, exit_status: int) -> str:
+        """The session's closing line, after pytest's own count of passed tests: what the gate decided, and the
+        session's exit status, so a log read from its end never reads green where the gate failed."""
+        said = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n)
+        reasons = [said] if said else []
+        if self.errors:
+            reasons.append(f"{len(self.errors)} unreadable in the baseline")
+        if self.nothing_compared:
+            reasons.append(f"nothing compared: {self.nothing_compared}")
+        if self.new_cases and not self.new_cases_allowed:
+            reasons.append(f"{len(self.new_cases)} not in the baseline")
+        outcome = ("COULD NOT JUDGE" if self.could_not_judge else "FAILED" if self.failed else
+                   "passed" if self.gated else "not gated")
+        what = "A/B" if self.sides is not None else "gate"
+        return f"trainbench {what}: {outcome}" + (f", {'; '.join(reasons)}" if reasons else "") + f" (exit {exit_status})"
+
     def to_json(self) -> dict:
         """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
         ab = {} if self.sides is None else {"ab": self.sides, "pairs": self.pairs or {}, "numerics": self.numerics or {}}

@@ -43,6 +43,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     session = config.stash.get(SESSION, None)
     if session is not None:
+        session.write_last_line(config)
         session.close()
         if config.pluginmanager.get_plugin(SESSION_PLUGIN) is session:
             config.pluginmanager.unregister(session, SESSION_PLUGIN)

@@ -57,6 +57,7 @@ class TrainbenchSession:
     traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     comparison: object = None  # trainbench.gate.Verdict, filled at session end when compared (or A/B ran)
+    exit_status: int | None = None  # the session's, once the verdict has set it
     baseline: Baseline | None = None  # the run chosen to compare with, and why (None: pytest-benchmark's choice)
     unusable_baseline: str | None = None  # why the run to compare with cannot be used: stops a trainbench session
     collected: int = 0  # trainbench cases collected
@@ -339,6 +340,14 @@ class TrainbenchSession:
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True
 
+    def write_last_line(self, config) -> None:
+        """After pytest's "N passed in T s": the gate's decision and the exit status, as the log's last line."""
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or self.comparison is None or self.exit_status is None:
+            return
+        line = self.comparison.last_line(self.exit_status)
+        reporter.write_line(line, red=self.comparison.failed, green=not self.comparison.failed, bold=True)
+
     def close(self) -> None:
         """At pytest's unconfigure: what the session started ends with it."""
         if self.ab is not None:
@@ -422,6 +431,7 @@ class TrainbenchSession:
             write_json_atomic(self.options.compare_json, self.comparison.to_json())
         if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
             session.exitstatus = self.comparison.exit_status
+        self.exit_status = int(session.exitstatus)
 
     def _verdict(self, config):
         """The comparison's verdict (None: none asked for, or a plain pytest-benchmark session's)."""
