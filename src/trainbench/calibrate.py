@@ -26,7 +26,7 @@ from .files import write_text_atomic
 from .metrics import calibrated_metrics
 from .report import run_device
 from .result import CaseRecord, RecordError
-from .store import RunFileError, load_run
+from .store import FAILED_CASES_KEY, RunFileError, load_run
 
 
 class CalibrationError(ValueError):
@@ -125,7 +125,7 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
     key = device_key_of(device)
     gpu = DeviceCaps.from_identity(device).cuda
     left_out = [f"{failed.get('case')}: no result ({failed.get('error')})"
-                for failed in run.get("trainbench_failed_cases") or [] if isinstance(failed, dict)]
+                for failed in run.get(FAILED_CASES_KEY) or [] if isinstance(failed, dict)]
     unpaired, calibrated_cases = [], []  # (fullname, record, bounds)
     for bench in run["benchmarks"]:
         info = bench.get("extra_info") or {}

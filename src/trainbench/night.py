@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .files import write_json_atomic, write_text_atomic
-from .store import INCOMPLETE_KEY, RunFileError, load_run
+from .store import FAILED_CASES_KEY, INCOMPLETE_KEY, RunFileError, load_run
 
 SUITE_FILE = "benchmarks/test_recipes.py"
 # Time kept back from the measuring steps for merging, calibrating, reporting, planning and the summary.
@@ -223,9 +223,6 @@ class NightRun:
     def out(self) -> Path:
         return self.night.out
 
-    def left(self) -> float:
-        return self.end - self.clock()
-
     # -- steps -------------------------------------------------------------------------------------
     def run_step(self, name: str, why: str, argv: list[str], deadline: float) -> StepRecord:
         """One child step: not started without ``MIN_STEP_S`` before ``deadline``, stopped at it."""
@@ -393,13 +390,13 @@ def merge_runs(parts: list[Path], out: Path) -> str:
             continue
         if merged is None:
             merged = dict(run, benchmarks=[])
-            merged.pop("trainbench_failed_cases", None)
+            merged.pop(FAILED_CASES_KEY, None)
         merged["benchmarks"] += run["benchmarks"]
         if run.get(INCOMPLETE_KEY):
             merged[INCOMPLETE_KEY] = True
-        failed = run.get("trainbench_failed_cases")
+        failed = run.get(FAILED_CASES_KEY)
         if isinstance(failed, list) and failed:
-            merged.setdefault("trainbench_failed_cases", []).extend(failed)
+            merged.setdefault(FAILED_CASES_KEY, []).extend(failed)
     if merged is None:
         raise ValueError("no group saved a run" + (f" ({'; '.join(unreadable)})" if unreadable else ""))
     if unreadable:

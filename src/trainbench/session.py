@@ -20,6 +20,7 @@ from .files import cannot_write, write_json_atomic
 from .options import Options, discover_budgets, usage_error
 from .store import (
     ENVIRONMENT_KEY,
+    FAILED_CASES_KEY,
     INCOMPLETE_KEY,
     PLANTED_KEY,
     PYTEST_BENCHMARKS_CHOICE,
@@ -362,7 +363,7 @@ class TrainbenchSession:
         if self.cases or self.failed_cases:
             output_json[ENVIRONMENT_KEY] = {"packages": self.installed_packages()}
         if self.failed_cases:
-            output_json["trainbench_failed_cases"] = list(self.failed_cases)
+            output_json[FAILED_CASES_KEY] = list(self.failed_cases)
         if self.interrupted:
             output_json[INCOMPLETE_KEY] = True  # kept, but a bare --benchmark-compare never takes it as the baseline
         fault = self.options.fault

@@ -14,6 +14,8 @@ from pathlib import Path
 
 # A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
 INCOMPLETE_KEY = "trainbench_incomplete"
+# Cases that ended without a result (out of memory, a crash), with why: [{"case": ..., "error": ...}].
+FAILED_CASES_KEY = "trainbench_failed_cases"
 # A run measured with a fault planted on purpose (--trainbench-inject-*): {"slowdown": fraction, "leak_mib": MiB}.
 # Kept, but never a baseline: a gate against it would call the next honest run an improvement.
 PLANTED_KEY = "trainbench_planted_fault"
