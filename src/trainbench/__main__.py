@@ -242,13 +242,10 @@ def _doctor(args: argparse.Namespace) -> int:
     from .doctor import doctor_record, format_checks, run_checks
 
     if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
-        from .fleet import GpuSpecError, parse_gpu
         from .night_plan import simulated_doctor
 
-        try:
-            gpu = parse_gpu(args.simulate_gpu)
-        except GpuSpecError as e:
-            print(f"trainbench doctor: --simulate-gpu: {e}", file=sys.stderr)
+        gpu = _gpu_to_simulate(args, "doctor")
+        if gpu is None:
             return 2
         checks = simulated_doctor(gpu)
         print(f"doctor of {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / 2**30:.1f} GiB), simulated")
@@ -406,17 +403,25 @@ def _add_torchrun_job(subparsers) -> None:
     parser.set_defaults(handler=_torchrun_job)
 
 
+def _gpu_to_simulate(args: argparse.Namespace, command: str):
+    """The GPU ``--simulate-gpu`` names or specifies (``fleet.parse_gpu``); None after saying why it cannot be."""
+    from .fleet import GpuSpecError, parse_gpu
+
+    try:
+        return parse_gpu(args.simulate_gpu)
+    except GpuSpecError as e:
+        print(f"trainbench {command}: --simulate-gpu: {e}", file=sys.stderr)
+        return None
+
+
 def _plan(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
     from pathlib import Path
 
-    from .fleet import GpuSpecError, parse_gpu
     from .night_plan import format_night, plan_night
 
-    try:
-        gpu = parse_gpu(args.simulate_gpu)
-    except GpuSpecError as e:
-        print(f"trainbench plan: --simulate-gpu: {e}", file=sys.stderr)
+    gpu = _gpu_to_simulate(args, "plan")
+    if gpu is None:
         return 2
     night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
     for line in format_night(night):

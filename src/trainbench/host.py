@@ -54,12 +54,11 @@ def env_switch(name: str, environ: Mapping[str, str] | None = None, default: boo
     if name not in SWITCHES:
         raise KeyError(f"{name}: not a trainbench switch; add it to host.SWITCHES")
     value = (os.environ if environ is None else environ).get(name)
-    if value is None or not value.strip():
+    said = (value or "").strip().lower()
+    if not said:
         return default
-    if value.strip().lower() in _TRUE:
-        return True
-    if value.strip().lower() in _FALSE:
-        return False
+    if said in _TRUE or said in _FALSE:
+        return said in _TRUE
     raise SwitchError(f"{name}={value!r}: expected 1 or 0 (or true/false, yes/no, on/off): {SWITCHES[name]}")
 
 

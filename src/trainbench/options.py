@@ -6,7 +6,6 @@ a baseline...) is a usage error before any case runs, naming the option and what
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -141,7 +140,7 @@ class Options:
 
     device_spec: str
     profile_name: str
-    expect_cuda: bool
+    expect_cuda: bool  # --trainbench-expect-cuda (doctor.expects_cuda adds TRAINBENCH_EXPECT_CUDA and a CUDA device)
     run_slow: bool
     predict_memory: bool
     require_budgets: bool
@@ -172,10 +171,11 @@ class Options:
         ab = _ab_options(config)
         workers, index = _xdist_worker(config)
         compare_fail, fault = _gate_options(config, ab=ab is not None)
+        _switch("TRAINBENCH_EXPECT_CUDA")  # checked at start-up; doctor.expects_cuda reads it beside the flag
         return cls(
             device_spec=config.getoption("--trainbench-device"),
             profile_name=config.getoption("--trainbench-profile"),
-            expect_cuda=config.getoption("--trainbench-expect-cuda") or _switch("TRAINBENCH_EXPECT_CUDA"),
+            expect_cuda=config.getoption("--trainbench-expect-cuda"),
             run_slow=config.getoption("--trainbench-slow"),
             predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY",
                                                                                       default=True),

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
 from .device import Backend
-from .predict import SharedPredictions, fake_training, failure_line, unpredictable, without_unpredictable
+from .predict import SharedPredictions, failure_line, fake_training, unpredictable, without_unpredictable
 from .recipes import TrainConfig
 from .spec import TrainingSpec
 

@@ -252,6 +252,7 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
     """The newest complete run of ``mine`` in ``runs`` (oldest first), with the newer ones passed over and why;
     an unreadable run newer than it may have been this device's newest, so it stops the choice."""
     passed: dict[str, list[str]] = {}
+    newest_planted = None  # the newest complete run of this device with a planted fault
     for run in reversed(runs):
         if run.problem:
             raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
@@ -261,13 +262,18 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
             why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
             skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
             return Baseline(run.path, why + (f" (passed over newer runs: {skipped})" if skipped else ""))
-        what = ("of another device" if run.device != mine and run.device else "not made by trainbench"
-                if run.device is None else "interrupted" if not run.complete else "with a planted fault")
+        if run.device is None:
+            what = "not made by trainbench"
+        elif run.device != mine:
+            what = "of another device"
+        elif not run.complete:
+            what = "interrupted"
+        else:
+            what, newest_planted = "with a planted fault", newest_planted or run
         passed.setdefault(what, []).append(run.path.name)
-    if "with a planted fault" in passed and "interrupted" not in passed:
-        planted = next(r for r in reversed(runs) if r.path.name == passed["with a planted fault"][0])
-        raise UnusableBaselineError(f"{_planted(planted)}; so is every complete run of this {describe_device(mine)} "
-                                    f"{_matching(compare)}")
+    if newest_planted is not None and "interrupted" not in passed:
+        raise UnusableBaselineError(f"{_planted(newest_planted)}; so is every complete run of this "
+                                    f"{describe_device(mine)} {_matching(compare)}")
     if "interrupted" in passed:
         raise UnusableBaselineError(_interrupted(
             folder / passed["interrupted"][0],
