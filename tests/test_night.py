@@ -155,6 +155,7 @@ def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
     virtual = VirtualNight(interrupt_at="cases-03-vit")
     status, manifest, lines = _night(tmp_path, virtual, simulate=None)
     assert manifest["interrupted"] and manifest["finished"] and status == 1
+    assert lines[-1].startswith("night: INTERRUPTED;")  # never "complete": later steps were not tried
     run = json.loads((tmp_path / "night" / "run.json").read_text())
     cases = [b["extra_info"]["case"] for b in run["benchmarks"]]
     assert cases[0] == "resnet18-baseline" and cases[-1] == "gpt-optimizer_fused"
@@ -167,6 +168,7 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
                                                                   "L40S: [cuda] ...; nothing is measured"})
     status, manifest, lines = _night(tmp_path, virtual, simulate="NVIDIA L40S")
     steps = {s["name"]: s for s in manifest["steps"]}
+    assert status == 0 and lines[-1].startswith("night: complete")
     assert steps["run"]["status"] == "skipped" and "nothing is measured" in steps["run"]["note"]
     assert "calibrate" not in steps and steps["plan"]["status"] == "ok"
     assert virtual.started[:2] == ["doctor", "plan"]  # the rehearsal's measurement, before its sessions

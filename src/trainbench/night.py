@@ -21,10 +21,10 @@ import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from .files import write_json_atomic, write_text_atomic
 from .store import FAILED_CASES_KEY, INCOMPLETE_KEY, RunFileError, load_run
@@ -309,8 +309,12 @@ class NightRun:
         failed = [s.name for s in night.steps if s.status == "failed"]
         missing = [s.name for s in night.steps if s.status in ("not started", "stopped")]
         used = self.clock() - night.started
-        verdict = ("FAILED: " + ", ".join(failed) if failed else
-                   "PARTIAL: " + ", ".join(missing) + " did not finish in the budget" if missing else "complete")
+        if night.interrupted:  # the steps after the one it stopped were never tried: not "complete"
+            verdict = "INTERRUPTED" + (": " + ", ".join(failed) + " failed" if failed else "")
+        elif failed:
+            verdict = "FAILED: " + ", ".join(failed)
+        else:
+            verdict = "PARTIAL: " + ", ".join(missing) + " did not finish in the budget" if missing else "complete"
         self.say(f"night: {verdict}; {used:.0f} s of {night.budget_s:.0f}; {self.out / 'summary.md'}")
         return 1 if failed or night.interrupted else 0
 
