@@ -84,7 +84,7 @@ def test_the_v100_is_refused_by_the_default_wheel_with_the_readme_advice(nights)
     assert night.refused and not night.cases and not night.ok
     (fail,) = [c for c in night.checks if c.status == "FAIL"]
     assert "none that runs on sm_70" in fail.message and "whl/cu126" in fail.message
-    assert "README's GPU runner section" in fail.message
+    assert 'docs/ci-and-gpu.md, "A GPU runner"' in fail.message
     with pytest.raises(RuntimeError, match="none that runs on sm_70"):
         SimulatedGpu(FLEET["v100-16gb"])
     # a CUDA 12.6 build carries sm_70: the same GPU plans

@@ -702,7 +702,7 @@ def unsupported_arch(capability: tuple[int, int], arch_list: list[str]) -> str |
             return None
     return (f"this torch build ({torch.__version__}, CUDA {torch.version.cuda}) has kernels for "
             f"{' '.join(arch_list) or 'no GPU'}, none that runs on sm_{major}{minor}: install a wheel built for "
-            "this GPU (see the README's GPU runner section)")
+            "this GPU (docs/ci-and-gpu.md, \"A GPU runner\")")
 
 
 # How torch's host allocator says it ran out (torch.OutOfMemoryError is the CUDA and XPU allocators' own type).
