@@ -3,7 +3,9 @@
 A ``Recipe`` names the knobs it turns (``amp="fp16"``, ``num_workers=8`` ...), what the
 device must offer for it to make sense (CUDA, a compute capability, several GPUs) and
 how much extra warm-up it needs. Recipes compose, so the seeds' cumulative ladders are
-lists of recipes. ``training.py`` is the one place where each knob takes effect.
+lists of recipes. ``training.py`` is the one place where each knob takes effect; every other
+rule about a knob is its entry in the knob table (``Knob``, in ``TrainConfig``'s fields), which
+the other modules ask through ``TrainConfig.turned``.
 
 Whether a recipe can run on a device, for a spec, is ``eligibility.why_not``'s answer.
 """
@@ -142,7 +144,7 @@ class TrainConfig:
     # torch.use_deterministic_algorithms(True)
     deterministic: bool = knob(False, process_wide="torch.use_deterministic_algorithms", fresh_process=(
         "cuBLAS reads CUBLAS_WORKSPACE_CONFIG (needed for deterministic matmuls) once, when it starts"),
-        fresh_env=("CUBLAS_WORKSPACE_CONFIG", (":4096:8", ":16:8")))  # the two settings PyTorch documents, smaller last
+        fresh_env=("CUBLAS_WORKSPACE_CONFIG", (":4096:8", ":16:8")))  # the two settings PyTorch documents as deterministic
     # -- scale
     # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank; "fsdp": FSDP2
     # (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded over the ranks)
