@@ -143,6 +143,60 @@ def test_the_metric_list_check_sees_the_lists_it_forbids():
     assert not _metric_name_collections('FIELDS = ("ops_per_step", "syncs_per_step", "flops_per_step")')
 
 
+def _knob_name_collections(source: str) -> list[tuple[int, list[str]]]:
+    """Knobs picked by hand, i.e. a knob rule outside the knob table: literal tuples, lists and sets of two or more
+    knob names and nothing else; dicts of two or more knobs to constants (``{"num_workers": 0, ...}``), where a
+    recipe's changes hold values made per profile; ``replace(config, a=..., b=...)`` setting two or more knobs to
+    constants; and ``config.a or config.b`` over two or more knobs."""
+    import dataclasses
+
+    from trainbench.recipes import TrainConfig
+
+    knobs = {f.name for f in dataclasses.fields(TrainConfig)}
+
+    def knob_names(names: list) -> list[str]:
+        return names if len(names) >= 2 and all(isinstance(n, str) and n in knobs for n in names) else []
+
+    def constant(node) -> bool:
+        return isinstance(node, (ast.Constant, ast.Attribute)) or isinstance(node, ast.UnaryOp) and constant(node.operand)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            listed = knob_names([getattr(e, "value", None) for e in node.elts])
+        elif isinstance(node, ast.Dict) and all(constant(v) for v in node.values):
+            listed = knob_names([getattr(k, "value", None) for k in node.keys])
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "replace":
+            listed = knob_names([k.arg for k in node.keywords if k.arg in knobs and constant(k.value)])
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            listed = knob_names([v.attr for v in node.values if isinstance(v, ast.Attribute) and v.attr in knobs])
+        else:
+            continue
+        if listed:
+            found.append((node.lineno, listed))
+    return found
+
+
+def test_only_the_knob_table_lists_knobs():
+    # A knob's rules (data path, process-wide state, fake tensors, what the spec must give...) are its entries in
+    # TrainConfig's knob table (recipes.Knob); each module asks TrainConfig.turned. recipes.py holds the table and the
+    # recipes' changes.
+    for name, path in MODULES.items():
+        if name != "recipes":
+            assert not _knob_name_collections(path.read_text()), f"{name}.py lists knobs: ask the knob table (recipes.Knob)"
+
+
+def test_the_knob_list_check_sees_the_lists_it_forbids():
+    assert _knob_name_collections('for knob in ("cudnn_benchmark", "deterministic", "debug"): pass')
+    assert _knob_name_collections('SAME = {"num_workers": 0, "loader_timeout_s": TrainConfig.loader_timeout_s}')
+    assert _knob_name_collections("replace(config, compile=False, parallel=None, world_size=n)")
+    assert _knob_name_collections("if config.compile or config.fuse_pointwise: pass")
+    # a recipe's changes made per profile, one knob set, or two knobs that go together, are not lists of knobs
+    assert not _knob_name_collections('AMP = {"amp": ByProfile(cpu="bf16", gpu="fp16"), "grad_scaler": False}')
+    assert not _knob_name_collections("replace(config, world_size=nodes * ranks, seed=0)")
+    assert not _knob_name_collections('if config.amp and config.grad_scaler: pass\nMODES = ("deterministic", "item")')
+
+
 # What a device offers and what a recipe requires of it: comparing the two decides whether a case can run.
 DEVICE_FACTS = {"cuda", "capability", "gpu_count", "bf16", "min_capability", "gpu_capability", "min_gpus"}
 # Texts of the reasons a case cannot run here; a second module writing one is a second answer.

@@ -199,3 +199,18 @@ def test_a_multi_gpu_case_on_a_worker_pinned_to_one_gpu_says_so_and_how_to_run_i
     assert "without -n" in reason
     # pinned on a host of fewer GPUs than the case needs: the pinning is not what stops it
     assert why_not(get_recipe("ddp"), dataclasses.replace(T4, pinned_among=1), GPU) == "ddp: needs 2 GPUs; 1 present"
+
+
+def test_every_knob_entry_names_a_need_its_reader_knows():
+    # a need the table names but no reader checks would pass silently
+    from trainbench.eligibility import BUILD_NEEDS
+    from trainbench.recipes import KNOBS, SPEC_NEEDS, TrainConfig
+    from trainbench.spec import TrainingSpec
+
+    for name, knob in KNOBS.items():
+        assert knob.spec_needs in (None, *SPEC_NEEDS), name
+        needs = knob.build_needs.values() if isinstance(knob.build_needs, dict) else [knob.build_needs or ()]
+        assert all(need in BUILD_NEEDS for named in needs for need in named), name
+        assert knob.fresh_env is None or knob.fresh_env[1], name  # a fresh process's variable has a default
+    assert set(KNOBS) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(SPEC_NEEDS) <= {f.name for f in dataclasses.fields(TrainingSpec)}

@@ -509,18 +509,17 @@ class CudaBackend(Backend):
         return [self.device.index]
 
     def fresh_process_reason(self, config) -> str | None:
-        if config.cudnn_benchmark:
-            return ("cuDNN's plan cache lives as long as the process and its key ignores the benchmark flag: after "
-                    "any earlier convolution the autotuner would not run, and the ratio would be ~1.0")
-        if config.deterministic:
-            return "cuBLAS reads CUBLAS_WORKSPACE_CONFIG (needed for deterministic matmuls) once, when it starts"
+        # state the CUDA libraries read once per process (the config's knob table: Knob.fresh_process)
+        for _, why in config.turned("fresh_process"):
+            return why
         return None
 
     def fresh_process_env(self, config) -> dict[str, str]:
-        if config.deterministic:  # the smaller of the two settings PyTorch documents as deterministic
-            given = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-            return {"CUBLAS_WORKSPACE_CONFIG": given if given in (":4096:8", ":16:8") else ":4096:8"}
-        return {}
+        env = {}
+        for _, (variable, accepted) in config.turned("fresh_env"):  # a value given in the environment, if accepted
+            given = os.environ.get(variable)
+            env[variable] = given if given in accepted else accepted[0]
+        return env
 
     def parallel_device_ids(self, count: int) -> list[int]:
         """The ``count`` GPUs a multi-GPU case uses, starting at this one: DataParallel and DDP ranks use the same."""

@@ -119,19 +119,29 @@ def _device_lacks(requires: Requirements, caps: DeviceCaps) -> str | None:
     return None
 
 
+def _lacks_fully_shard(caps: DeviceCaps) -> str | None:
+    from torch.distributed import fsdp  # only here: importing FSDP takes about half a second
+
+    if not hasattr(fsdp, "fully_shard"):
+        return "needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none"
+    return None
+
+
+# What a knob may need of the device or the PyTorch build (``Knob.build_needs`` names these): why it is missing, or None.
+BUILD_NEEDS: dict[str, Callable[[DeviceCaps], str | None]] = {
+    "bf16": lambda caps: f"needs bfloat16 support; {caps.name} has none" if caps.bf16 is False else None,
+    "torch.distributed": lambda caps: None if dist.is_available() else "this PyTorch build has no torch.distributed",
+    "fully_shard": _lacks_fully_shard,
+}
+
+
 def _build_lacks(config: TrainConfig, caps: DeviceCaps) -> str | None:
     """What this device or PyTorch build lacks for the setup's knobs (a recipe need not declare them), or None."""
-    if config.amp == "bf16" and caps.bf16 is False:
-        return f"needs bfloat16 support; {caps.name} has none"
-    if not config.rank_processes:
-        return None
-    if not dist.is_available():
-        return "this PyTorch build has no torch.distributed"
-    if config.parallel == "fsdp":
-        from torch.distributed import fsdp  # only here: importing FSDP takes about half a second
-
-        if not hasattr(fsdp, "fully_shard"):
-            return "needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6+); this PyTorch has none"
+    for _, needs in config.turned("build_needs"):
+        for need in needs:
+            reason = BUILD_NEEDS[need](caps)
+            if reason:
+                return reason
     return None
 
 

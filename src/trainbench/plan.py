@@ -42,14 +42,13 @@ ALONE = "alone"
 def interleave_blocker(config: TrainConfig) -> str | None:
     """Why a setup cannot be timed side by side with another in one process, or None.
 
-    DDP ranks are other processes; these knobs flip process-wide state, so the other
-    setup's rounds would run under them too.
+    DDP ranks are other processes; knobs that flip process-wide state (``Knob.process_wide``) would
+    have the other setup's rounds run under them too.
     """
     if config.rank_processes:
         return f"{config.parallel.upper()} ranks run in other processes"
-    for knob in ("cudnn_benchmark", "deterministic", "debug", "empty_cache"):
-        if getattr(config, knob):
-            return f"{knob} changes process-wide state"
+    for knob, _ in config.turned("process_wide"):
+        return f"{knob} changes process-wide state"
     return None
 
 

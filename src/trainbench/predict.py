@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .device import Backend, DeviceCaps
-from .recipes import DEBUG_NVTX, TrainConfig
+from .recipes import TrainConfig
 from .spec import TrainingSpec, map_tensors
 from .training import TrainingSetup
 
@@ -90,41 +90,24 @@ def allocator_peak_bounds(predicted_total: int, capability: tuple[int, int] | No
 
 
 def without_unpredictable(config: TrainConfig) -> TrainConfig:
-    """The nearest setup fake tensors can run: no compilation, one process with the same per-process batch."""
-    return dataclasses.replace(config, compile=False, fuse_pointwise=None, parallel=None, world_size=1, replicas=1,
-                               dist_backend=None, debug=None if config.debug in ("anomaly", "profiler") else config.debug)
+    """The nearest setup fake tensors can run: no compilation, one process with the same per-process batch
+    (the unpredictable knobs, and those that only shape what they start, at their defaults)."""
+    return config.with_defaults("unpredictable", "predicted_at_default")
 
 
 def unpredictable(config: TrainConfig) -> str | None:
-    """Why FakeTensorMode cannot predict this setup's memory, or None."""
-    if config.compile or config.fuse_pointwise:
-        return "compiled code (torch.compile, TorchScript) runs its own kernels, which fake tensors cannot enter"
-    if config.parallel:
-        return "data parallelism runs replicas in other threads or processes, outside the fake mode"
-    if config.debug == "anomaly":
-        return "anomaly mode checks every gradient for NaN: a data-dependent test fake tensors cannot answer"
-    if config.debug == "profiler":
-        return "the profiler records real kernels, none of which run under fake tensors"
+    """Why FakeTensorMode cannot predict this setup's memory, or None (``Knob.unpredictable``)."""
+    for _, why in config.turned("unpredictable"):
+        return why
     return None
 
 
-# Knobs that change how batches arrive or which kernels run, not which tensors a step holds on the device:
-# a setup with them at these values has the same tracked breakdown (the loader is never iterated in a prediction,
-# cuDNN's choice and empty_cache act on the allocator, not on tensors).
-_SAME_TENSORS = {"num_workers": 0, "loader_timeout_s": TrainConfig.loader_timeout_s, "pin_memory": False,
-                 "non_blocking": False, "cudnn_benchmark": False, "empty_cache": False}
-
-
 def memory_setup(config: TrainConfig) -> TrainConfig:
-    """The setup whose step holds the same tensors as ``config``'s, with the knobs that change none at their defaults:
-    the loader's (workers, pinned memory, non-blocking copies), cuDNN autotuning, ``empty_cache``, NVTX ranges and a
-    loss logged with ``.item()`` every step. Setups that map to one ``memory_setup`` share one prediction."""
-    same = dict(_SAME_TENSORS)
-    if config.debug == DEBUG_NVTX:  # ranges around ops, no tensor (and a CPU cannot fake them)
-        same["debug"] = None
-    if config.loss_history == "item" and config.log_every == 1:  # a float on the host; no device sum kept between steps
-        same["loss_history"] = None
-    return dataclasses.replace(config, **same)
+    """The setup whose step holds the same tensors as ``config``'s, with the knobs that change none at their defaults
+    (``Knob.same_tensors``): the loader's (workers, pinned memory, non-blocking copies; a prediction never iterates
+    it), cuDNN autotuning and ``empty_cache`` (the allocator's), NVTX ranges and a loss logged with ``.item()`` every
+    step. Setups that map to one ``memory_setup`` share one prediction."""
+    return config.with_defaults("same_tensors")
 
 
 class _OneSampleBatches:

@@ -3,7 +3,9 @@
 A ``Recipe`` names the knobs it turns (``amp="fp16"``, ``num_workers=8`` ...), what the
 device must offer for it to make sense (CUDA, a compute capability, several GPUs) and
 how much extra warm-up it needs. Recipes compose, so the seeds' cumulative ladders are
-lists of recipes. ``training.py`` is the one place where each knob takes effect.
+lists of recipes. ``training.py`` is the one place where each knob takes effect; every other
+rule about a knob is its entry in the knob table (``Knob``, in ``TrainConfig``'s fields), which
+the other modules ask through ``TrainConfig.turned``.
 
 Whether a recipe can run on a device, for a spec, is ``eligibility.why_not``'s answer.
 """
@@ -46,51 +48,117 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Knob:
+    """What trainbench must know of one ``TrainConfig`` field besides how it takes effect (``training.py``): the one
+    table of knob rules, read through ``TrainConfig.turned``. An entry applies while the knob is off its default: a
+    string, tuple or True always, a mapping for the values it names, a callable where it says so for the config."""
+
+    minimum: int | None = None  # an int >= this (validate)
+    choices: tuple | None = None  # the values it takes (validate)
+    data_path: bool = False  # how batches reach the step: a recipe turning it is judged on the loader (judging_overrides)
+    spec_needs: str | None = None  # the TrainingSpec attribute it needs (SPEC_NEEDS says why; spec_unmet)
+    custom_step: Any = None  # why a custom step (TrainingSpec.step) cannot take it (spec_unmet)
+    build_needs: Any = None  # what the device or PyTorch build must have (names eligibility's BUILD_NEEDS knows)
+    process_wide: str | None = None  # the process-wide setting it flips: not timed beside another setup (plan)
+    fresh_process: str | None = None  # why a GPU measures it in a new process (device.CudaBackend)
+    # (variable, accepted values; the first the default): the environment that fresh process starts with
+    fresh_env: tuple[str, tuple[str, ...]] | None = None
+    same_tensors: Any = False  # the step holds the device tensors it holds at the default (predict.memory_setup)
+    unpredictable: Any = None  # why fake tensors cannot run it (predict.unpredictable)
+    predicted_at_default: bool = False  # only shapes what an unpredictable knob starts: predicted at its default
+    compiled: bool = False  # the model's code runs compiled (TorchScript, torch.compile), not op by op
+
+
+def knob(default: Any, **entries) -> Any:
+    """A ``TrainConfig`` field with its ``Knob`` entries."""
+    return field(default=default, metadata={"knob": Knob(**entries)})
+
+
+def _wraps_the_forward(wrapper: str) -> str:
+    return (f"a custom step calls its modules and optimizers itself; {wrapper} wraps the root module's forward, "
+            "which the step need not call")
+
+
+_COMPILED_CODE = "compiled code (torch.compile, TorchScript) runs its own kernels, which fake tensors cannot enter"
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides how one training step runs. Defaults are the seeds' baseline."""
 
     # -- data path
     batch_size: int | None = None  # samples per optimizer step before batch_multiplier (None: the spec's)
-    batch_multiplier: int = 1  # a larger batch: the step trains batch_size x this many samples
-    num_workers: int = 0
-    loader_timeout_s: float = 300.0  # with workers: a batch that takes longer fails the case (a hung dataset)
-    pin_memory: bool = False
-    non_blocking: bool = False
-    uint8_transfer: bool = False  # copy uint8 pixels, normalize on the device
-    channels_last_input: bool = False  # loader yields NHWC uint8; the device sees a channels-last view
-    synthetic: str | None = None  # no loader: random batches made on the host and copied, or made on the device
+    batch_multiplier: int = knob(1, minimum=1)  # a larger batch: the step trains batch_size x this many samples
+    num_workers: int = knob(0, minimum=0, data_path=True, spec_needs="dataset", same_tensors=True)
+    # with workers: a batch that takes longer fails the case (a hung dataset)
+    loader_timeout_s: float = knob(300.0, same_tensors=True)
+    pin_memory: bool = knob(False, data_path=True, spec_needs="dataset", same_tensors=True)
+    non_blocking: bool = knob(False, data_path=True, same_tensors=True)
+    uint8_transfer: bool = knob(False, data_path=True, spec_needs="dataset")  # copy uint8 pixels, normalize on the device
+    # loader yields NHWC uint8; the device sees a channels-last view
+    channels_last_input: bool = knob(False, data_path=True)
+    # no loader: random batches made on the host and copied, or made on the device
+    synthetic: str | None = knob(None, choices=SYNTHETIC_MODES, data_path=True, spec_needs="batches")
     # -- precision
-    amp: str | None = None  # autocast dtype: "fp16" | "bf16"
+    amp: str | None = knob(None, choices=(None,) + AMP_DTYPES, build_needs={"bf16": ("bf16",)})  # "fp16" | "bf16"
     grad_scaler: bool = False
     # -- batch and memory
-    accumulation_steps: int = 1  # the step's batch split into this many loader micro-batches
-    checkpointing: bool = False  # recompute the spec's checkpoint blocks in backward instead of saving activations
+    # the step's batch split into this many loader micro-batches
+    accumulation_steps: int = knob(1, minimum=1, custom_step="a custom step interleaves its updates with its forwards: "
+                                   "accumulating micro-batches would reorder them")
+    # recompute the spec's checkpoint blocks in backward instead of saving activations
+    checkpointing: bool = knob(False, spec_needs="checkpoint_blocks")
     # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
     # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
-    zero_grad: str = "zeros"  # "zeros" | "set_to_none" | "param_none" (param.grad = None per parameter)
-    loss_history: str | None = None  # running loss kept as: "tensor" (the leak), "detach", "item"
-    log_every: int = 1  # with loss_history="item": one .item() (a host sync) every N steps
-    eval_mode: str | None = None  # evaluation step instead of training: "autograd" | "no_grad" | "inference_mode"
-    empty_cache: bool = False  # release cached allocator blocks after every step
+    zero_grad: str = knob("zeros", choices=ZERO_GRAD_MODES)  # "zeros" | "set_to_none" | "param_none" (param.grad = None)
+    # running loss kept as: "tensor" (the leak), "detach", "item"; "item" every step keeps a float on the host, no
+    # device sum between steps
+    loss_history: str | None = knob(None, choices=LOSS_HISTORY_MODES,
+                                    same_tensors=lambda config: config.loss_history == "item" and config.log_every == 1)
+    log_every: int = knob(1, minimum=1)  # with loss_history="item": one .item() (a host sync) every N steps
+    # evaluation step instead of training: "autograd" | "no_grad" | "inference_mode"
+    eval_mode: str | None = knob(None, choices=EVAL_MODES, custom_step="a custom step is a training step: evaluation "
+                                 "measures a loss_fn's forward, which the spec does not state")
+    # release cached allocator blocks after every step (on the allocator, not on tensors)
+    empty_cache: bool = knob(False, process_wide="the caching allocator's cache", same_tensors=True)
     # -- compute
-    compile: bool = False
-    cudnn_benchmark: bool = False
+    compile: bool = knob(False, unpredictable=_COMPILED_CODE, compiled=True)
+    cudnn_benchmark: bool = knob(False, process_wide="torch.backends.cudnn.benchmark", same_tensors=True, fresh_process=(
+        "cuDNN's plan cache lives as long as the process and its key ignores the benchmark flag: after any earlier "
+        "convolution the autotuner would not run, and the ratio would be ~1.0"))
     channels_last: bool = False
     # The biases of convolutions followed by a norm that cancels them (training.convs_before_norms): None leaves the
     # model as built; "add" gives the bias-free ones a zero bias (the seeds' "with bias"); "remove" removes theirs.
-    conv_bias: str | None = None
-    fuse_pointwise: str | None = None  # the model's ``pointwise`` functions: "script" | "compile"
-    sdpa_backend: str | None = None  # scaled_dot_product_attention restricted to "math" | "flash" | "efficient"
-    optimizer_impl: str | None = None  # None: PyTorch's default; "loop" | "foreach" | "fused"
-    debug: str | None = None  # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"
-    deterministic: bool = False  # torch.use_deterministic_algorithms(True)
+    conv_bias: str | None = knob(None, choices=CONV_BIAS_CHANGES)
+    # the model's ``pointwise`` functions: "script" | "compile"
+    fuse_pointwise: str | None = knob(None, choices=FUSE_MODES, unpredictable=_COMPILED_CODE, compiled=True)
+    # scaled_dot_product_attention restricted to "math" | "flash" | "efficient"
+    sdpa_backend: str | None = knob(None, choices=SDPA_BACKENDS)
+    optimizer_impl: str | None = knob(None, choices=OPTIMIZER_IMPLS)  # None: PyTorch's default; "loop" | "foreach" | "fused"
+    # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"; NVTX ranges hold no tensor (and a CPU cannot fake them)
+    debug: str | None = knob(None, choices=DEBUG_MODES, process_wide="autograd's anomaly mode or profiler",
+                             same_tensors={DEBUG_NVTX: True}, unpredictable={
+                                 "anomaly": "anomaly mode checks every gradient for NaN: a data-dependent test fake "
+                                            "tensors cannot answer",
+                                 DEBUG_PROFILER: "the profiler records real kernels, none of which run under fake tensors"})
+    # torch.use_deterministic_algorithms(True)
+    deterministic: bool = knob(False, process_wide="torch.use_deterministic_algorithms", fresh_process=(
+        "cuBLAS reads CUBLAS_WORKSPACE_CONFIG (needed for deterministic matmuls) once, when it starts"),
+        fresh_env=("CUBLAS_WORKSPACE_CONFIG", (":4096:8", ":16:8")))  # the two settings PyTorch documents as deterministic
     # -- scale
     # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank; "fsdp": FSDP2
     # (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded over the ranks)
-    parallel: str | None = None
-    world_size: int = 1  # processes under "ddp"/"fsdp" (batch_size is per process)
-    replicas: int = 1  # GPUs under "dp": the one process's batch is scattered over them
-    dist_backend: str | None = None  # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
+    parallel: str | None = knob(
+        None, choices=PARALLEL_MODES,
+        build_needs={"ddp": ("torch.distributed",), "fsdp": ("torch.distributed", "fully_shard")},
+        unpredictable="data parallelism runs replicas in other threads or processes, outside the fake mode",
+        custom_step={"dp": _wraps_the_forward("DataParallel"), "ddp": _wraps_the_forward("DistributedDataParallel"),
+                     "fsdp": _wraps_the_forward("FSDP2")})
+    # processes under "ddp"/"fsdp" (batch_size is per process)
+    world_size: int = knob(1, minimum=1, predicted_at_default=True)
+    replicas: int = knob(1, minimum=1, predicted_at_default=True)  # GPUs under "dp": the one process's batch is scattered
+    # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
+    dist_backend: str | None = knob(None, choices=(None, "gloo", "nccl"), predicted_at_default=True)
     seed: int = 0
 
     @property
@@ -103,22 +171,12 @@ class TrainConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
-        for name in ("num_workers",):
+        for name, entries in KNOBS.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
-        for name in ("accumulation_steps", "log_every", "world_size", "batch_multiplier", "replicas"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-        for name, allowed in [("amp", (None,) + AMP_DTYPES), ("zero_grad", ZERO_GRAD_MODES),
-                              ("optimizer_impl", OPTIMIZER_IMPLS), ("debug", DEBUG_MODES),
-                              ("loss_history", LOSS_HISTORY_MODES), ("eval_mode", EVAL_MODES),
-                              ("synthetic", SYNTHETIC_MODES), ("fuse_pointwise", FUSE_MODES),
-                              ("parallel", PARALLEL_MODES), ("dist_backend", (None, "gloo", "nccl")),
-                              ("sdpa_backend", SDPA_BACKENDS), ("conv_bias", CONV_BIAS_CHANGES)]:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            if entries.minimum is not None and (not isinstance(value, int) or value < entries.minimum):
+                raise ConfigError(f"{name} must be an int >= {entries.minimum}, got {value!r}")
+            if entries.choices is not None and value not in entries.choices:
+                raise ConfigError(f"{name} must be one of {entries.choices}, got {value!r}")
         if isinstance(self.loader_timeout_s, bool) or not isinstance(self.loader_timeout_s, (int, float)) \
                 or not self.loader_timeout_s > 0:
             raise ConfigError(f"loader_timeout_s must be a number of seconds > 0, got {self.loader_timeout_s!r}")
@@ -128,7 +186,7 @@ class TrainConfig:
             raise ConfigError("channels_last_input needs uint8_transfer: the NHWC batch is normalized on the device")
         if self.eval_mode and (self.accumulation_steps > 1 or self.loss_history == "tensor" or self.grad_scaler):
             raise ConfigError("eval_mode runs forward only: no accumulation, GradScaler or graph-keeping loss history")
-        if self.synthetic and (self.num_workers or self.pin_memory or self.uint8_transfer or self.channels_last_input):
+        if self.synthetic and any(need == "dataset" for _, need in self.turned("spec_needs")):
             raise ConfigError("synthetic batches bypass the DataLoader: loader knobs (workers, pinning, uint8) do not apply")
         if (self.world_size > 1) != self.rank_processes:
             raise ConfigError(f"world_size > 1 goes with parallel='ddp' or 'fsdp' (one process per rank); got "
@@ -137,6 +195,29 @@ class TrainConfig:
             raise ConfigError(f"replicas > 1 goes with parallel='dp' (one process, several GPUs); got "
                              f"parallel={self.parallel!r}, replicas={self.replicas}")
         return self
+
+    def turned(self, entry: str) -> list[tuple[str, Any]]:
+        """(knob, what its ``Knob`` ``entry`` says) for each knob off its default where that entry applies, in field
+        order: e.g. ``turned("unpredictable")`` gives each knob fake tensors cannot run, with why."""
+        found = []
+        for name, entries in KNOBS.items():
+            value = getattr(self, name)
+            if value == _DEFAULTS[name]:
+                continue
+            said = getattr(entries, entry)
+            said = said.get(value) if isinstance(said, Mapping) else said(self) if callable(said) else said
+            if said:
+                found.append((name, said))
+        return found
+
+    def with_defaults(self, *entries: str) -> TrainConfig:
+        """This config with every knob that ``turned`` finds under one of ``entries`` back at its default."""
+        return dataclasses.replace(self, **{name: _DEFAULTS[name] for entry in entries for name, _ in self.turned(entry)})
+
+    @property
+    def runs_compiled_code(self) -> bool:
+        """The model's code runs compiled (TorchScript, torch.compile): its launches are not eager dispatch's."""
+        return bool(self.turned("compiled"))
 
     @property
     def runs_a_profiler(self) -> bool:
@@ -187,7 +268,9 @@ class TrainConfig:
         return ("uint8_hwc" if self.channels_last_input else "uint8") if self.uint8_transfer else None
 
 
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+KNOBS: dict[str, Knob] = {f.name: f.metadata.get("knob", Knob()) for f in dataclasses.fields(TrainConfig)}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+_CONFIG_FIELDS = set(KNOBS)
 
 
 @dataclass(frozen=True)
@@ -288,20 +371,24 @@ OPTIMIZER_IMPL_KWARGS = {"loop": {"foreach": False, "fused": False}, "foreach": 
                          "fused": {"fused": True, "foreach": False}}
 
 
+# What a spec must provide for the knobs that need it (``Knob.spec_needs``), in the order ``spec_unmet`` asks.
+SPEC_NEEDS = {"checkpoint_blocks": "the spec names no checkpoint_blocks to recompute",
+              "dataset": "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)",
+              "batches": "the spec has no batches factory to make synthetic batches with"}
+
+
 def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
     """What ``spec`` lacks for ``config``'s knobs, or None (what only the built model tells is checked by training.py)."""
     if config.pixels and config.pixels not in spec.pixels:
         return f"the spec's dataset serves no {config.pixels} pixels (TrainingSpec.pixels names {list(spec.pixels)})"
-    if config.checkpointing and not spec.checkpoint_blocks:
-        return "the spec names no checkpoint_blocks to recompute"
-    if (config.num_workers or config.pin_memory or config.uint8_transfer) and spec.dataset is None:
-        return "the spec has no dataset (worker processes, pinned memory and uint8 pixels feed a DataLoader)"
-    if config.synthetic and spec.batches is None:
-        return "the spec has no batches factory to make synthetic batches with"
-    if spec.custom_step:
-        reason = _custom_step_unmet(config)
-        if reason:
-            return reason
+    needed = {need for _, need in config.turned("spec_needs")}
+    for need, why in SPEC_NEEDS.items():
+        given = getattr(spec, need)
+        if need in needed and (given is None or not callable(given) and not given):  # a factory, or names (maybe none)
+            return why
+    if spec.custom_step:  # what a custom step (TrainingSpec.step) cannot do for the knobs
+        for _, why in config.turned("custom_step"):
+            return why
     for argument in OPTIMIZER_IMPL_KWARGS.get(config.optimizer_impl, {}):
         if spec.optimizer_accepts(argument) is False:  # None: optimizers(model) tells once built (training.py)
             return (f"the spec's optimizer factory takes no {argument}= argument "
@@ -309,21 +396,8 @@ def spec_unmet(spec: TrainingSpec, config: TrainConfig) -> str | None:
     return None
 
 
-def _custom_step_unmet(config: TrainConfig) -> str | None:
-    """What a custom step (``TrainingSpec.step``) cannot do for ``config``'s knobs, or None."""
-    if config.accumulation_steps > 1:
-        return "a custom step interleaves its updates with its forwards: accumulating micro-batches would reorder them"
-    if config.eval_mode:
-        return "a custom step is a training step: evaluation measures a loss_fn's forward, which the spec does not state"
-    if config.parallel:
-        wrapper = {"dp": "DataParallel", "ddp": "DistributedDataParallel", "fsdp": "FSDP2"}[config.parallel]
-        return (f"a custom step calls its modules and optimizers itself; {wrapper} wraps the root module's forward, "
-                "which the step need not call")
-    return None
-
-
 # The knobs of the data path: recipes turning one are measured with the loader as the seeds ran it.
-DATA_PATH_KNOBS = ("num_workers", "pin_memory", "non_blocking", "uint8_transfer", "channels_last_input", "synthetic")
+DATA_PATH_KNOBS = tuple(name for name, entries in KNOBS.items() if entries.data_path)
 
 
 def judging_overrides(recipe: Recipe, baseline: Recipe, profile: Profile, spec: TrainingSpec,

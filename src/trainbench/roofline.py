@@ -227,5 +227,5 @@ class CountCache:
             if isinstance(self._counts[key], StepCounts):
                 self._shared.put(key, asdict(self._counts[key]))
         counts = self._counts[key]
-        fused = config.compile or config.fuse_pointwise  # compiled code's launches are not eager dispatch's
+        fused = config.runs_compiled_code  # compiled code's launches are not eager dispatch's
         return replace(counts, launches=None) if fused and isinstance(counts, StepCounts) else counts
