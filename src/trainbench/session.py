@@ -51,7 +51,7 @@ def _uses_trainbench(item) -> bool:
 @dataclass
 class TrainbenchSession:
     options: Options
-    cases: list = field(default_factory=list)  # trainbench.outcome.MeasuredCase of each case, for summary and gate
+    cases: list = field(default_factory=list)  # trainbench.result.MeasuredCase of each case, for summary and gate
     attributions: dict = field(default_factory=dict)  # case -> complete attribution tables (--trainbench-attribution-json)
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
