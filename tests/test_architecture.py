@@ -102,6 +102,49 @@ def test_only_the_store_reads_saved_runs(name):
         assert marker not in source, f"{name}.py has {marker!r}: saved runs are read through store.py"
 
 
+# What a saved run holds (pytest-benchmark's benchmarks list, each case's record in its extra_info): read by
+# store.SavedRun alone, so a reader elsewhere cannot grow guards, or an answer to "which device made it", of its own.
+SAVED_RUN_CONTENTS = (r"""\[\s*["']benchmarks["']\s*\]""", r"""\.get\(\s*["']benchmarks["']""", r"\bextra_info\b")
+
+
+def _saved_run_reads(source: str) -> list[str]:
+    return [pattern for pattern in SAVED_RUN_CONTENTS if re.search(pattern, source)]
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"store"}))
+def test_only_the_store_reads_what_a_saved_run_holds(name):
+    found = _saved_run_reads(MODULES[name].read_text())
+    assert not found, f"{name}.py reads a saved run's contents ({found}): ask store.SavedRun"
+
+
+def test_the_saved_run_check_sees_the_reads_it_forbids():
+    assert _saved_run_reads('for bench in run.get("benchmarks", []):')
+    assert _saved_run_reads("merged['benchmarks'] += run[ 'benchmarks' ]")
+    assert _saved_run_reads('info = bench.get("extra_info") or {}')
+    assert _saved_run_reads("self.benchmark.extra_info.update(record)")
+    assert not _saved_run_reads('for record in SavedRun.load(path).cases():\n    device = run.device')
+
+
+def test_reading_a_saved_run_does_not_import_torch():
+    # comparing, explaining and calibrating saved runs need no torch: the record layer must not pull it in
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from trainbench.store import SavedRun\n"
+        "import trainbench.compare, trainbench.result\n"
+        "run = SavedRun('run.json', {'machine_info': {'trainbench': {'kind': 'cpu', 'name': 'x'}}, 'benchmarks': ["
+        "{'fullname': 't[c]', 'extra_info': {'case': 'c', 'samples_per_step': 1, 'profile': 'cpu'}}]})\n"
+        "assert [r.case for r in run.cases()] == ['c'] and run.device['name'] == 'x' and run.profile == 'cpu'\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 0, done.stderr
+
+
 def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
     """Literal tuples, lists and sets of two or more metric names and nothing else, and constant dicts whose keys
     or values are all metric names: metrics picked by hand, i.e. a definition of a kind of metric."""

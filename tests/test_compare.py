@@ -92,7 +92,7 @@ def test_a_significant_slowdown_on_a_busy_machine_could_not_be_judged_and_fails_
     assert flattered.verdict == "inconclusive"  # ... so a busy baseline cannot show an improvement
 
     from trainbench.compare import gate
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
@@ -130,7 +130,7 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
     from trainbench.compare import gate
     from trainbench.gate import verdict_markdown
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     def stored(record):
         return {"extra_info": {**record.metrics, "case": record.case, "samples_per_step": 16,
@@ -147,7 +147,7 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
     from trainbench.compare import gate
     from trainbench.gate import verdict_markdown
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     here = {"kind": "cuda", "name": "NVIDIA L4", "torch": "2.14.1", "cudnn": 92400, "driver": "580.65.06"}
     there = {**here, "cudnn": 91000, "driver": "570.10"}
@@ -166,7 +166,7 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
 
 def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
     from trainbench.compare import gate
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
     stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": here,
@@ -676,7 +676,7 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
     from trainbench.compare import gate
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
                                    "round_step_times_s": run_of().round_step_times_s}}}
@@ -694,7 +694,7 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
 ])
 def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
     from trainbench.compare import gate
-    from trainbench.outcome import MeasuredCase
+    from trainbench.result import MeasuredCase
 
     slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 1600.0,

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from trainbench.compare import EXACT, gate, parse_spec
 from trainbench.gate import OUTCOMES, Verdict
 from trainbench.metrics import METRICS, is_timed
-from trainbench.outcome import MeasuredCase
+from trainbench.result import MeasuredCase
 from trainbench.result import MIB, CaseRecord, Result, case_record
 from trainbench.store import RunFileError, load_run
 

@@ -10,7 +10,7 @@ from trainbench.device import DeviceCaps
 from trainbench.ladders import LADDERS
 from trainbench.report import device_slug, ladder_runs, write_ladder_report
 from trainbench.result import CaseRecord
-from trainbench.store import RunFileError
+from trainbench.store import RunFileError, SavedRun
 from trainbench.workloads import PROFILES
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
@@ -134,7 +134,7 @@ def test_slow_and_gpu_rungs_get_their_reasons(tmp_path):
     ladder003 = LADDERS["ladder003"]
     missing = {("ladder003", i) for i, s in enumerate(ladder003.steps) if s.recipe.slow or s.recipe.requires.cuda}
     assert missing, "ladder003 should have a GPU-only and a slow rung"
-    lr = next(lr for lr in ladder_runs(synthetic_run(missing)) if lr.ladder.name == "ladder003")
+    lr = next(lr for lr in ladder_runs(SavedRun("run", synthetic_run(missing))) if lr.ladder.name == "ladder003")
     reasons = {r.step.label: r.not_run_reason for r in lr.rungs if r.measured is None}
     assert reasons == {"pinned memory": "needs a CUDA device; this run uses cpu (Example CPU 9000)",
                        "torch.compile": "slow case: run with --trainbench-slow"}

@@ -173,11 +173,11 @@ def _add_calibrate(subparsers) -> None:
 
 def _noise(args: argparse.Namespace) -> int:
     from .compare import CompareError, noise_study, noise_table, parse_fraction
-    from .store import RunFileError, load_run
+    from .store import RunFileError, SavedRun
 
     try:
         thresholds = [parse_fraction(t, "--thresholds") for t in args.thresholds.split(",")]
-        runs = [(path, load_run(path)) for path in args.runs]
+        runs = [SavedRun.load(path) for path in args.runs]
         rows = noise_study(runs, thresholds, args.metric)
     except (CompareError, RunFileError) as e:
         print(f"trainbench noise: {e}", file=sys.stderr)

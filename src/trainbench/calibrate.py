@@ -24,9 +24,8 @@ from .budgets import BudgetError, Budgets, tomllib
 from .device import DeviceCaps
 from .files import write_text_atomic
 from .metrics import calibrated_metrics
-from .report import run_device
 from .result import CaseRecord, RecordError
-from .store import FAILED_CASES_KEY, RunFileError, load_run
+from .store import RunFileError, SavedRun
 
 
 class CalibrationError(ValueError):
@@ -118,23 +117,19 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         raise CalibrationError(f"--metrics {','.join(unknown)}: not calibrated metrics; expected some of "
                                f"{', '.join(calibrated)}, speedup")
     try:
-        run = load_run(run_path)
+        run = SavedRun.load(run_path)
     except RunFileError as e:
         raise CalibrationError(str(e)) from None
-    device = run_device(run)
+    device = run.device or {}
     key = device_key_of(device)
     gpu = DeviceCaps.from_identity(device).cuda
-    left_out = [f"{failed.get('case')}: no result ({failed.get('error')})"
-                for failed in run.get(FAILED_CASES_KEY) or [] if isinstance(failed, dict)]
+    try:
+        records = run.cases()  # a plain pytest-benchmark test in the same run is not a case
+    except RecordError as e:
+        raise CalibrationError(str(e)) from None
+    left_out = [f"{failed.get('case')}: no result ({failed.get('error')})" for failed in run.failed_cases]
     unpaired, calibrated_cases = [], []  # (fullname, record, bounds)
-    for bench in run["benchmarks"]:
-        info = bench.get("extra_info") or {}
-        if not info.get("case"):
-            continue  # a plain pytest-benchmark test in the same run
-        try:
-            record = CaseRecord.read(info, f"{run_path}: {bench.get('name')}")
-        except RecordError as e:
-            raise CalibrationError(str(e)) from None
+    for record in records:
         if record.guard_failures:  # it trains something else than its baseline: its numbers are no promise
             left_out += [f"{line} (no budget from a case whose guard failed)" for line in record.guard_failures]
             continue
@@ -142,7 +137,7 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
             unpaired.append(record.case)
         bounds = bounds_for(record, gpu, margin, speed_margin, only)
         if bounds:
-            calibrated_cases.append((str(bench.get("fullname") or bench.get("name") or record.case), record, bounds))
+            calibrated_cases.append((record.fullname, record, bounds))
     if callable(budgets):
         targets = budgets([fullname for fullname, _, _ in calibrated_cases])
     else:

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse, judge_change
 from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
 from .noise import busy_reason, median_ratio_interval
 from .render import Column, Table, listed, number
-from .result import CaseRecord, RecordError
+from .result import CaseRecord, MeasuredCase, RecordError
+from .store import SavedRun
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
 DEFAULT_ALPHA = 0.05
@@ -146,94 +146,64 @@ def case_thresholds(thresholds: dict[str, float] | None, compare_fail: dict[str,
     return {**(thresholds or DISPLAY_THRESHOLDS), **(compare_fail or {})}
 
 
-def stored_record(stored: object, where: str) -> CaseRecord:
-    """A stored benchmark's trainbench record, checked (``CompareError`` naming ``where`` when it cannot be read)."""
-    return _read(_extra_info(stored), where)
-
-
-def _read(info: dict, where: str) -> CaseRecord:
-    try:
-        return CaseRecord.read(info, where)
-    except RecordError as e:
-        raise CompareError(str(e)) from None
-
-
-def compare_runs(cases: list[dict], baseline: dict, baseline_path: str, thresholds: dict[str, float] | None,
+def compare_runs(cases: list[MeasuredCase], baseline: SavedRun, thresholds: dict[str, float] | None,
                  alpha: float = DEFAULT_ALPHA) -> tuple[list[MetricComparison], list[str], list[str]]:
     """This session's cases against a stored run: the comparisons, the cases the run lacks, and its records that
     could not be read.
 
-    ``cases``: a ``trainbench.outcome.MeasuredCase`` per measured case (``compare_fail``: the budgets file's
-    thresholds for it, over ``thresholds``); ``baseline``: fullname -> stored benchmark. ``thresholds`` None
-    (no gate): the display thresholds are shown.
+    ``cases``: a ``result.MeasuredCase`` per measured case (``compare_fail``: the budgets file's thresholds for it,
+    over ``thresholds``). ``thresholds`` None (no gate): the display thresholds are shown.
     """
     comparisons, new_cases, errors = [], [], []
     for measured in cases:
         current = measured.record
-        stored = baseline.get(measured.fullname)
-        if stored is None:
-            new_cases.append(current.case)
-            continue
         try:
-            base = stored_record(stored, f"{baseline_path}: {measured.fullname}")
-        except CompareError as e:
+            base = baseline.case(measured.fullname)
+        except RecordError as e:
             errors.append(str(e))
+            continue
+        if base is None:
+            new_cases.append(current.case)
             continue
         comparisons += compare_case(current, base, case_thresholds(thresholds, measured.compare_fail), alpha)
     return comparisons, new_cases, errors
 
 
-def gate(cases: list, baseline: dict, baseline_path: str, device: dict, thresholds: dict[str, float] | None,
-         alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False, allow_inconclusive: bool = False,
-         packages: tuple[dict | None, dict | None] = (None, None)) -> Verdict:
-    """The verdict of this session against a stored run (``compare_runs``); ``thresholds`` None means no gate;
-    ``packages``: the installed packages of the stored run and of this one (None: not recorded), named where they
-    differ, with the device identities' versions (``environment.environment_differences``).
+def gate(cases: list[MeasuredCase], baseline: dict | SavedRun, baseline_path: str, device: dict,
+         thresholds: dict[str, float] | None, alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False,
+         allow_inconclusive: bool = False, packages: tuple[dict | None, dict | None] = (None, None)) -> Verdict:
+    """The verdict of this session against a stored run (``compare_runs``: a ``SavedRun``, or the benchmarks
+    pytest-benchmark loaded by fullname); ``thresholds`` None means no gate; ``packages``: the installed packages of
+    the stored run and of this one (None: not recorded), named where they differ, with the device identities'
+    versions (``environment.environment_differences``).
 
     A gate fails closed (``Verdict.failed``): a gated metric measured on one side only, and a case the baseline
     lacks (unless ``allow_new_cases``), fail it, since nothing was compared; so does an inconclusive timed verdict
     (noise, a busy machine: "could not judge"), unless ``allow_inconclusive``.
     """
-    comparisons, new_cases, errors = compare_runs(cases, baseline, baseline_path, thresholds, alpha)
+    if not isinstance(baseline, SavedRun):
+        baseline = SavedRun.compared(baseline_path, baseline)
+    comparisons, new_cases, errors = compare_runs(cases, baseline, thresholds, alpha)
     ran = {measured.fullname for measured in cases}
-    not_run = tuple(str(_extra_info(bench)["case"]) for name, bench in baseline.items()
-                    if name not in ran and _extra_info(bench).get("case"))
+    not_run = tuple(case for name, case in baseline.case_ids().items() if name not in ran)
     return Verdict(baseline_path, device, tuple(comparisons), gated=thresholds is not None,
                    allow_inconclusive=allow_inconclusive,
                    new_cases=tuple(new_cases), new_cases_allowed=allow_new_cases, errors=tuple(errors),
                    not_run=not_run,
-                   environment=tuple(environment_differences(_recorded_device(baseline), device, *packages)))
+                   environment=tuple(environment_differences(baseline.device, device, *packages)))
 
 
-def _extra_info(bench: object) -> dict:
-    """A stored benchmark's ``extra_info``, or {} where the entry or its extra_info is not a dict (a broken record
-    is named by ``compare_runs``, never a crash here)."""
-    info = bench.get("extra_info") if isinstance(bench, dict) else None
-    return info if isinstance(info, dict) else {}
-
-
-def _recorded_device(baseline: dict) -> dict | None:
-    """The device identity the stored run's cases recorded (one device per run: the first one found)."""
-    for bench in baseline.values():
-        device = _extra_info(bench).get("device")
-        if isinstance(device, dict):
-            return device
-    return None
-
-
-def noise_study(runs: list[tuple[str, dict]], thresholds: list[float], metric: str = "samples_per_s",
+def noise_study(runs: list[SavedRun], thresholds: list[float], metric: str = "samples_per_s",
                 alpha: float = DEFAULT_ALPHA) -> list[dict]:
     """A/A noise of a gate: every pair of runs of the same code, per case, at each threshold.
 
-    ``runs`` are (path, pytest-benchmark JSON) of repeated runs of one commit on one
-    machine; any "regressed" verdict between them is a false alarm of that threshold.
+    ``runs`` are repeated runs of one commit on one machine; any "regressed" verdict between
+    them is a false alarm of that threshold.
     """
     by_case: dict[str, list[CaseRecord]] = {}
-    for path, run in runs:
-        for bench in run.get("benchmarks", []):
-            info = bench.get("extra_info") or {}
-            if info.get("case"):
-                by_case.setdefault(info["case"], []).append(_read(info, f"{path}: {bench.get('name')}"))
+    for run in runs:
+        for record in _cases(run):
+            by_case.setdefault(record.case, []).append(record)
     rows = []
     for case, case_runs in by_case.items():
         pairs = [(a, b) for i, a in enumerate(case_runs) for b in case_runs[i + 1:]]
@@ -269,15 +239,6 @@ def noise_table(rows: list[dict], thresholds: list[float]) -> list[str]:
 # step time beyond 5%, judged over both sessions' rounds by the gate's test.
 EXPLAIN_THRESHOLDS = "deterministic:0%,step_time_ms:5%"
 LISTED = 20  # case names a line lists before "and N more"
-
-
-class _SavedCase(NamedTuple):
-    """A case of the newer run as ``compare_runs`` reads it: ``outcome.MeasuredCase``'s fields (outcome imports torch,
-    which comparing two files does not need)."""
-
-    record: CaseRecord
-    fullname: str
-    compare_fail: dict
 
 
 @dataclass(frozen=True)
@@ -356,21 +317,19 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     ``baseline_path``, each changed comparison explained from the runs' attribution, and the environment differences
     from their device identities and installed packages. Raises ``store.RunFileError`` for a file that is not a
     saved run, ``CompareError`` for a run without trainbench cases, a record that cannot be read or an unknown case."""
-    from .store import describe_device, device_of, load_run, recorded_packages
+    from .store import describe_device
 
     thresholds = thresholds or parse_spec(EXPLAIN_THRESHOLDS, "explain")
-    runs = (load_run(baseline_path), load_run(current_path))
-    base, cur = (_trainbench_cases(run, path) for run, path in zip(runs, (baseline_path, current_path)))
+    runs = (SavedRun.load(baseline_path), SavedRun.load(current_path))
+    base, cur = (_trainbench_cases(run) for run in runs)
     if case is not None:
         base, cur = _the_case(case, base, baseline_path, cur, current_path)
     # every record read first: a bad one in either run is named, as bad input (the gate would list the baseline's)
-    base_records, cur_records = ({name: stored_record(bench, f"{path}: {name}") for name, bench in cases.items()}
-                                 for path, cases in ((baseline_path, base), (current_path, cur)))
-    measured = [_SavedCase(record, name, {}) for name, record in cur_records.items()]
-    verdict = gate(measured, base, str(baseline_path), _recorded_device(cur) or {}, thresholds, alpha,
-                   allow_new_cases=True, allow_inconclusive=True,
-                   packages=(recorded_packages(runs[0]), recorded_packages(runs[1])))
-    described = tuple(f"{path} ({describe_device(device_of(run)) if device_of(run) else 'no device recorded'})"
+    base_records, cur_records = ({name: _read(run, name) for name in cases} for run, cases in zip(runs, (base, cur)))
+    measured = [MeasuredCase(record, name, {}) for name, record in cur_records.items()]
+    verdict = gate(measured, runs[0].only(base), str(baseline_path), runs[1].device or {}, thresholds, alpha,
+                   allow_new_cases=True, allow_inconclusive=True, packages=(runs[0].packages, runs[1].packages))
+    described = tuple(f"{path} ({describe_device(run.comparable) if run.comparable else 'no device recorded'})"
                       for path, run in zip((baseline_path, current_path), runs))
     moved: tuple[str, ...] = ()
     if case is not None:
@@ -381,23 +340,38 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     return RunsExplained(verdict, described, thresholds, case, moved)
 
 
-def _trainbench_cases(run: dict, path: str) -> dict:
-    """A saved run's trainbench cases, pytest-benchmark fullname -> stored benchmark (others are not compared)."""
-    cases = {bench.get("fullname") or bench.get("name"): bench for bench in run["benchmarks"]
-             if isinstance(bench, dict) and _extra_info(bench).get("case")}
+def _read(run: SavedRun, fullname: str) -> CaseRecord:
+    """The case ``fullname`` of ``run``, read (``CompareError`` naming the run and the case where it cannot be)."""
+    try:
+        return run.case(fullname)
+    except RecordError as e:
+        raise CompareError(str(e)) from None
+
+
+def _cases(run: SavedRun) -> list[CaseRecord]:
+    try:
+        return run.cases()
+    except RecordError as e:
+        raise CompareError(str(e)) from None
+
+
+def _trainbench_cases(run: SavedRun) -> dict[str, str]:
+    """A saved run's trainbench cases, pytest-benchmark fullname -> case id (others are not compared)."""
+    cases = run.case_ids()
     if not cases:
-        raise CompareError(f"{path}: no trainbench case among its {len(run['benchmarks'])} benchmark(s); expected a "
+        raise CompareError(f"{run.path}: no trainbench case among its {run.benchmark_count} benchmark(s); expected a "
                            "run saved by pytest --benchmark-save of trainbench cases")
     return cases
 
 
 def _the_case(case: str, base: dict, base_path: str, cur: dict, cur_path: str) -> tuple[dict, dict]:
-    """Each run's benchmarks of ``case`` (its case id or fullname); an error naming the run that lacks it."""
+    """Each run's cases (fullname -> case id) that are ``case`` (its case id or fullname); an error naming the run
+    that lacks it."""
     def of(cases: dict) -> dict:
-        return {name: bench for name, bench in cases.items() if case in (name, _extra_info(bench).get("case"))}
+        return {name: case_id for name, case_id in cases.items() if case in (name, case_id)}
 
     mine, theirs = of(base), of(cur)
-    both = sorted({_extra_info(b)["case"] for name, b in cur.items() if name in base})
+    both = sorted({case_id for name, case_id in cur.items() if name in base})
     known = f"the cases both runs have: {listed(both, LISTED)}" if both else "the runs have no case in common"
     if not mine and not theirs:
         raise CompareError(f"{case}: no such case in {base_path} or {cur_path}; {known}")
@@ -408,5 +382,3 @@ def _the_case(case: str, base: dict, base_path: str, cur: dict, cur_path: str) -
         raise CompareError(f"{case}: measured by other tests in the two runs ({', '.join(mine)} in {base_path}; "
                            f"{', '.join(theirs)} in {cur_path}); name one of them")
     return mine, theirs
-
-

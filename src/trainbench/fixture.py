@@ -9,6 +9,7 @@ import pytest
 
 from . import benchmark_adapter
 from .session import TrainbenchSession
+from .store import record_case
 
 SESSION = pytest.StashKey[TrainbenchSession]()
 
@@ -103,7 +104,7 @@ class TrainBench:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench A/B: {e}", pytrace=False)
         benchmark_adapter.replay_rounds(self.benchmark, [head for _, head in outcome.pairs], outcome.head.steps_per_round)
-        self.benchmark.extra_info.update({"case": case, "ab": {
+        record_case(self.benchmark, {"case": case, "ab": {
             "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
             "guard": outcome.guard.message if outcome.guard else None}})
         # A regression fails the case; a verdict that stayed inconclusive fails the session ("could not judge",
@@ -136,12 +137,11 @@ class TrainBench:
             pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
         benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
         record = outcome.record()
-        self.benchmark.extra_info.update(record)
-        from .outcome import MeasuredCase
-        from .result import CaseRecord
+        record_case(self.benchmark, record)
+        from .result import CaseRecord, MeasuredCase
 
         self.session.cases.append(MeasuredCase(
-            CaseRecord.read(record, outcome.case), self.benchmark.fullname,
+            CaseRecord.read(record, outcome.case, self.benchmark.fullname), self.benchmark.fullname,
             self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)))
         if outcome.trace is not None:
             self.session.traces.append((outcome.case, outcome.trace))

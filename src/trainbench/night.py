@@ -27,7 +27,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from .files import write_json_atomic, write_text_atomic
-from .store import FAILED_CASES_KEY, INCOMPLETE_KEY, RunFileError, load_run
+from .store import RunFileError, SavedRun, merged_run
 
 SUITE_FILE = "benchmarks/test_recipes.py"
 # Time kept back from the measuring steps for merging, calibrating, reporting, planning and the summary.
@@ -384,40 +384,27 @@ def _tail(path: Path, lines: int) -> list[str]:
 def merge_runs(parts: list[Path], out: Path) -> str:
     """The groups' pytest-benchmark runs as one run at ``out`` (the first's machine and commit info, every case,
     incomplete if any part is). A part that cannot be read is left out and named."""
-    merged: dict | None = None
-    unreadable = []
+    runs, unreadable = [], []
     for part in parts:
         try:
-            run = load_run(part)
+            runs.append(SavedRun.load(part))
         except RunFileError as e:
             unreadable.append(str(e))
-            continue
-        if merged is None:
-            merged = dict(run, benchmarks=[])
-            merged.pop(FAILED_CASES_KEY, None)
-        merged["benchmarks"] += run["benchmarks"]
-        if run.get(INCOMPLETE_KEY):
-            merged[INCOMPLETE_KEY] = True
-        failed = run.get(FAILED_CASES_KEY)
-        if isinstance(failed, list) and failed:
-            merged.setdefault(FAILED_CASES_KEY, []).extend(failed)
-    if merged is None:
+    if not runs:
         raise ValueError("no group saved a run" + (f" ({'; '.join(unreadable)})" if unreadable else ""))
-    if unreadable:
-        merged[INCOMPLETE_KEY] = True
+    merged = merged_run(runs, incomplete=bool(unreadable))
     write_json_atomic(out, merged)
-    note = f"{len(merged['benchmarks'])} cases from {len(parts) - len(unreadable)} group(s)"
+    note = f"{sum(run.benchmark_count for run in runs)} cases from {len(runs)} group(s)"
     return note + (f"; left out: {'; '.join(unreadable)}" if unreadable else "")
 
 
 def _recorded_gpu(run_path: Path) -> str | None:
     """The GPU the run was measured on, by name (None: no run, or a CPU run)."""
     from .device import DeviceCaps
-    from .report import run_device
 
     try:
-        device = run_device(load_run(run_path))
-    except (RunFileError, ValueError):
+        device = SavedRun.load(run_path).device or {}
+    except RunFileError:
         return None
     return device.get("name") if DeviceCaps.from_identity(device).cuda and device.get("name") else None
 
@@ -539,21 +526,12 @@ def _would_run(reported: CaseOutcomeLine) -> bool:
 
 
 def _measured_cases(run_path: Path) -> dict[str, dict]:
-    from .result import CaseRecord, RecordError
-
+    """The metrics of each case the night's run measured (a record that cannot be read: left out)."""
     try:
-        run = load_run(run_path)
+        run = SavedRun.load(run_path)
     except RunFileError:
         return {}
-    found = {}
-    for bench in run["benchmarks"]:
-        info = bench.get("extra_info") or {}
-        if info.get("case"):
-            try:
-                found[info["case"]] = CaseRecord.read(info, f"{run_path}: {bench.get('name')}").metrics
-            except RecordError:
-                continue
-    return found
+    return {record.case: record.metrics for record in run.cases(errors=[])}
 
 
 def _read_json(path: Path) -> dict | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .budgets import CaseBudget, Verdict
 from .guards import GuardVerdict
 from .recipes import Recipe
-from .result import CaseRecord, Result, budget_status, case_record
+from .result import Result, budget_status, case_record
 
 
 def case_id(workload: str, recipe: str) -> str:
@@ -72,7 +72,7 @@ class CaseOutcome:
                 for v in self.budget_verdicts if v.inconclusive is not None]
 
     def record(self) -> dict:
-        """The case's serialized form (pytest-benchmark extra_info, asv, the gate, the report)."""
+        """The case's serialized form (the saved run, asv, the gate, the report)."""
         fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
                         "speedup_vs_baseline": self.speedup, "paired": self.paired}
         fields["budget"] = self._budget_field()
@@ -107,16 +107,6 @@ def scaling_efficiency(ranks: Result, reference: Result | None) -> float | None:
     if not one_device or reference.batch_size != ranks.batch_size:
         return None
     return ranks.samples_per_s / (ranks.ranks["ideal_speedup"] * reference.samples_per_s)
-
-
-@dataclass(frozen=True)
-class MeasuredCase:
-    """A measured case as a pytest session keeps it for its summary and its gate: the record, read back as every
-    reader of saved runs reads it, and where pytest-benchmark keeps it."""
-
-    record: CaseRecord
-    fullname: str  # pytest-benchmark's key of the case in a saved run
-    compare_fail: dict  # the budgets file's gate thresholds for this case on this device
 
 
 def failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:

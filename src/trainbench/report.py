@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .files import write_atomic, write_text_atomic
 from .render import NOT_PREDICTED, Column, Table, number
 from .result import CaseRecord, RecordError
-from .store import RunFileError, load_run
+from .store import RunFileError, SavedRun
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
     from .ladders import Ladder, LadderStep
@@ -133,24 +133,6 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 # -- reading a run ---------------------------------------------------------------------------------
 
-def run_device(run: dict) -> dict:
-    """The device identity the plugin recorded: machine_info["trainbench"], else a case's ``device``."""
-    identity = (run.get("machine_info") or {}).get("trainbench")
-    if isinstance(identity, dict) and "error" not in identity:
-        return identity
-    for bench in run["benchmarks"]:
-        device = (bench.get("extra_info") or {}).get("device") if isinstance(bench, dict) else None
-        if isinstance(device, dict):
-            return device
-    return identity if isinstance(identity, dict) else {}
-
-
-def run_profile(run: dict) -> str | None:
-    profiles = sorted({str(b["extra_info"]["profile"]) for b in run["benchmarks"]
-                       if isinstance(b, dict) and (b.get("extra_info") or {}).get("profile")})
-    return ", ".join(profiles) or None
-
-
 def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
     """Why a rung is absent from the run, as far as the step's requirements and the recorded device tell."""
     from .device import DeviceCaps
@@ -163,26 +145,26 @@ def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
     return reason.removeprefix(f"{step.recipe.name}: ") if reason else ""
 
 
-def ladder_runs(run: dict, path: Path | str = "run") -> list[LadderRun]:
+def ladder_runs(run: SavedRun) -> list[LadderRun]:
     """Every ladder with at least one rung in ``run``, in ``LADDERS`` order, each with all its rungs."""
     from .ladders import LADDERS
 
     measured: dict[str, dict[int, CaseRecord]] = {}
-    for bench in run["benchmarks"]:
-        info = bench.get("extra_info") if isinstance(bench, dict) else None
-        rung = (info or {}).get("ladder")
-        if not isinstance(rung, dict) or rung.get("name") not in LADDERS:
+    try:
+        records = run.cases(having="ladder")
+    except RecordError as e:
+        raise ReportError(run.path, str(e).removeprefix(f"{run.path}: ")) from None
+    for record in records:
+        rung = record.ladder or {}
+        if rung.get("name") not in LADDERS:
             continue
         index = rung.get("rung")
         if isinstance(index, int) and 0 <= index < len(LADDERS[rung["name"]].steps):
-            try:
-                measured.setdefault(rung["name"], {})[index] = CaseRecord.read(info, f"{path}: {bench.get('name')}")
-            except RecordError as e:
-                raise ReportError(path, str(e).removeprefix(f"{path}: ")) from None
+            measured.setdefault(rung["name"], {})[index] = record
     if not measured:
-        raise ReportError(path, f"no ladder cases in the run; expected benchmarks with extra_info['ladder'] "
-                                f"for one of {sorted(LADDERS)} (run benchmarks/test_recipes.py::test_ladder)")
-    device, profile = run_device(run), run_profile(run)
+        raise ReportError(run.path, f"no ladder cases in the run; expected cases recorded with a 'ladder' rung "
+                                    f"for one of {sorted(LADDERS)} (run benchmarks/test_recipes.py::test_ladder)")
+    device, profile = run.device or {}, run.profile
     return [
         LadderRun(ladder, [RungResult(i, step, measured[name].get(i),
                                       "" if i in measured[name] else _not_run_reason(step, device, profile))
@@ -230,13 +212,13 @@ def device_caption(device: dict) -> str:
     return f"{device.get('name') or 'unknown device'} ({', '.join(details)}); {software}"
 
 
-def _run_caption(run: dict) -> str:
-    commit = run.get("commit_info") or {}
+def _run_caption(run: SavedRun) -> str:
+    commit = run.commit
     commit_id = str(commit.get("id") or "")[:12] or "unknown"
     if commit.get("dirty"):
         commit_id += " (uncommitted changes)"
-    return (f"Device: {device_caption(run_device(run))}. Profile: {run_profile(run) or 'unknown'}. "
-            f"Run: {run.get('datetime') or 'unknown time'}, commit {commit_id}.")
+    return (f"Device: {device_caption(run.device or {})}. Profile: {run.profile or 'unknown'}. "
+            f"Run: {run.saved_at or 'unknown time'}, commit {commit_id}.")
 
 
 # -- markdown --------------------------------------------------------------------------------------
@@ -287,7 +269,7 @@ def ladder_summary(lr: LadderRun) -> str:
     return f"**This machine:** {mine}. **Article:** {lr.ladder.article_summary}."
 
 
-def ladder_markdown(run: dict, ladders: list[LadderRun], plot_names: dict[str, str]) -> str:
+def ladder_markdown(run: SavedRun, ladders: list[LadderRun], plot_names: dict[str, str]) -> str:
     """The whole ``ladders.md``: run caption, then per ladder its table, summary and plot link."""
     method = ("Rel. to base is each rung's speed-up over rung 0 timed in interleaved rounds (both alive, "
               "alternating), so slow spells of a shared machine fall on both sides; the samples/s column is each "
@@ -401,9 +383,9 @@ def write_ladder_report(run_path: Path | str, out_dir: Path | str | None = None)
     ``out_dir`` defaults to ``results/report/<device-slug>``.
     """
     run_path = Path(run_path)
-    run = load_run(run_path)
-    ladders = ladder_runs(run, run_path)
-    device = run_device(run)
+    run = SavedRun.load(run_path)
+    ladders = ladder_runs(run)
+    device = run.device or {}
     out = Path(out_dir) if out_dir is not None else DEFAULT_REPORT_DIR / device_slug(device)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """What one measured case produced, the named metrics budgets and reports read from it, and its one
-serialized form (``case_record`` writes it into pytest-benchmark's extra_info; ``CaseRecord.read``
-reads it back for the gate, the report and calibration)."""
+serialized form (``case_record`` writes it; ``store.SavedRun`` keeps it in a saved run and reads it back as
+``CaseRecord``s for the gate, the report and calibration). Nothing here imports torch: reading runs needs none."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def case_record(result: Result, **case_fields) -> dict:
 
     Every metric of ``METRICS`` at the top level (None where not measured), the raw
     measurement, and what the runner adds (``case_fields``: baseline, speed-up, budget,
-    guard, ladder). pytest-benchmark stores it as extra_info; ``CaseRecord.read`` reads it.
+    guard, ladder). ``store.record_case`` saves it with the run; ``CaseRecord.read`` reads it.
     """
     return {
         **result.metrics(),
@@ -292,12 +292,13 @@ class CaseRecord:
     ladder: dict | None = None
     device: dict | None = None
     raw: dict = field(default_factory=dict)
+    fullname: str | None = None  # pytest-benchmark's key of the case in a saved run (None: not read from one)
 
     @classmethod
-    def read(cls, info: object, where: str) -> CaseRecord:
-        """Validate and read a record (extra_info); a wrong shape raises ``RecordError`` naming ``where`` and the key."""
+    def read(cls, info: object, where: str, fullname: str | None = None) -> CaseRecord:
+        """Validate and read a record; a wrong shape raises ``RecordError`` naming ``where`` and the key."""
         if not isinstance(info, dict) or not isinstance(info.get("case"), str):
-            raise RecordError(f"{where}: not a trainbench case (no 'case' in extra_info); expected extra_info with "
+            raise RecordError(f"{where}: not a trainbench case (no 'case' in its record); expected a record with "
                               "case, samples_per_step, the metrics and round_step_times_s")
         metrics = {}
         for name in METRICS:
@@ -320,7 +321,7 @@ class CaseRecord:
         return cls(info["case"], metrics, rounds, samples, cpu_rounds, speedup,
                    bool(paired) if paired is not None else None,
                    info.get("profile"), ladder if isinstance(ladder, dict) else None,
-                   info.get("device") if isinstance(info.get("device"), dict) else None, info)
+                   info.get("device") if isinstance(info.get("device"), dict) else None, info, fullname)
 
     @property
     def budget_status(self) -> str:
@@ -376,3 +377,13 @@ class CaseRecord:
     def per_round(self, metric: str) -> list[float]:
         """``metric`` round by round (``trainbench.metrics.per_round``; [] where it is not read per round)."""
         return per_round(metric, self.metrics.get(metric), rounds_of(metric, self))
+
+
+@dataclass(frozen=True)
+class MeasuredCase:
+    """A case as a comparison takes it: its record, where pytest-benchmark keeps it, and the budgets file's gate
+    thresholds for it on this device (a pytest session's measured case, or a saved run's)."""
+
+    record: CaseRecord
+    fullname: str  # pytest-benchmark's key of the case in a saved run
+    compare_fail: dict  # the budgets file's gate thresholds for this case on this device

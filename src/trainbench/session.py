@@ -26,10 +26,10 @@ from .store import (
     PYTEST_BENCHMARKS_CHOICE,
     Baseline,
     NoBaselineError,
+    SavedRun,
     UnusableBaselineError,
     choose_baseline,
     describe_device,
-    device_of,
     storage_folder,
     why_no_baseline,
 )
@@ -51,7 +51,7 @@ def _uses_trainbench(item) -> bool:
 @dataclass
 class TrainbenchSession:
     options: Options
-    cases: list = field(default_factory=list)  # trainbench.outcome.MeasuredCase of each case, for summary and gate
+    cases: list = field(default_factory=list)  # trainbench.result.MeasuredCase of each case, for summary and gate
     attributions: dict = field(default_factory=dict)  # case -> complete attribution tables (--trainbench-attribution-json)
     failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
     inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
@@ -190,16 +190,17 @@ class TrainbenchSession:
         """Under a gate, why a case's timed comparisons with its baseline record cannot be judged yet
         (``compare.undecided``, for the runner to measure it again), or None where nothing compares it."""
         baseline = benchmark_adapter.loaded_baseline(config)
-        stored = baseline[1].get(fullname) if baseline and self.options.compare_fail is not None else None
-        if stored is None:
+        if not baseline or self.options.compare_fail is None:
             return None
-        from .compare import CompareError, case_thresholds, stored_record, undecided
-        from .result import CaseRecord
+        from .compare import case_thresholds, undecided
+        from .result import CaseRecord, RecordError
 
         try:
-            base = stored_record(stored, f"{baseline[0]}: {fullname}")
-        except CompareError:
+            base = SavedRun.compared(*baseline).case(fullname)
+        except RecordError:
             return None  # the gate names the broken record at the end
+        if base is None:
+            return None
 
         def unsure(outcome) -> list[str]:
             limits = case_thresholds(self.options.compare_fail, budgets.compare_thresholds(self.runner.caps, outcome.case))
@@ -383,14 +384,15 @@ class TrainbenchSession:
         """Refuse to compare trainbench runs of different devices or setups: their numbers say nothing about
         each other. First, so that pytest-benchmark's own check compares like with like: this session's
         device identity is in ``machine_info`` exactly when the compared run has one."""
-        theirs = device_of(compared_benchmark)
+        compared = SavedRun("the compared run", compared_benchmark)
+        theirs = compared.comparable
         if theirs is None:
             machine_info.pop("trainbench", None)
             return
-        stored = compared_benchmark["machine_info"]["trainbench"]
+        stored = compared.device
         # The doctor's record tells how this run's machine was set up (free /dev/shm, warnings), not which device
         # it is: the compared run's own record stands in, so pytest-benchmark compares device identities only.
-        machine_info["trainbench"] = {**self.backend.identity(), "doctor": stored.get("doctor")}
+        machine_info["trainbench"] = {**self.backend.identity(), "doctor": compared.doctor}
         mine = self.device_here()
         if self.options.allow_cross_device:
             return

@@ -1,4 +1,5 @@
-"""Saved runs: the one reader of run files, and the one answer to "which saved run is the baseline, and why".
+"""Saved runs: the one reader of run files and of what is in them (``SavedRun``: its cases as ``CaseRecord``s, the
+device and profile that made it, its markers), and the one answer to "which saved run is the baseline, and why".
 
 Runs are pytest-benchmark JSON files in its storage folder (``results/benchmarks/<machine id>/NNNN_name.json``);
 runs of every device share a machine id's folder and are told apart by the device identity trainbench
@@ -11,6 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import CaseRecord
 
 # A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
 INCOMPLETE_KEY = "trainbench_incomplete"
@@ -56,21 +61,11 @@ def load_run(path: Path | str) -> dict:
     return run
 
 
-def recorded_packages(run: dict) -> dict[str, str] | None:
-    """The installed packages a run recorded (name -> version), or None: a run saved before they were, or a plain
-    pytest-benchmark run. A malformed record reads as none: it can only make a verdict say less."""
-    environment = run.get(ENVIRONMENT_KEY)
-    packages = environment.get("packages") if isinstance(environment, dict) else None
-    if not isinstance(packages, dict):
-        return None
-    return {str(name): str(version) for name, version in packages.items()}
-
-
 def packages_of(path: Path | str) -> dict[str, str] | None:
-    """``recorded_packages`` of the run file at ``path``; None where it cannot be read (not a file: another
-    storage's run; the gate names an unreadable baseline through its own reader)."""
+    """The installed packages the run file at ``path`` recorded (``SavedRun.packages``); None where it cannot be
+    read (not a file: another storage's run; the gate names an unreadable baseline through its own reader)."""
     try:
-        return recorded_packages(load_run(path))
+        return SavedRun.load(path).packages
     except RunFileError:
         return None
 
@@ -124,14 +119,6 @@ def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
                                  "or --benchmark-json=FILE, or pass RUN_JSON")
 
 
-def device_of(run: dict) -> tuple | None:
-    """The comparable device identity trainbench recorded in a run (None: a plain pytest-benchmark run)."""
-    from .device import comparable_device
-
-    machine_info = run.get("machine_info")
-    return comparable_device(machine_info.get("trainbench") if isinstance(machine_info, dict) else None)
-
-
 def describe_device(device: tuple) -> str:
     return f"{device[1]} ({', '.join(str(part) for part in (device[0], *device[2:]) if part)})"
 
@@ -150,14 +137,78 @@ PYTEST_BENCHMARKS_CHOICE = "pytest-benchmark's own choice (not a run trainbench 
 
 @dataclass(frozen=True)
 class SavedRun:
-    path: Path
+    """A saved run (pytest-benchmark JSON) as every reader reads it: its trainbench cases as ``CaseRecord``s, the
+    device and profile that made it, whether it is complete or carries a planted fault, its packages."""
+
+    path: Path | str
     run: dict | None  # None: unreadable (``problem`` says why)
     problem: str | None = None
+    names: tuple[str, ...] | None = None  # the benchmarks' names where they are keyed apart (``compared``)
+
+    @classmethod
+    def load(cls, path: Path | str) -> SavedRun:
+        """The run file at ``path``; raises ``RunFileError`` where it is not a run."""
+        return cls(Path(path), load_run(path))
+
+    @classmethod
+    def compared(cls, path: Path | str, benchmarks: dict) -> SavedRun:
+        """The run pytest-benchmark loaded to compare with: its benchmarks by fullname (no machine info kept)."""
+        return cls(path, {"benchmarks": list(benchmarks.values())}, names=tuple(benchmarks))
+
+    # -- what made it ---------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> dict | None:
+        """The device identity trainbench recorded for the run: its machine info's, else its first case's (a run
+        known only by its benchmarks); None: unreadable, or a plain pytest-benchmark run."""
+        if self.run is None:
+            return None
+        identity = self._machine_identity()
+        if "kind" in identity:
+            return {key: value for key, value in identity.items() if key != "doctor"}
+        return next((info["device"] for _, info in self._records() if isinstance(info.get("device"), dict)), None)
 
     @property
-    def device(self) -> tuple | None:  # None: unreadable, or not made by trainbench
-        return device_of(self.run) if self.run is not None else None
+    def doctor(self) -> dict | None:
+        """How the run's machine was set up (``trainbench doctor``'s record, kept with its device identity)."""
+        return self._machine_identity().get("doctor")
 
+    def _machine_identity(self) -> dict:
+        machine_info = self.run.get("machine_info") if self.run is not None else None
+        identity = machine_info.get("trainbench") if isinstance(machine_info, dict) else None
+        return identity if isinstance(identity, dict) else {}
+
+    @property
+    def comparable(self) -> tuple | None:
+        """What another run's device must equal for the two to be compared (``device.comparable_device``)."""
+        from .device import comparable_device
+
+        return comparable_device(self.device)
+
+    @property
+    def profile(self) -> str | None:
+        """The profile(s) its cases ran with, joined (None: no case recorded one)."""
+        return ", ".join(sorted({str(info["profile"]) for _, info in self._records() if info.get("profile")})) or None
+
+    @property
+    def commit(self) -> dict:
+        commit = self.run.get("commit_info") if self.run is not None else None
+        return commit if isinstance(commit, dict) else {}
+
+    @property
+    def saved_at(self) -> str | None:
+        return self.run.get("datetime") if self.run is not None else None
+
+    @property
+    def packages(self) -> dict[str, str] | None:
+        """The installed packages it recorded (name -> version), or None: a run saved before they were, or a plain
+        pytest-benchmark run. A malformed record reads as none: it can only make a verdict say less."""
+        environment = self.run.get(ENVIRONMENT_KEY) if self.run is not None else None
+        packages = environment.get("packages") if isinstance(environment, dict) else None
+        if not isinstance(packages, dict):
+            return None
+        return {str(name): str(version) for name, version in packages.items()}
+
+    # -- its state ------------------------------------------------------------------------------------------------
     @property
     def complete(self) -> bool:
         return self.run is not None and not self.run.get(INCOMPLETE_KEY)
@@ -166,6 +217,103 @@ class SavedRun:
     def planted(self) -> dict | None:  # the fault planted in it on purpose, if any
         fault = self.run.get(PLANTED_KEY) if self.run is not None else None
         return fault if isinstance(fault, dict) and fault else None
+
+    @property
+    def failed_cases(self) -> list[dict]:
+        """Cases that ended without a result, with why: [{"case": ..., "error": ...}]."""
+        failed = self.run.get(FAILED_CASES_KEY) if self.run is not None else None
+        return [entry for entry in failed if isinstance(entry, dict)] if isinstance(failed, list) else []
+
+    # -- its cases ------------------------------------------------------------------------------------------------
+    @property
+    def benchmark_count(self) -> int:
+        return len(self._benchmarks())
+
+    def _benchmarks(self) -> list[tuple[str, object]]:
+        """(pytest-benchmark fullname, stored benchmark) of every benchmark, trainbench's or not."""
+        benchmarks = self.run.get("benchmarks") if self.run is not None else None
+        benchmarks = benchmarks if isinstance(benchmarks, list) else []
+        if self.names is not None:
+            return list(zip(self.names, benchmarks))
+        return [(_name_of(bench) or f"benchmark {index}", bench) for index, bench in enumerate(benchmarks)]
+
+    def _records(self) -> list[tuple[str, dict]]:
+        """(fullname, stored record) of every trainbench case: a benchmark whose record names its case."""
+        found = []
+        for name, bench in self._benchmarks():
+            info = bench.get(_RECORD) if isinstance(bench, dict) else None
+            if isinstance(info, dict) and info.get("case"):
+                found.append((name, info))
+        return found
+
+    def case_ids(self) -> dict[str, str]:
+        """Every trainbench case, pytest-benchmark fullname -> case id, in the run's order."""
+        return {name: str(info["case"]) for name, info in self._records()}
+
+    def only(self, fullnames) -> SavedRun:
+        """This run with only the benchmarks named ``fullnames``."""
+        kept = [(name, bench) for name, bench in self._benchmarks() if name in fullnames]
+        return SavedRun(self.path, {**self.run, "benchmarks": [bench for _, bench in kept]}, self.problem,
+                        tuple(name for name, _ in kept))
+
+    def cases(self, errors: list[str] | None = None, having: str | None = None) -> list[CaseRecord]:
+        """Every trainbench case (``having``: whose record has that field, e.g. ``ladder``), read and checked
+        (``CaseRecord.read``), in the run's order. A record that cannot be read raises ``RecordError`` naming the
+        run and the case; with ``errors``, its message goes there instead and the case is left out."""
+        from .result import CaseRecord, RecordError
+
+        found = []
+        for name, info in self._records():
+            if having is not None and info.get(having) is None:
+                continue
+            try:
+                found.append(CaseRecord.read(info, f"{self.path}: {name}", fullname=name))
+            except RecordError as e:
+                if errors is None:
+                    raise
+                errors.append(str(e))
+        return found
+
+    def case(self, fullname: str) -> CaseRecord | None:
+        """The benchmark named ``fullname``, read as a trainbench case (None: the run has no such benchmark); raises
+        ``RecordError`` where it is not one or its record cannot be read."""
+        from .result import CaseRecord
+
+        for name, bench in self._benchmarks():
+            if name == fullname:
+                info = bench.get(_RECORD) if isinstance(bench, dict) else None
+                return CaseRecord.read(info if isinstance(info, dict) else {}, f"{self.path}: {name}", fullname=name)
+        return None
+
+
+def _name_of(bench: object) -> str | None:
+    return (bench.get("fullname") or bench.get("name")) if isinstance(bench, dict) else None
+
+
+# Where pytest-benchmark keeps what a test adds to its benchmark, so where a case's record lives in a saved run.
+_RECORD = "extra_info"
+
+
+def record_case(benchmark, record: dict) -> None:
+    """Keep ``record`` with the case's pytest-benchmark benchmark: it is saved with the run, where ``SavedRun``
+    reads it back."""
+    getattr(benchmark, _RECORD).update(record)
+
+
+def merged_run(runs: list[SavedRun], incomplete: bool = False) -> dict:
+    """Several runs as one (the first's machine and commit info, every case, every failed case; incomplete if any
+    of them is, or if ``incomplete``)."""
+    merged = dict(runs[0].run, benchmarks=[])
+    merged.pop(FAILED_CASES_KEY, None)
+    for saved in runs:
+        merged["benchmarks"] += saved.run["benchmarks"]
+        if not saved.complete:
+            merged[INCOMPLETE_KEY] = True
+        if saved.failed_cases:
+            merged.setdefault(FAILED_CASES_KEY, []).extend(saved.failed_cases)
+    if incomplete:
+        merged[INCOMPLETE_KEY] = True
+    return merged
 
 
 def _read_saved(path: Path) -> SavedRun:
@@ -177,8 +325,7 @@ def _read_saved(path: Path) -> SavedRun:
         return SavedRun(path, None, str(e))
     for index, bench in enumerate(run["benchmarks"]):
         if not isinstance(bench, dict) or not isinstance(bench.get("stats"), dict):
-            name = bench.get("fullname") or bench.get("name") if isinstance(bench, dict) else None
-            return SavedRun(path, None, f"{path}: {name or f'benchmark {index}'}: no 'stats'; expected a "
+            return SavedRun(path, None, f"{path}: {_name_of(bench) or f'benchmark {index}'}: no 'stats'; expected a "
                                         "pytest-benchmark JSON run")
     return SavedRun(path, run)
 
@@ -231,7 +378,7 @@ def _named_run(run: SavedRun) -> Baseline | None:
         raise UnusableBaselineError(_interrupted(run.path))
     if run.planted:
         raise UnusableBaselineError(_planted(run))
-    if run.device is None:
+    if run.comparable is None:
         return None
     _check_records(run)
     return Baseline(run.path, "named by --benchmark-compare")
@@ -257,14 +404,14 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
         if run.problem:
             raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
                                         f"{_matching(compare)}: fix or remove it")
-        if run.device == mine and run.complete and not run.planted:
+        if run.comparable == mine and run.complete and not run.planted:
             _check_records(run)
             why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
             skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
             return Baseline(run.path, why + (f" (passed over newer runs: {skipped})" if skipped else ""))
-        if run.device is None:
+        if run.comparable is None:
             what = "not made by trainbench"
-        elif run.device != mine:
+        elif run.comparable != mine:
             what = "of another device"
         elif not run.complete:
             what = "interrupted"
@@ -279,7 +426,7 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
             folder / passed["interrupted"][0],
             f"interrupted, as is every run of this {describe_device(mine)} {_matching(compare)}"))
     if compare is not True:
-        others = sorted({describe_device(run.device) for run in runs if run.device})
+        others = sorted({describe_device(run.comparable) for run in runs if run.comparable})
         raise NoBaselineError(
             f"no complete run of this {describe_device(mine)} among the {len(runs)} in {folder} matching "
             f"{str(compare)!r} (runs of: {'; '.join(others)}); save one on this machine with --benchmark-save "
@@ -290,15 +437,12 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
 def _check_records(run: SavedRun) -> None:
     """Every trainbench record of the chosen run reads as the gate will read it: a wrong-typed one found at the
     end would have cost the whole run."""
-    from .result import CaseRecord, RecordError
+    from .result import RecordError
 
-    for bench in run.run["benchmarks"]:
-        info = bench.get("extra_info")
-        if isinstance(info, dict) and "case" in info:
-            try:
-                CaseRecord.read(info, f"{run.path}: {bench.get('fullname') or bench.get('name')}")
-            except RecordError as e:
-                raise UnusableBaselineError(str(e)) from None
+    try:
+        run.cases()
+    except RecordError as e:
+        raise UnusableBaselineError(str(e)) from None
 
 
 def why_no_baseline(storage: str, compare) -> str:
