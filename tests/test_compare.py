@@ -664,7 +664,7 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
     path.write_text(json.dumps(verdict))
     assert main(["verdict", str(path)]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("### trainbench gate FAILED: vs `results/benchmarks/x/0007_baseline.json`")
+    assert out.startswith("### trainbench compare vs `results/benchmarks/x/0007_baseline.json`: gate FAILED")
     assert "- **FAIL** gelu_mlp-baseline: not in the baseline run" in out
     notable, folded = out.split("<details>")
     assert "| resnet18-baseline | samples_per_s | 100 | 70 | -30.0% | -31.0%..-29.0% | regressed |" in notable

@@ -161,7 +161,7 @@ def test_the_markdown_lists_what_changed_and_folds_the_rest():
     data = Verdict("base.json", {}, (comparison("regressed"), comparison("unchanged", "activation_mib", 0.0)),
                    gated=True, new_cases=("gelu_mlp-baseline",)).to_json()
     text = verdict_markdown(data)
-    assert text.startswith("### trainbench gate FAILED: vs `base.json`\n\n- 2 comparison(s) of 1 case(s): 1 regressed, 1 "
+    assert text.startswith("### trainbench compare vs `base.json`: gate FAILED\n\n- 2 comparison(s) of 1 case(s): 1 regressed, 1 "
                            "unchanged\n")
     assert "- **FAIL** gelu_mlp-baseline: not in the baseline run" in text
     notable, folded = text.split("<details>")

@@ -1,24 +1,30 @@
-"""How a verdict reads: built once into sections, then written as terminal lines or as Markdown.
+"""How a verdict and a session's cases read, in the terminal and in Markdown.
 
 A verdict (``gate.Verdict``'s JSON form, live or read back from ``--trainbench-compare-json``'s file) with its
-explanation ("where") and environment differences becomes a list of ``Section``s: a title, lines that each
+explanation ("where") and environment differences becomes a list of ``Section``s once: a title, lines that each
 lead with their outcome's words, a table. ``terminal`` and ``markdown`` only lay them out, so an outcome reads the
 same in the session summary, in ``python -m trainbench explain`` and in a CI job's Markdown. This module is the
-one place that gives a verdict's outcomes their words (``STATUS``, ``FINDING``).
+one place that gives a verdict's outcomes their words (``STATUS``, ``FINDING``). ``summary_table`` is the
+session's table of its cases. Figures are formatted by ``trainbench.render``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .gate import EXIT_COULD_NOT_JUDGE, fails_gate
-from .render import Column, Table, change, interval, listed, number
+from .render import NOT_PREDICTED, Column, Table, change, interval, listed, number
+
+if TYPE_CHECKING:
+    from .result import CaseRecord
 
 # A gate's decision, as its title, the session's last line and the Markdown heading say it.
 STATUS = {"could_not_judge": "COULD NOT JUDGE", "failed": "FAILED", "passed": "passed", "not_gated": "not gated"}
 # The words that lead a comparison's line, by its outcome and whether it fails the gate ((fails, does not)).
 FINDING = {"regressed": ("REGRESSION", "regressed (not gated):"), "inconclusive": ("COULD NOT JUDGE", "INCONCLUSIVE"),
            "improved": ("IMPROVED", "IMPROVED"), "missing": ("FAIL", "not compared:")}
+INCONCLUSIVE = FINDING["inconclusive"][1]  # a timing not judged that fails nothing (a budget's, too)
 NOT_COMPARED = "not compared:"  # cases and metrics a verdict says nothing about
 FAIL, ERROR, NUMERICS = "FAIL", "ERROR", "NUMERICS"
 # The terminal's colour for a line's tone.
@@ -139,12 +145,11 @@ def where_lines(comparison: dict, environment) -> list[str]:
 
 
 def _title(verdict: dict) -> Section:
+    """What was compared, and the gate's decision (``status``)."""
+    gate = f"gate {status(verdict)}" if verdict.get("gated") else "no gate (--trainbench-compare-fail not given)"
     if verdict.get("ab") is not None:
-        return Section(f"trainbench A/B {status(verdict)}: base vs head, rounds alternating ABBA, compared pair by pair")
-    if not verdict.get("gated"):
-        return Section("trainbench compare vs {}: no gate (--trainbench-compare-fail not given)",
-                       (str(verdict.get("baseline")),))
-    return Section(f"trainbench gate {status(verdict)}: vs {{}}", (str(verdict.get("baseline")),))
+        return Section(f"trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair: {gate}")
+    return Section(f"trainbench compare vs {{}}: {gate}", (str(verdict.get("baseline")),))
 
 
 def _head(verdict: dict, preface: tuple[Line, ...]) -> Section:
@@ -264,3 +269,49 @@ def last_line(verdict: dict, exit_status: int) -> str:
         reasons.append(f"{len(verdict['new_cases'])} not in the baseline")
     what = "A/B" if verdict.get("ab") is not None else "gate"
     return f"trainbench {what}: {status(verdict)}" + (f", {'; '.join(reasons)}" if reasons else "") + f" (exit {exit_status})"
+
+
+# -- the session's table ----------------------------------------------------------------------------------------------
+
+_SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step ms (IQR)"), Column("peak MiB"),
+                   Column("act MiB"), Column("GPU pred MiB"), Column("GFLOP/sample"), Column("vs base"),
+                   Column("budget"))
+
+
+def summary_table(records: list[CaseRecord]) -> list[str]:
+    """One line per case: throughput, step time, memory, work and the budget verdict (and items/s, e.g. tokens/s,
+    where a spec counts items: a column of its own, named by their unit where every case counts the same)."""
+    units = {record.raw.get("items_unit") for record in records if record.metrics.get("items_per_s") is not None}
+    columns = list(_SUMMARY_COLUMNS)
+    if units:
+        columns.insert(2, Column(f"{units.pop()}/s" if len(units) == 1 else "items/s"))
+    body = []
+    for record in records:
+        m = record.metrics
+        speedup = record.speedup_vs_baseline
+        row = [
+            record.case,
+            number(m["samples_per_s"], ".1f"),
+            f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
+            number(m["peak_memory_mib"], ".1f"),
+            number(m["activation_mib"], ".1f"),
+            _predicted_cell(record),
+            number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
+            number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
+            record.budget_status,
+        ]
+        if len(columns) > len(_SUMMARY_COLUMNS):
+            items = m.get("items_per_s")
+            row.insert(2, number(items, ".0f") + ("" if items is None or columns[2].title != "items/s"
+                                                 else f" {record.raw.get('items_unit')}"))
+        body.append(tuple(row))
+    return Table(tuple(columns), tuple(body)).terminal()
+
+
+def _predicted_cell(record: CaseRecord) -> str:
+    """The GPU-profile prediction: MiB (``!`` where the method's check on this run failed), ``NOT_PREDICTED`` where it
+    could not be made (the summary says why below the table), ``-`` where none was asked for."""
+    if record.prediction_failure:
+        return NOT_PREDICTED
+    return number(record.metrics.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False
+                                                                          else "!")

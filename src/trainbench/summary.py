@@ -8,7 +8,7 @@ import os
 def write_summary(terminalreporter, state) -> None:
     """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
     unpaired ratios, predictions, ranks, relaunches, traces, and the comparison with the baseline."""
-    from .report import summary_table
+    from .present import INCONCLUSIVE, summary_table
 
     terminalreporter.write_sep("=", "trainbench summary")
     backend = state.backend
@@ -25,8 +25,8 @@ def write_summary(terminalreporter, state) -> None:
         terminalreporter.write_line(line)
     for failed in state.failed_cases:
         terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
-    for line in state.inconclusive:
-        terminalreporter.write_line(f"INCONCLUSIVE {line} (measured twice; not failed: --trainbench-strict-timing "
+    for line in state.inconclusive:  # a budget's timing not judged reads as a comparison's does
+        terminalreporter.write_line(f"{INCONCLUSIVE} {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
     if any(r.speedup_vs_baseline is not None and not r.paired for r in records):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
