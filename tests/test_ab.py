@@ -289,7 +289,7 @@ def test_a_threshold_on_a_metric_neither_side_measures_is_said_once_not_failed()
     hello = {label: {"python": "scripted", "trainbench": "x", "identity": {}} for label in ("base", "head")}
     judged = verdict([outcome, outcome], hello, gated=True)
     assert not judged.failed and judged.not_measured == ("cpu_time_ms",)
-    assert verdict_markdown(judged.to_json()).count("not measured here") == 1
+    assert verdict_markdown(judged.to_json()).count("cpu_time_ms: measured by neither side here") == 1
 
 
 def test_a_metric_one_side_measured_is_still_missing_and_fails():

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 
 # A gate's decision, as its title, the session's last line and the Markdown heading say it.
 STATUS = {"could_not_judge": "COULD NOT JUDGE", "failed": "FAILED", "passed": "passed", "not_gated": "not gated"}
-# The words that lead a comparison's line, by its outcome and whether it fails the gate ((fails, does not)).
-FINDING = {"regressed": ("REGRESSION", "regressed (not gated):"), "inconclusive": ("COULD NOT JUDGE", "INCONCLUSIVE"),
-           "improved": ("IMPROVED", "IMPROVED"), "missing": ("FAIL", "not compared:")}
-INCONCLUSIVE = FINDING["inconclusive"][1]  # a timing not judged that fails nothing (a budget's, too)
 NOT_COMPARED = "not compared:"  # cases and metrics a verdict says nothing about
 FAIL, ERROR, NUMERICS = "FAIL", "ERROR", "NUMERICS"
+# The words that lead a comparison's line, by its outcome and whether it fails the gate ((fails, does not)).
+FINDING = {"regressed": ("REGRESSION", "regressed (not gated):"), "inconclusive": ("COULD NOT JUDGE", "INCONCLUSIVE"),
+           "improved": ("IMPROVED", "IMPROVED"), "missing": (FAIL, NOT_COMPARED)}
+INCONCLUSIVE = FINDING["inconclusive"][1]  # a timing not judged that fails nothing (a budget's, too)
 # The terminal's colour for a line's tone.
 TONES = {"fail": {"red": True}, "warn": {"yellow": True}, "good": {"green": True}, "": {}}
 
