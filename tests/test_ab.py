@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.gate import verdict_table, where_lines
+from trainbench.present import verdict_table, where_lines
 from trainbench.metrics import is_timed
 from trainbench.recipes import get_recipe
 from trainbench.result import Result
@@ -280,7 +280,7 @@ class _NoCpuClockSide(ScriptedSide):
 
 
 def test_a_threshold_on_a_metric_neither_side_measures_is_said_once_not_failed():
-    from trainbench.gate import verdict_markdown
+    from trainbench.present import verdict_markdown
 
     base, head = _NoCpuClockSide("base", [0.1] * 8), _NoCpuClockSide("head", [0.1] * 8)
     outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 0.05, "cpu_time_ms": 0.05})
@@ -289,7 +289,7 @@ def test_a_threshold_on_a_metric_neither_side_measures_is_said_once_not_failed()
     hello = {label: {"python": "scripted", "trainbench": "x", "identity": {}} for label in ("base", "head")}
     judged = verdict([outcome, outcome], hello, gated=True)
     assert not judged.failed and judged.not_measured == ("cpu_time_ms",)
-    assert verdict_markdown(judged.to_json()).count("not measured here") == 1
+    assert verdict_markdown(judged.to_json()).count("cpu_time_ms: measured by neither side here") == 1
 
 
 def test_a_metric_one_side_measured_is_still_missing_and_fails():

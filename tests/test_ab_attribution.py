@@ -15,7 +15,7 @@ from planted import GELU_NET, LEAK, LEAKY_NET, SLOW_OP_MS
 
 from trainbench.ab import ATTRIBUTION_PAIRS, ABCase, project_paths, run_case, start, verdict
 from trainbench.distributed import spec_reference
-from trainbench.gate import verdict_markdown
+from trainbench.present import verdict_markdown
 from trainbench.recipes import get_recipe
 from trainbench.result import Result
 from trainbench.workloads import PROFILES

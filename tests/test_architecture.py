@@ -240,6 +240,40 @@ def test_the_knob_list_check_sees_the_lists_it_forbids():
     assert not _knob_name_collections('if config.amp and config.grad_scaler: pass\nMODES = ("deterministic", "item")')
 
 
+# Words pytest, the doctor and the night print too: not a verdict's own, so not looked for.
+SHARED_WORDS = {"FAIL", "FAILED", "passed", "ERROR"}
+
+
+def _verdict_words(source: str) -> list[tuple[int, str]]:
+    """String literals (docstrings aside) that hold the words ``trainbench.present`` gives a verdict's outcomes: a
+    second place that says an outcome, which would soon say it differently."""
+    from trainbench.present import FINDING, STATUS
+
+    words = {*STATUS.values(), *(word for pair in FINDING.values() for word in pair)} - SHARED_WORDS
+    tree = ast.parse(source)
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+                  and isinstance(node.value, ast.Constant)}
+    return [(node.lineno, word) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            for word in words if re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", node.value)]
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"present"}))
+def test_only_the_presenter_says_a_verdicts_outcomes(name):
+    said = _verdict_words(MODULES[name].read_text())
+    assert not said, f"{name}.py says verdict outcomes itself (ask trainbench.present): {said}"
+
+
+def test_the_outcome_check_sees_the_words_it_forbids():
+    assert _verdict_words('line = "REGRESSION " + c.describe()')
+    assert _verdict_words('write(f"{case}: COULD NOT JUDGE after {n} rounds")')
+    assert _verdict_words('WORDS = {"improved": "IMPROVED", "inconclusive": "INCONCLUSIVE"}')
+    assert _verdict_words('title = "trainbench compare vs x: regressed (not gated): y"')
+    # the outcomes' values themselves, docstrings, and words pytest and the doctor print too are not its words
+    assert not _verdict_words('if c.verdict == "regressed" or status == "FAIL": pass')
+    assert not _verdict_words('def f():\n    """Prints REGRESSION under a gate."""\n    return EXIT_COULD_NOT_JUDGE')
+
+
 # What a device offers and what a recipe requires of it: comparing the two decides whether a case can run.
 DEVICE_FACTS = {"cuda", "capability", "gpu_count", "bf16", "min_capability", "gpu_capability", "min_gpus"}
 # Texts of the reasons a case cannot run here; a second module writing one is a second answer.

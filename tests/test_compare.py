@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainbench.compare import CompareError, compare_case, parse_spec
-from trainbench.gate import EXIT_COULD_NOT_JUDGE, Verdict, verdict_table
+from trainbench.gate import EXIT_COULD_NOT_JUDGE, Verdict
+from trainbench.present import verdict_table
 from trainbench.result import CaseRecord
 
 
@@ -129,7 +130,7 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
     from trainbench.compare import gate
-    from trainbench.gate import verdict_markdown
+    from trainbench.present import verdict_markdown
     from trainbench.result import MeasuredCase
 
     def stored(record):
@@ -140,13 +141,13 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
                 "plain": {"extra_info": {}}}  # a plain pytest-benchmark test: not a trainbench case
     verdict = gate([MeasuredCase(run_of(), "t[mlp]", {})], baseline, "base.json", {}, {"activation_mib": 0.0})
     assert verdict.not_run == ("gelu_mlp-baseline",) and not verdict.failed
-    assert "not compared: 1 case(s) of the baseline this run did not run: gelu_mlp-baseline" in \
+    assert "**not compared:** 1 case(s) of the baseline run did not run in this session: gelu_mlp-baseline" in \
         verdict_markdown(verdict.to_json())
 
 
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
     from trainbench.compare import gate
-    from trainbench.gate import verdict_markdown
+    from trainbench.present import verdict_markdown
     from trainbench.result import MeasuredCase
 
     here = {"kind": "cuda", "name": "NVIDIA L4", "torch": "2.14.1", "cudnn": 92400, "driver": "580.65.06"}
@@ -663,7 +664,7 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
     path.write_text(json.dumps(verdict))
     assert main(["verdict", str(path)]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("### trainbench gate FAILED: vs `results/benchmarks/x/0007_baseline.json`")
+    assert out.startswith("### trainbench compare vs `results/benchmarks/x/0007_baseline.json`: gate FAILED")
     assert "- **FAIL** gelu_mlp-baseline: not in the baseline run" in out
     notable, folded = out.split("<details>")
     assert "| resnet18-baseline | samples_per_s | 100 | 70 | -30.0% | -31.0%..-29.0% | regressed |" in notable

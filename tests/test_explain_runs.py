@@ -50,12 +50,12 @@ def runs(tmp_path):
 def test_the_op_whose_self_time_grew_is_named_first_under_the_regression(runs, capsys, tmp_path):
     assert main(["explain", *runs, "--json", str(tmp_path / "explained.json")]) == 0
     out = capsys.readouterr().out.splitlines()
-    regression = next(i for i, line in enumerate(out) if line.startswith("REGRESSED mlp-baseline step_time_ms"))
+    regression = next(i for i, line in enumerate(out) if line.startswith("REGRESSION mlp-baseline step_time_ms"))
     assert out[regression + 1].startswith("    op self time: aten::convolution_backward +6 ms/step")
     assert "of the change" in out[regression + 1]
     assert out[regression + 2] == "    environment: package numpy 2.0.1 there, 2.1.0 here"
     assert "environment differs from the baseline: package numpy 2.0.1 there, 2.1.0 here" in " ".join(out)
-    assert not any(line.startswith(("REGRESSED mlp-steady", "IMPROVED mlp-steady")) for line in out)
+    assert not any(line.startswith(("REGRESSION mlp-steady", "IMPROVED mlp-steady")) for line in out)
     saved = json.loads((tmp_path / "explained.json").read_text())
     [step] = [c for c in saved["comparisons"] if c["case"] == "mlp-baseline" and c["metric"] == "step_time_ms"]
     assert step["verdict"] == "regressed" and step["explanation"][0].startswith("op self time: aten::convolution_backward")
@@ -66,8 +66,8 @@ def test_the_markdown_names_the_op_under_where(runs, capsys):
     assert main(["explain", *runs, "--markdown"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"### trainbench explain: `{runs[0]}")
-    where = text.split("**Where**", 1)[1]
-    assert where.index("`mlp-baseline` step_time_ms regressed") < where.index("aten::convolution_backward +6 ms/step")
+    where = text.split("- **REGRESSION** mlp-baseline step_time_ms", 1)[1]
+    assert where.split("\n")[1].startswith("  - op self time: aten::convolution_backward +6 ms/step")
 
 
 def test_a_case_asked_about_shows_what_moved_though_its_step_time_did_not(runs, capsys):

@@ -13,9 +13,8 @@ from trainbench.gate import (
     MetricComparison,
     Verdict,
     judge_change,
-    verdict_markdown,
-    verdict_table,
 )
+from trainbench.present import verdict_markdown, verdict_table
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
@@ -162,7 +161,8 @@ def test_the_markdown_lists_what_changed_and_folds_the_rest():
     data = Verdict("base.json", {}, (comparison("regressed"), comparison("unchanged", "activation_mib", 0.0)),
                    gated=True, new_cases=("gelu_mlp-baseline",)).to_json()
     text = verdict_markdown(data)
-    assert text.startswith("### trainbench gate FAILED: vs `base.json`\n\n1 regressed, 1 unchanged\n")
+    assert text.startswith("### trainbench compare vs `base.json`: gate FAILED\n\n- 2 comparison(s) of 1 case(s): 1 regressed, 1 "
+                           "unchanged\n")
     assert "- **FAIL** gelu_mlp-baseline: not in the baseline run" in text
     notable, folded = text.split("<details>")
     assert "| mlp-baseline | samples_per_s | 100 | 80 | -20.0% | -25.0%..-15.0% | regressed |" in notable
@@ -189,7 +189,7 @@ def test_a_verdict_never_claims_what_its_interval_does_not_show(low, width, thre
 
 
 def test_the_environment_line_names_the_first_differences_and_counts_the_rest():
-    from trainbench.gate import ENVIRONMENT_LISTED, environment_line
+    from trainbench.present import ENVIRONMENT_LISTED, environment_line
 
     differences = [f"package nvidia-lib{i} 12.{i} there, 13.{i} here" for i in range(ENVIRONMENT_LISTED + 2)]
     line = environment_line(differences)

@@ -417,7 +417,7 @@ def test_a_prediction_leaves_memtracker_as_it_found_it(cpu, profile, mlp):
 # -- a prediction that cannot be made says why in the summary -------------------------------------------------------
 
 def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, quick):
-    from trainbench.report import summary_table
+    from trainbench.present import summary_table
     from trainbench.result import CaseRecord
     from trainbench.summary import _prediction_lines
 

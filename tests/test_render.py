@@ -52,7 +52,7 @@ FAILED = {"profile": "gpu", "reason": "FakeTensorMode could not run the step: Ty
 
 
 def test_a_prediction_that_could_not_be_made_is_marked_in_its_cell_and_explained_below_the_table():
-    from trainbench.report import summary_table
+    from trainbench.present import summary_table
     from trainbench.summary import _prediction_lines
 
     records = [_predicted_record("a-baseline", {**PREDICTED, **EXACT}), _predicted_record("b-baseline", FAILED),

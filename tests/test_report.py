@@ -233,7 +233,7 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
 
 
 def test_the_session_summary_has_a_line_per_case_with_its_marks():
-    from trainbench.report import summary_table
+    from trainbench.present import summary_table
 
     metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
                "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189,

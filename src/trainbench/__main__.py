@@ -288,7 +288,7 @@ def _verdict(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from .gate import verdict_markdown
+    from .present import verdict_markdown
 
     try:
         verdict = json.loads(Path(args.verdict_json).read_text(encoding="utf-8"))

@@ -256,50 +256,30 @@ class RunsExplained:
         return {**self.verdict.to_json(), "explain": {"runs": list(self.runs), "case": self.case,
                                                       "moved": list(self.moved)}}
 
-    def lines(self) -> list[str]:
-        """The terminal form: the runs, what differs in their software, every comparison that is not unchanged, each
-        change with where it comes from, and the case's moved rows."""
-        from .gate import environment_line, verdict_table, where_lines
+    def sections(self) -> list:
+        """The verdict as ``trainbench.present`` reads it, under a title naming both runs (baseline first): the thresholds,
+        every comparison that is not unchanged, each change with where it comes from, and the case's moved rows."""
+        from .present import Line, Section, verdict_sections
 
-        v = self.verdict
-        lines = [f"baseline: {self.runs[0]}", f"current:  {self.runs[1]}", "thresholds: " + _described(self.thresholds)]
-        if v.environment:
-            lines.append(environment_line(v.environment))
-        compared = len({c.case for c in v.comparisons})
-        lines.append(f"{len(v.comparisons)} comparisons of {compared} case(s): "
-                     + ", ".join(f"{n} {outcome}" for outcome, n in v.counts.items() if n))
-        notable = [c for c in v.comparisons if c.verdict not in ("unchanged", "missing")]
-        lines += verdict_table(notable) if notable else ["nothing changed beyond the thresholds"]
-        one_run: dict[str, int] = {}  # a metric only one run measured (a newer metric, another device's): not compared
-        for c in v.comparisons:
-            if c.verdict == "missing":
-                one_run[c.metric] = one_run.get(c.metric, 0) + 1
-        if one_run:
-            lines.append("measured by one run only, not compared: "
-                         + ", ".join(f"{metric} ({n} case{'s' if n > 1 else ''})" for metric, n in one_run.items()))
-        for c in notable:
-            if c.verdict in ("regressed", "improved"):
-                lines.append(f"{c.verdict.upper()} {c.describe()}")
-                lines += ["    " + line for line in where_lines(c.to_json(), v.environment)]
-        if v.new_cases:
-            lines.append(f"only in the current run (not compared): {listed(v.new_cases, LISTED)}")
-        if v.not_run:
-            lines.append(f"only in the baseline run (not compared): {listed(v.not_run, LISTED)}")
+        title = Section("trainbench explain: {} vs {}", (self.runs[0], self.runs[1]))
+        preface = (Line("thresholds: " + _described(self.thresholds)),)
+        sections = verdict_sections(self.to_json(), title, preface, judged=False, current="the current run")
         if self.case is not None:
-            lines.append(f"moved in {self.case}, between the runs' profiled steps (largest first, either way):")
-            lines += ["    " + line for line in self.moved]
-        return lines
+            sections.append(Section(lines=(Line(f"moved in {self.case}, between the runs' profiled steps (largest "
+                                                "first, either way):", under=self.moved),)))
+        return sections
+
+    def lines(self) -> list[str]:
+        """The terminal form (``sections``)."""
+        from .present import terminal_lines
+
+        return terminal_lines(self.sections())
 
     def markdown(self) -> str:
-        """The Markdown verdict (``gate.verdict_markdown``) under a heading naming both runs, and the case's moved
-        rows."""
-        from .gate import verdict_markdown
+        """The Markdown form (``sections``)."""
+        from .present import markdown
 
-        text = verdict_markdown(self.to_json(), f"### trainbench explain: `{self.runs[0]}` vs `{self.runs[1]}`")
-        if self.case is not None:
-            text += f"\n**Moved in `{self.case}`** (largest first, either way)\n\n" + "".join(
-                f"- {line}\n" for line in self.moved)
-        return text
+        return markdown(self.sections())
 
 
 def _described(thresholds: dict[str, float]) -> str:

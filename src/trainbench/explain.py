@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .attribution import OTHER
 from .metrics import METRICS
+from .render import number
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named
@@ -60,18 +61,13 @@ class Cause:
 
     def line(self) -> str:
         what, unit, _ = TABLES[self.table]
-        ci = f" (95% CI {_num(self.ci[0], True)}..{_num(self.ci[1], True)})" if self.ci else ""
+        ci = f" (95% CI {number(self.ci[0], '+.3g')}..{number(self.ci[1], '+.3g')})" if self.ci else ""
         share = f", {self.share:.0%} of the change" if self.share is not None else ""
-        return f"{what}: {self.row} {_num(self.change, True)} {unit}{ci}{share}"
+        return f"{what}: {self.row} {number(self.change, '+.3g')} {unit}{ci}{share}"
 
     def to_json(self) -> dict:
         return {"table": self.table, "row": self.row, "change": self.change, "share": self.share,
                 "ci": list(self.ci) if self.ci else None, "samples": self.samples, "line": self.line()}
-
-
-def _num(value: float, signed: bool = False) -> str:
-    text = f"{value:+.3g}" if signed else f"{value:.3g}"
-    return text.replace("e+0", "e").replace("e-0", "e-")
 
 
 def table(tables: dict | None, path: str) -> dict | None:
@@ -172,9 +168,9 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     totals = _totals(series)
     total, ci = _change(*totals, paired), change_interval(*totals, paired)
     step_change = rounds_change_ms(rounds_s, paired)
-    moved = (f"their time moved {_num(total, True)} ms/step"
-             + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "") + f", {min(n_base, n_cur)} a side"
-             + (f", against {_num(step_change, True)} ms/step in the rounds" if step_change is not None else ""))
+    moved = (f"their time moved {number(total, '+.3g')} ms/step"
+             + (f" (95% CI {number(ci[0], '+.3g')}..{number(ci[1], '+.3g')})" if ci else "") + f", {min(n_base, n_cur)} a side"
+             + (f", against {number(step_change, '+.3g')} ms/step in the rounds" if step_change is not None else ""))
     if not _beyond_noise(ci) or (ci[0] > 0) != slower:
         raise NotReproduced(f"where: the profiled steps do not show the change ({moved}): it comes from outside the "
                             "steps (data loading, the machine), or is too small for a few profiled steps to resolve, "

@@ -3,7 +3,7 @@
 ``trainbench.compare`` (a run against a stored run) and ``trainbench.ab`` (two environments, rounds
 alternating) compute their comparisons differently and hand them here; ``Verdict`` decides
 failure by one rule for both, and is written as the JSON ``--trainbench-compare-json`` reads
-back (``Verdict.to_json``) and printed as a table or as Markdown.
+back (``Verdict.to_json``), which ``trainbench.present`` prints in the terminal or as Markdown.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from .metrics import METRICS
-from .render import Column, Table, change, interval, listed, number
+from .render import change, interval, number
 
 # Every verdict a comparison can have, in the order the counts list them.
 OUTCOMES = ("regressed", "inconclusive", "improved", "unchanged", "missing")
@@ -51,6 +51,12 @@ def judge_change(ci: tuple[float, float], p_worse: float, p_better: float, thres
                                       "rounds to tell", *doubts))
 
 
+def fails_gate(outcome: str, allow_inconclusive: bool = False) -> bool:
+    """Whether a comparison of this outcome fails a gate: a regression, a metric measured on one side only (nothing
+    was compared), and a timed verdict the rounds could not support (unless ``allow_inconclusive``: reported only)."""
+    return outcome in ("regressed", "missing") or (outcome == "inconclusive" and not allow_inconclusive)
+
+
 def is_worse(change: float, higher_is_better: bool) -> bool:
     """Whether a signed relative change (+ = a larger value) goes the metric's worse way."""
     return (change < 0) == higher_is_better
@@ -81,9 +87,8 @@ class MetricComparison:
         return METRICS[self.metric].unit
 
     def fails(self, allow_inconclusive: bool = False) -> bool:
-        """Whether this comparison fails a gate: a regression, a metric measured on one side only (nothing was
-        compared), and a timed verdict the rounds could not support (unless ``allow_inconclusive``: reported only)."""
-        return self.verdict in ("regressed", "missing") or (self.verdict == "inconclusive" and not allow_inconclusive)
+        """Whether this comparison fails a gate (``fails_gate``)."""
+        return fails_gate(self.verdict, allow_inconclusive)
 
     def describe(self) -> str:
         """One line: case, metric, baseline, current, change, statistics, verdict."""
@@ -165,22 +170,6 @@ class Verdict:
         ``EXIT_COULD_NOT_JUDGE`` could not judge."""
         return EXIT_COULD_NOT_JUDGE if self.could_not_judge else int(self.failed)
 
-    def last_line(self, exit_status: int) -> str:
-        """The session's closing line, after pytest's own count of passed tests: what the gate decided, and the
-        session's exit status, so a log read from its end never reads green where the gate failed."""
-        said = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n)
-        reasons = [said] if said else []
-        if self.errors:
-            reasons.append(f"{len(self.errors)} unreadable in the baseline")
-        if self.nothing_compared:
-            reasons.append(f"nothing compared: {self.nothing_compared}")
-        if self.new_cases and not self.new_cases_allowed:
-            reasons.append(f"{len(self.new_cases)} not in the baseline")
-        outcome = ("COULD NOT JUDGE" if self.could_not_judge else "FAILED" if self.failed else
-                   "passed" if self.gated else "not gated")
-        what = "A/B" if self.sides is not None else "gate"
-        return f"trainbench {what}: {outcome}" + (f", {'; '.join(reasons)}" if reasons else "") + f" (exit {exit_status})"
-
     def to_json(self) -> dict:
         """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
         ab = {} if self.sides is None else {"ab": self.sides, "pairs": self.pairs or {}, "numerics": self.numerics or {}}
@@ -191,82 +180,3 @@ class Verdict:
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
                 "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
                 "environment_differs": list(self.environment), "not_measured": list(self.not_measured)}
-
-
-# -- printing a verdict ----------------------------------------------------------------------------
-
-_COLUMNS = (Column("case", left=True), Column("metric", left=True), Column("baseline"), Column("current"),
-            Column("change"), Column("95% CI"), Column("verdict", left=True))
-
-
-def _table(comparisons: list[dict]) -> Table:
-    """A comparison per row, from its JSON form (``MetricComparison.to_json``, or a verdict file's)."""
-    return Table(_COLUMNS, tuple((c["case"], c["metric"], number(c.get("baseline")), number(c.get("current")),
-                                  change(c.get("change")), interval(c.get("ci")), c["verdict"]) for c in comparisons))
-
-
-ENVIRONMENT_LISTED = 10  # differences the environment line names (a CUDA upgrade moves a dozen packages)
-
-
-def environment_line(differences) -> str:
-    """The line that says which software differs between the compared runs (the verdict JSON lists them all)."""
-    return ("environment differs from the baseline: " + listed(differences, ENVIRONMENT_LISTED, "; ")
-            + " (a change may come from these rather than the code)")
-
-
-def not_measured_line(metrics) -> str:
-    """The one line for thresholds on metrics neither side measured (this device cannot): not compared, not failed."""
-    return f"not measured here (neither side), not compared: {', '.join(metrics)}"
-
-
-ENVIRONMENT_SHOWN = 3  # differences named under each changed verdict (the header names ENVIRONMENT_LISTED, the JSON all)
-
-
-def where_lines(comparison: dict, environment) -> list[str]:
-    """The lines under a regressed or improved comparison (its JSON form): what accounts for it, and the software
-    that differs between the sides (a likely cause too)."""
-    lines = list(comparison.get("explanation") or [])
-    if lines and environment:
-        lines.append("environment: " + listed(environment, ENVIRONMENT_SHOWN, "; "))
-    return lines
-
-
-def verdict_table(comparisons: list[MetricComparison] | tuple[MetricComparison, ...]) -> list[str]:
-    """A fixed-width table: case, metric, baseline, current, change, interval, verdict."""
-    return _table([c.to_json() for c in comparisons]).terminal()
-
-
-def verdict_markdown(verdict: dict, heading: str | None = None) -> str:
-    """A verdict's JSON (``Verdict.to_json``, as read from its file) as Markdown (a CI job summary, a PR comment):
-    the outcome and counts, a table of every comparison that is not "unchanged", and the whole table folded away.
-    ``heading``: the first line, where the verdict is not a gate's (two saved runs explained)."""
-    counts = verdict.get("counts") or {}
-    outcome = ("COULD NOT JUDGE" if verdict.get("could_not_judge") else "FAILED" if verdict.get("failed")
-               else "passed" if verdict.get("gated") else "not gated")
-    lines = [heading or f"### trainbench gate {outcome}: vs `{verdict.get('baseline')}`", "",
-             ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "nothing compared", ""]
-    lines += [f"- **FAIL** {case}: not in the baseline run" for case in verdict.get("new_cases") or []
-              if verdict.get("gated") and not verdict.get("new_cases_allowed")]
-    lines += [f"- **ERROR** {error}" for error in verdict.get("errors") or []]
-    if verdict.get("environment_differs"):
-        lines.append("- " + environment_line(verdict["environment_differs"]))
-    if verdict.get("not_measured"):
-        lines.append(f"- {not_measured_line(verdict['not_measured'])}")
-    not_run = verdict.get("not_run") or []
-    if not_run:
-        lines.append(f"- not compared: {len(not_run)} case(s) of the baseline this run did not run: "
-                     + ", ".join(not_run[:10]) + (", ..." if len(not_run) > 10 else ""))
-    comparisons = verdict.get("comparisons") or []
-    notable = [c for c in comparisons if c.get("verdict") != "unchanged"]
-    if notable:
-        lines += [""] + _table(notable).markdown()
-    explained = [c for c in notable if c.get("explanation")]
-    if explained:
-        lines += ["", "**Where**", ""]
-        for c in explained:
-            lines.append(f"- `{c['case']}` {c['metric']} {c['verdict']} ({change(c.get('change'))}):")
-            lines += [f"  - {line}" for line in where_lines(c, verdict.get("environment_differs") or [])]
-    if comparisons:
-        lines += ["", f"<details><summary>all {len(comparisons)} comparisons</summary>", ""]
-        lines += _table(comparisons).markdown() + ["", "</details>"]
-    return "\n".join(lines) + "\n"

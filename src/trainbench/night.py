@@ -461,6 +461,7 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps if s.name != "summary"])  # this file, being written
+    from .render import number
     from .roofline import versus_measured
 
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
@@ -475,7 +476,8 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         peak = m.get("peak_memory_mib") if m else None
         speed = m.get("samples_per_s") if m else None
         roofline = (p or {}).get("roofline") or ""
-        rows.append((case, plan_text, night_text, roofline, _num(speed), _num(peak), _num(predicted)))
+        rows.append((case, plan_text, night_text, roofline, *(number(v, ".1f" if isinstance(v, float) else "")
+                                                               for v in (speed, peak, predicted))))
         difference = _difference(p, r, peak, predicted)
         if difference:
             differs.append(f"- {case}: {difference}")
@@ -540,10 +542,6 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _num(value) -> str:
-    return "" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def child_environment(out: Path, simulate_gpu: str | None) -> dict[str, str]:

@@ -1,8 +1,5 @@
-"""Human-readable tables and plots of measured cases.
-
-``summary_table`` is the plugin's end-of-session table; the rest renders a saved
-pytest-benchmark run's ladder rungs next to the seed articles' figures
-(``python -m trainbench report``).
+"""The ladder report: a saved pytest-benchmark run's ladder rungs next to the seed articles' figures, as tables
+and plots (``python -m trainbench report``); the session's own table is ``trainbench.present.summary_table``.
 """
 
 from __future__ import annotations
@@ -14,56 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_text_atomic
-from .render import NOT_PREDICTED, Column, Table, number
+from .render import Column, Table, number
 from .result import CaseRecord, RecordError
 from .store import RunFileError, SavedRun
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
     from .ladders import Ladder, LadderStep
-
-
-_SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step ms (IQR)"), Column("peak MiB"),
-                   Column("act MiB"), Column("GPU pred MiB"), Column("GFLOP/sample"), Column("vs base"),
-                   Column("budget"))
-
-
-def summary_table(records: list[CaseRecord]) -> list[str]:
-    """One line per case: throughput, step time, memory, work and the budget verdict (and items/s, e.g. tokens/s,
-    where a spec counts items: a column of its own, named by their unit where every case counts the same)."""
-    units = {record.raw.get("items_unit") for record in records if record.metrics.get("items_per_s") is not None}
-    columns = list(_SUMMARY_COLUMNS)
-    if units:
-        columns.insert(2, Column(f"{units.pop()}/s" if len(units) == 1 else "items/s"))
-    body = []
-    for record in records:
-        m = record.metrics
-        speedup = record.speedup_vs_baseline
-        row = [
-            record.case,
-            number(m["samples_per_s"], ".1f"),
-            f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
-            number(m["peak_memory_mib"], ".1f"),
-            number(m["activation_mib"], ".1f"),
-            _predicted_cell(record),
-            number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
-            number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
-            record.budget_status,
-        ]
-        if len(columns) > len(_SUMMARY_COLUMNS):
-            items = m.get("items_per_s")
-            row.insert(2, number(items, ".0f") + ("" if items is None or columns[2].title != "items/s"
-                                                 else f" {record.raw.get('items_unit')}"))
-        body.append(tuple(row))
-    return Table(tuple(columns), tuple(body)).terminal()
-
-
-def _predicted_cell(record: CaseRecord) -> str:
-    """The GPU-profile prediction: MiB (``!`` where the method's check on this run failed), ``NOT_PREDICTED`` where it
-    could not be made (the summary says why below the table), ``-`` where none was asked for."""
-    if record.prediction_failure:
-        return NOT_PREDICTED
-    return number(record.metrics.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False
-                                                                          else "!")
 
 
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------

@@ -347,7 +347,9 @@ class TrainbenchSession:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None or self.comparison is None or self.exit_status is None:
             return
-        line = self.comparison.last_line(self.exit_status)
+        from .present import last_line
+
+        line = last_line(self.comparison.to_json(), self.exit_status)
         reporter.write_line(line, red=self.comparison.failed, green=not self.comparison.failed, bold=True)
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import os
 def write_summary(terminalreporter, state) -> None:
     """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
     unpaired ratios, predictions, ranks, relaunches, traces, and the comparison with the baseline."""
-    from .report import summary_table
+    from .present import INCONCLUSIVE, summary_table
 
     terminalreporter.write_sep("=", "trainbench summary")
     backend = state.backend
@@ -25,8 +25,8 @@ def write_summary(terminalreporter, state) -> None:
         terminalreporter.write_line(line)
     for failed in state.failed_cases:
         terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
-    for line in state.inconclusive:
-        terminalreporter.write_line(f"INCONCLUSIVE {line} (measured twice; not failed: --trainbench-strict-timing "
+    for line in state.inconclusive:  # a budget's timing not judged reads as a comparison's does
+        terminalreporter.write_line(f"{INCONCLUSIVE} {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
     if any(r.speedup_vs_baseline is not None and not r.paired for r in records):
         terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
@@ -50,23 +50,16 @@ def write_summary(terminalreporter, state) -> None:
 def write_ab(terminalreporter, state) -> None:
     """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
     from .environment import ENVIRONMENT_KEYS
+    from .present import Line, verdict_sections, write_terminal
 
     verdict = state.comparison
-    terminalreporter.write_sep("=", "trainbench A/B: base vs head, rounds alternating ABBA, compared pair by pair")
+    sides = []
     for label, side in verdict.sides.items():
         ident = side["identity"]
         extras = ", ".join(f"{k} {ident[k]}" for k in ENVIRONMENT_KEYS if k != "torch" and ident.get(k))
-        terminalreporter.write_line(f"{label}: {side['python']}: torch {ident.get('torch')}"
-                                    + (f", {extras}" if extras else "") + f", {ident.get('name')}")
-    _write_verdict_table(terminalreporter, verdict)
-    if verdict.not_measured:
-        from .gate import not_measured_line
-
-        terminalreporter.write_line(not_measured_line(verdict.not_measured), yellow=True)
-    for outcome in state.ab.outcomes:
-        if outcome.guard is not None and not outcome.guard.ok:
-            terminalreporter.write_line(f"NUMERICS {outcome.case}: head vs base: {outcome.guard.message}", yellow=True)
-    _write_findings(terminalreporter, verdict)
+        sides.append(Line(f"{label}: {side['python']}: torch {ident.get('torch')}" + (f", {extras}" if extras else "")
+                          + f", {ident.get('name')}"))
+    write_terminal(terminalreporter, verdict_sections(verdict.to_json(), preface=tuple(sides), every_row=True))
 
 
 def _prediction_lines(records) -> list[tuple[str, bool]]:
@@ -119,70 +112,15 @@ def _ranks_line(case: str, ranks: dict) -> str:
 
 def write_nothing_compared(terminalreporter, verdict) -> None:
     """A comparison that compared nothing: under a gate it fails (``Verdict.failed``), without one it is said."""
-    failing = verdict.failed
-    terminalreporter.write_line(f"{'FAIL ' if failing else ''}trainbench compare vs {verdict.baseline}: nothing "
-                                f"compared: {verdict.nothing_compared}"
-                                + ("; a gate that saw nothing never passes" if failing else ""), red=failing)
+    from .present import nothing_compared, write_terminal
+
+    write_terminal(terminalreporter, nothing_compared(verdict.to_json()))
 
 
 def _write_comparison(terminalreporter, state) -> None:
-    verdict = state.comparison
-    terminalreporter.write_sep("=", f"trainbench compare vs {verdict.baseline}")
+    """The verdict against the baseline run (``trainbench.present``), after which run it is and why."""
+    from .present import Line, verdict_sections, write_terminal
+
     baseline = state.baseline_used()
-    if baseline is not None:
-        terminalreporter.write_line(f"compared with {baseline.path}: {baseline.why}")
-    _write_verdict_table(terminalreporter, verdict)
-    for case in verdict.new_cases:
-        failing = verdict.gated and not verdict.new_cases_allowed
-        terminalreporter.write_line(f"{'FAIL ' if failing else ''}{case}: not in the baseline run (new case"
-                                    + ("; nothing compared: --trainbench-allow-new-cases lets it pass)" if failing
-                                       else ")"), red=failing)
-    for error in verdict.errors:
-        terminalreporter.write_line(f"ERROR {error}", red=True)
-    if verdict.not_run:  # deselected or skipped here: the verdict says nothing about them
-        terminalreporter.write_line(f"not compared: {len(verdict.not_run)} case(s) of the baseline run did not run in "
-                                    f"this session: {', '.join(verdict.not_run[:10])}"
-                                    + (", ..." if len(verdict.not_run) > 10 else ""), yellow=True)
-    _write_findings(terminalreporter, verdict)
-
-
-def _write_verdict_table(terminalreporter, verdict) -> None:
-    from .gate import environment_line, verdict_table
-
-    gate = "gate: --trainbench-compare-fail" if verdict.gated else "no gate (--trainbench-compare-fail not given)"
-    terminalreporter.write_line(gate + "; " + ", ".join(f"{n} {v}" for v, n in verdict.counts.items() if n))
-    for line in verdict_table(verdict.comparisons):
-        terminalreporter.write_line(line)
-    if verdict.environment:
-        terminalreporter.write_line(environment_line(verdict.environment), yellow=True)
-
-
-def _write_findings(terminalreporter, verdict) -> None:
-    """A line per comparison that failed the verdict or could have, and per improvement: in red what fails it
-    (``Verdict.failed``'s rule), in yellow an inconclusive timing that does not (--trainbench-allow-inconclusive, or
-    no gate); under each regression and improvement, where it comes from."""
-    from .gate import where_lines
-
-    for c in verdict.comparisons:
-        fails = verdict.gated and c.fails(verdict.allow_inconclusive)
-        if c.verdict == "inconclusive":
-            terminalreporter.write_line(("COULD NOT JUDGE " if fails else "INCONCLUSIVE ") + c.describe(),
-                                        red=fails, yellow=not fails)
-        if c.verdict == "missing" and verdict.gated:
-            terminalreporter.write_line("FAIL " + c.describe(), red=True)
-        if c.verdict == "regressed":
-            terminalreporter.write_line(("REGRESSION " if fails else "regressed (not gated): ") + c.describe(),
-                                        red=fails)
-        if c.verdict == "improved":
-            terminalreporter.write_line("IMPROVED " + c.describe(), green=True)
-        if c.verdict in ("regressed", "improved"):
-            for line in where_lines(c.to_json(), verdict.environment):
-                terminalreporter.write_line("    " + line)
-    if verdict.could_not_judge:
-        from .gate import EXIT_COULD_NOT_JUDGE
-
-        unsure = sum(c.verdict == "inconclusive" for c in verdict.comparisons)
-        terminalreporter.write_line(
-            f"trainbench: COULD NOT JUDGE: {unsure} timed comparison(s) stayed inconclusive after measuring again, "
-            f"and nothing regressed (exit status {EXIT_COULD_NOT_JUDGE}; --trainbench-remeasure-s measures longer, "
-            "--trainbench-allow-inconclusive reports them without failing)", red=True)
+    chosen = () if baseline is None else (Line(f"compared with {baseline.path}: {baseline.why}"),)
+    write_terminal(terminalreporter, verdict_sections(state.comparison.to_json(), preface=chosen, every_row=True))
