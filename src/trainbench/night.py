@@ -26,7 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from .files import write_json_atomic, write_text_atomic
+from .files import cannot_write, write_json_atomic, write_text_atomic
+from .render import Column, Table
+from .report import run_device
+from .result import CaseRecord, RecordError
 from .store import FAILED_CASES_KEY, INCOMPLETE_KEY, RunFileError, load_run
 
 SUITE_FILE = "benchmarks/test_recipes.py"
@@ -115,7 +118,6 @@ class NightError(ValueError):
 def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written, a
     budget too short to measure anything, a GPU to simulate that cannot be."""
-    from .files import cannot_write
     from .fleet import GpuSpecError, parse_gpu
 
     if simulate_gpu is not None:
@@ -413,7 +415,6 @@ def merge_runs(parts: list[Path], out: Path) -> str:
 def _recorded_gpu(run_path: Path) -> str | None:
     """The GPU the run was measured on, by name (None: no run, or a CPU run)."""
     from .device import DeviceCaps
-    from .report import run_device
 
     try:
         device = run_device(load_run(run_path))
@@ -510,8 +511,6 @@ def summary_lines(night: Night, out: Path) -> list[str]:
 
 
 def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], text_columns: int | None = None) -> list[str]:
-    from .render import Column, Table
-
     text_columns = len(titles) if text_columns is None else text_columns
     columns = tuple(Column(title, left=i < text_columns) for i, title in enumerate(titles))
     return Table(columns, tuple(rows)).markdown()
@@ -539,8 +538,6 @@ def _would_run(reported: CaseOutcomeLine) -> bool:
 
 
 def _measured_cases(run_path: Path) -> dict[str, dict]:
-    from .result import CaseRecord, RecordError
-
     try:
         run = load_run(run_path)
     except RunFileError:
