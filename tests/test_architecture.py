@@ -121,6 +121,19 @@ def _subcommand_shape(source: str) -> list[str]:
     return problems
 
 
+def test_the_command_line_loads_neither_torch_nor_pytest_until_a_subcommand_needs_them():
+    # --help, verdict and explain stay quick: a subcommand module imports what loads torch (or pytest) in run()
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys; from trainbench.cli import build_parser; build_parser(); "
+             "print(sorted({'torch', 'pytest'} & set(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}).stdout
+    assert loaded.strip() == "[]"
+
+
 def test_the_subcommand_check_sees_a_module_that_is_not_one():
     one = 'NAME = "x"\nHELP = DESCRIPTION = ""\ndef add_arguments(parser): pass\ndef run(args): return 0\n'
     assert _subcommand_shape(one) == []
