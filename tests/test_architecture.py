@@ -8,23 +8,34 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).parents[1] / "src" / "trainbench"
-MODULES = {path.stem: path for path in PACKAGE.glob("*.py")}
+# Every module by its dotted name under the package ("store", "cli.report"; a subpackage by its own name, "cli").
+MODULES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"): path
+           for path in PACKAGE.rglob("*.py")}
 
 
 def _trainbench_imports(path: Path) -> set[str]:
     """Modules of the package that ``path`` imports, at module level or inside functions."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])  # where ``from .`` starts: "cli" in cli/report.py
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif node.level == 1:
-                found.update(alias.name for alias in node.names if alias.name in MODULES)
+            if node.level:
+                base = package[:len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
             elif node.module and node.module.startswith("trainbench."):
-                found.add(node.module.split(".")[1])
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            found.update(_module_named(base + [alias.name]) for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("trainbench."))
+            found.update(_module_named(a.name.split(".")[1:]) for a in node.names if a.name.startswith("trainbench."))
     return found & set(MODULES)
+
+
+def _module_named(parts: list[str]) -> str:
+    """The package's module that ``parts`` (a dotted path, perhaps ending in a name the module defines) is in."""
+    while parts and ".".join(parts) not in MODULES:
+        parts = parts[:-1]
+    return ".".join(parts)
 
 
 @pytest.mark.parametrize("name", sorted(set(MODULES) - {"device"}))
@@ -77,6 +88,57 @@ PLUGIN_MAX_LINES = 300
 def test_the_plugin_module_stays_glue():
     lines = len(MODULES["plugin"].read_text().splitlines())
     assert lines <= PLUGIN_MAX_LINES, f"plugin.py has {lines} lines: move what is not glue into session/options/core"
+
+
+MAIN_MAX_LINES = 40
+CLI_HELPERS = {"cli", "cli.shared"}  # the table of subcommands, and what more than one of them reads
+
+
+def test_main_is_a_thin_entry_point_and_each_cli_module_is_one_subcommand():
+    # __main__.py only calls trainbench.cli; a subcommand is a module of its own, listed in the table
+    main = MODULES["__main__"].read_text()
+    assert len(main.splitlines()) <= MAIN_MAX_LINES and "add_argument" not in main and "def " not in main
+    from trainbench import cli
+
+    commands = {name: path for name, path in MODULES.items() if name.startswith("cli.") and name not in CLI_HELPERS}
+    assert sorted(command.__name__.removeprefix("trainbench.") for command in cli.COMMANDS) == sorted(commands)
+    for name, path in commands.items():
+        assert _subcommand_shape(path.read_text()) == [], f"{name}.py: one subcommand, NAME/HELP/DESCRIPTION, " \
+                                                           "add_arguments and run"
+    assert len({command.NAME for command in cli.COMMANDS}) == len(cli.COMMANDS)
+
+
+def _subcommand_shape(source: str) -> list[str]:
+    """What a subcommand module lacks or has too many of: its names, add_arguments, run, one add_parser (the table's)."""
+    tree = ast.parse(source)
+    assigned = {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+                if isinstance(target, ast.Name)}
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    problems = [f"no {name}" for name in ("NAME", "HELP", "DESCRIPTION") if name not in assigned]
+    problems += [f"no {name}()" for name in ("add_arguments", "run") if name not in defined]
+    if "add_parser" in source or "add_subparsers" in source:
+        problems.append("registers subcommands itself (the table in cli/__init__.py does)")
+    return problems
+
+
+def test_the_command_line_loads_neither_torch_nor_pytest_until_a_subcommand_needs_them():
+    # --help, verdict and explain stay quick: a subcommand module imports what loads torch (or pytest) in run()
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys; from trainbench.cli import build_parser; build_parser(); "
+             "print(sorted({'torch', 'pytest'} & set(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_the_subcommand_check_sees_a_module_that_is_not_one():
+    one = 'NAME = "x"\nHELP = DESCRIPTION = ""\ndef add_arguments(parser): pass\ndef run(args): return 0\n'
+    assert _subcommand_shape(one) == []
+    assert _subcommand_shape(one.replace("def run", "def handle")) == ["no run()"]
+    assert _subcommand_shape(one + "def more(subparsers):\n    subparsers.add_parser('y')\n")
 
 
 # pytest-benchmark internals (names starting with an underscore, or options it owns, written to): each one

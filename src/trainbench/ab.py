@@ -1,10 +1,11 @@
 """A/B of two Python environments in one run: is the head (a PyTorch upgrade, a branch) slower or hungrier?
 
 Each side is a long-lived worker process (``trainbench.ab_worker``) started with that side's
-Python, so each imports its own torch. For a case, both sides build the same setup (same
-recipe, spec, seeds and data), warm up, and then their timed rounds alternate on the same
-device in ABBA order (base, head, head, base, ...), so a slow spell of the machine falls on
-both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
+Python, so each imports its own torch; the process and its pipe are ``trainbench.ab_transport``'s, and here
+is what both sides build (``plan_case``), the order of their rounds and the comparison. For a case, both
+sides build the same setup (same recipe, spec, seeds and data), warm up, and then their timed rounds
+alternate on the same device in ABBA order (base, head, head, base, ...), so a slow spell of the machine
+falls on both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
 Their median, a 95% bootstrap interval and one-sided sign tests decide the timed verdict by the gate's
 rule (``gate.judge_change``: *unchanged* only when the interval lies inside the threshold), and an
 inconclusive one is measured again with more pairs, up to a time budget;
@@ -20,16 +21,13 @@ each with a bootstrap interval over the pairs, and none whose change is within n
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import signal
-import subprocess
-import tempfile
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .ab_transport import Side, SideError, start
 from .compare import DEFAULT_ALPHA, compare_case, parse_spec
 from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse, judge_change
@@ -40,7 +38,6 @@ from .result import CaseRecord, Result, case_record
 DEFAULT_PAIRED = parse_spec("step_time_ms:5%,samples_per_s:5%", "the A/B default")
 # An inconclusive case gets more pairs, up to this many times the pairs asked for (and the time budget).
 MAX_PAIRS_FACTOR = 8
-START_TIMEOUT_S = 300  # importing torch and building a case on a slow machine
 # Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted
 # and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
 # round in a row was up to 15% faster than the other, and per-run median ratios spread 0.89-1.06.
@@ -48,64 +45,6 @@ REWARM_STEPS = 1
 # Profiled steps per side after the timed rounds, one per pair in ABBA order like the rounds: a timed change is
 # attributed to ops (and kernels) pair by pair, each row's change with a bootstrap interval over the pairs.
 ATTRIBUTION_PAIRS = 6
-
-
-class SideError(RuntimeError):
-    """A side could not start, or failed a command: the message names the side and its Python."""
-
-
-class Side:
-    """One environment: ``python -m trainbench.ab_worker`` under ``python``, one JSON line per command."""
-
-    def __init__(self, label: str, python: str, env: dict[str, str] | None = None):
-        self.label, self.python = label, python
-        # The worker's stderr, kept while the side lives (its tail explains a worker that ended).
-        self.log = tempfile.NamedTemporaryFile(prefix=f"trainbench-ab-{label}-", suffix=".log", delete=False)  # noqa: SIM115
-        try:
-            self.process = subprocess.Popen([python, "-m", "trainbench.ab_worker"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                            env={**os.environ, **(env or {})}, start_new_session=True)
-        except OSError as e:
-            raise SideError(f"{label} side ({python}): cannot start it: {e}") from None
-
-    def call(self, command: str, **arguments) -> dict:
-        try:
-            self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
-            self.process.stdin.flush()
-            line = self.process.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = ""
-        if not line:
-            raise SideError(f"{self.label} side ({self.python}): the worker ended during {command!r}:\n{self._log_tail()}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise SideError(f"{self.label} side ({self.python}): {command} failed:\n{answer['error']}")
-        return answer
-
-    def _log_tail(self) -> str:
-        self.log.flush()
-        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-30:])
-
-    def close(self, force: bool = False) -> None:
-        """End the worker: asked to, or (``force``: an interrupted session) killed at once."""
-        try:
-            if self.process.poll() is None and not force:
-                self.process.stdin.write(json.dumps({"command": "close"}) + "\n")
-                self.process.stdin.flush()
-                self.process.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            pass
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
-
-    def __enter__(self) -> Side:  # noqa: PYI034 (typing.Self needs Python 3.11)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @dataclass
@@ -138,8 +77,6 @@ class ABPlan:
 def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> ABPlan:
     """``recipe`` (a name or a Recipe) on ``spec`` (a TrainingSpec or a built-in workload's name) as both sides will
     build it on ``runner``'s device and profile. A config or spec that cannot be trained raises its own error."""
-    from dataclasses import asdict
-
     import torch
 
     from .distributed import spec_reference
@@ -166,8 +103,6 @@ def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> AB
 def project_paths(root: str | Path) -> list[str]:
     """The entries of ``sys.path`` inside ``root`` (test folders, the project's source): what a spec defined in a
     test module needs on either side. Never a site-packages or standard library folder: each side keeps its own."""
-    import sys
-
     root = Path(root).resolve()
     found = []
     for entry in sys.path:
@@ -186,24 +121,6 @@ class ABOutcome:
     comparisons: list[MetricComparison]
     guard: object = None  # trainbench.guards.GuardVerdict: both sides' losses over the seeded steps
     not_measured: tuple[str, ...] = ()  # timed metrics the thresholds name that neither side measured (this device)
-
-
-def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None
-          ) -> tuple[Side, Side, dict]:
-    """Both sides started and checked: the same protocol and trainbench version. Returns their identities."""
-    sides = (Side("base", base_python, base_env), Side("head", head_python, head_env))
-    try:
-        hello = {side.label: side.call("hello") for side in sides}
-        versions = {label: (h["protocol"], h["trainbench"]) for label, h in hello.items()}
-        if versions["base"] != versions["head"]:
-            raise SideError(f"trainbench differs between the sides: base {base_python} has {versions['base'][1]} "
-                            f"(protocol {versions['base'][0]}), head {head_python} has {versions['head'][1]} "
-                            f"(protocol {versions['head'][0]}); install the same trainbench in both")
-    except BaseException:
-        for side in sides:
-            side.close()
-        raise
-    return sides[0], sides[1], hello
 
 
 def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[str, float],

@@ -15,6 +15,8 @@ import os
 import sys
 import traceback
 
+import trainbench
+from trainbench.environment import installed_packages
 from trainbench.watchdog import watch
 
 PROTOCOL = 4  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile
@@ -26,9 +28,7 @@ class _Worker:
         self.no_progress_s: float | None = None  # the case's progress limit: a command making none fails
 
     def hello(self) -> dict:
-        import trainbench
         from trainbench.device import get_backend
-        from trainbench.environment import installed_packages
 
         self.backend = get_backend(os.environ.get("TRAINBENCH_AB_DEVICE", "auto"))
         # the side's installed packages: the verdict names those that differ between the sides

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import trainbench
+
 TOP = 15  # rows each table keeps in a saved run
 OTHER = "(other)"  # the rows beyond TOP, summed
 BETWEEN_OPS = "(outside ops)"  # profiled wall time no op accounts for
@@ -303,8 +305,6 @@ def _framework_roots() -> tuple[Path, ...]:
     import sysconfig
 
     import torch
-
-    import trainbench
 
     packages = (Path(trainbench.__file__).parent, Path(torch.__file__).parent)
     paths = sysconfig.get_paths()

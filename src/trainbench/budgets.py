@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .compare import CompareError, parse_spec
 from .device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
 from .metrics import ALIASES, METRICS, resolve
 from .result import Result
@@ -143,8 +144,6 @@ class Budgets:
                 bounds, note, compare_fail = [], None, None
                 for key, value in entries.items():
                     if key == "compare_fail":
-                        from .compare import CompareError, parse_spec
-
                         if not isinstance(value, str):
                             raise BudgetError(f"{where} compare_fail = {value!r}: expected a string like 'samples_per_s:10%'")
                         try:

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from .files import write_json_atomic, write_text_atomic
+from .files import cannot_write, write_json_atomic, write_text_atomic
+from .render import Column, Table, number
 from .store import RunFileError, SavedRun, merged_run
 
 SUITE_FILE = "benchmarks/test_recipes.py"
@@ -115,7 +116,6 @@ class NightError(ValueError):
 def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written, a
     budget too short to measure anything, a GPU to simulate that cannot be."""
-    from .files import cannot_write
     from .fleet import GpuSpecError, parse_gpu
 
     if simulate_gpu is not None:
@@ -337,8 +337,8 @@ class NightRun:
                 self.night.save()
                 self.say(f"night: smoke: failed: {step.note}")
         taken: set[str] = set()
-        for number, group in enumerate(CASE_GROUPS, 1):
-            stem = f"{number:02d}-{group.name}"
+        for position, group in enumerate(CASE_GROUPS, 1):
+            stem = f"{position:02d}-{group.name}"
             node_ids = suite_node_ids(group, taken)
             extra = ("--trainbench-slow",) if group.slow else ()
             self.run_step(f"cases-{stem}", f"{len(node_ids)} cases: {group.why}",
@@ -461,7 +461,6 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps if s.name != "summary"])  # this file, being written
-    from .render import number
     from .roofline import versus_measured
 
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
@@ -499,8 +498,6 @@ def summary_lines(night: Night, out: Path) -> list[str]:
 
 
 def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], text_columns: int | None = None) -> list[str]:
-    from .render import Column, Table
-
     text_columns = len(titles) if text_columns is None else text_columns
     columns = tuple(Column(title, left=i < text_columns) for i, title in enumerate(titles))
     return Table(columns, tuple(rows)).markdown()

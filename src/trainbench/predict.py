@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .device import Backend, DeviceCaps
+from .files import write_text_atomic
 from .recipes import TrainConfig
 from .spec import TrainingSpec, map_tensors
 from .training import TrainingSetup
@@ -413,8 +414,6 @@ class SharedPredictions:
 
     def put(self, key: tuple, prediction: dict) -> None:
         import json
-
-        from .files import write_text_atomic
 
         if self.path is None or self._read().get(self._key(key)) == prediction:
             return

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from .fixture import SESSION
 from .options import BUDGETS_FILE, discover_budgets
 from .store import matching_runs, storage_folder
 
@@ -127,8 +128,6 @@ def pytest_collection(session):
     out = os.environ.get(PROBE_ENV)
     if not out:
         return None
-    from .fixture import SESSION
-
     config = session.config
     trainbench = config.stash.get(SESSION, None)
     storage = config.getoption("benchmark_storage", None)

@@ -1,0 +1,42 @@
+"""``python -m trainbench plan``: the GPU night's plan for a GPU of the fleet, made on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..files import write_json_atomic
+from .shared import gpu_to_simulate
+
+NAME = "plan"
+HELP = "the GPU night's plan for a GPU of the fleet, made on this machine (no GPU needed)"
+DESCRIPTION = ("Every suite case on a simulated GPU: run or skip (why), its budget section, predicted memory "
+               "against the GPU's, how it is measured, what bounds its step (the roofline: compute, memory "
+               "or kernel launches) and the min_speedup budgets it says cannot hold. Exit 1 where the build "
+               "cannot run on that GPU (the doctor's FAIL) or a case would crash or be refused for a reason a GPU "
+               "cannot have.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--simulate-gpu", required=True, metavar="MODEL_OR_SPEC",
+                        help='a fleet GPU: its name as torch reports it ("NVIDIA L40S", "2xNVIDIA H100 80GB HBM3") or '
+                             'its key (h100-sxm, 8xh100-sxm, l40s, t4, ...); or any GPU as an explicit spec, e.g. '
+                             '"name=My GPU,memory_gib=48,capability=8.9,sms=142,bf16=1,count=2,bandwidth_gbs=864,'
+                             'tflops_bf16=362,tflops_fp32=91" (fields: see docs/ci-and-gpu.md)')
+    parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The night's plan on a fleet GPU."""
+    from ..night_plan import format_night, plan_night, plan_record  # loads torch: only when planning
+
+    gpu = gpu_to_simulate(args, "plan")
+    if gpu is None:
+        return 2
+    night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
+    for line in format_night(night):
+        print(line)
+    if args.json:
+        write_json_atomic(Path(args.json), plan_record(night))
+    return 0 if night.ok else 1
