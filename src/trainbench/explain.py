@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from .attribution import OTHER
 from .metrics import METRICS
-from .stats import beyond_noise, median_change, median_interval
+from .stats import beyond_noise, median_change, median_interval, side_of
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named
@@ -176,7 +176,7 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     moved = (f"their time moved {_num(total, True)} ms/step"
              + (f" (95% CI {_num(ci[0], True)}..{_num(ci[1], True)})" if ci else "") + f", {min(n_base, n_cur)} a side"
              + (f", against {_num(step_change, True)} ms/step in the rounds" if step_change is not None else ""))
-    if not beyond_noise(ci) or (ci[0] > 0) != slower:
+    if ci is None or side_of(ci, 0.0) != ("above" if slower else "below"):  # not beyond noise the verdict's way
         raise NotReproduced(f"where: the profiled steps do not show the change ({moved}): it comes from outside the "
                             "steps (data loading, the machine), or is too small for a few profiled steps to resolve, "
                             "or they drifted the other way (separate sessions)")
