@@ -102,9 +102,9 @@ def sign_tests(ratios: list[float], higher_is_better: bool) -> tuple[float, floa
             float(stats.binomtest(better, len(ratios), 0.5, alternative="greater").pvalue))
 
 
-def beyond_noise(ci: tuple[float, float] | None, edge: float = 0.0) -> bool:
-    """Whether an interval excludes ``edge`` (0: no difference; no interval, from one sample a side: cannot tell)."""
-    return ci is not None and side_of(ci, edge) is not None
+def beyond_noise(ci: tuple[float, float] | None) -> bool:
+    """Whether an interval of a difference excludes zero (no interval, from one sample a side: cannot tell)."""
+    return ci is not None and side_of(ci, 0.0) is not None
 
 
 def side_of(ci: tuple[float, float], edge: float) -> str | None:
