@@ -372,3 +372,50 @@ def test_trainbench_switches_are_read_only_through_the_switch_table():
         for switch in SWITCHES:
             assert not re.search(rf"""(?:environ|getenv)\s*(?:\.get\(|\[|\()\s*["']{switch}["']""", source), \
                 f"{name}.py reads {switch} itself: ask host.env_switch"
+
+
+# Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.stats's: a second
+# implementation is a second rule for whether timing can be judged.
+STATISTICS_NAMES = re.compile(r"median|interval|bootstrap|resampl", re.IGNORECASE)
+STATISTICS_CALLS = {"bootstrap", "permutation_test", "mannwhitneyu", "binomtest", "wilcoxon", "ttest_ind", "ttest_rel"}
+FORMATTERS = {"interval"}  # render.interval writes an interval it is given; it computes none
+
+
+def _statistics_of_its_own(source: str) -> list[str]:
+    """Where ``source`` computes statistics of its own: scipy imported, a resampling or test called, numpy's median
+    taken, or a function defined whose name says it computes a median or an interval. ``statistics.median`` is
+    Python's own and fine anywhere."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(name.split(".")[0] == "scipy" for name in names) and getattr(node, "level", 0) == 0:
+                found.append(f"line {node.lineno}: imports scipy")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if STATISTICS_NAMES.search(node.name) and node.name not in FORMATTERS:
+                found.append(f"line {node.lineno}: def {node.name}")
+        elif isinstance(node, ast.Attribute):
+            numpy_median = (node.attr in {"median", "percentile", "quantile"} and isinstance(node.value, ast.Name)
+                            and node.value.id in {"np", "numpy"})
+            if node.attr in STATISTICS_CALLS or numpy_median:
+                found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"stats"}))
+def test_only_the_stats_module_computes_intervals_medians_and_tests(name):
+    found = _statistics_of_its_own(MODULES[name].read_text())
+    assert not found, f"{name}.py computes statistics of its own (ask trainbench.stats): {found}"
+
+
+def test_the_statistics_check_sees_what_it_forbids():
+    assert _statistics_of_its_own("from scipy import stats")
+    assert _statistics_of_its_own("import scipy.stats")
+    assert _statistics_of_its_own("def _median(values):\n    ordered = sorted(values)\n    return ordered[len(values) // 2]")
+    assert _statistics_of_its_own("def change_interval(base, cur, paired):\n    pass")
+    assert _statistics_of_its_own("boot = stats.bootstrap((x,), np.mean)")
+    assert _statistics_of_its_own("m = np.median(x, axis=-1)")
+    # Python's median, the stats module's own functions, and a formatter of an interval given to it are not
+    assert not _statistics_of_its_own("import statistics\nm = statistics.median(xs)")
+    assert not _statistics_of_its_own("from .stats import median_interval\nci = median_interval(a, b, True)")
+    assert not _statistics_of_its_own("def interval(ratios):\n    return f'{ratios[0]}..{ratios[1]}'")

@@ -12,9 +12,9 @@ from trainbench.gate import (
     EXIT_COULD_NOT_JUDGE,
     MetricComparison,
     Verdict,
-    judge_change,
 )
 from trainbench.present import verdict_markdown, verdict_table
+from trainbench.stats import judge_change
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",

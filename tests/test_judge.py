@@ -94,6 +94,40 @@ def test_a_gates_undecided_comparison_is_measured_again_within_the_time_budget(r
     assert len(again) == MAX_REMEASURES
 
 
+# Rounds whose median step time (11.5 ms) keeps a 12 ms budget while their 95% interval reaches past it: the gate's
+# rule could not judge them, so neither does the budget (it read "ok" on the median alone before).
+STRADDLING_S = [0.0100, 0.0150, 0.0115, 0.0130, 0.0104, 0.0118, 0.0112]
+STEP = Bound("step_time_ms", "max", False, 12.0, "max_step_time_ms")
+
+
+def test_rounds_the_gates_rule_cannot_judge_never_read_budget_ok(result):
+    outcome = _outcome(result, STEP, OPS, load=QUIET)
+    outcome.result = dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S)
+    again = []
+
+    def measure_again():
+        again.append(outcome.result)
+        outcome.result = dataclasses.replace(result, notes=[], machine_load=QUIET, round_step_times_s=STRADDLING_S)
+
+    judged = Judge(remeasure_inconclusive=1).judge(outcome, measure_again)
+    step = judged.budget_verdicts[0]
+    assert len(again) == 1 and judged.failures == [] and not step.ok
+    # measured twice: the interval of both measurements' rounds still reaches the limit
+    assert step.inconclusive.startswith("rounds too noisy to judge: 95% interval 10.8..12.4 includes the limit 12")
+    assert judged.budget_status == "ok 1, 1 inconclusive"
+    steady = _outcome(result, STEP, load=QUIET)
+    steady.result = dataclasses.replace(steady.result, round_step_times_s=[0.0115] * 7)
+    assert Judge().judge(steady, _never).budget_verdicts[0].ok  # the same median, rounds that clear the limit: ok
+
+
+def test_strict_timing_fails_a_budget_its_rounds_cannot_judge_even_where_the_median_keeps_it(result):
+    outcome = _outcome(result, STEP, load=QUIET)
+    outcome.result = dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S)
+    [failure] = Judge(strict_timing=True).judge(outcome, _never).failures
+    assert "(margin -4.2%): inconclusive (rounds too noisy to judge" in failure
+    assert failure.endswith("a failure under --trainbench-strict-timing")
+
+
 def test_strict_timing_fails_a_missed_timed_bound_at_once(result):
     judged = Judge(strict_timing=True).judge(_outcome(result, SPEED, OPS, load=HOG), _never)
     [failure] = judged.failures

@@ -1,9 +1,18 @@
-"""When a timed check can be judged: interval vs limit, a busy machine, and the load meter's arithmetic."""
+"""When timing can be judged (``trainbench.stats``): a budget's limit by the gate's rule, one interval for every
+caller, a busy machine, and the load meter's arithmetic."""
 
 import pytest
 
 from trainbench.host import LoadMeter, busy_cpu_seconds
-from trainbench.noise import busy_reason, dispersion, inconclusive_reason
+from trainbench.stats import (
+    beyond_noise,
+    busy_reason,
+    dispersion,
+    judge_bound,
+    judge_change,
+    median_change,
+    median_interval,
+)
 
 QUIET = {"cpus": 2, "seconds": 5.0, "other_cpus": 0.04, "load_average_1m": [2.0, 2.1]}
 HOG = {"cpus": 2, "seconds": 5.0, "other_cpus": 1.02, "load_average_1m": [3.9, 4.2]}
@@ -15,31 +24,81 @@ def test_dispersion_is_iqr_over_median():
     assert dispersion([5.0]) is None
 
 
-def test_a_paired_ratio_that_every_pair_puts_below_the_limit_is_conclusive():
+def test_a_paired_ratio_that_every_pair_puts_below_the_limit_is_a_miss():
     case = [50.0, 52.0, 49.0, 51.0, 50.0]
     base = [100.0, 101.0, 99.0, 102.0, 100.0]  # every pair ~0.5: a real 0.5x vs a 0.6 budget
-    assert inconclusive_reason("samples_per_s", 0.6, 0.5, case, base, True, [QUIET]) is None
+    assert judge_bound("samples_per_s", "min", 0.6, 0.5, case, base, True, [QUIET]) == (False, None)
 
 
 def test_scattered_pairs_that_straddle_the_limit_are_inconclusive():
     case = [30.0, 90.0, 45.0, 80.0, 35.0]
     base = [100.0, 100.0, 100.0, 100.0, 100.0]  # pairs 0.3..0.9 around a 0.6 budget
-    reason = inconclusive_reason("samples_per_s", 0.6, 0.45, case, base, True, [QUIET])
-    assert reason.startswith("rounds too noisy to judge: 95% interval 0.3..0.9 includes the limit 0.6 (IQR/median")
+    ok, reason = judge_bound("samples_per_s", "min", 0.6, 0.45, case, base, True, [QUIET])
+    assert not ok and reason.startswith("rounds too noisy to judge: 95% interval 0.3..0.9 includes the limit 0.6 "
+                                        "(IQR/median")
 
 
 def test_a_busy_machine_makes_a_timed_miss_inconclusive_but_never_a_deterministic_one():
     case, base = [50.0] * 5, [100.0] * 5
-    assert "other processes used 1.02 of 2 CPUs" in inconclusive_reason("samples_per_s", 0.6, 0.5, case, base, True,
-                                                                         [HOG, HOG])
-    assert inconclusive_reason("activation_mib", 1.0, 1.5, [], None, False, [HOG]) is None
+    ok, reason = judge_bound("samples_per_s", "min", 0.6, 0.5, case, base, True, [HOG, HOG])
+    assert not ok and "other processes used 1.02 of 2 CPUs" in reason
+    assert judge_bound("activation_mib", "max", 1.0, 1.5, [], None, False, [HOG]) == (False, None)
     assert busy_reason(QUIET) is None and busy_reason(None) is None
     assert busy_reason({"cpus": 2, "other_cpus": None}) is None  # not measured (not Linux): no claim either way
 
 
+def test_a_busy_machine_never_voids_a_pass():
+    case, base = [150.0] * 5, [100.0] * 5  # 1.5x on a loaded machine: slowed, and still over 1.2
+    assert judge_bound("samples_per_s", "min", 1.2, 1.5, case, base, True, [HOG, HOG]) == (True, None)
+
+
 def test_an_absolute_timed_limit_is_judged_on_the_rounds_themselves():
-    assert inconclusive_reason("step_time_ms", 10.0, 12.0, [11.9, 12.0, 12.1], None, False, [QUIET]) is None
-    assert inconclusive_reason("step_time_ms", 10.0, 12.0, [6.0, 12.0, 18.0], None, False, [QUIET]) is not None
+    assert judge_bound("step_time_ms", "max", 10.0, 12.0, [11.9, 12.0, 12.1], None, False, [QUIET]) == (False, None)
+    ok, reason = judge_bound("step_time_ms", "max", 10.0, 12.0, [6.0, 12.0, 18.0], None, False, [QUIET])
+    assert not ok and reason.startswith("rounds too noisy to judge")
+    assert judge_bound("step_time_ms", "max", 13.0, 12.0, [11.9, 12.0, 12.1], None, False, [QUIET]) == (True, None)
+
+
+def test_fewer_rounds_than_an_interval_needs_leave_the_value_to_decide():
+    assert judge_bound("samples_per_s", "min", 0.6, 0.5, [50.0, 50.0], [100.0, 100.0], True, [QUIET]) == (False, None)
+    assert judge_bound("samples_per_s", "min", 0.6, 0.5, [50.0], [100.0], True, [HOG])[1].startswith("busy machine")
+    assert judge_bound("samples_per_s", "min", 0.4, 0.5, [50.0], [100.0], True, [HOG]) == (True, None)
+
+
+# Rounds whose median clears a 1.1x floor (1.15x) while their interval reaches below it: the rule a gate uses calls
+# them "could not judge", so the budget must not read "ok" on them; nor "missed".
+STRADDLING_CASE = [100.0, 150.0, 115.0, 130.0, 104.0, 118.0, 112.0]
+STRADDLING_BASE = [100.0] * 7
+
+
+def test_rounds_the_gate_could_not_judge_never_read_budget_ok():
+    ok, reason = judge_bound("samples_per_s", "min", 1.1, 1.15, STRADDLING_CASE, STRADDLING_BASE, True, [QUIET])
+    assert not ok and reason.startswith("rounds too noisy to judge")
+    # The gate's rule on the same interval cannot judge them either: it reaches the edge of a 10% threshold.
+    ci = median_interval(STRADDLING_CASE, STRADDLING_BASE, paired=True)
+    assert ci[0] < 1.1 < ci[1]
+    assert judge_change(ci, 0.5, 0.01, 0.1, higher_is_better=True, alpha=0.05)[0] == "inconclusive"
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.9, 1.0, 1.1, 1.15, 1.3, 2.0])
+def test_a_bound_is_never_both_kept_and_inconclusive(scale):
+    case = [v * scale for v in STRADDLING_CASE]
+    ok, reason = judge_bound("samples_per_s", "min", 1.1, median_change(case, STRADDLING_BASE, True), case,
+                             STRADDLING_BASE, True, [QUIET])
+    ci = median_interval(case, STRADDLING_BASE, paired=True)
+    assert not (ok and reason)
+    assert ok == (ci[0] > 1.1)  # kept exactly where the interval clears the floor
+
+
+def test_one_interval_serves_ratios_and_differences_paired_or_not():
+    assert median_interval([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], paired=True) == (2.0, 2.0)
+    assert median_interval([3.0, 3.0], [1.0, 1.0], paired=False, relative=False) == (2.0, 2.0)
+    assert median_interval([1.0], [1.0, 2.0], paired=False) is None  # one sample a side: no interval
+    low, high = median_interval([10.0, 12.0, 11.0, 13.0], [5.0, 6.0, 5.5, 6.5], paired=False, relative=False)
+    assert low <= median_change([10.0, 12.0, 11.0, 13.0], [5.0, 6.0, 5.5, 6.5], False, relative=False) <= high
+    assert median_interval([1.0, 3.0, 2.0], [1.0, 1.0, 1.0], True) == median_interval([1.0, 3.0, 2.0], [1.0] * 3, True)
+    assert beyond_noise((0.1, 0.3)) and beyond_noise((-0.3, -0.1)) and not beyond_noise((-0.1, 0.1))
+    assert not beyond_noise(None)
 
 
 STAT = """cpu  900 0 300 5000 10 0 20 0 0 0

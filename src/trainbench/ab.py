@@ -7,7 +7,7 @@ sides build the same setup (same recipe, spec, seeds and data), warm up, and the
 alternate on the same device in ABBA order (base, head, head, base, ...), so a slow spell of the machine
 falls on both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
 Their median, a 95% bootstrap interval and one-sided sign tests decide the timed verdict by the gate's
-rule (``gate.judge_change``: *unchanged* only when the interval lies inside the threshold), and an
+rule (``stats.judge_change``: *unchanged* only when the interval lies inside the threshold), and an
 inconclusive one is measured again with more pairs, up to a time budget;
 deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
 metric the thresholds name as a value; the loss guard compares both sides' losses over the seeded
@@ -22,6 +22,7 @@ each with a bootstrap interval over the pairs, and none whose change is within n
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,9 +31,10 @@ from pathlib import Path
 from .ab_transport import Side, SideError, start
 from .compare import DEFAULT_ALPHA, compare_case, parse_spec
 from .environment import environment_differences
-from .gate import MetricComparison, Verdict, is_worse, judge_change
+from .gate import MetricComparison, Verdict, is_worse
 from .metrics import METRICS, is_timed, per_round, rounds_of, timed_metrics
 from .result import CaseRecord, Result, case_record
+from .stats import judge_change, median_change, median_interval, sign_tests
 
 # What is compared pair by pair when the thresholds name no timed metric.
 DEFAULT_PAIRED = parse_spec("step_time_ms:5%,samples_per_s:5%", "the A/B default")
@@ -268,37 +270,24 @@ def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str,
 def paired_comparison(case: str, metric: str, base: Result, head: Result, threshold: float,
                       alpha: float = DEFAULT_ALPHA) -> MetricComparison:
     """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its 95% bootstrap
-    interval and one-sided sign tests, judged by the gate's rule (``gate.judge_change``)."""
-    from scipy import stats
-
-    from .noise import median_ratio_interval
-
+    interval and one-sided sign tests, judged by the gate's rule (``stats.judge_change``)."""
     base_values = per_round(metric, base.metrics()[metric], rounds_of(metric, base))
     head_values = per_round(metric, head.metrics()[metric], rounds_of(metric, head))
     if not base_values or not head_values:  # not measured on a side (MFU off a known GPU): nothing to compare
         return MetricComparison(case, metric, base.metrics()[metric], head.metrics()[metric], None, threshold,
                                 "missing")
-    ratios = sorted(h / b for h, b in zip(head_values, base_values))
+    ratios = [h / b for h, b in zip(head_values, base_values)]
     if not all(math.isfinite(r) and r > 0 for r in ratios):
-        return MetricComparison(case, metric, _median(base_values), _median(head_values), None, threshold, "missing",
-                                reason=f"a non-finite or non-positive {metric} in a round of a side")
-    change = _median(ratios) - 1.0
+        return MetricComparison(case, metric, statistics.median(base_values), statistics.median(head_values), None,
+                                threshold, "missing", reason=f"a non-finite or non-positive {metric} in a round of a side")
+    change = median_change(head_values, base_values, paired=True) - 1.0
     higher_is_better = METRICS[metric].higher_is_better
-    ci = median_ratio_interval(head_values, base_values, paired=True)
-    head_worse = sum((r < 1.0) if higher_is_better else (r > 1.0) for r in ratios)
-    head_better = sum((r > 1.0) if higher_is_better else (r < 1.0) for r in ratios)
-    p_worse = float(stats.binomtest(head_worse, len(ratios), 0.5, alternative="greater").pvalue)
-    p_better = float(stats.binomtest(head_better, len(ratios), 0.5, alternative="greater").pvalue)
+    ci = median_interval(head_values, base_values, paired=True)
+    p_worse, p_better = sign_tests(ratios, higher_is_better)
     verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha)
     p = p_worse if is_worse(change, higher_is_better) else p_better  # the sign test in the direction of the change
-    return MetricComparison(case, metric, _median(base_values), _median(head_values), change, threshold, verdict, p,
-                            ci, reason)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else math.nan
+    return MetricComparison(case, metric, statistics.median(base_values), statistics.median(head_values), change,
+                            threshold, verdict, p, ci, reason)
 
 
 def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inconclusive: bool = False) -> Verdict:

@@ -61,7 +61,8 @@ class Verdict:
     measured: float | None
     ok: bool
     message: str
-    # A timed bound missed on rounds that cannot show it (noise, a busy machine): why (trainbench.noise).
+    # A timed bound whose rounds cannot show which side of its limit they lie on (noise, a busy machine): why
+    # (trainbench.stats.judge_bound).
     inconclusive: str | None = None
 
 

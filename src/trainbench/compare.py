@@ -6,9 +6,9 @@ present in both runs and each gated metric:
 - **timed metrics** read round by round (samples/s, step time, CPU time, TFLOP/s, MFU: ``metrics.per_round``)
   are compared over the rounds of both runs: the change of the medians, a one-sided Mann-Whitney U test
   that the current rounds are worse (better), and a bootstrap confidence interval of the ratio, judged by
-  ``gate.judge_change`` (the rule A/B uses too): *unchanged* only when the interval lies inside the
+  ``stats.judge_change`` (the rule A/B and timed budgets use too): *unchanged* only when the interval lies inside the
   threshold, *regressed*/*improved* when it lies beyond it, the test is significant and neither run was
-  measured on a busy machine (``trainbench.noise``); otherwise *inconclusive*, with the reason;
+  measured on a busy machine (``trainbench.stats``); otherwise *inconclusive*, with the reason;
 - **every other metric** (deterministic ones: memory breakdown, FLOPs, bytes, ops, syncs; allocator
   peaks; single-value timings) is compared as a value against the threshold (0% = exactly).
 
@@ -22,16 +22,15 @@ import math
 from dataclasses import dataclass
 
 from .environment import environment_differences
-from .gate import MetricComparison, Verdict, is_worse, judge_change
+from .gate import MetricComparison, Verdict, is_worse
 from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
-from .noise import busy_reason, median_ratio_interval
 from .render import Column, Table, listed, number
 from .result import CaseRecord, MeasuredCase, RecordError
+from .stats import MIN_ROUNDS, busy_reason, judge_change, median_interval, rank_tests
 from .store import SavedRun
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
 DEFAULT_ALPHA = 0.05
-MIN_ROUNDS = 3  # per side, for a timed comparison: fewer cannot place a change
 
 
 class CompareError(ValueError):
@@ -106,7 +105,8 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
             return MetricComparison(current.case, metric, base, cur, change, threshold, "inconclusive", reason=(
                 f"{len(base_rounds)} baseline and {len(cur_rounds)} current rounds: at least {MIN_ROUNDS} each are "
                 "needed to place the change"))
-        p_worse, p_better, ci = _round_statistics(cur_rounds, base_rounds, higher_is_better)
+        p_worse, p_better = rank_tests(cur_rounds, base_rounds, higher_is_better)
+        ci = median_interval(cur_rounds, base_rounds, paired=False)
         # A busy run is slower than its code: a loaded current run cannot show a regression, a loaded baseline
         # cannot show an improvement.
         worse = is_worse(change, higher_is_better)
@@ -127,17 +127,6 @@ def undecided(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, f
     the case again (more rounds) may decide."""
     timed = {metric: limit for metric, limit in thresholds.items() if METRICS[metric].kind == TIMED}
     return [c.describe() for c in compare_case(current, baseline, timed, alpha) if c.verdict == "inconclusive"]
-
-
-def _round_statistics(cur: list[float], base: list[float], higher_is_better: bool):
-    """One-sided Mann-Whitney p-values (worse, better) and a bootstrap CI of median(cur) / median(base)."""
-    from scipy import stats
-
-    worse_side = "less" if higher_is_better else "greater"
-    better_side = "greater" if higher_is_better else "less"
-    p_worse = float(stats.mannwhitneyu(cur, base, alternative=worse_side).pvalue)
-    p_better = float(stats.mannwhitneyu(cur, base, alternative=better_side).pvalue)
-    return p_worse, p_better, median_ratio_interval(cur, base, paired=False)
 
 
 def case_thresholds(thresholds: dict[str, float] | None, compare_fail: dict[str, float] | None) -> dict[str, float]:

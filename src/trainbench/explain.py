@@ -18,12 +18,12 @@ Rows a saved run folded into ``(other)`` on either side are compared inside ``(o
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from .attribution import OTHER
 from .metrics import METRICS
 from .render import number
+from .stats import beyond_noise, median_change, median_interval, side_of
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named
@@ -165,13 +165,14 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     noise, and could have moved ``SHOWN_SHARE`` of the rounds' change."""
     series, n_base, n_cur = _aligned(base, cur, scale)
     paired = paired and n_base == n_cur
-    totals = _totals(series)
-    total, ci = _change(*totals, paired), change_interval(*totals, paired)
+    base_total, cur_total = _totals(series)
+    total = median_change(cur_total, base_total, paired, relative=False)
+    ci = median_interval(cur_total, base_total, paired, relative=False)
     step_change = rounds_change_ms(rounds_s, paired)
     moved = (f"their time moved {number(total, '+.3g')} ms/step"
              + (f" (95% CI {number(ci[0], '+.3g')}..{number(ci[1], '+.3g')})" if ci else "") + f", {min(n_base, n_cur)} a side"
              + (f", against {number(step_change, '+.3g')} ms/step in the rounds" if step_change is not None else ""))
-    if not _beyond_noise(ci) or (ci[0] > 0) != slower:
+    if ci is None or side_of(ci, 0.0) != ("above" if slower else "below"):  # not beyond noise the verdict's way
         raise NotReproduced(f"where: the profiled steps do not show the change ({moved}): it comes from outside the "
                             "steps (data loading, the machine), or is too small for a few profiled steps to resolve, "
                             "or they drifted the other way (separate sessions)")
@@ -183,56 +184,26 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
 
 def rounds_change_ms(rounds_s: tuple[list[float], list[float]] | None, paired: bool) -> float | None:
     """The change of the step time over the rounds (``rounds_s``: each side's round step times in seconds), in
-    ms/step, as the profiled steps' rows are compared (``_change``); None without rounds on both sides."""
+    ms/step, as the profiled steps' rows are compared (``stats.median_change``); None without rounds on both sides."""
     if not rounds_s or not all(rounds_s):
         return None
     base, cur = ([t * 1e3 for t in side] for side in rounds_s)
-    return _change(base, cur, paired and len(base) == len(cur))
+    return median_change(cur, base, paired and len(base) == len(cur), relative=False)
 
 
 def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) -> list[Cause]:
     series, n_base, n_cur = _aligned(base, cur, scale)
     if paired and n_base != n_cur:
         paired = False
-    changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
-    total = _change(*_totals(series), paired)
+    changes = {row: median_change(c, b, paired, relative=False) for row, (b, c) in series.items()}
+    base_total, cur_total = _totals(series)
+    total = median_change(cur_total, base_total, paired, relative=False)
     intervals = {}
     for row, change in changes.items():
         if total and abs(change) >= MIN_SHARE * abs(total):  # only rows that could be named get an interval
-            intervals[row] = change_interval(*series[row], paired)
+            b, c = series[row]
+            intervals[row] = median_interval(c, b, paired, relative=False)
     return _named(path, changes, total, intervals, samples=min(n_base, n_cur))
-
-
-def _change(base: list[float], cur: list[float], paired: bool) -> float:
-    if paired:
-        return statistics.median(c - b for b, c in zip(base, cur))
-    return statistics.median(cur) - statistics.median(base)
-
-
-def change_interval(base: list[float], cur: list[float], paired: bool) -> tuple[float, float] | None:
-    """95% bootstrap interval of a timed row's change (None with fewer than 2 samples a side: no interval)."""
-    import numpy as np
-    from scipy import stats
-
-    if min(len(base), len(cur)) < 2:
-        return None
-    rng = np.random.default_rng(0)  # the same samples give the same interval
-    if paired:
-        diffs = np.asarray(cur) - np.asarray(base)
-        if np.ptp(diffs) == 0:
-            return float(diffs[0]), float(diffs[0])
-        boot = stats.bootstrap((diffs,), np.median, vectorized=True, n_resamples=2000, method="percentile", rng=rng)
-    else:
-        if np.ptp(base) == 0 and np.ptp(cur) == 0:
-            return float(cur[0] - base[0]), float(cur[0] - base[0])
-
-        def difference(c, b, axis=-1):
-            return np.median(c, axis=axis) - np.median(b, axis=axis)
-
-        boot = stats.bootstrap((np.asarray(cur), np.asarray(base)), difference, vectorized=True, paired=False,
-                               n_resamples=2000, method="percentile", rng=rng)
-    low, high = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-    return (low, high) if math.isfinite(low) and math.isfinite(high) else None
 
 
 def _named(path: str, changes: dict[str, float], total: float, intervals: dict, samples: int | None = None
@@ -249,17 +220,12 @@ def _named(path: str, changes: dict[str, float], total: float, intervals: dict, 
         change = changes[row]
         if abs(change) < MIN_SHARE * abs(total):
             continue
-        if samples is not None and not _beyond_noise(intervals.get(row)):
+        if samples is not None and not beyond_noise(intervals.get(row)):
             continue  # within noise: its interval holds zero (or one profiled step a side gave none)
         (named if change * total > 0 else offsets).append(Cause(path, row, change, change / total, intervals.get(row),
                                                                 samples))
     # Rows that moved against the total come after, with a negative share: why the named ones add up to over 100%.
     return named[:MAX_CAUSES] + sorted(offsets, key=lambda c: c.share)[:OFFSETS]
-
-
-def _beyond_noise(ci: tuple[float, float] | None) -> bool:
-    """Whether an interval excludes zero (no interval, from one sample a side: cannot tell, so not beyond)."""
-    return ci is not None and (ci[0] > 0 or ci[1] < 0)
 
 
 MOVED_SHOWN = 8  # rows of each timed table listed for a case asked about, whatever its verdict
@@ -285,7 +251,7 @@ def leads(metric: str, baseline: dict, current: dict, paired: bool, slower: bool
             found += [cause for cause in _moved(path, base, cur, paired,
                                                 lambda change: (change > 0) == slower
                                                 and abs(change) >= LEAD_SHARE * abs(step_change))
-                      if _beyond_noise(cause.ci)][:MAX_CAUSES]
+                      if beyond_noise(cause.ci)][:MAX_CAUSES]
     return found
 
 
@@ -294,11 +260,11 @@ def _moved(path: str, base: dict, cur: dict, paired: bool, wanted=bool) -> list[
     interval and no share."""
     series, n_base, n_cur = _aligned(base, cur, TABLES[path][2])
     paired = paired and n_base == n_cur
-    changes = {row: _change(b, c, paired) for row, (b, c) in series.items()}
+    changes = {row: median_change(c, b, paired, relative=False) for row, (b, c) in series.items()}
     rows = sorted((row for row, change in changes.items() if change and wanted(change)),
                   key=lambda row: (-abs(changes[row]), row))
-    return [Cause(path, row, changes[row], None, change_interval(*series[row], paired), min(n_base, n_cur))
-            for row in rows]
+    return [Cause(path, row, changes[row], None, median_interval(series[row][1], series[row][0], paired, relative=False),
+                  min(n_base, n_cur)) for row in rows]
 
 
 def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN) -> list[str]:
@@ -316,7 +282,7 @@ def moved_rows(baseline: dict | None, current: dict | None, n: int = MOVED_SHOWN
         if not base or not cur:
             continue
         for cause in _moved(path, base, cur, paired=False)[:n]:
-            lines.append(cause.line() + ("" if _beyond_noise(cause.ci) else " (within noise)"))
+            lines.append(cause.line() + ("" if beyond_noise(cause.ci) else " (within noise)"))
     return lines or ["no op or kernel time moved between the runs' profiled steps"]
 
 

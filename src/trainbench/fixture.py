@@ -19,7 +19,7 @@ class NoBudgetWarning(UserWarning):
 
 
 class InconclusiveTimingWarning(UserWarning):
-    """A timed budget missed on rounds that cannot show the miss (noise, a busy machine), measured twice:
+    """A timed budget whose rounds cannot show it kept or missed (noise, a busy machine), measured twice:
     reported, not failed (``--trainbench-strict-timing`` fails it)."""
 
 

@@ -8,7 +8,6 @@ back (``Verdict.to_json``), which ``trainbench.present`` prints in the terminal 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 
 from .metrics import METRICS
@@ -21,36 +20,6 @@ OUTCOMES = ("regressed", "inconclusive", "improved", "unchanged", "missing")
 EXIT_COULD_NOT_JUDGE = 6
 
 
-def judge_change(ci: tuple[float, float], p_worse: float, p_better: float, threshold: float, higher_is_better: bool,
-                 alpha: float, doubts: tuple[str, ...] = ()) -> tuple[str, str | None]:
-    """The one rule for a timed change read over rounds (the gate) or pairs (A/B): (verdict, why inconclusive).
-
-    ``ci``: the 95% interval of current / baseline; ``p_worse``/``p_better``: one-sided tests that current is
-    worse/better; ``doubts``: why the timing itself cannot be trusted (a busy machine), which no interval can
-    answer. *unchanged* needs the whole interval inside the threshold (an equivalence test: "no change" is a claim
-    too); *regressed*/*improved* need it wholly beyond the threshold, the test significant and no doubt; anything
-    else is *inconclusive*, with the reason.
-    """
-    low, high = ci
-    if not all(math.isfinite(v) for v in (low, high, p_worse, p_better)):
-        return "inconclusive", f"no interval could be computed (interval {low}..{high}, p {p_worse}/{p_better})"
-    # The change in the worse direction, as a fraction: > 0 is worse, whichever way the metric points.
-    worse_low, worse_high = (1.0 - high, 1.0 - low) if higher_is_better else (low - 1.0, high - 1.0)
-    span = f"the 95% interval of the change, {_signed(low - 1)}..{_signed(high - 1)},"
-    beyond = "regressed" if worse_low > threshold else "improved" if worse_high < -threshold else None
-    if beyond is not None:
-        p = p_worse if beyond == "regressed" else p_better
-        if not p < alpha:
-            return "inconclusive", f"{span} lies beyond the threshold but the test is not significant (p={p:.3g})"
-        if doubts:
-            return "inconclusive", f"{beyond} beyond the threshold, on timing that cannot be trusted: " + "; ".join(doubts)
-        return beyond, None
-    if -threshold < worse_low and worse_high < threshold:
-        return "unchanged", None
-    return "inconclusive", "; ".join((f"{span} reaches the {threshold:.1%} threshold: too few or too scattered "
-                                      "rounds to tell", *doubts))
-
-
 def fails_gate(outcome: str, allow_inconclusive: bool = False) -> bool:
     """Whether a comparison of this outcome fails a gate: a regression, a metric measured on one side only (nothing
     was compared), and a timed verdict the rounds could not support (unless ``allow_inconclusive``: reported only)."""
@@ -60,10 +29,6 @@ def fails_gate(outcome: str, allow_inconclusive: bool = False) -> bool:
 def is_worse(change: float, higher_is_better: bool) -> bool:
     """Whether a signed relative change (+ = a larger value) goes the metric's worse way."""
     return (change < 0) == higher_is_better
-
-
-def _signed(fraction: float) -> str:
-    return f"{fraction:+.1%}"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Judges a measured case by its budget (``budgets.evaluate``), and measures it again while the rounds cannot
 judge a timed bound (noise, a busy machine) or a timed comparison with a baseline run.
 
-Deterministic bounds (memory, work) stand as evaluated. A missed timed bound whose rounds cannot
-show the miss (``noise.inconclusive_reason``), or a gate's timed comparison that is inconclusive
+Deterministic bounds (memory, work) stand as evaluated. A timed bound whose rounds cannot show which side
+of its limit they lie on (``stats.judge_bound``, the gate's rule), or a gate's timed comparison that is inconclusive
 (``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
 (which fails the session if it stays inconclusive), again while less than ``remeasure_s`` seconds went
 into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
@@ -19,9 +19,9 @@ from dataclasses import replace
 
 from .budgets import Verdict, evaluate
 from .metrics import is_timed, per_round, rounds_of
-from .noise import inconclusive_reason
 from .outcome import CaseOutcome, failed_without_result
 from .result import Result
+from .stats import judge_bound
 from .training import NonFiniteLoss
 from .watchdog import NoProgress
 
@@ -82,17 +82,20 @@ class Judge:
         outcome.failures += outcome.budget_failures()
 
     def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
-        """A missed timed bound whose rounds cannot show the miss (``noise.inconclusive_reason``) is inconclusive,
-        unless ``strict_timing``; deterministic bounds stand as evaluated."""
+        """A timed bound kept or missed as its rounds show it (``stats.judge_bound``), inconclusive where they cannot
+        (a failure under ``strict_timing``); deterministic bounds stand as evaluated."""
         b = verdict.bound
-        if verdict.ok or verdict.measured is None or self.strict_timing:
+        if verdict.measured is None or not is_timed(b.metric):
             return verdict
         result, base = outcome.result, outcome.baseline if b.relative else None
         current = per_round(b.metric, result.metrics().get(b.metric), rounds_of(b.metric, result))
         reference = per_round(b.metric, base.metrics().get(b.metric), rounds_of(b.metric, base)) if base else None
-        reason = inconclusive_reason(b.metric, b.limit, verdict.measured, current, reference, outcome.paired,
-                                     [result.machine_load] + ([base.machine_load] if base else []))
-        return replace(verdict, inconclusive=reason) if reason else verdict
+        ok, reason = judge_bound(b.metric, b.bound, b.limit, verdict.measured, current, reference, outcome.paired,
+                                 [result.machine_load] + ([base.machine_load] if base else []))
+        if reason and self.strict_timing:
+            return replace(verdict, ok=False, message=f"{verdict.message}: inconclusive ({reason}), a failure under "
+                                                      "--trainbench-strict-timing")
+        return replace(verdict, ok=ok, inconclusive=reason)
 
     @staticmethod
     def _measure_again(outcome: CaseOutcome, measure_again: Callable[[], None], attempt: int, why: str) -> None:
