@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.compare import CompareError, compare_case, parse_spec
+from trainbench.compare import compare_case
+from trainbench.metrics import ThresholdError, parse_thresholds
 from trainbench.gate import EXIT_COULD_NOT_JUDGE, Verdict
 from trainbench.present import verdict_table
 from trainbench.result import CaseRecord
@@ -23,12 +24,12 @@ def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)
 # -- the specification ---------------------------------------------------------------
 
 def test_a_bare_fraction_below_one_is_a_fraction_and_a_percentage_is_a_percentage():
-    assert parse_spec("samples_per_s:0.05")["samples_per_s"] == pytest.approx(0.05)
-    assert parse_spec("samples_per_s:150%")["samples_per_s"] == pytest.approx(1.5)
+    assert parse_thresholds("samples_per_s:0.05")["samples_per_s"] == pytest.approx(0.05)
+    assert parse_thresholds("samples_per_s:150%")["samples_per_s"] == pytest.approx(1.5)
 
 
 def test_spec_parses_thresholds_aliases_and_the_deterministic_group():
-    gate = parse_spec("samples_per_s:5%,peak_memory:2%,deterministic:0")
+    gate = parse_thresholds("samples_per_s:5%,peak_memory:2%,deterministic:0")
     assert gate["samples_per_s"] == pytest.approx(0.05) and gate["peak_memory_mib"] == pytest.approx(0.02)
     assert gate["activation_mib"] == 0 and gate["syncs_per_step"] == 0 and "step_time_ms" not in gate
 
@@ -44,8 +45,8 @@ def test_spec_parses_thresholds_aliases_and_the_deterministic_group():
     ("deterministic:0,samples_per_s:1", "threshold '1' without %: write 1%"),
 ])
 def test_bad_specs_say_what_was_expected(spec, message):
-    with pytest.raises(CompareError, match=message):
-        parse_spec(spec)
+    with pytest.raises(ThresholdError, match=message):
+        parse_thresholds(spec)
 
 
 # -- verdicts ------------------------------------------------------------------------

@@ -22,14 +22,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainbench.compare import EXACT, gate, parse_spec
+from trainbench.compare import EXACT, gate
+from trainbench.metrics import parse_thresholds
 from trainbench.gate import OUTCOMES, Verdict
 from trainbench.metrics import METRICS, is_timed
 from trainbench.result import MeasuredCase
 from trainbench.result import MIB, CaseRecord, Result, case_record
 from trainbench.store import RunFileError, load_run
 
-THRESHOLDS = parse_spec("deterministic:0%,samples_per_s:50%")
+THRESHOLDS = parse_thresholds("deterministic:0%,samples_per_s:50%")
 ROUNDS_MS = (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)
 QUIET = {"cpus": 2, "seconds": 1.2, "other_cpus": 0.01, "load_average_1m": [0.2, 0.3]}
 BUSY = {"cpus": 2, "seconds": 1.2, "other_cpus": 1.1, "load_average_1m": [3.9, 4.1]}

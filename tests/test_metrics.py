@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 from trainbench.budgets import parse_key
-from trainbench.compare import parse_spec
+from trainbench.metrics import parse_thresholds
 from trainbench.metrics import (
     DETERMINISTIC,
     DEVICE_CHOICE,
@@ -59,13 +59,13 @@ def test_kernel_counts_are_the_libraries_choice_not_part_of_the_deterministic_ga
     # cuDNN autotuning and a driver/cuDNN/cuBLAS update change which kernels run: same code, other count
     assert device_choice_metrics() == ["kernels_per_step"] and METRICS["kernels_per_step"].kind == DEVICE_CHOICE
     assert "kernels_per_step" not in deterministic_metrics() and not is_timed("kernels_per_step")
-    assert "kernels_per_step" not in parse_spec("deterministic:0%")
-    assert parse_spec("deterministic:0%,kernels_per_step:5%")["kernels_per_step"] == pytest.approx(0.05)
+    assert "kernels_per_step" not in parse_thresholds("deterministic:0%")
+    assert parse_thresholds("deterministic:0%,kernels_per_step:5%")["kernels_per_step"] == pytest.approx(0.05)
 
 
 def test_memory_means_the_device_peak_in_a_gate_and_in_a_budget_key():
     assert resolve("memory") == resolve("peak_memory") == "peak_memory_mib"
-    assert parse_spec("memory:2%") == {"peak_memory_mib": pytest.approx(0.02)}
+    assert parse_thresholds("memory:2%") == {"peak_memory_mib": pytest.approx(0.02)}
     assert parse_key("max_memory_ratio") == ("peak_memory_mib", "max", True)
     assert parse_key("max_step_time") == ("step_time_ms", "max", False)
     assert parse_key("min_speedup") == ("samples_per_s", "min", True)

@@ -29,15 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .ab_transport import Side, SideError, start
-from .compare import DEFAULT_ALPHA, compare_case, parse_spec
+from .compare import DEFAULT_ALPHA, compare_case
 from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse
-from .metrics import METRICS, is_timed, per_round, rounds_of, timed_metrics
+from .metrics import METRICS, is_timed, parse_thresholds, per_round, rounds_of, timed_metrics
 from .result import CaseRecord, Result, case_record
 from .stats import judge_change, median_change, median_interval, sign_tests
 
 # What is compared pair by pair when the thresholds name no timed metric.
-DEFAULT_PAIRED = parse_spec("step_time_ms:5%,samples_per_s:5%", "the A/B default")
+DEFAULT_PAIRED = parse_thresholds("step_time_ms:5%,samples_per_s:5%", "the A/B default")
 # An inconclusive case gets more pairs, up to this many times the pairs asked for (and the time budget).
 MAX_PAIRS_FACTOR = 8
 # Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted

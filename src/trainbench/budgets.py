@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compare import CompareError, parse_spec
+from .metrics import ThresholdError, parse_thresholds
 from .device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
 from .metrics import ALIASES, METRICS, resolve
 from .result import Result
@@ -72,7 +72,7 @@ class CaseBudget:
     case: str
     bounds: tuple[Bound, ...]
     note: str | None = None
-    # Per-case regression gate thresholds over the command line's (trainbench.compare.parse_spec).
+    # Per-case regression gate thresholds over the command line's (trainbench.metrics.parse_thresholds).
     compare_fail: dict[str, float] | None = None
     path: Path | None = None  # the file it came from
 
@@ -148,8 +148,8 @@ class Budgets:
                         if not isinstance(value, str):
                             raise BudgetError(f"{where} compare_fail = {value!r}: expected a string like 'samples_per_s:10%'")
                         try:
-                            compare_fail = parse_spec(value, f"{where} compare_fail")
-                        except CompareError as e:
+                            compare_fail = parse_thresholds(value, f"{where} compare_fail")
+                        except ThresholdError as e:
                             raise BudgetError(str(e)) from None
                         continue
                     if key in TEXT_KEYS:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .environment import environment_differences
 from .gate import MetricComparison, Verdict, is_worse
-from .metrics import ALIASES, METRICS, TIMED, deterministic_metrics, resolve
+from .metrics import METRICS, TIMED, deterministic_metrics, parse_thresholds
 from .render import Column, Table, listed, number
 from .result import CaseRecord, MeasuredCase, RecordError
 from .stats import MIN_ROUNDS, busy_reason, judge_change, median_interval, rank_tests
@@ -34,53 +34,12 @@ DEFAULT_ALPHA = 0.05
 
 
 class CompareError(ValueError):
-    """A malformed gate specification or baseline; the message names where and what was expected."""
-
-
-def parse_spec(spec: str, where: str = "--trainbench-compare-fail") -> dict[str, float]:
-    """``"samples_per_s:5%,peak_memory:2%,deterministic:0%"`` -> {metric: threshold fraction}.
-
-    ``deterministic`` stands for every deterministic metric of ``trainbench.metrics.METRICS``; a metric may be
-    named by its alias there (``peak_memory``, ``memory``, ``step_time``).
-    """
-    thresholds: dict[str, float] = {}
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            continue
-        name, sep, value = item.partition(":")
-        if not sep:
-            raise CompareError(f"{where}: {item!r}: expected METRIC:THRESHOLD, e.g. samples_per_s:5%")
-        name = resolve(name.strip())
-        names = deterministic_metrics() if name == "deterministic" else [name]
-        if names[0] not in METRICS:
-            raise CompareError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
-                               f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
-        thresholds.update(dict.fromkeys(names, parse_fraction(value.strip(), where, item)))
-    if not thresholds:
-        raise CompareError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
-    return thresholds
-
-
-def parse_fraction(text: str, where: str, item: str | None = None) -> float:
-    """``"20%"`` or ``"0.2"`` -> 0.2; an error names ``where`` and ``item`` (default: the text itself). A bare
-    number of 1 or more is refused: ``5`` is far likelier to mean 5% than 500%, and read as 500% it would call a
-    94% throughput loss unchanged."""
-    item = text if item is None else item
-    percent = text.strip().endswith("%")
-    try:
-        value = float(text.strip()[:-1]) / 100 if percent else float(text)
-    except ValueError:
-        raise CompareError(f"{where}: {item!r}: threshold {text!r} is not a number or a percentage") from None
-    if not math.isfinite(value) or value < 0:
-        raise CompareError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
-    if not percent and value >= 1:
-        raise CompareError(f"{where}: {item!r}: threshold {text!r} without %: write {text.strip()}% (a fraction below "
-                           f"1 reads as one, e.g. 0.05 for 5%)")
-    return value
+    """A malformed baseline; the message names where and what was expected (a malformed gate specification is a
+    ``metrics.ThresholdError``)."""
 
 
 # Shown (not gated) when --benchmark-compare runs without --trainbench-compare-fail.
-DISPLAY_THRESHOLDS = parse_spec("samples_per_s:5%,peak_memory:2%", "display thresholds")
+DISPLAY_THRESHOLDS = parse_thresholds("samples_per_s:5%,peak_memory:2%", "display thresholds")
 
 
 def compare_case(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
@@ -288,7 +247,7 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     saved run, ``CompareError`` for a run without trainbench cases, a record that cannot be read or an unknown case."""
     from .store import describe_device
 
-    thresholds = thresholds or parse_spec(EXPLAIN_THRESHOLDS, "explain")
+    thresholds = thresholds or parse_thresholds(EXPLAIN_THRESHOLDS, "explain")
     runs = (SavedRun.load(baseline_path), SavedRun.load(current_path))
     base, cur = (_trainbench_cases(run) for run in runs)
     if case is not None:

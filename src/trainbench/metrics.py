@@ -20,6 +20,7 @@ Each metric has one ``kind``, the one answer to "what moves it, and how is it ju
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -192,3 +193,49 @@ def per_round(metric: str, value: float | None, round_times_s: list[float]) -> l
     power = -1 if spec.higher_is_better else 1
     median = statistics.median(times)
     return [value * (t / median) ** power for t in times]
+
+
+class ThresholdError(ValueError):
+    """A malformed threshold or gate specification; the message names where and what was expected."""
+
+
+def parse_thresholds(spec: str, where: str = "--trainbench-compare-fail") -> dict[str, float]:
+    """``"samples_per_s:5%,peak_memory:2%,deterministic:0%"`` -> {metric: threshold fraction}.
+
+    ``deterministic`` stands for every deterministic metric of ``trainbench.metrics.METRICS``; a metric may be
+    named by its alias there (``peak_memory``, ``memory``, ``step_time``).
+    """
+    thresholds: dict[str, float] = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise ThresholdError(f"{where}: {item!r}: expected METRIC:THRESHOLD, e.g. samples_per_s:5%")
+        name = resolve(name.strip())
+        names = deterministic_metrics() if name == "deterministic" else [name]
+        if names[0] not in METRICS:
+            raise ThresholdError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
+                               f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
+        thresholds.update(dict.fromkeys(names, parse_fraction(value.strip(), where, item)))
+    if not thresholds:
+        raise ThresholdError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
+    return thresholds
+
+
+def parse_fraction(text: str, where: str, item: str | None = None) -> float:
+    """``"20%"`` or ``"0.2"`` -> 0.2; an error names ``where`` and ``item`` (default: the text itself). A bare
+    number of 1 or more is refused: ``5`` is far likelier to mean 5% than 500%, and read as 500% it would call a
+    94% throughput loss unchanged."""
+    item = text if item is None else item
+    percent = text.strip().endswith("%")
+    try:
+        value = float(text.strip()[:-1]) / 100 if percent else float(text)
+    except ValueError:
+        raise ThresholdError(f"{where}: {item!r}: threshold {text!r} is not a number or a percentage") from None
+    if not math.isfinite(value) or value < 0:
+        raise ThresholdError(f"{where}: {item!r}: threshold must be a finite value >= 0, got {text!r}")
+    if not percent and value >= 1:
+        raise ThresholdError(f"{where}: {item!r}: threshold {text!r} without %: write {text.strip()}% (a fraction below "
+                           f"1 reads as one, e.g. 0.05 for 5%)")
+    return value

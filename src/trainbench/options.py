@@ -147,7 +147,7 @@ class Options:
     strict_timing: bool
     settings_overrides: dict  # measurement settings from the command line (None: the profile's default)
     budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
-    compare_fail: dict | None  # the regression gate's thresholds (trainbench.compare.parse_spec)
+    compare_fail: dict | None  # the regression gate's thresholds (trainbench.metrics.parse_thresholds)
     compare_alpha: float
     compare_json: Path | None
     attribution_json: Path | None  # every case's complete attribution tables (--trainbench-attribution-json)
@@ -329,14 +329,14 @@ def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
 
 def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
-    from .compare import CompareError, parse_fraction, parse_spec
+    from .metrics import ThresholdError, parse_fraction, parse_thresholds
 
     spec = config.getoption("--trainbench-compare-fail")
     try:
-        gate = parse_spec(spec) if spec is not None else None  # an empty spec is an error, never an ungated gate
+        gate = parse_thresholds(spec) if spec is not None else None  # an empty spec is an error, never an ungated gate
         slowdown = config.getoption("--trainbench-inject-slowdown")
         slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
-    except CompareError as e:
+    except ThresholdError as e:
         raise usage_error(str(e)) from None
     alpha = config.getoption("--trainbench-compare-alpha")
     if not 0 < alpha < 1:

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..compare import CompareError, parse_fraction
+from ..metrics import ThresholdError, parse_fraction
 from ..store import RunFileError, latest_run
 
 NAME = "calibrate"
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"run: {run_path}")
         budgets = Path(args.budgets) if args.budgets else _budgets_beside_the_tests(project, chosen)
         result = calibrate(run_path, budgets, margin, speed_margin, only)
-    except (CalibrationError, CompareError, RunFileError, ProjectError) as e:
+    except (CalibrationError, ThresholdError, RunFileError, ProjectError) as e:
         print(f"trainbench calibrate: {e}", file=sys.stderr)
         return 2
     for change in result.files:

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs, parse_spec
+from ..compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
+from ..metrics import ThresholdError, parse_thresholds
 from ..files import write_json_atomic
 from ..store import RunFileError
 
@@ -33,9 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        thresholds = parse_spec(args.threshold, "--threshold") if args.threshold is not None else None
+        thresholds = parse_thresholds(args.threshold, "--threshold") if args.threshold is not None else None
         explained = explain_runs(args.run_a, args.run_b, args.case, thresholds)
-    except (CompareError, RunFileError) as e:
+    except (CompareError, ThresholdError, RunFileError) as e:
         print(f"trainbench explain: {e}", file=sys.stderr)
         return 2
     print(explained.markdown() if args.markdown else "\n".join(explained.lines()), end="" if args.markdown else "\n")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..compare import CompareError, noise_study, noise_table, parse_fraction
-from ..metrics import timed_metrics
+from ..compare import CompareError, noise_study, noise_table
+from ..metrics import ThresholdError, parse_fraction, timed_metrics
 from ..store import RunFileError, SavedRun
 
 NAME = "noise"
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         thresholds = [parse_fraction(t, "--thresholds") for t in args.thresholds.split(",")]
         runs = [SavedRun.load(path) for path in args.runs]
         rows = noise_study(runs, thresholds, args.metric)
-    except (CompareError, RunFileError) as e:
+    except (CompareError, ThresholdError, RunFileError) as e:
         print(f"trainbench noise: {e}", file=sys.stderr)
         return 2
     if not rows:
