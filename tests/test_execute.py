@@ -110,7 +110,7 @@ def test_a_loss_that_turns_nan_fails_that_case_naming_the_step_and_the_next_case
     warm_up = quick.min_warmup_steps + quick.max_warmup_steps  # the most warm-up steps quick settings run
     outcome = runner.run(recipe, dataclasses.replace(mlp, loss_fn=_loss_failing_after(warm_up + 1, _nan)),
                          budgets=ratio_budgets)
-    assert outcome.result is None and outcome.failures == [outcome.error]
+    assert outcome.result is None and outcome.failures == (outcome.error,)
     assert outcome.error.startswith(f"mlp-{recipe}: the loss of training spec 'mlp' is nan at step ")
     # alone, its warm-up's end was checked too (paired, the case warms up inside the interleaved rounds)
     assert ("(the last timed step; finite when checked at step " if recipe == "baseline" else
