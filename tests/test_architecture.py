@@ -419,3 +419,76 @@ def test_the_statistics_check_sees_what_it_forbids():
     assert not _statistics_of_its_own("import statistics\nm = statistics.median(xs)")
     assert not _statistics_of_its_own("from .stats import median_interval\nci = median_interval(a, b, True)")
     assert not _statistics_of_its_own("def interval(ratios):\n    return f'{ratios[0]}..{ratios[1]}'")
+
+
+# Modules whose dataclasses are values a case hands on (its outcome, verdicts, results, plan, the session's record of
+# it): each step returns a new one (dataclasses.replace), so none changes what another step or the session holds.
+VALUE_MODULES = ("outcome", "result", "guards", "budgets", "plan", "execute", "judge")
+_MUTATORS = {"append", "extend", "insert", "update", "pop", "clear", "remove", "setdefault"}
+
+
+def _changed_in_place(source: str, values: tuple[str, ...] = ("outcome",)) -> list[str]:
+    """Dataclasses not declared frozen, and changes to a variable named like a value (``outcome.failures +=``,
+    ``outcome.result = ``, ``outcome.failures.append(...)``, ``setattr(outcome, ...)``)."""
+    def of_value(node) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in values
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for d in node.decorator_list:
+                call = d if isinstance(d, ast.Call) else None
+                name = getattr(call.func if call else d, "id", getattr(call.func if call else d, "attr", None))
+                frozen = call is not None and any(k.arg == "frozen" and getattr(k.value, "value", False)
+                                                  for k in call.keywords)
+                if name == "dataclass" and not frozen:
+                    found.append(f"line {node.lineno}: dataclass {node.name} is not frozen")
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        found += [f"line {node.lineno}: assigns to {ast.unparse(t)}" for t in targets
+                  if isinstance(t, ast.Attribute) and of_value(t)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Attribute) and of_value(node.func.value):
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args \
+                and of_value(node.args[0]):
+            found.append(f"line {node.lineno}: setattr({ast.unparse(node.args[0])}, ...)")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_outcomes_are_values_no_step_changes_in_place(name):
+    source = MODULES[name].read_text()
+    if name in VALUE_MODULES:
+        assert not _changed_in_place(source), f"{name}.py: {_changed_in_place(source)}"
+    changed = [line for line in _changed_in_place(source) if "not frozen" not in line]
+    assert not changed, f"{name}.py changes an outcome in place (return dataclasses.replace(outcome, ...)): {changed}"
+
+
+def test_the_value_check_sees_the_changes_it_forbids():
+    assert _changed_in_place("@dataclass\nclass CaseOutcome:\n    failures: list")
+    assert _changed_in_place("@dataclasses.dataclass(eq=False)\nclass Verdict:\n    ok: bool")
+    assert _changed_in_place("outcome.failures += lines")
+    assert _changed_in_place("outcome.result = outcome.result.replace(notes=[])")
+    assert _changed_in_place("outcome.failures.append(error)")
+    assert _changed_in_place("setattr(outcome, side, new)")
+    # a frozen dataclass, a new outcome, another object's attributes and a local list are not changes of an outcome
+    assert not _changed_in_place("@dataclass(frozen=True)\nclass CaseOutcome:\n    failures: tuple = ()")
+    assert not _changed_in_place("outcome = dataclasses.replace(outcome, failures=(*outcome.failures, error))")
+    assert not _changed_in_place("self.results[key] = outcome.result\nfailures.append(outcome.error)")
+
+
+def test_a_case_outcome_cannot_be_changed():
+    import dataclasses
+
+    from trainbench.outcome import CaseOutcome
+    from trainbench.recipes import get_recipe
+    from trainbench.session import RecordedCase
+
+    outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outcome.failures = ("changed",)
+    assert isinstance(outcome.failures, tuple) and isinstance(outcome.budget_verdicts, tuple)
+    assert dataclasses.fields(RecordedCase) and RecordedCase.__dataclass_params__.frozen

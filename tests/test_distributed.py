@@ -263,7 +263,7 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
     outcome = Runner(cpu, profile, quick).run("ddp_gloo", mlp, budgets=Budgets.load(path))
-    assert outcome.failures == []
+    assert outcome.failures == ()
     ranks = outcome.record()["ranks"]
     assert ranks["launcher"] == "torchrun (torch.distributed.run)" and ranks["dist_backend"] == "gloo"
     assert [len(r["round_step_times_s"]) for r in ranks["per_rank"]] == [quick.rounds] * 2
@@ -405,7 +405,7 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
     path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
                     'max_optimizer_state_mib_ratio = 0.55\n')
     outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path))
-    assert outcome.failures == [] and outcome.baseline_recipe.name == "ddp_gloo"
+    assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
     assert [v.kind for v in outcome.guard_verdicts] == ["gradients"] and outcome.guard_verdicts[0].ok
     fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
     for part in ("params", "grads", "optimizer_state"):

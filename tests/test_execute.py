@@ -110,7 +110,7 @@ def test_a_loss_that_turns_nan_fails_that_case_naming_the_step_and_the_next_case
     warm_up = quick.min_warmup_steps + quick.max_warmup_steps  # the most warm-up steps quick settings run
     outcome = runner.run(recipe, dataclasses.replace(mlp, loss_fn=_loss_failing_after(warm_up + 1, _nan)),
                          budgets=ratio_budgets)
-    assert outcome.result is None and outcome.failures == [outcome.error]
+    assert outcome.result is None and outcome.failures == (outcome.error,)
     assert outcome.error.startswith(f"mlp-{recipe}: the loss of training spec 'mlp' is nan at step ")
     # alone, its warm-up's end was checked too (paired, the case warms up inside the interleaved rounds)
     assert ("(the last timed step; finite when checked at step " if recipe == "baseline" else
@@ -287,3 +287,24 @@ def test_each_setup_is_built_and_its_peaks_measured_after_what_earlier_cases_cac
             before = log[:i]
             reset = len(before) - 1 - before[::-1].index("reset peaks")
             assert before[reset - 1] == "release" and "build" not in before[reset:], log
+
+
+def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_once_for_its_guards(cpu, profile, quick,
+                                                                                                monkeypatch):
+    from trainbench.training import TrainingSetup
+
+    built = []
+    real = TrainingSetup.__init__
+
+    def counted(self, config, spec, backend, fault=None):
+        built.append(config)
+        real(self, config, spec, backend, fault)
+
+    monkeypatch.setattr(TrainingSetup, "__init__", counted)
+    budgets = Budgets.from_text('[cpu."mlp-grad_accumulation"]\nmin_speedup = 0.01\n', source="<test>")
+    outcome = Runner(cpu, profile, quick, predict=False).run("grad_accumulation", "mlp", budgets=budgets)
+    assert outcome.paired and not outcome.failures
+    assert [v.kind for v in outcome.guard_verdicts] == ["loss", "gradients"] and all(v.ok for v in outcome.guard_verdicts)
+    # The case and its baseline measured (both alive while their rounds alternate), then each built again from its
+    # seeds for the guards: its first losses and first gradients from one setup (each guard built its own: six).
+    assert len(built) == 4 and len(set(built)) == 2

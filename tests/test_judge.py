@@ -39,15 +39,15 @@ def _outcome(result, *bounds, load=None):
                        budget_missing=None if bounds else "no budget: no budgets file configured")
 
 
-def _never():
+def _never(given):
     pytest.fail("measured again")
 
 
 def test_a_case_without_a_budget_fails_only_where_budgets_are_required(result):
     outcome = Judge().judge(_outcome(result), _never)
-    assert outcome.failures == [] and outcome.budget_status == "none"
+    assert outcome.failures == () and outcome.budget_status == "none"
     required = Judge(require_budgets=True).judge(_outcome(result), _never)
-    assert required.failures == ["mlp-baseline: no budget: no budgets file configured (--trainbench-require-budgets)"]
+    assert required.failures == ("mlp-baseline: no budget: no budgets file configured (--trainbench-require-budgets)",)
     assert required.budget_status == "FAIL"
 
 
@@ -55,12 +55,12 @@ def test_a_missed_timed_bound_on_a_busy_machine_is_measured_again_as_often_as_al
     outcome = _outcome(result, SPEED, OPS, load=HOG)
     again = []
 
-    def measure_again():
-        again.append(outcome.result)
-        outcome.result = dataclasses.replace(result, notes=[], machine_load=HOG)
+    def measure_again(given):
+        again.append(given.result)
+        return dataclasses.replace(given, result=dataclasses.replace(result, notes=[], machine_load=HOG))
 
     judged = Judge(remeasure_inconclusive=2).judge(outcome, measure_again)
-    assert len(again) == 2 and judged.failures == [] and judged.budget_status == "ok 1, 1 inconclusive"
+    assert len(again) == 2 and judged.failures == () and judged.budget_status == "ok 1, 1 inconclusive"
     [note] = judged.result.notes
     rounds = len(result.round_step_times_s)
     assert judged.result.round_step_times_s == result.round_step_times_s * 3  # each measurement adds its rounds
@@ -72,9 +72,9 @@ def test_a_gates_undecided_comparison_is_measured_again_within_the_time_budget(r
     outcome = _outcome(result, OPS, load=QUIET)  # its budget alone is judged at once
     again, asked = [], []
 
-    def measure_again():
+    def measure_again(given):
         again.append(1)
-        outcome.result = dataclasses.replace(result, notes=[])
+        return dataclasses.replace(given, result=dataclasses.replace(result, notes=[]))
 
     def still_unsure(o):
         asked.append(len(o.result.round_step_times_s))
@@ -102,27 +102,28 @@ STEP = Bound("step_time_ms", "max", False, 12.0, "max_step_time_ms")
 
 def test_rounds_the_gates_rule_cannot_judge_never_read_budget_ok(result):
     outcome = _outcome(result, STEP, OPS, load=QUIET)
-    outcome.result = dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S)
+    outcome = dataclasses.replace(outcome, result=dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S))
     again = []
 
-    def measure_again():
-        again.append(outcome.result)
-        outcome.result = dataclasses.replace(result, notes=[], machine_load=QUIET, round_step_times_s=STRADDLING_S)
+    def measure_again(given):
+        again.append(given.result)
+        return dataclasses.replace(given, result=dataclasses.replace(result, notes=[], machine_load=QUIET,
+                                                                     round_step_times_s=STRADDLING_S))
 
     judged = Judge(remeasure_inconclusive=1).judge(outcome, measure_again)
     step = judged.budget_verdicts[0]
-    assert len(again) == 1 and judged.failures == [] and not step.ok
+    assert len(again) == 1 and judged.failures == () and not step.ok
     # measured twice: the interval of both measurements' rounds still reaches the limit
     assert step.inconclusive.startswith("rounds too noisy to judge: 95% interval 10.8..12.4 includes the limit 12")
     assert judged.budget_status == "ok 1, 1 inconclusive"
     steady = _outcome(result, STEP, load=QUIET)
-    steady.result = dataclasses.replace(steady.result, round_step_times_s=[0.0115] * 7)
+    steady = dataclasses.replace(steady, result=dataclasses.replace(steady.result, round_step_times_s=[0.0115] * 7))
     assert Judge().judge(steady, _never).budget_verdicts[0].ok  # the same median, rounds that clear the limit: ok
 
 
 def test_strict_timing_fails_a_budget_its_rounds_cannot_judge_even_where_the_median_keeps_it(result):
     outcome = _outcome(result, STEP, load=QUIET)
-    outcome.result = dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S)
+    outcome = dataclasses.replace(outcome, result=dataclasses.replace(outcome.result, round_step_times_s=STRADDLING_S))
     [failure] = Judge(strict_timing=True).judge(outcome, _never).failures
     assert "(margin -4.2%): inconclusive (rounds too noisy to judge" in failure
     assert failure.endswith("a failure under --trainbench-strict-timing")
@@ -137,28 +138,28 @@ def test_strict_timing_fails_a_missed_timed_bound_at_once(result):
 
 def test_a_session_without_meaningful_timing_judges_its_deterministic_bounds_only(result):
     judged = Judge().judge(_outcome(result, SPEED, OPS, load=QUIET), _never, untimed="2 workers share the CPU")
-    assert [v.bound.key for v in judged.budget_verdicts] == ["max_ops_per_step"] and judged.failures == []
+    assert [v.bound.key for v in judged.budget_verdicts] == ["max_ops_per_step"] and judged.failures == ()
     assert judged.result.notes == ["timed budgets not judged (min_samples_per_s): 2 workers share the CPU"]
 
 
 def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result):
-    def hangs():
+    def hangs(given):
         raise NoProgress(5, "the timed rounds")
 
     judged = Judge().judge(_outcome(result, SPEED, load=HOG), hangs)
     assert judged.result is None and judged.error == (
         "mlp-baseline: no progress for 5 s in the timed rounds, measuring it again (--trainbench-timeout sets the limit)")
-    assert judged.failures == [judged.error]
+    assert judged.failures == (judged.error,)
 
 
 def test_a_loss_that_diverges_while_measured_again_fails_the_case_alone(result):
     from trainbench.training import NonFiniteLoss
 
-    def diverges():
+    def diverges(given):
         raise NonFiniteLoss("the loss of training spec 'mlp' is nan at step 12")
 
     judged = Judge().judge(_outcome(result, SPEED, load=HOG), diverges)
-    assert judged.result is None and judged.failures == [judged.error]
+    assert judged.result is None and judged.failures == (judged.error,)
     assert judged.error == "mlp-baseline: the loss of training spec 'mlp' is nan at step 12, measuring it again"
 
 
@@ -188,9 +189,9 @@ def test_a_budget_alone_gets_its_one_measurement_again_whatever_the_time_budget(
     outcome = _outcome(result, SPEED, OPS, load=HOG)  # inconclusive on every measurement
     again = []
 
-    def measure_again():
+    def measure_again(given):
         again.append(1)
-        outcome.result = dataclasses.replace(result, notes=[], machine_load=HOG)
+        return dataclasses.replace(given, result=dataclasses.replace(result, notes=[], machine_load=HOG))
 
     Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again)
     assert len(again) == 1  # a budget's inconclusive bound is reported, not failed: no time spent chasing it

@@ -33,7 +33,7 @@ def measured(profile, quick):
 def _outcome(measured, *verdicts) -> CaseOutcome:
     return CaseOutcome("mlp-set_to_none", get_recipe("set_to_none"), result=measured["set_to_none"],
                        baseline_recipe=get_recipe("baseline"), baseline=measured["baseline"], paired=True,
-                       budget=CaseBudget("cpu", "mlp-set_to_none", (OPS, SPEED)), budget_verdicts=list(verdicts))
+                       budget=CaseBudget("cpu", "mlp-set_to_none", (OPS, SPEED)), budget_verdicts=verdicts)
 
 
 def test_the_budget_status_counts_failed_and_inconclusive_bounds(measured):
@@ -50,7 +50,7 @@ def test_the_budget_status_counts_failed_and_inconclusive_bounds(measured):
 def test_the_record_reads_back_with_its_baseline_budget_and_guard(measured):
     outcome = _outcome(measured, Verdict(OPS, 1.0, True, "ops ok"), Verdict(SPEED, 1.1, False, "short by 45%",
                                                                              inconclusive="busy machine"))
-    outcome.guard_verdicts = [GuardVerdict(True, "loss", 0.0, "same losses", [1.0], [1.0])]
+    outcome = dataclasses.replace(outcome, guard_verdicts=(GuardVerdict(True, "loss", 0.0, "same losses", [1.0], [1.0]),))
     record = outcome.record()
     assert record["baseline"] == "baseline" and record["paired"] is True
     assert record["speedup_vs_baseline"] == pytest.approx(outcome.speedup)
@@ -72,7 +72,7 @@ def test_a_case_without_a_budget_records_why(measured):
 def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):
     outcome = failed_without_result(_outcome(measured), "mlp-set_to_none: out of memory at batch 16")
     assert outcome.result is None and outcome.baseline is None and outcome.speedup is None
-    assert outcome.error == "mlp-set_to_none: out of memory at batch 16" and outcome.failures == [outcome.error]
+    assert outcome.error == "mlp-set_to_none: out of memory at batch 16" and outcome.failures == (outcome.error,)
 
 
 def test_scaling_efficiency_is_n_ranks_over_n_times_one_rank_at_the_per_rank_batch():

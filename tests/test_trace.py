@@ -25,7 +25,7 @@ def test_a_case_trace_records_the_steps_after_the_measurement_and_loads_in_tenso
     runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path / "traces"))
     outcome = runner.run("baseline", "mlp")
 
-    assert outcome.failures == [] and len(outcome.result.round_step_times_s) == quick.rounds  # timed as ever
+    assert outcome.failures == () and len(outcome.result.round_step_times_s) == quick.rounds  # timed as ever
     files = [Path(f) for f in outcome.trace["files"]]
     assert {f.parent for f in files} == {tmp_path / "traces" / "mlp-baseline"}
     trace_file = next(f for f in files if f.name.endswith(".pt.trace.json"))
@@ -56,7 +56,7 @@ def test_a_trace_that_cannot_be_written_keeps_the_measurement_and_says_why(cpu, 
     (tmp_path / "mlp-baseline").write_text("a file where the case's trace folder goes")
     runner = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path))
     outcome = runner.run("baseline", "mlp")
-    assert outcome.error is None and outcome.failures == [] and len(outcome.result.round_step_times_s) == quick.rounds
+    assert outcome.error is None and outcome.failures == () and len(outcome.result.round_step_times_s) == quick.rounds
     assert outcome.trace["error"].startswith("FileExistsError: ") and "mlp-baseline" in outcome.trace["error"]
     assert outcome.record()["trace"] == outcome.trace
 
@@ -66,7 +66,7 @@ def test_a_trace_file_the_profiler_failed_to_write_is_an_error_not_a_silent_gap(
     # kineto logs a failed write of the trace file and raises nothing: a handler that writes nothing stands in
     monkeypatch.setattr("torch.profiler.tensorboard_trace_handler", lambda folder, worker_name: lambda prof: None)
     outcome = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path)).run("baseline", "mlp")
-    assert outcome.failures == [] and outcome.result is not None
+    assert outcome.failures == () and outcome.result is not None
     assert outcome.trace == {"error": f"OSError: the profiler wrote no trace file into {tmp_path / 'mlp-baseline'}"}
 
 
@@ -75,7 +75,7 @@ def test_a_long_case_id_gets_a_short_name_of_its_own(cpu, profile, quick, tmp_pa
     assert len(case_folder_name(long_a)) <= 120 and case_folder_name(long_a) != case_folder_name(long_b)
     assert case_folder_name(long_a).startswith("mlp-baseline_aaa")
     outcome = Runner(cpu, profile, quick, trace=TraceRequest(tmp_path)).run("baseline", "mlp", case=long_a)
-    assert outcome.failures == [] and "files" in outcome.trace  # not ENAMETOOLONG
+    assert outcome.failures == () and "files" in outcome.trace  # not ENAMETOOLONG
     assert {Path(f).parent.name for f in outcome.trace["files"]} == {case_folder_name(long_a)}
 
 

@@ -4,12 +4,15 @@ correctness guard, predicts its memory on the GPU profile and takes a profile tr
 ``Executor`` keeps what a session shares between cases: the baselines measured so far (an
 unpaired reference for later cases, and a paired baseline's memory and work), the baselines'
 loss trajectories for the loss guard, and the gradients rank 0 recorded for the gradient guard.
+Each step takes a ``CaseOutcome`` and returns a new one; what the session keeps for later cases it
+keeps by setup key (``CasePlan.setup_key``), stored again whenever the case's result is revised.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import replace
 
 import torch.utils.checkpoint
 
@@ -126,10 +129,10 @@ class Executor:
         self.backend.reset_peak_memory()  # an out-of-memory's "peak so far" is this case's, not an earlier one's
         try:
             with watch(self.settings.no_progress_s):
-                self._measure_loaded(plan, outcome)
-                outcome.failures += _rank_failures(outcome)
+                outcome = self._measure_loaded(plan, outcome)
+                outcome = outcome.failing(*_rank_failures(outcome))
                 if plan.baseline is not None:
-                    self._guard(plan, outcome)
+                    outcome = self._guard(plan, outcome)
         except NoProgress as e:  # a hung dataset, lock or wait: this case fails alone, the session goes on
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
         except ProcessFailed as e:  # a rank or fresh process crashed or hung: its traceback, this case alone fails
@@ -137,8 +140,7 @@ class Executor:
         except NonFiniteLoss as e:  # a diverged training measures nothing worth keeping
             return failed_without_result(outcome, f"{outcome.case}: {e}")
         except NotApplicable as e:
-            outcome.skipped = f"{plan.recipe.name}: {e}"
-            return outcome
+            return replace(outcome, skipped=f"{plan.recipe.name}: {e}")
         except (RuntimeError, MemoryError) as e:
             if is_out_of_memory(e):
                 # This case alone fails; what it held goes back before the next case measures its peaks.
@@ -155,15 +157,14 @@ class Executor:
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
             started = time.perf_counter()
             predicted = self._predicted_memory(plan, outcome.result)
-            self._revise(outcome, "result", predicted_memory=predicted,
-                         phase_seconds={**outcome.result.phase_seconds, "predict": time.perf_counter() - started})
-        self._revise(outcome, "result", notes=[*outcome.result.notes, *plan.notes])
-        return outcome
+            outcome = self._revised(plan, outcome, predicted_memory=predicted,
+                                    phase_seconds={**outcome.result.phase_seconds, "predict": time.perf_counter() - started})
+        return self._revised(plan, outcome, notes=[*outcome.result.notes, *plan.notes])
 
-    def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> None:
-        """Measure the case and its baseline once more, into ``outcome`` (raises ``NoProgress`` on a hang)."""
+    def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """``outcome`` with the case and its baseline measured once more (raises ``NoProgress`` on a hang)."""
         with watch(self.settings.no_progress_s):
-            self._measure_loaded(plan, outcome)
+            return self._measure_loaded(plan, outcome)
 
     def trace(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """A profile trace of the case where one is asked for, outside its timed rounds (``trainbench.trace``)."""
@@ -172,63 +173,67 @@ class Executor:
         traced = Context(traced=True, fresh_process=self.backend.fresh_process_reason)
         reason = why_not(plan.recipe, self.caps, self.profile, plan.spec, plan.config, traced)
         if reason:
-            outcome.trace = {"skipped": reason}
-            return outcome
+            return replace(outcome, trace={"skipped": reason})
         try:
             with watch(self.settings.no_progress_s):
                 files = record_trace(plan.config, plan.spec, self.backend, self.trace_request.folder, outcome.case)
         except NoProgress as e:
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
         except OSError as e:  # a full disk, a folder gone or read-only: the trace is lost, not the measurement
-            outcome.trace = {"error": f"{type(e).__name__}: {e}"}
-            return outcome
-        outcome.trace = {"files": [str(f) for f in files]}
-        return outcome
+            return replace(outcome, trace={"error": f"{type(e).__name__}: {e}"})
+        return replace(outcome, trace={"files": [str(f) for f in files]})
 
     # -- measuring -----------------------------------------------------------------------------
-    def _measure_loaded(self, plan: CasePlan, outcome: CaseOutcome) -> None:
-        """Measure the case and its baseline, recording what other processes used of the machine meanwhile."""
+    def _measure_loaded(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """``outcome`` with the case and its baseline measured, and what other processes used of the machine
+        meanwhile; what this session keeps of them for later cases is stored by setup key."""
         meter = LoadMeter().start()
-        self._measure(plan, outcome)
+        outcome, kept = self._measure(plan, outcome)
         load = meter.stop()
+        loaded = {side: result.replace(machine_load=load) for side, result in
+                  (("result", outcome.result), ("baseline", outcome.baseline))
+                  if result is not None and result.machine_load is None}  # an earlier baseline keeps its own
+        outcome = replace(outcome, **loaded)
+        for key, side in kept.items():
+            self.results[key] = getattr(outcome, side)
         _check_final_losses(outcome)
-        for side in ("result", "baseline"):  # a baseline from earlier in the session keeps its own
-            result = getattr(outcome, side)
-            if result is not None and result.machine_load is None:
-                self._revise(outcome, side, machine_load=load)
+        return outcome
 
-    def _revise(self, outcome: CaseOutcome, side: str, **changes) -> None:
-        """``outcome.result`` or ``outcome.baseline`` with ``changes``, in the outcome and wherever this session
-        keeps it as a baseline of later cases."""
-        old = getattr(outcome, side)
-        new = old.replace(**changes)
-        setattr(outcome, side, new)
-        for key, kept in self.results.items():
-            if kept is old:
-                self.results[key] = new
+    def _revised(self, plan: CasePlan, outcome: CaseOutcome, **changes) -> CaseOutcome:
+        """``outcome`` whose result has ``changes``, stored again where this session keeps it (``_measure``)."""
+        outcome = replace(outcome, result=outcome.result.replace(**changes))
+        if self.fault is None:
+            self.results[self._key(plan, plan.recipe)] = outcome.result
+        return outcome
 
-    def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> None:
-        """The case and its baseline, the way the plan says (``plan`` lists the ways and why each)."""
+    def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> tuple[CaseOutcome, dict[tuple, str]]:
+        """The case and its baseline, the way the plan says (``plan`` lists the ways and why each), and which of the
+        two this session keeps as later cases' baselines: {setup key: "result" or "baseline"}."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         self.backend.release_cache()  # what earlier cases left cached is not this case's to reserve
+        kept: dict[tuple, str] = {}
         if plan.measuring == FRESH_PROCESSES:
-            self._measure_fresh(plan, outcome)
+            outcome = self._measure_fresh(plan, outcome)
         elif plan.measuring == PAIRED:
-            outcome.result, outcome.baseline = self._measure_paired(plan)
-            outcome.paired = True
-            self.results.setdefault(self._key(plan, base), outcome.baseline)
+            result, baseline = self._measure_paired(plan)
+            outcome = replace(outcome, result=result, baseline=baseline, paired=True)
+            if self._key(plan, base) not in self.results:  # one measured earlier stays the reference
+                kept[self._key(plan, base)] = "baseline"
         else:
-            outcome.result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
-                                                 want_grads=recipe.grad_rtol is not None)
+            result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
+                                         want_grads=recipe.grad_rtol is not None)
+            baseline = outcome.baseline
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
-                outcome.baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name))
-                self.results[self._key(plan, base)] = outcome.baseline
-                outcome.result = outcome.result.with_note(f"baseline {base.name} measured right after, not "
-                                                          f"interleaved ({plan.why_measuring})")
+                baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name))
+                kept[self._key(plan, base)] = "baseline"
+                result = result.with_note(f"baseline {base.name} measured right after, not interleaved "
+                                          f"({plan.why_measuring})")
             elif base:
-                outcome.baseline = self.results.get(self._key(plan, base))
+                baseline = self.results.get(self._key(plan, base))
+            outcome = replace(outcome, result=result, baseline=baseline)
         if self.fault is None:  # a planted regression must not become another case's baseline
-            self.results[self._key(plan, recipe)] = outcome.result
+            kept[self._key(plan, recipe)] = "result"
+        return outcome, kept
 
     def _measure_paired(self, plan: CasePlan) -> tuple[Result, Result]:
         """Both setups alive while their rounds alternate; each one's memory and work measured with it alone.
@@ -265,21 +270,23 @@ class Executor:
         why = plan.why_measuring or "for its ratio budgets"
         return result.with_note(f"rounds interleaved with {base.name}'s (ABBA): {why}"), baseline
 
-    def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> None:
-        """The case and its baseline, each in a new process (``Backend.fresh_process_reason`` says why)."""
+    def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """``outcome`` with the case and its baseline, each measured in a new process (``Backend.fresh_process_reason``
+        says why)."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         want_losses = base is not None and recipe.loss_rtol is not None
-        outcome.result, losses = measure_in_fresh_process(
+        result, losses = measure_in_fresh_process(
             plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
             recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
-        outcome.result = outcome.result.with_note(f"why a fresh process: {plan.why_measuring}")
+        outcome = replace(outcome, result=result.with_note(f"why a fresh process: {plan.why_measuring}"))
         if base is not None:
-            outcome.baseline, base_losses = measure_in_fresh_process(
+            baseline, base_losses = measure_in_fresh_process(
                 plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
                 base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
                 want_losses=want_losses)
-            if want_losses:
-                outcome.fresh_losses = (losses, base_losses)
+            outcome = replace(outcome, baseline=baseline,
+                              fresh_losses=(losses, base_losses) if want_losses else outcome.fresh_losses)
+        return outcome
 
     def _measure_setup(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
                        fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
@@ -313,39 +320,58 @@ class Executor:
                 + (f" ({figures})" if figures else "") + f": {first[:200]}")
 
     # -- checks and predictions ----------------------------------------------------------------------
-    def _guard(self, plan: CasePlan, outcome: CaseOutcome) -> None:
-        """The case must train what its baseline trains, within the recipe's tolerance (trainbench.guards)."""
+    def _guard(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+        """``outcome`` with its guard verdicts: the case must train what its baseline trains, within the recipe's
+        tolerance (trainbench.guards)."""
         started = time.perf_counter()
         with phase("the correctness guard"):
-            outcome.guard_verdicts = self._guard_verdicts(plan, outcome)
-        self._revise(outcome, "result",
-                     phase_seconds={**outcome.result.phase_seconds, "guard": time.perf_counter() - started})
-        outcome.failures += [f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
-                             for v in outcome.guard_verdicts if not v.ok]
+            verdicts = tuple(self._guard_verdicts(plan, outcome))
+        outcome = self._revised(plan, replace(outcome, guard_verdicts=verdicts),
+                                phase_seconds={**outcome.result.phase_seconds, "guard": time.perf_counter() - started})
+        return outcome.failing(*(f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
+                                 for v in verdicts if not v.ok))
 
     def _guard_verdicts(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardVerdict]:
         recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
+        key = self._key(plan, plan.baseline)
+        runs = self._seeded_runs(plan, outcome, key)
         verdicts = []
         if recipe.loss_rtol is not None and outcome.fresh_losses is not None:
             verdicts.append(guards.compare_trajectories(*outcome.fresh_losses, recipe.loss_rtol))
         elif recipe.loss_rtol is not None:
-            key = self._key(plan, plan.baseline)
             if key not in self._trajectories:
-                self._trajectories[key] = guards.loss_trajectory(base_config, spec, self.backend)
-            losses = guards.loss_trajectory(config, spec, self.backend)
-            verdicts.append(guards.compare_trajectories(losses, self._trajectories[key], recipe.loss_rtol))
+                self._trajectories[key] = runs[base_config].losses
+            verdicts.append(guards.compare_trajectories(runs[config].losses, self._trajectories[key], recipe.loss_rtol))
         if recipe.grad_rtol is not None:
             # The baseline in one process, its batch split into the case's shards as its ranks split it (BatchNorm
             # normalizes each rank's samples alone): what DDP's averaged gradients equal.
-            base_grads = guards.first_step_gradients(base_config.one_process_equivalent(config.shards), spec,
-                                                     self.backend)
-            if config.rank_processes:  # recorded by rank 0 while the case was measured
-                grads = self._ddp_grads
-            else:
-                grads = guards.first_step_gradients(config, spec, self.backend)
+            base_grads = runs[base_config.one_process_equivalent(config.shards)].gradients
+            # A rank case's: recorded by rank 0 while the case was measured.
+            grads = self._ddp_grads if config.rank_processes else runs[config].gradients
             verdict = guards.compare_gradients(grads, base_grads, recipe.grad_rtol, recipe.grad_measure)
             verdicts.append(guards.with_likely_cause(verdict, config, spec))
         return verdicts
+
+    def _seeded_runs(self, plan: CasePlan, outcome: CaseOutcome, key: tuple) -> dict:
+        """What the case's guards need of setups trained from their seeds, each config built once for the case (the
+        losses and the first gradients of one config come from one setup: ``guards.seeded_run``), by config.
+
+        The setups the case and its baseline were measured with are not reused: they trained through warm-up and
+        timed rounds, so their weights, optimizer state, loss scale and place in the data are no longer the seeds';
+        a guard's numbers are those of a setup built from the seeds, the same in every session. Nothing built here
+        outlives the case (the baseline's losses are kept, as numbers, for later cases of the same baseline)."""
+        recipe, config, base_config = plan.recipe, plan.config, plan.baseline_config
+        wants: dict = {}  # config -> what the guards take of it
+        if recipe.loss_rtol is not None and outcome.fresh_losses is None:
+            if key not in self._trajectories:
+                wants.setdefault(base_config, set()).add("losses")
+            wants.setdefault(config, set()).add("losses")
+        if recipe.grad_rtol is not None:
+            wants.setdefault(base_config.one_process_equivalent(config.shards), set()).add("gradients")
+            if not config.rank_processes:
+                wants.setdefault(config, set()).add("gradients")
+        return {c: guards.seeded_run(c, plan.spec, self.backend, losses="losses" in want,
+                                     gradients="gradients" in want) for c, want in wants.items()}
 
     def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
         """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:

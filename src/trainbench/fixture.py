@@ -131,24 +131,12 @@ class TrainBench:
         if outcome.skipped:
             pytest.skip(outcome.skipped)
         if outcome.error is not None:  # no result to time or store: listed in the summary and the saved run
-            self.session.failed_cases.append({"case": outcome.case, "fullname": self.benchmark.fullname,
-                                            "error": outcome.error})
+            self.session.record(outcome, self.benchmark.fullname, self.budgets)
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
         benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
-        record = outcome.record()
-        record_case(self.benchmark, record)
-        from .result import CaseRecord, MeasuredCase
-
-        self.session.cases.append(MeasuredCase(
-            CaseRecord.read(record, outcome.case, self.benchmark.fullname), self.benchmark.fullname,
-            self.budgets.compare_thresholds(self.session.runner.caps, outcome.case)))
-        if outcome.trace is not None:
-            self.session.traces.append((outcome.case, outcome.trace))
-        if outcome.result.attribution:
-            self.session.attributions[outcome.case] = outcome.result.attribution
+        record_case(self.benchmark, self.session.record(outcome, self.benchmark.fullname, self.budgets))
         for line in outcome.inconclusive:
-            self.session.inconclusive.append(line)
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
         if outcome.budget is None and not self.session.options.require_budgets:
             warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),

@@ -19,6 +19,9 @@ parameters' change: Adam's first update is about ``lr * sign(grad)`` whatever th
 so an update would hide the gradient errors this guard is there to catch; and the gradients a
 step leaves behind mix what each update used with what later backward passes added (the
 generator's loss reaches the discriminator's gradients after its update).
+
+Where a config is guarded on both, one setup gives both (``seeded_run``): the first step's
+gradients are read before its update, and the steps go on from there.
 """
 
 from __future__ import annotations
@@ -58,6 +61,35 @@ def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, s
         return [float(loss) for loss in losses]  # syncs once per step, after the steps ran
 
 
+@dataclass(frozen=True)
+class SeededRun:
+    """What the guards take of one setup trained from its seeds."""
+
+    losses: list[float] | None = None  # of its first steps (loss_trajectory)
+    gradients: dict[str, torch.Tensor] | None = None  # of its first step (first_step_gradients)
+
+
+def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses: bool = True, gradients: bool = False,
+               steps: int = GUARD_STEPS) -> SeededRun:
+    """The losses of the first ``steps`` steps and the first step's gradients, as ``loss_trajectory`` and
+    ``first_step_gradients`` give them, from one setup where both are asked for: the first step's gradients are
+    read before its update, its loss is the trajectory's first. A first step whose gradients overflowed under a
+    GradScaler (the scaler skips it) leaves the gradients to ``first_step_gradients``, which builds it again."""
+    if not gradients:
+        return SeededRun(losses=loss_trajectory(config, spec, backend, steps) if losses else None)
+    if not losses:
+        return SeededRun(gradients=first_step_gradients(config, spec, backend))
+    with TrainingSetup(config, spec, backend) as training:
+        grads, first = _first_step(training)
+        if training.context is None:
+            training.optimizer_step()  # the plain step's update, once its gradients are read
+        batches = training.batches()
+        trajectory = [float(loss) for loss in [first, *(training.step(training.fetch(batches))
+                                                        for _ in range(steps - 1))]]
+        overflowed = training.scaler is not None and not all(bool(g.isfinite().all()) for g in grads.values())
+    return SeededRun(trajectory, first_step_gradients(config, spec, backend) if overflowed else grads)
+
+
 def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardVerdict:
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, baseline, strict=True)]
     # A NaN or infinite loss is the worst difference there is (max() would pass over a NaN).
@@ -84,23 +116,27 @@ def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backe
         with TrainingSetup(config, spec, backend) as training:
             if training.scaler is not None and scale is not None:
                 training.scaler = _scaler_at(training.scaler, training.device.type, scale)
-            grads = _first_gradients(training)
+            grads, _ = _first_step(training)
             if training.scaler is None or all(bool(g.isfinite().all()) for g in grads.values()):
                 return grads
             scale = training.scaler.get_scale() * training.scaler.get_backoff_factor()
     return grads
 
 
-def _first_gradients(training: TrainingSetup) -> dict[str, torch.Tensor]:
-    if training.context is not None:  # a custom step: what each ctx.step stepped on
+def _first_step(training: TrainingSetup) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The first step's gradients and its loss: a custom step taken whole (its gradients those each ``ctx.step``
+    stepped on), a plain one up to its update (not applied)."""
+    if training.context is not None:
         training.stepped_gradients = {}
-        training.step(training.fetch(training.batches()))
-        return training.stepped_gradients
-    training.forward_backward(training.fetch(training.batches()))
+        loss = training.step(training.fetch(training.batches()))
+        grads, training.stepped_gradients = training.stepped_gradients, None
+        return grads, loss
+    loss = training.forward_backward(training.fetch(training.batches()))
     if training.scaler is not None:
         for optimizer in training.optimizers.values():
             training.scaler.unscale_(optimizer)
-    return {name: p.grad.detach().float().cpu() for name, p in training.model.named_parameters() if p.grad is not None}
+    grads = {name: p.grad.detach().float().cpu() for name, p in training.model.named_parameters() if p.grad is not None}
+    return grads, loss.detach()
 
 
 def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> torch.amp.GradScaler:

@@ -6,7 +6,8 @@ of its limit they lie on (``stats.judge_bound``, the gate's rule), or a gate's t
 (``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
 (which fails the session if it stays inconclusive), again while less than ``remeasure_s`` seconds went
 into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
-the earlier ones, so the interval narrows. A bound still inconclusive is reported; ``strict_timing``
+the earlier ones, so the interval narrows. Every step returns a new ``CaseOutcome``; the one given
+is never changed. A bound still inconclusive is reported; ``strict_timing``
 fails it instead. A session whose timing means nothing (``untimed``: parallel workers sharing the
 device) judges its deterministic bounds only.
 """
@@ -28,6 +29,8 @@ from .watchdog import NoProgress
 MAX_REMEASURES = 4  # a case measured five times that still cannot be judged will not be by a sixth
 # Why a case's timed comparisons with a stored run cannot be judged yet ([]: they can): set by a gate.
 StillUnsure = Callable[[CaseOutcome], list[str]]
+# The outcome given, with its case and baseline measured once more (``Executor.measure_again``).
+MeasureAgain = Callable[[CaseOutcome], CaseOutcome]
 
 
 class Judge:
@@ -40,12 +43,12 @@ class Judge:
         self.remeasure_inconclusive = remeasure_inconclusive
         self.remeasure_s = remeasure_s
 
-    def judge(self, outcome: CaseOutcome, measure_again: Callable[[], None], untimed: str | None = None,
+    def judge(self, outcome: CaseOutcome, measure_again: MeasureAgain, untimed: str | None = None,
               still_unsure: StillUnsure | None = None) -> CaseOutcome:
-        """Check the case's budget, measuring it again (``measure_again`` refills ``outcome``) while a timed
-        bound, or a timed comparison ``still_unsure`` names, is inconclusive. ``untimed``: why this session's
-        timing means nothing, or None."""
-        self.check_budget(outcome, untimed)
+        """``outcome`` with its budget checked, measured again (``measure_again``) while a timed bound, or a timed
+        comparison ``still_unsure`` names, is inconclusive. ``untimed``: why this session's timing means
+        nothing, or None."""
+        outcome = self.check_budget(outcome, untimed)
         started = time.monotonic()
         for attempt in range(2, MAX_REMEASURES + 2):
             gate = still_unsure(outcome) if still_unsure else []
@@ -55,31 +58,34 @@ class Judge:
             more = attempt - 2 < self.remeasure_inconclusive or (gate and time.monotonic() - started < self.remeasure_s)
             if not why or not more:
                 break
+            judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
+            outcome = replace(outcome, failures=tuple(f for f in outcome.failures if f not in judged_before))
             try:
-                self._measure_again(outcome, measure_again, attempt, why)
+                outcome = self._measure_again(outcome, measure_again, attempt, why)
             except NoProgress as e:
                 return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again "
                                                       "(--trainbench-timeout sets the limit)")
             except NonFiniteLoss as e:  # diverged this time: what was measured before is no longer the case's
                 return failed_without_result(outcome, f"{outcome.case}: {e}, measuring it again")
-            self.check_budget(outcome, untimed)
+            outcome = self.check_budget(outcome, untimed)
         return outcome
 
-    def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> None:
-        """The case's budget verdicts, and a failure line for each bound it missed."""
+    def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> CaseOutcome:
+        """``outcome`` with its budget verdicts, and a failure line for each bound it missed."""
         if outcome.budget is None:
-            if self.require_budgets:
-                outcome.budget_required = True
-                outcome.failures.append(f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
-            return
+            if not self.require_budgets:
+                return outcome
+            return replace(outcome, budget_required=True).failing(
+                f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
         verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
         if untimed:
             left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]
             verdicts = [v for v in verdicts if not is_timed(v.bound.metric)]
             if left_out:
-                outcome.result = outcome.result.with_note(f"timed budgets not judged ({', '.join(left_out)}): {untimed}")
-        outcome.budget_verdicts = [self._judged(v, outcome) for v in verdicts]
-        outcome.failures += outcome.budget_failures()
+                outcome = replace(outcome, result=outcome.result.with_note(
+                    f"timed budgets not judged ({', '.join(left_out)}): {untimed}"))
+        outcome = replace(outcome, budget_verdicts=tuple(self._judged(v, outcome) for v in verdicts))
+        return outcome.failing(*outcome.budget_failures())
 
     def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
         """A timed bound kept or missed as its rounds show it (``stats.judge_bound``), inconclusive where they cannot
@@ -98,22 +104,22 @@ class Judge:
         return replace(verdict, ok=ok, inconclusive=reason)
 
     @staticmethod
-    def _measure_again(outcome: CaseOutcome, measure_again: Callable[[], None], attempt: int, why: str) -> None:
-        """Measure an inconclusive case again (timing, memory and work), to be judged afresh with the new rounds
+    def _measure_again(outcome: CaseOutcome, measure_again: MeasureAgain, attempt: int, why: str) -> CaseOutcome:
+        """An inconclusive case measured again (timing, memory and work), to be judged afresh with the new rounds
         added to the earlier ones. The guard verdicts and the GPU prediction do not depend on timing and are kept."""
         first, first_baseline = outcome.result, outcome.baseline
-        judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
-        outcome.failures = [f for f in outcome.failures if f not in judged_before]
-        measure_again()
+        again = measure_again(outcome)
         kept = {k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")}
-        outcome.result = _with_rounds_of(first, outcome.result).replace(
-            predicted_memory=first.predicted_memory, phase_seconds={**outcome.result.phase_seconds, **kept})
-        if first_baseline is not None and outcome.baseline is not first_baseline:  # measured again with the case
-            outcome.baseline = _with_rounds_of(first_baseline, outcome.baseline)
-        outcome.result = outcome.result.with_note(
-            f"measured again (attempt {attempt}, rounds now {outcome.result.rounds}): timed checks were inconclusive "
+        result = _with_rounds_of(first, again.result).replace(
+            predicted_memory=first.predicted_memory, phase_seconds={**again.result.phase_seconds, **kept})
+        baseline = again.baseline
+        if first_baseline is not None and baseline is not first_baseline:  # measured again with the case
+            baseline = _with_rounds_of(first_baseline, baseline)
+        result = result.with_note(
+            f"measured again (attempt {attempt}, rounds now {result.rounds}): timed checks were inconclusive "
             f"({why}; first {first.samples_per_s or 0:.4g} samples/s, rounds "
             f"{', '.join(f'{t * 1e3:.1f}' for t in first.round_step_times_s)} ms)")
+        return replace(again, result=result, baseline=baseline)
 
 
 def _with_rounds_of(earlier: Result, later: Result) -> Result:

@@ -1,9 +1,13 @@
 """What running a case gave: its result, its baseline, the checks and their failures (``CaseOutcome``), and
-the case's one serialized form (``CaseOutcome.record``)."""
+the case's one serialized form (``CaseOutcome.record``).
+
+A ``CaseOutcome`` is a value: each step of a case (execute, judge, trace) returns a new one
+(``dataclasses.replace``), so no step changes what another step or the session already holds.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from .budgets import CaseBudget, Verdict
 from .guards import GuardVerdict
@@ -16,7 +20,7 @@ def case_id(workload: str, recipe: str) -> str:
     return f"{workload}-{recipe}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaseOutcome:
     """What running a case gave: its result, its baseline, the checks and their failures."""
 
@@ -30,13 +34,17 @@ class CaseOutcome:
     budget: CaseBudget | None = None
     budget_missing: str | None = None  # why no budget applies ("no budgets file ...", "no section ...")
     budget_required: bool = False  # a missing budget fails the case (--trainbench-require-budgets)
-    budget_verdicts: list[Verdict] = field(default_factory=list)
-    guard_verdicts: list[GuardVerdict] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+    budget_verdicts: tuple[Verdict, ...] = ()
+    guard_verdicts: tuple[GuardVerdict, ...] = ()
+    failures: tuple[str, ...] = ()
     ladder: dict | None = None
     error: str | None = None  # the case failed before it had a result (out of memory)
     fresh_losses: tuple[list[float], list[float]] | None = None  # the loss guard's inputs, run in the fresh processes
     trace: dict | None = None  # a profile trace asked for: {"files": [...]}, {"skipped": why} or {"error": why not written}
+
+    def failing(self, *lines: str) -> CaseOutcome:
+        """This outcome with ``lines`` added to its failures."""
+        return replace(self, failures=(*self.failures, *lines)) if lines else self
 
     @property
     def speedup(self) -> float | None:
@@ -111,7 +119,4 @@ def scaling_efficiency(ranks: Result, reference: Result | None) -> float | None:
 
 def failed_without_result(outcome: CaseOutcome, error: str) -> CaseOutcome:
     """A case that ended before it had a result: no numbers, one line saying why."""
-    outcome.result = outcome.baseline = None
-    outcome.error = error
-    outcome.failures.append(error)
-    return outcome
+    return replace(outcome, result=None, baseline=None, error=error, failures=(*outcome.failures, error))

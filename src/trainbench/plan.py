@@ -93,7 +93,7 @@ class CasePlan:
         return self.baseline.config(self.profile, **self.overrides) if self.baseline else None
 
     def outcome(self) -> CaseOutcome:
-        """The outcome the measurement fills in (only the skip reason, for a case that cannot run)."""
+        """The outcome a measurement starts from (only the skip reason, for a case that cannot run)."""
         return CaseOutcome(self.case, self.recipe, skipped=self.skipped, baseline_recipe=self.baseline,
                            budget=self.budget, budget_missing=self.budget_missing, ladder=self.ladder)
 

@@ -80,7 +80,7 @@ class Runner:
         outcome = self.executor.execute(plan, outcome)
         if outcome.skipped or outcome.error:
             return outcome
-        outcome = self.judge.judge(outcome, functools.partial(self.executor.measure_again, plan, outcome), self.untimed,
+        outcome = self.judge.judge(outcome, functools.partial(self.executor.measure_again, plan), self.untimed,
                                    still_unsure)
         if outcome.error:
             return outcome

@@ -48,14 +48,24 @@ def _uses_trainbench(item) -> bool:
     return FIXTURE in getattr(item, "fixturenames", ())
 
 
+@dataclass(frozen=True)
+class RecordedCase:
+    """What a session keeps of one finished case: its record as the summary and the gate read it (None: it ended
+    without a result, ``error`` says why), and what the summary lists beside the table."""
+
+    case: str
+    fullname: str  # pytest-benchmark's key of the case in a saved run
+    measured: object = None  # trainbench.result.MeasuredCase
+    error: str | None = None
+    trace: dict | None = None  # what its trace request gave
+    attribution: dict | None = None  # its complete attribution tables (--trainbench-attribution-json)
+    inconclusive: tuple[str, ...] = ()  # timed budgets the rounds could not judge
+
+
 @dataclass
 class TrainbenchSession:
     options: Options
-    cases: list = field(default_factory=list)  # trainbench.result.MeasuredCase of each case, for summary and gate
-    attributions: dict = field(default_factory=dict)  # case -> complete attribution tables (--trainbench-attribution-json)
-    failed_cases: list[dict] = field(default_factory=list)  # cases that ended without a result (out of memory)
-    inconclusive: list[str] = field(default_factory=list)  # timed budgets the rounds could not judge
-    traces: list = field(default_factory=list)  # (case, what its trace request gave), for the summary
+    recorded: list[RecordedCase] = field(default_factory=list)  # every finished case, in order (``record``)
     budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.budgets.Budgets
     comparison: object = None  # trainbench.gate.Verdict, filled at session end when compared (or A/B ran)
     exit_status: int | None = None  # the session's, once the verdict has set it
@@ -71,6 +81,45 @@ class TrainbenchSession:
     _runner: object = None
     _pin_tried: bool = False
     _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
+
+    # -- the cases ------------------------------------------------------------------------------------
+    def record(self, outcome, fullname: str, budgets) -> dict | None:
+        """Keep a finished case (a ``CaseOutcome``, not skipped) for the summary, the gate and the saved run; its
+        record (what the saved run keeps of it), or None where it ended without a result."""
+        if outcome.error is not None:
+            self.recorded.append(RecordedCase(outcome.case, fullname, error=outcome.error))
+            return None
+        from .result import CaseRecord, MeasuredCase
+
+        record = outcome.record()
+        measured = MeasuredCase(CaseRecord.read(record, outcome.case, fullname), fullname,
+                                budgets.compare_thresholds(self.runner.caps, outcome.case))
+        self.recorded.append(RecordedCase(outcome.case, fullname, measured, trace=outcome.trace,
+                                          attribution=outcome.result.attribution or None,
+                                          inconclusive=tuple(outcome.inconclusive)))
+        return record
+
+    @property
+    def cases(self) -> list:
+        """The ``MeasuredCase`` of each case that has a result, for the summary and the gate."""
+        return [r.measured for r in self.recorded if r.measured is not None]
+
+    @property
+    def failed_cases(self) -> list[dict]:
+        """The cases that ended without a result (out of memory, a hang), as the saved run lists them."""
+        return [{"case": r.case, "fullname": r.fullname, "error": r.error} for r in self.recorded if r.error is not None]
+
+    @property
+    def traces(self) -> list[tuple[str, dict]]:
+        return [(r.case, r.trace) for r in self.recorded if r.trace is not None]
+
+    @property
+    def attributions(self) -> dict:
+        return {r.case: r.attribution for r in self.recorded if r.attribution is not None}
+
+    @property
+    def inconclusive(self) -> list[str]:
+        return [line for r in self.recorded for line in r.inconclusive]
 
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
