@@ -141,7 +141,7 @@ def test_grad_scaler_and_guard_gradients_are_finite(runner):
         scale = t.scaler.get_scale()
     assert math.isfinite(scale) and scale > 0
     outcome = runner.run("amp_fp16", "resnet18")
-    grads = [v for v in outcome.guard_verdicts if v.kind == "gradients"]
+    grads = [v for v in outcome.guard_checks if v.kind == "gradients"]
     assert grads and all(math.isfinite(v.max_rel_diff) for v in grads)
 
 

@@ -490,5 +490,5 @@ def test_a_case_outcome_cannot_be_changed():
     outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         outcome.failures = ("changed",)
-    assert isinstance(outcome.failures, tuple) and isinstance(outcome.budget_verdicts, tuple)
+    assert isinstance(outcome.failures, tuple) and isinstance(outcome.bound_checks, tuple)
     assert dataclasses.fields(RecordedCase) and RecordedCase.__dataclass_params__.frozen

@@ -93,15 +93,15 @@ def test_a_significant_slowdown_on_a_busy_machine_could_not_be_judged_and_fails_
     [flattered] = compare_case(run_of(step_ms=[7.0] * 7), _loaded(run_of(), 1.1), {"samples_per_s": 0.05})
     assert flattered.verdict == "inconclusive"  # ... so a busy baseline cannot show an improvement
 
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.result import MeasuredCase
 
     rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
                                      "samples_per_s": run_of().metrics["samples_per_s"],
                                      "round_step_times_s": run_of().round_step_times_s}}}
-    unsure = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05})
-    allowed = gate(rows, baseline, "base.json", {}, {"samples_per_s": 0.05}, allow_inconclusive=True)
+    unsure = compare_with_baseline(rows, baseline, "base.json", {}, {"samples_per_s": 0.05})
+    allowed = compare_with_baseline(rows, baseline, "base.json", {}, {"samples_per_s": 0.05}, allow_inconclusive=True)
     assert unsure.counts["inconclusive"] == 1 and unsure.failed and unsure.could_not_judge
     assert not allowed.failed and allowed.allow_inconclusive
 
@@ -130,7 +130,7 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.present import verdict_markdown
     from trainbench.result import MeasuredCase
 
@@ -140,14 +140,14 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
 
     baseline = {"t[mlp]": stored(run_of()), "t[gelu]": stored(run_of("gelu_mlp-baseline")),
                 "plain": {"extra_info": {}}}  # a plain pytest-benchmark test: not a trainbench case
-    verdict = gate([MeasuredCase(run_of(), "t[mlp]", {})], baseline, "base.json", {}, {"activation_mib": 0.0})
+    verdict = compare_with_baseline([MeasuredCase(run_of(), "t[mlp]", {})], baseline, "base.json", {}, {"activation_mib": 0.0})
     assert verdict.not_run == ("gelu_mlp-baseline",) and not verdict.failed
     assert "**not compared:** 1 case(s) of the baseline run did not run in this session: gelu_mlp-baseline" in \
         verdict_markdown(verdict.to_json())
 
 
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.present import verdict_markdown
     from trainbench.result import MeasuredCase
 
@@ -155,19 +155,19 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
     there = {**here, "cudnn": 91000, "driver": "570.10"}
     stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": there,
                              "round_step_times_s": run_of().round_step_times_s}}
-    verdict = gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
+    verdict = compare_with_baseline([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
                    {"activation_mib": 0.0})
     assert verdict.environment == ("driver 570.10 there, 580.65.06 here", "cudnn 91000 there, 92400 here")
     assert not verdict.failed  # said, not refused
     assert verdict.to_json()["environment_differs"] == list(verdict.environment)
     assert ("environment differs from the baseline: driver 570.10 there, 580.65.06 here; cudnn 91000 there"
             in verdict_markdown(verdict.to_json()))
-    same = gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", there, {"activation_mib": 0.0})
+    same = compare_with_baseline([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", there, {"activation_mib": 0.0})
     assert same.environment == () and "environment differs" not in verdict_markdown(same.to_json())
 
 
 def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.result import MeasuredCase
 
     here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
@@ -175,7 +175,7 @@ def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_run
                              "round_step_times_s": run_of().round_step_times_s}}
 
     def environment(packages):
-        return gate([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
+        return compare_with_baseline([MeasuredCase(run_of(), "t[mlp]", {})], {"t[mlp]": stored}, "base.json", here,
                     {"activation_mib": 0.0}, packages=packages).environment
 
     assert environment(({"numpy": "2.0.1", "six": "1.16"}, {"numpy": "2.1.0", "six": "1.16"})) == (
@@ -677,12 +677,12 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.result import MeasuredCase
 
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
                                    "round_step_times_s": run_of().round_step_times_s}}}
-    verdict = gate([MeasuredCase(run_of(), "t", {})], stored, "base.json", {}, {"activation_mib": 0.0})
+    verdict = compare_with_baseline([MeasuredCase(run_of(), "t", {})], stored, "base.json", {}, {"activation_mib": 0.0})
     assert verdict.failed and not verdict.comparisons
     assert list(verdict.errors) == [f"base.json: t: activation_mib = {bad!r}: expected a finite number or null"]
 
@@ -695,13 +695,13 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     ({"round_step_times_s": None}, "samples_per_s = 1600.0 without round_step_times_s: expected the rounds"),
 ])
 def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
-    from trainbench.compare import gate
+    from trainbench.compare import compare_with_baseline
     from trainbench.result import MeasuredCase
 
     slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 1600.0,
                                    "round_step_times_s": run_of().round_step_times_s, **corrupt}}}
-    verdict = gate([MeasuredCase(_loaded(slow, 0.05), "t", {})], stored, "base.json", {}, {"samples_per_s": 0.05})
+    verdict = compare_with_baseline([MeasuredCase(_loaded(slow, 0.05), "t", {})], stored, "base.json", {}, {"samples_per_s": 0.05})
     assert verdict.failed and not verdict.comparisons
     [error] = verdict.errors
     assert error.startswith(f"base.json: t: {problem}")

@@ -406,7 +406,7 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
                     'max_optimizer_state_mib_ratio = 0.55\n')
     outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path))
     assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
-    assert [v.kind for v in outcome.guard_verdicts] == ["gradients"] and outcome.guard_verdicts[0].ok
+    assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
     fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
     for part in ("params", "grads", "optimizer_state"):
         assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks

@@ -304,7 +304,7 @@ def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_on
     budgets = Budgets.from_text('[cpu."mlp-grad_accumulation"]\nmin_speedup = 0.01\n', source="<test>")
     outcome = Runner(cpu, profile, quick, predict=False).run("grad_accumulation", "mlp", budgets=budgets)
     assert outcome.paired and not outcome.failures
-    assert [v.kind for v in outcome.guard_verdicts] == ["loss", "gradients"] and all(v.ok for v in outcome.guard_verdicts)
+    assert [v.kind for v in outcome.guard_checks] == ["loss", "gradients"] and all(v.ok for v in outcome.guard_checks)
     # The case and its baseline measured (both alive while their rounds alternate), then each built again from its
     # seeds for the guards: its first losses and first gradients from one setup (each guard built its own: six).
     assert len(built) == 4 and len(set(built)) == 2

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainbench.compare import EXACT, gate
+from trainbench.compare import EXACT, compare_with_baseline
 from trainbench.metrics import parse_thresholds
 from trainbench.gate import OUTCOMES, Verdict
 from trainbench.metrics import METRICS, is_timed
@@ -93,7 +93,7 @@ def _gate_saved(path) -> Verdict:
     """Load the saved run and gate this session against it, as the plugin does: pytest-benchmark maps each
     benchmark's fullname to the entry (the last of duplicates), and the gate reads the entries it needs."""
     run = load_run(path)
-    return gate(CURRENT, {bench["fullname"]: bench for bench in run["benchmarks"]}, str(path), {}, THRESHOLDS,
+    return compare_with_baseline(CURRENT, {bench["fullname"]: bench for bench in run["benchmarks"]}, str(path), {}, THRESHOLDS,
                 allow_inconclusive=True)
 
 

@@ -76,21 +76,22 @@ def test_a_gates_undecided_comparison_is_measured_again_within_the_time_budget(r
         again.append(1)
         return dataclasses.replace(given, result=dataclasses.replace(result, notes=[]))
 
-    def still_unsure(o):
+    def inconclusive_comparisons(o):
         asked.append(len(o.result.round_step_times_s))
         return ["mlp-baseline step_time_ms: the 95% interval reaches the threshold"] if len(asked) < 3 else []
 
-    judged = Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again, still_unsure=still_unsure)
+    judged = Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again,
+                                                                     inconclusive_comparisons=inconclusive_comparisons)
     rounds = len(result.round_step_times_s)
     assert len(again) == 2 and asked == [rounds, 2 * rounds, 3 * rounds]  # judged afresh on the added rounds
     assert "the 95% interval reaches the threshold" in judged.result.notes[-1]
     # Without seconds to spend, only the first measurement again: then the gate says it could not judge.
     outcome = _outcome(result, OPS, load=QUIET)
     again.clear()
-    Judge(remeasure_inconclusive=1, remeasure_s=0).judge(outcome, measure_again, still_unsure=lambda o: ["unsure"])
+    Judge(remeasure_inconclusive=1, remeasure_s=0).judge(outcome, measure_again, inconclusive_comparisons=lambda o: ["unsure"])
     assert len(again) == 1
     again.clear()
-    Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again, still_unsure=lambda o: ["unsure"])
+    Judge(remeasure_inconclusive=1, remeasure_s=3600).judge(outcome, measure_again, inconclusive_comparisons=lambda o: ["unsure"])
     assert len(again) == MAX_REMEASURES
 
 
@@ -111,14 +112,14 @@ def test_rounds_the_gates_rule_cannot_judge_never_read_budget_ok(result):
                                                                      round_step_times_s=STRADDLING_S))
 
     judged = Judge(remeasure_inconclusive=1).judge(outcome, measure_again)
-    step = judged.budget_verdicts[0]
+    step = judged.bound_checks[0]
     assert len(again) == 1 and judged.failures == () and not step.ok
     # measured twice: the interval of both measurements' rounds still reaches the limit
     assert step.inconclusive.startswith("rounds too noisy to judge: 95% interval 10.8..12.4 includes the limit 12")
     assert judged.budget_status == "ok 1, 1 inconclusive"
     steady = _outcome(result, STEP, load=QUIET)
     steady = dataclasses.replace(steady, result=dataclasses.replace(steady.result, round_step_times_s=[0.0115] * 7))
-    assert Judge().judge(steady, _never).budget_verdicts[0].ok  # the same median, rounds that clear the limit: ok
+    assert Judge().judge(steady, _never).bound_checks[0].ok  # the same median, rounds that clear the limit: ok
 
 
 def test_strict_timing_fails_a_budget_its_rounds_cannot_judge_even_where_the_median_keeps_it(result):
@@ -138,7 +139,7 @@ def test_strict_timing_fails_a_missed_timed_bound_at_once(result):
 
 def test_a_session_without_meaningful_timing_judges_its_deterministic_bounds_only(result):
     judged = Judge().judge(_outcome(result, SPEED, OPS, load=QUIET), _never, untimed="2 workers share the CPU")
-    assert [v.bound.key for v in judged.budget_verdicts] == ["max_ops_per_step"] and judged.failures == ()
+    assert [v.bound.key for v in judged.bound_checks] == ["max_ops_per_step"] and judged.failures == ()
     assert judged.result.notes == ["timed budgets not judged (min_samples_per_s): 2 workers share the CPU"]
 
 

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.budgets import Bound, CaseBudget, Verdict
+from trainbench.budgets import Bound, CaseBudget, BoundCheck
 from trainbench.device import CpuBackend
-from trainbench.guards import GuardVerdict
+from trainbench.guards import GuardCheck
 from trainbench.measure import measure
 from trainbench.outcome import CaseOutcome, failed_without_result
 from trainbench.recipes import get_recipe
@@ -33,11 +33,11 @@ def measured(profile, quick):
 def _outcome(measured, *verdicts) -> CaseOutcome:
     return CaseOutcome("mlp-set_to_none", get_recipe("set_to_none"), result=measured["set_to_none"],
                        baseline_recipe=get_recipe("baseline"), baseline=measured["baseline"], paired=True,
-                       budget=CaseBudget("cpu", "mlp-set_to_none", (OPS, SPEED)), budget_verdicts=verdicts)
+                       budget=CaseBudget("cpu", "mlp-set_to_none", (OPS, SPEED)), bound_checks=verdicts)
 
 
 def test_the_budget_status_counts_failed_and_inconclusive_bounds(measured):
-    ok, missed = Verdict(OPS, 1.0, True, "ops ok"), Verdict(SPEED, 1.1, False, "short by 45%")
+    ok, missed = BoundCheck(OPS, 1.0, True, "ops ok"), BoundCheck(SPEED, 1.1, False, "short by 45%")
     unsure = dataclasses.replace(missed, inconclusive="busy machine")
     assert _outcome(measured, ok).budget_status == "ok 1"
     assert _outcome(measured, ok, unsure).budget_status == "ok 1, 1 inconclusive"
@@ -48,9 +48,9 @@ def test_the_budget_status_counts_failed_and_inconclusive_bounds(measured):
 
 
 def test_the_record_reads_back_with_its_baseline_budget_and_guard(measured):
-    outcome = _outcome(measured, Verdict(OPS, 1.0, True, "ops ok"), Verdict(SPEED, 1.1, False, "short by 45%",
+    outcome = _outcome(measured, BoundCheck(OPS, 1.0, True, "ops ok"), BoundCheck(SPEED, 1.1, False, "short by 45%",
                                                                              inconclusive="busy machine"))
-    outcome = dataclasses.replace(outcome, guard_verdicts=(GuardVerdict(True, "loss", 0.0, "same losses", [1.0], [1.0]),))
+    outcome = dataclasses.replace(outcome, guard_checks=(GuardCheck(True, "loss", 0.0, "same losses", [1.0], [1.0]),))
     record = outcome.record()
     assert record["baseline"] == "baseline" and record["paired"] is True
     assert record["speedup_vs_baseline"] == pytest.approx(outcome.speedup)

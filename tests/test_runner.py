@@ -67,7 +67,7 @@ def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches
     assert outcome.skipped is None and not outcome.failures
     assert outcome.result.config["synthetic"] == "device" and outcome.result.h2d_bytes_per_sample == 0
     assert guarded == ["device", "device"]  # the baseline's trajectory and the case's
-    assert [v.kind for v in outcome.guard_verdicts] == ["loss"] and outcome.guard_verdicts[0].ok
+    assert [v.kind for v in outcome.guard_checks] == ["loss"] and outcome.guard_checks[0].ok
     assert any(note.startswith("judged against baseline with both on device-side synthetic batches")
                for note in outcome.result.notes)
 
@@ -114,7 +114,7 @@ def test_a_setup_a_device_keeps_per_process_is_measured_with_its_baseline_in_fre
     assert outcome.baseline is not None and outcome.baseline.recipe == "baseline"
     assert "measured in a fresh process (TRAINBENCH_TEST_ENV=1)" in outcome.baseline.notes
     # the loss guard compares the trajectories the two processes ran
-    [verdict] = outcome.guard_verdicts
+    [verdict] = outcome.guard_checks
     assert verdict.kind == "loss" and verdict.ok
     assert (verdict.losses, verdict.baseline_losses) == outcome.fresh_losses and len(verdict.losses) == 4
 

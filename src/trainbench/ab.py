@@ -121,7 +121,7 @@ class ABOutcome:
     head: Result
     pairs: list[tuple[float, float]]  # (base, head) step seconds of each ABBA pair
     comparisons: list[MetricComparison]
-    guard: object = None  # trainbench.guards.GuardVerdict: both sides' losses over the seeded steps
+    guard: object = None  # trainbench.guards.GuardCheck: both sides' losses over the seeded steps
     not_measured: tuple[str, ...] = ()  # timed metrics the thresholds name that neither side measured (this device)
 
 

@@ -56,7 +56,9 @@ class Bound:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class BoundCheck:
+    """One bound of a case's budget checked against what was measured."""
+
     bound: Bound
     measured: float | None
     ok: bool
@@ -250,7 +252,7 @@ def _check_consistent(bounds: list[Bound], where: str) -> None:
                 raise BudgetError(f"{where} {lo.key} = {lo.limit:g} is above {hi.key} = {hi.limit:g}")
 
 
-def evaluate(budget: CaseBudget, result: Result, baseline: Result | None) -> list[Verdict]:
+def evaluate(budget: CaseBudget, result: Result, baseline: Result | None) -> list[BoundCheck]:
     """Check every bound; a bound whose metric this run did not produce fails (never passes silently)."""
     current = result.metrics()
     base = baseline.metrics() if baseline is not None else {}
@@ -260,14 +262,14 @@ def evaluate(budget: CaseBudget, result: Result, baseline: Result | None) -> lis
         if b.relative:
             ref = base.get(b.metric)
             if baseline is None or ref in (None, 0) or value is None:
-                verdicts.append(Verdict(b, None, False, f"{b.key}: cannot check, {b.metric} missing for this case or its baseline"))
+                verdicts.append(BoundCheck(b, None, False, f"{b.key}: cannot check, {b.metric} missing for this case or its baseline"))
                 continue
             value = value / ref
         elif value is None:
-            verdicts.append(Verdict(b, None, False, f"{b.key}: cannot check, {b.metric} was not measured on this device"))
+            verdicts.append(BoundCheck(b, None, False, f"{b.key}: cannot check, {b.metric} was not measured on this device"))
             continue
         ok = value >= b.limit if b.bound == "min" else value <= b.limit
-        verdicts.append(Verdict(b, value, ok, _line(b, value, ok)))
+        verdicts.append(BoundCheck(b, value, ok, _line(b, value, ok)))
     return verdicts
 
 

@@ -80,7 +80,7 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
     return MetricComparison(current.case, metric, base, cur, change, threshold, verdict)
 
 
-def undecided(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
+def inconclusive_comparisons(current: CaseRecord, baseline: CaseRecord, thresholds: dict[str, float],
               alpha: float = DEFAULT_ALPHA) -> list[str]:
     """The timed comparisons of ``current`` with ``baseline`` that are inconclusive, one line each: what measuring
     the case again (more rounds) may decide."""
@@ -117,7 +117,7 @@ def compare_runs(cases: list[MeasuredCase], baseline: SavedRun, thresholds: dict
     return comparisons, new_cases, errors
 
 
-def gate(cases: list[MeasuredCase], baseline: dict | SavedRun, baseline_path: str, device: dict,
+def compare_with_baseline(cases: list[MeasuredCase], baseline: dict | SavedRun, baseline_path: str, device: dict,
          thresholds: dict[str, float] | None, alpha: float = DEFAULT_ALPHA, allow_new_cases: bool = False,
          allow_inconclusive: bool = False, packages: tuple[dict | None, dict | None] = (None, None)) -> Verdict:
     """The verdict of this session against a stored run (``compare_runs``: a ``SavedRun``, or the benchmarks
@@ -255,7 +255,7 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     # every record read first: a bad one in either run is named, as bad input (the gate would list the baseline's)
     base_records, cur_records = ({name: _read(run, name) for name in cases} for run, cases in zip(runs, (base, cur)))
     measured = [MeasuredCase(record, name, {}) for name, record in cur_records.items()]
-    verdict = gate(measured, runs[0].only(base), str(baseline_path), runs[1].device or {}, thresholds, alpha,
+    verdict = compare_with_baseline(measured, runs[0].only(base), str(baseline_path), runs[1].device or {}, thresholds, alpha,
                    allow_new_cases=True, allow_inconclusive=True, packages=(runs[0].packages, runs[1].packages))
     described = tuple(f"{path} ({describe_device(run.comparable) if run.comparable else 'no device recorded'})"
                       for path, run in zip((baseline_path, current_path), runs))

@@ -325,13 +325,13 @@ class Executor:
         tolerance (trainbench.guards)."""
         started = time.perf_counter()
         with phase("the correctness guard"):
-            verdicts = tuple(self._guard_verdicts(plan, outcome))
-        outcome = self._revised(plan, replace(outcome, guard_verdicts=verdicts),
+            verdicts = tuple(self._guard_checks(plan, outcome))
+        outcome = self._revised(plan, replace(outcome, guard_checks=verdicts),
                                 phase_seconds={**outcome.result.phase_seconds, "guard": time.perf_counter() - started})
         return outcome.failing(*(f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
                                  for v in verdicts if not v.ok))
 
-    def _guard_verdicts(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardVerdict]:
+    def _guard_checks(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardCheck]:
         recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
         key = self._key(plan, plan.baseline)
         runs = self._seeded_runs(plan, outcome, key)

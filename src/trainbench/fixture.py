@@ -32,8 +32,8 @@ class TrainBench:
         self.budgets = budgets
         self.config = config
 
-    def _still_unsure(self):
-        return self.session.still_unsure(self.config, self.benchmark.fullname, self.budgets)
+    def _inconclusive_comparisons(self):
+        return self.session.inconclusive_comparisons(self.config, self.benchmark.fullname, self.budgets)
 
     def __call__(self, recipe, spec, baseline=None, **overrides):
         """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
@@ -52,7 +52,7 @@ class TrainBench:
                                                         overrides=overrides)
                 return self._simulated(plan, plan.case)
             outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides,
-                                              still_unsure=self._still_unsure())
+                                              inconclusive_comparisons=self._inconclusive_comparisons())
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {e}", pytrace=False)
@@ -70,7 +70,7 @@ class TrainBench:
             if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
                 pytest.skip(skipped)
             return self._ab(case.recipe_name, case.workload, overrides)
-        return self._finish(self.session.runner.run_case(case, self.budgets, self._still_unsure(), **overrides))
+        return self._finish(self.session.runner.run_case(case, self.budgets, self._inconclusive_comparisons(), **overrides))
 
     def _simulated(self, plan, case_id: str):
         """Under --trainbench-simulate-gpu: skip the case as that GPU would, or with what it would do there; fail it

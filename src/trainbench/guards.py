@@ -44,7 +44,7 @@ MAX_SKIPPED_STEPS = 24
 
 
 @dataclass(frozen=True)
-class GuardVerdict:
+class GuardCheck:
     ok: bool
     kind: str  # "loss" | "gradients"
     max_rel_diff: float
@@ -90,7 +90,7 @@ def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses
     return SeededRun(trajectory, first_step_gradients(config, spec, backend) if overflowed else grads)
 
 
-def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardVerdict:
+def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardCheck:
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, baseline, strict=True)]
     # A NaN or infinite loss is the worst difference there is (max() would pass over a NaN).
     diffs = [d if math.isfinite(d) else math.inf for d in diffs]
@@ -100,7 +100,7 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
         f"loss vs baseline over {len(diffs)} seeded steps: worst relative difference {worst:.3g} at step {step} "
         f"({losses[step]:.6g} vs {baseline[step]:.6g}), tolerance {rtol:g}"
     )
-    return GuardVerdict(worst <= rtol, "loss", worst, message, losses, baseline)
+    return GuardCheck(worst <= rtol, "loss", worst, message, losses, baseline)
 
 
 def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> dict[str, torch.Tensor]:
@@ -145,7 +145,7 @@ def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> 
                                 backoff_factor=scaler.get_backoff_factor(), growth_interval=scaler.get_growth_interval())
 
 
-def with_likely_cause(verdict: GuardVerdict, config: TrainConfig, spec: TrainingSpec) -> GuardVerdict:
+def with_likely_cause(verdict: GuardCheck, config: TrainConfig, spec: TrainingSpec) -> GuardCheck:
     """A failed gradient guard's message with what the setup tells of its likely cause (accumulation: an item-weighted
     mean averaged as a sample mean, or BatchNorm's per-micro-batch statistics)."""
     if verdict.ok or verdict.kind != "gradients" or config.accumulation_steps == 1:
@@ -164,7 +164,7 @@ def with_likely_cause(verdict: GuardVerdict, config: TrainConfig, spec: Training
 
 
 def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float,
-                      measure: str = "parameter") -> GuardVerdict:
+                      measure: str = "parameter") -> GuardCheck:
     """``measure`` (``recipes.GRADIENT_MEASURES``) of ``grads`` against ``baseline`` within ``rtol``: the worst
     parameter's relative error ||g - g_base|| / ||g_base||, or the step's direction; a missing gradient fails."""
     missing = sorted(set(baseline) - set(grads))
@@ -172,7 +172,7 @@ def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.
     if missing or extra:
         what = "; ".join(x for x in (f"no gradient for {', '.join(missing[:3])}" if missing else "",
                                      f"unexpected gradient for {', '.join(extra[:3])}" if extra else "") if x)
-        return GuardVerdict(False, "gradients", float("inf"), f"gradients vs baseline: {what}")
+        return GuardCheck(False, "gradients", float("inf"), f"gradients vs baseline: {what}")
     if measure == "direction":
         return _compare_directions(grads, baseline, rtol)
     worst, worst_name = 0.0, ""
@@ -184,10 +184,10 @@ def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.
             worst, worst_name = err, name
     message = (f"first-step gradients vs baseline over {len(baseline)} parameters: worst relative error {worst:.3g} "
                f"({worst_name or 'all equal'}), tolerance {rtol:g}")
-    return GuardVerdict(worst <= rtol, "gradients", worst, message)
+    return GuardCheck(worst <= rtol, "gradients", worst, message)
 
 
-def _compare_directions(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardVerdict:
+def _compare_directions(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float) -> GuardCheck:
     """1 - cos(g, g_base) over every gradient as one vector: how far the step turns (gradients that all underflowed
     to zero turn it by 1)."""
     g = torch.cat([grads[name].flatten().double() for name in baseline])
@@ -200,4 +200,4 @@ def _compare_directions(grads: dict[str, torch.Tensor], baseline: dict[str, torc
     message = (f"first-step gradients vs baseline over {len(baseline)} parameters as one vector: 1 - cosine {turned:.3g} "
                f"(norm ratio {float(torch.linalg.vector_norm(g)) / max(float(torch.linalg.vector_norm(base)), 1e-30):.3g}), "
                f"tolerance {rtol:g}")
-    return GuardVerdict(turned <= rtol, "gradients", turned, message)
+    return GuardCheck(turned <= rtol, "gradients", turned, message)

@@ -3,7 +3,7 @@ judge a timed bound (noise, a busy machine) or a timed comparison with a baselin
 
 Deterministic bounds (memory, work) stand as evaluated. A timed bound whose rounds cannot show which side
 of its limit they lie on (``stats.judge_bound``, the gate's rule), or a gate's timed comparison that is inconclusive
-(``still_unsure``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
+(``inconclusive_comparisons``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
 (which fails the session if it stays inconclusive), again while less than ``remeasure_s`` seconds went
 into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
 the earlier ones, so the interval narrows. Every step returns a new ``CaseOutcome``; the one given
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from .budgets import Verdict, evaluate
+from .budgets import BoundCheck, evaluate
 from .metrics import is_timed, per_round, rounds_of
 from .outcome import CaseOutcome, failed_without_result
 from .result import Result
@@ -28,7 +28,7 @@ from .watchdog import NoProgress
 
 MAX_REMEASURES = 4  # a case measured five times that still cannot be judged will not be by a sixth
 # Why a case's timed comparisons with a stored run cannot be judged yet ([]: they can): set by a gate.
-StillUnsure = Callable[[CaseOutcome], list[str]]
+InconclusiveComparisons = Callable[[CaseOutcome], list[str]]
 # The outcome given, with its case and baseline measured once more (``Executor.measure_again``).
 MeasureAgain = Callable[[CaseOutcome], CaseOutcome]
 
@@ -44,15 +44,15 @@ class Judge:
         self.remeasure_s = remeasure_s
 
     def judge(self, outcome: CaseOutcome, measure_again: MeasureAgain, untimed: str | None = None,
-              still_unsure: StillUnsure | None = None) -> CaseOutcome:
+              inconclusive_comparisons: InconclusiveComparisons | None = None) -> CaseOutcome:
         """``outcome`` with its budget checked, measured again (``measure_again``) while a timed bound, or a timed
-        comparison ``still_unsure`` names, is inconclusive. ``untimed``: why this session's timing means
+        comparison ``inconclusive_comparisons`` names, is inconclusive. ``untimed``: why this session's timing means
         nothing, or None."""
         outcome = self.check_budget(outcome, untimed)
         started = time.monotonic()
         for attempt in range(2, MAX_REMEASURES + 2):
-            gate = still_unsure(outcome) if still_unsure else []
-            why = "; ".join(dict.fromkeys([*(v.inconclusive for v in outcome.budget_verdicts if v.inconclusive), *gate]))
+            gate = inconclusive_comparisons(outcome) if inconclusive_comparisons else []
+            why = "; ".join(dict.fromkeys([*(v.inconclusive for v in outcome.bound_checks if v.inconclusive), *gate]))
             # A budget gets its re-measurements; a gate's comparison, which fails the session when it stays
             # inconclusive, gets more while the time budget lasts.
             more = attempt - 2 < self.remeasure_inconclusive or (gate and time.monotonic() - started < self.remeasure_s)
@@ -84,10 +84,10 @@ class Judge:
             if left_out:
                 outcome = replace(outcome, result=outcome.result.with_note(
                     f"timed budgets not judged ({', '.join(left_out)}): {untimed}"))
-        outcome = replace(outcome, budget_verdicts=tuple(self._judged(v, outcome) for v in verdicts))
+        outcome = replace(outcome, bound_checks=tuple(self._judged(v, outcome) for v in verdicts))
         return outcome.failing(*outcome.budget_failures())
 
-    def _judged(self, verdict: Verdict, outcome: CaseOutcome) -> Verdict:
+    def _judged(self, verdict: BoundCheck, outcome: CaseOutcome) -> BoundCheck:
         """A timed bound kept or missed as its rounds show it (``stats.judge_bound``), inconclusive where they cannot
         (a failure under ``strict_timing``); deterministic bounds stand as evaluated."""
         b = verdict.bound

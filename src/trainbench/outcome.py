@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .budgets import CaseBudget, Verdict
-from .guards import GuardVerdict
+from .budgets import BoundCheck, CaseBudget
+from .guards import GuardCheck
 from .recipes import Recipe
 from .result import Result, budget_status, case_record
 
@@ -34,8 +34,8 @@ class CaseOutcome:
     budget: CaseBudget | None = None
     budget_missing: str | None = None  # why no budget applies ("no budgets file ...", "no section ...")
     budget_required: bool = False  # a missing budget fails the case (--trainbench-require-budgets)
-    budget_verdicts: tuple[Verdict, ...] = ()
-    guard_verdicts: tuple[GuardVerdict, ...] = ()
+    bound_checks: tuple[BoundCheck, ...] = ()
+    guard_checks: tuple[GuardCheck, ...] = ()
     failures: tuple[str, ...] = ()
     ladder: dict | None = None
     error: str | None = None  # the case failed before it had a result (out of memory)
@@ -61,35 +61,35 @@ class CaseOutcome:
         if self.budget is None:
             return {"status": "none", "reason": self.budget_missing, "required": self.budget_required}
         return {
-            "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.budget_verdicts) else
-                       "inconclusive" if any(v.inconclusive for v in self.budget_verdicts) else "pass"),
+            "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.bound_checks) else
+                       "inconclusive" if any(v.inconclusive for v in self.bound_checks) else "pass"),
             "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
             "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,
-                        "message": v.message, "inconclusive": v.inconclusive} for v in self.budget_verdicts],
+                        "message": v.message, "inconclusive": v.inconclusive} for v in self.bound_checks],
         }
 
     def budget_failures(self) -> list[str]:
         """One line per budget bound this case failed (inconclusive ones are not failures)."""
-        return [f"{self.case} [{self.budget.device_key}]: {v.message}" for v in self.budget_verdicts
+        return [f"{self.case} [{self.budget.device_key}]: {v.message}" for v in self.bound_checks
                 if not v.ok and v.inconclusive is None]
 
     @property
     def inconclusive(self) -> list[str]:
         """One line per timed budget the rounds could not judge (noise, a busy machine)."""
         return [f"{self.case} [{self.budget.device_key}]: inconclusive: {v.message}: {v.inconclusive}"
-                for v in self.budget_verdicts if v.inconclusive is not None]
+                for v in self.bound_checks if v.inconclusive is not None]
 
     def record(self) -> dict:
         """The case's serialized form (the saved run, asv, the gate, the report)."""
         fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
                         "speedup_vs_baseline": self.speedup, "paired": self.paired}
         fields["budget"] = self._budget_field()
-        if self.guard_verdicts:
+        if self.guard_checks:
             fields["guard"] = {
                 "baseline": self.baseline_recipe.name,
                 "checks": [{"kind": v.kind, "ok": v.ok, "max_rel_diff": v.max_rel_diff, "message": v.message,
                             "rtol": self.recipe.loss_rtol if v.kind == "loss" else self.recipe.grad_rtol,
-                            "losses": v.losses, "baseline_losses": v.baseline_losses} for v in self.guard_verdicts],
+                            "losses": v.losses, "baseline_losses": v.baseline_losses} for v in self.guard_checks],
             }
         if self.ladder is not None:
             fields["ladder"] = self.ladder

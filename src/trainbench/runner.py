@@ -23,7 +23,7 @@ from .cases import Case
 from .device import Backend
 from .eligibility import why_not
 from .execute import Executor
-from .judge import Judge, StillUnsure
+from .judge import Judge, InconclusiveComparisons
 from .ladders import LADDERS
 from .measure import MeasureSettings
 from .outcome import CaseOutcome
@@ -64,11 +64,11 @@ class Runner:
     def run(self, recipe: Recipe | str, spec: SpecSource, *, baseline: Recipe | str | None = None,
             budgets: Budgets | None = None, case: str | None = None, overrides: dict | None = None,
             ladder: dict | None = None, gpu_recipe: Recipe | None = None,
-            still_unsure: StillUnsure | None = None) -> CaseOutcome:
+            inconclusive_comparisons: InconclusiveComparisons | None = None) -> CaseOutcome:
         """Measure ``recipe`` on ``spec`` against ``baseline`` (default: the recipe's own), check it, and say how it went.
 
         ``gpu_recipe``: what the case runs on a GPU where that differs from ``recipe`` (a ladder rung that
-        leaves out a GPU-only step here); its memory is the one predicted for the GPU profile. ``still_unsure``:
+        leaves out a GPU-only step here); its memory is the one predicted for the GPU profile. ``inconclusive_comparisons``:
         a gate's timed comparisons that cannot be judged yet (the case is measured again while there are any).
         An override that contradicts the recipe raises ``recipes.ConfigError``.
         """
@@ -81,19 +81,19 @@ class Runner:
         if outcome.skipped or outcome.error:
             return outcome
         outcome = self.judge.judge(outcome, functools.partial(self.executor.measure_again, plan), self.untimed,
-                                   still_unsure)
+                                   inconclusive_comparisons)
         if outcome.error:
             return outcome
         return self.executor.trace(plan, outcome)
 
-    def run_case(self, case: Case, budgets: Budgets | None = None, still_unsure: StillUnsure | None = None,
+    def run_case(self, case: Case, budgets: Budgets | None = None, inconclusive_comparisons: InconclusiveComparisons | None = None,
                  **overrides) -> CaseOutcome:
         """A suite case (``trainbench.cases``): a recipe on a built-in workload, or a ladder rung against rung 0."""
         reason, recipe, arguments = self._suite_case(case)
         if reason:
             return CaseOutcome(case.id, case.own_recipe(), skipped=reason)
         return self.run(recipe, case.workload, **arguments, budgets=budgets, overrides=overrides,
-                        still_unsure=still_unsure)
+                        inconclusive_comparisons=inconclusive_comparisons)
 
     def plan_case(self, case: Case, budgets: Budgets | None = None, **overrides) -> CasePlan | str:
         """What ``run_case`` would measure for ``case``, decided and not run; or why a rung cannot run here."""

@@ -235,13 +235,13 @@ class TrainbenchSession:
                 raise usage_error(str(e)) from None
         return self.budget_files[path]
 
-    def still_unsure(self, config, fullname: str, budgets):
+    def inconclusive_comparisons(self, config, fullname: str, budgets):
         """Under a gate, why a case's timed comparisons with its baseline record cannot be judged yet
-        (``compare.undecided``, for the runner to measure it again), or None where nothing compares it."""
+        (``compare.inconclusive_comparisons``, for the runner to measure it again), or None where nothing compares it."""
         baseline = benchmark_adapter.loaded_baseline(config)
         if not baseline or self.options.compare_fail is None:
             return None
-        from .compare import case_thresholds, undecided
+        from .compare import case_thresholds, inconclusive_comparisons
         from .result import CaseRecord, RecordError
 
         try:
@@ -254,7 +254,7 @@ class TrainbenchSession:
         def unsure(outcome) -> list[str]:
             limits = case_thresholds(self.options.compare_fail, budgets.compare_thresholds(self.runner.caps, outcome.case))
             current = CaseRecord.read(outcome.record(), outcome.case)
-            return undecided(current, base, limits, self.options.compare_alpha)
+            return inconclusive_comparisons(current, base, limits, self.options.compare_alpha)
 
         return unsure
 
@@ -501,11 +501,11 @@ class TrainbenchSession:
             baseline = benchmark_adapter.loaded_baseline(config)
             if baseline is None:
                 return None
-            from .compare import gate
+            from .compare import compare_with_baseline
             from .store import packages_of
 
             o = self.options
-            verdict = gate(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
+            verdict = compare_with_baseline(self.cases, baseline[1], baseline[0], self.backend.identity(), o.compare_fail,
                            o.compare_alpha, allow_new_cases=o.allow_new_cases,
                            allow_inconclusive=o.allow_inconclusive,
                            packages=(packages_of(baseline[0]), self.installed_packages()))
