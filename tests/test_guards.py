@@ -217,3 +217,17 @@ def test_a_step_the_grad_scaler_would_skip_forever_fails_the_gradient_guard(cpu,
     scaled = guards.first_step_gradients(TrainConfig(amp="fp16", grad_scaler=True), always_inf, cpu)
     verdict = guards.compare_gradients(scaled, fp32, get_recipe("amp_fp16").grad_rtol, get_recipe("amp_fp16").grad_measure)
     assert not verdict.ok and verdict.max_rel_diff == float("inf")
+
+
+@pytest.mark.parametrize("zero_grad", ["zeros", "set_to_none"])
+def test_one_setup_gives_the_first_gradients_and_losses_each_would_alone(cpu, profile, mlp, zero_grad):
+    # The first step's gradients are kept while training goes on: zeroing gradients in place (the baseline's "zeros")
+    # must not change what was kept, nor the losses differ from a setup that only trains.
+    from trainbench.guards import first_step_gradients, seeded_run
+
+    config = get_recipe("baseline").config(profile, zero_grad=zero_grad)
+    run = seeded_run(config, mlp, cpu, losses=True, gradients=True)
+    alone = first_step_gradients(config, mlp, cpu)
+    assert run.gradients.keys() == alone.keys()
+    assert all(torch.equal(run.gradients[name], alone[name]) for name in alone)
+    assert run.losses == loss_trajectory(config, mlp, cpu)

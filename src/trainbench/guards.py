@@ -135,7 +135,9 @@ def _first_step(training: TrainingSetup) -> tuple[dict[str, torch.Tensor], torch
     if training.scaler is not None:
         for optimizer in training.optimizers.values():
             training.scaler.unscale_(optimizer)
-    grads = {name: p.grad.detach().float().cpu() for name, p in training.model.named_parameters() if p.grad is not None}
+    # copies: on the host .float().cpu() is the live gradient itself, which training on (seeded_run) would change
+    grads = {name: p.grad.detach().to("cpu", torch.float32, copy=True) for name, p in training.model.named_parameters()
+             if p.grad is not None}
     return grads, loss.detach()
 
 
