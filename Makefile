@@ -19,7 +19,10 @@ BENCH_ARGS ?=
 # make gate's thresholds over the command line (benchmarks/budgets.toml's compare_fail entries override them per device)
 GATE_FAIL ?= deterministic:0%
 GATE_OUT ?= results/ci
-TEST_ARGS ?=
+# make test: two xdist workers, one per core (each with one intra-op thread: tests/conftest.py); worksteal hands
+# each worker half the tests in order (a module's shared session or measurement mostly runs once) and lets the
+# first one done take over the rest of the other's (tests/test_examples.py took ~40% of a loaded run's time)
+TEST_ARGS ?= -n 2 --dist worksteal
 # make ab-base: the base commit (empty: the merge base with UPSTREAM, else HEAD~1), the timed thresholds, extra
 # pytest arguments, where the verdict goes (ab-verdict.json), and the base's torch (default: the head's, TORCH_PKGS)
 BASE ?=

@@ -19,8 +19,10 @@ from trainbench.workloads import PROFILES
 # of the prediction turn it on themselves.
 os.environ.setdefault("TRAINBENCH_PREDICT_MEMORY", "0")
 
-# Keep the CPU tests on the two cores the CI runner has, and deterministic.
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Keep the CPU tests on the two cores the CI runner has, and deterministic. Under xdist (make test: two workers)
+# each worker takes one: two OpenMP threads per worker on two cores stall each parallel region on the other
+# worker's threads.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 @pytest.fixture(autouse=True)

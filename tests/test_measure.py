@@ -241,6 +241,23 @@ def metrics_of(measured):
     return lambda recipe, workload="mlp", **overrides: measured(recipe, workload, **overrides).metrics()
 
 
+@pytest.fixture(scope="module")
+def _resnet18_measured():
+    return {}
+
+
+@pytest.fixture
+def resnet18_metrics(metrics_of, _resnet18_measured):
+    """``resnet18_metrics(recipe)``: the metrics of a resnet18 case, measured once for the module (tests only read
+    them; a resnet18 case is most of this module's time)."""
+    def get(recipe):
+        if recipe not in _resnet18_measured:
+            _resnet18_measured[recipe] = metrics_of(recipe, "resnet18")
+        return _resnet18_measured[recipe]
+
+    return get
+
+
 def test_running_loss_kept_as_a_tensor_keeps_a_graph_per_step(metrics_of):
     leak = metrics_of("loss_leak")
     fixed = metrics_of("loss_detach")
@@ -271,23 +288,23 @@ def test_tensors_made_on_the_device_cross_no_bytes(metrics_of):
     assert metrics_of("device_tensors")["h2d_bytes_per_sample"] == 0
 
 
-def test_evaluation_without_autograd_keeps_no_graph(metrics_of):
+def test_evaluation_without_autograd_keeps_no_graph(metrics_of, resnet18_metrics):
     autograd = metrics_of("eval_autograd")
     no_grad = metrics_of("eval_no_grad")
     inference = metrics_of("eval_inference_mode")
     assert inference["ops_per_step"] <= no_grad["ops_per_step"] < autograd["ops_per_step"]
     assert no_grad["grad_mib"] in (0, None)
     # On a deep net the graph's saved activations dominate the forward's peak.
-    deep_autograd = metrics_of("eval_autograd", "resnet18")
-    deep_no_grad = metrics_of("eval_no_grad", "resnet18")
+    deep_autograd = resnet18_metrics("eval_autograd")
+    deep_no_grad = resnet18_metrics("eval_no_grad")
     assert deep_no_grad["activation_mib"] < 0.5 * deep_autograd["activation_mib"]
 
 
-def test_a_forward_that_never_runs_backward_is_not_a_leak(metrics_of):
+def test_a_forward_that_never_runs_backward_is_not_a_leak(resnet18_metrics):
     # MemTracker's module hooks keep such a graph alive; growth is counted without them, and the
     # breakdown tracks one step, so evaluation graphs neither show as growth nor pile up in the peak.
-    evaluation = metrics_of("eval_autograd", "resnet18")
-    training = metrics_of("baseline", "resnet18")
+    evaluation = resnet18_metrics("eval_autograd")
+    training = resnet18_metrics("baseline")
     assert evaluation["memory_growth_mib_per_step"] == 0
     assert evaluation["graph_nodes_growth_per_step"] == 0
     # one forward's saved activations, as in training (not several steps' worth)
