@@ -11,9 +11,9 @@ import torch.utils.flop_counter
 import torchvision
 import torchvision.transforms  # noqa: F401
 
-from trainbench.device import CpuBackend
-from trainbench.measure import MeasureSettings
-from trainbench.workloads import PROFILES
+from trainbench.devices.device import CpuBackend
+from trainbench.core.measure import MeasureSettings
+from trainbench.core.workloads import PROFILES
 
 # The plugin's inner sessions skip the FakeTensorMode memory prediction (seconds per case); the tests
 # of the prediction turn it on themselves.
@@ -64,7 +64,7 @@ def quick():
 @pytest.fixture
 def impossible_speedup(tmp_path):
     """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
-    from trainbench.budgets import Budgets
+    from trainbench.core.budgets import Budgets
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
@@ -85,7 +85,7 @@ def one_thread():
 @pytest.fixture
 def machine_load(monkeypatch):
     """``machine_load(load)``: every case measured from now on saw ``load`` (what other processes used)."""
-    return lambda load: monkeypatch.setattr("trainbench.host.LoadMeter.stop", lambda self: dict(load))
+    return lambda load: monkeypatch.setattr("trainbench.devices.host.LoadMeter.stop", lambda self: dict(load))
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def quick_options():
 @pytest.fixture
 def mlp(profile):
     """The built-in two-layer MLP spec on the CPU profile."""
-    from trainbench.workloads import resolve_spec
+    from trainbench.core.workloads import resolve_spec
 
     return resolve_spec("mlp", profile)
 
@@ -122,9 +122,9 @@ def mlp(profile):
 @pytest.fixture
 def training(cpu, profile):
     """``training(recipe, workload="mlp", **overrides)``: the built setup of a recipe on a built-in workload."""
-    from trainbench.recipes import get_recipe
-    from trainbench.training import TrainingSetup
-    from trainbench.workloads import resolve_spec
+    from trainbench.core.recipes import get_recipe
+    from trainbench.core.training import TrainingSetup
+    from trainbench.core.workloads import resolve_spec
 
     def build(recipe="baseline", workload="mlp", backend=None, **overrides):
         config = get_recipe(recipe).config(profile, **overrides)
@@ -136,8 +136,8 @@ def training(cpu, profile):
 @pytest.fixture
 def measured(training, profile, quick):
     """``measured(recipe, workload="mlp", settings=quick, **overrides)``: the Result of the whole method."""
-    from trainbench.measure import measure
-    from trainbench.recipes import get_recipe
+    from trainbench.core.measure import measure
+    from trainbench.core.recipes import get_recipe
 
     def run(recipe="baseline", workload="mlp", settings=None, **overrides):
         with training(recipe, workload, **overrides) as setup:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.present import verdict_table, where_lines
-from trainbench.metrics import is_timed
-from trainbench.recipes import get_recipe
-from trainbench.result import Result
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.verdicts.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
+from trainbench.verdicts.present import verdict_table, where_lines
+from trainbench.core.metrics import is_timed
+from trainbench.core.recipes import get_recipe
+from trainbench.core.result import Result
+from trainbench.core.workloads import PROFILES, resolve_spec
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
@@ -126,7 +126,7 @@ def _wrapper(tmp_path, body: str) -> str:
 
 def test_another_trainbench_on_one_side_is_a_clear_start_up_error(tmp_path):
     other = _wrapper(tmp_path, "import runpy, trainbench; trainbench.__version__ = '9.9'; "
-                               "runpy.run_module('trainbench.ab_worker', run_name='__main__')")
+                               "runpy.run_module('trainbench.verdicts.ab_worker', run_name='__main__')")
     with pytest.raises(SideError, match=r"trainbench differs between the sides: base .* has 0\.1\.0 .*head .* has 9\.9"):
         start(sys.executable, other)
 
@@ -233,8 +233,8 @@ STUCK = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="stuck", 
 def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path):
     import time
 
-    from trainbench.ab import project_paths
-    from trainbench.distributed import spec_reference
+    from trainbench.verdicts.ab import project_paths
+    from trainbench.core.distributed import spec_reference
 
     settings = {**SETTINGS, "no_progress_s": 2}
     case = ABCase("stuck-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
@@ -251,8 +251,8 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
 
 
 def test_an_ab_case_must_fit_the_device_twice_both_sides_holding_it(profile, quick, device_of_memory, tmp_path):
-    from trainbench.ab import plan_case
-    from trainbench.runner import Runner
+    from trainbench.verdicts.ab import plan_case
+    from trainbench.core.runner import Runner
 
     GiB = 2**30
 
@@ -280,7 +280,7 @@ class _NoCpuClockSide(ScriptedSide):
 
 
 def test_a_threshold_on_a_metric_neither_side_measures_is_said_once_not_failed():
-    from trainbench.present import verdict_markdown
+    from trainbench.verdicts.present import verdict_markdown
 
     base, head = _NoCpuClockSide("base", [0.1] * 8), _NoCpuClockSide("head", [0.1] * 8)
     outcome = run_case(base, head, CASE, pairs=8, thresholds={"step_time_ms": 0.05, "cpu_time_ms": 0.05})

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 from planted import GELU_NET, LEAK, LEAKY_NET, SLOW_OP_MS
 
-from trainbench.ab import ATTRIBUTION_PAIRS, ABCase, project_paths, run_case, start, verdict
-from trainbench.distributed import spec_reference
-from trainbench.present import verdict_markdown
-from trainbench.recipes import get_recipe
-from trainbench.result import Result
-from trainbench.workloads import PROFILES
+from trainbench.verdicts.ab import ATTRIBUTION_PAIRS, ABCase, project_paths, run_case, start, verdict
+from trainbench.core.distributed import spec_reference
+from trainbench.verdicts.present import verdict_markdown
+from trainbench.core.recipes import get_recipe
+from trainbench.core.result import Result
+from trainbench.core.workloads import PROFILES
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 4, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
@@ -81,7 +81,7 @@ def test_a_leak_planted_in_one_module_is_named_by_that_module(planted):
 
 
 def _terminal_summary(outcome, hello) -> list[str]:
-    from trainbench.summary import write_ab
+    from trainbench.plugin.summary import write_ab
 
     lines = []
     reporter = SimpleNamespace(write_sep=lambda sep, title: lines.append(title),

@@ -13,6 +13,17 @@ MODULES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffi
            for path in PACKAGE.rglob("*.py")}
 
 
+# The layers, lowest first: a module imports its own layer and those below it, never one above. The device backends
+# know no training; the core measures without pytest; verdicts read what was measured; the pytest glue and the
+# command line are the two front ends (the command line may read a user's project as its pytest does).
+LAYERS = ("devices", "core", "verdicts", "plugin", "cli")
+
+
+def layer_of(name: str) -> str:
+    """``core.measure`` -> ``core``; the package's own ``__init__`` and ``__main__`` are their own layer."""
+    return name.split(".")[0] if name.split(".")[0] in LAYERS else name or "__init__"
+
+
 def _trainbench_imports(path: Path) -> set[str]:
     """Modules of the package that ``path`` imports, at module level or inside functions."""
     package = list(path.relative_to(PACKAGE).parts[:-1])  # where ``from .`` starts: "cli" in cli/report.py
@@ -38,7 +49,7 @@ def _module_named(parts: list[str]) -> str:
     return ".".join(parts)
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"device"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"devices.device"}))
 def test_only_the_device_module_knows_cuda(name):
     source = MODULES[name].read_text()
     assert "torch.cuda" not in source
@@ -64,11 +75,32 @@ def test_the_package_has_no_import_cycle():
         visit(name)
 
 
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    return [f"{name} ({layer_of(name)}) imports {dep} ({layer_of(dep)})" for name, deps in sorted(graph.items())
+            for dep in sorted(deps) if layer_of(name) in order and layer_of(dep) in order
+            and order[layer_of(dep)] > order[layer_of(name)]]
+
+
+def test_every_module_belongs_to_a_layer_and_imports_none_above_it():
+    unplaced = [name for name in MODULES if layer_of(name) not in (*LAYERS, "__init__", "__main__")]
+    assert not unplaced, f"modules outside the layers {LAYERS}: {unplaced}"
+    graph = {name: _trainbench_imports(path) - {name} for name, path in MODULES.items()}
+    assert not _layer_violations(graph)
+
+
+def test_the_layer_check_sees_an_import_from_above():
+    assert _layer_violations({"core.budgets": {"verdicts.compare"}}) == \
+        ["core.budgets (core) imports verdicts.compare (verdicts)"]
+    assert _layer_violations({"devices.host": {"plugin.session"}})
+    assert not _layer_violations({"plugin.session": {"verdicts.store", "core.runner", "devices.device"},
+                                  "cli.calibrate": {"plugin.project"}})
+
+
 def test_the_core_does_not_import_pytest():
     # pytest-free: the runner, the measurement and everything under them serve asv too
-    glue = {"plugin", "options", "session", "fixture", "summary", "benchmark_adapter", "project", "__main__"}
     for name, path in MODULES.items():
-        if name not in glue:
+        if layer_of(name) not in ("plugin", "__main__"):
             assert "pytest" not in _imported_names(path), f"{name}.py imports pytest"
 
 
@@ -147,14 +179,14 @@ PYTEST_BENCHMARK_PRIVATES = (r"_benchmarksession", r"\._mode\b", r"\._timer\b", 
                              r"option\.benchmark_compare\s*=", r"\._next_num\b", r"storage\.save\s*=")
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"benchmark_adapter"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"plugin.benchmark_adapter"}))
 def test_pytest_benchmark_privates_only_in_the_adapter(name):
     source = MODULES[name].read_text()
     used = [p for p in PYTEST_BENCHMARK_PRIVATES if re.search(p, source)]
     assert not used, f"{name}.py uses pytest-benchmark internals {used}: go through benchmark_adapter.py"
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"store"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.store"}))
 def test_only_the_store_reads_saved_runs(name):
     # Saved runs are found and read by store.py alone: one matcher of run names, one check of a run's shape,
     # one choice of the baseline.
@@ -173,7 +205,7 @@ def _saved_run_reads(source: str) -> list[str]:
     return [pattern for pattern in SAVED_RUN_CONTENTS if re.search(pattern, source)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"store"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.store"}))
 def test_only_the_store_reads_what_a_saved_run_holds(name):
     found = _saved_run_reads(MODULES[name].read_text())
     assert not found, f"{name}.py reads a saved run's contents ({found}): ask store.SavedRun"
@@ -195,8 +227,8 @@ def test_reading_a_saved_run_does_not_import_torch():
 
     code = (
         "import sys\n"
-        "from trainbench.store import SavedRun\n"
-        "import trainbench.compare, trainbench.result\n"
+        "from trainbench.verdicts.store import SavedRun\n"
+        "import trainbench.verdicts.compare, trainbench.core.result\n"
         "run = SavedRun('run.json', {'machine_info': {'trainbench': {'kind': 'cpu', 'name': 'x'}}, 'benchmarks': ["
         "{'fullname': 't[c]', 'extra_info': {'case': 'c', 'samples_per_step': 1, 'profile': 'cpu'}}]})\n"
         "assert [r.case for r in run.cases()] == ['c'] and run.device['name'] == 'x' and run.profile == 'cpu'\n"
@@ -210,7 +242,7 @@ def test_reading_a_saved_run_does_not_import_torch():
 def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
     """Literal tuples, lists and sets of two or more metric names and nothing else, and constant dicts whose keys
     or values are all metric names: metrics picked by hand, i.e. a definition of a kind of metric."""
-    from trainbench.metrics import METRICS
+    from trainbench.core.metrics import METRICS
 
     def metric_names(nodes) -> list[str]:
         names = [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
@@ -235,8 +267,8 @@ def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
 
 def test_only_the_metrics_module_lists_metrics_by_kind():
     for name, path in MODULES.items():
-        if name != "metrics":
-            assert not _metric_name_collections(path.read_text()), f"{name}.py lists metrics: ask trainbench.metrics"
+        if name != "core.metrics":
+            assert not _metric_name_collections(path.read_text()), f"{name}.py lists metrics: ask trainbench.core.metrics"
 
 
 def test_the_metric_list_check_sees_the_lists_it_forbids():
@@ -255,7 +287,7 @@ def _knob_name_collections(source: str) -> list[tuple[int, list[str]]]:
     constants; and ``config.a or config.b`` over two or more knobs."""
     import dataclasses
 
-    from trainbench.recipes import TrainConfig
+    from trainbench.core.recipes import TrainConfig
 
     knobs = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -287,7 +319,7 @@ def test_only_the_knob_table_lists_knobs():
     # TrainConfig's knob table (recipes.Knob); each module asks TrainConfig.turned. recipes.py holds the table and the
     # recipes' changes.
     for name, path in MODULES.items():
-        if name != "recipes":
+        if name != "core.recipes":
             assert not _knob_name_collections(path.read_text()), f"{name}.py lists knobs: ask the knob table (recipes.Knob)"
 
 
@@ -307,9 +339,9 @@ SHARED_WORDS = {"FAIL", "FAILED", "passed", "ERROR"}
 
 
 def _verdict_words(source: str) -> list[tuple[int, str]]:
-    """String literals (docstrings aside) that hold the words ``trainbench.present`` gives a verdict's outcomes: a
+    """String literals (docstrings aside) that hold the words ``trainbench.verdicts.present`` gives a verdict's outcomes: a
     second place that says an outcome, which would soon say it differently."""
-    from trainbench.present import FINDING, STATUS
+    from trainbench.verdicts.present import FINDING, STATUS
 
     words = {*STATUS.values(), *(word for pair in FINDING.values() for word in pair)} - SHARED_WORDS
     tree = ast.parse(source)
@@ -320,10 +352,10 @@ def _verdict_words(source: str) -> list[tuple[int, str]]:
             for word in words if re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", node.value)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"present"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.present"}))
 def test_only_the_presenter_says_a_verdicts_outcomes(name):
     said = _verdict_words(MODULES[name].read_text())
-    assert not said, f"{name}.py says verdict outcomes itself (ask trainbench.present): {said}"
+    assert not said, f"{name}.py says verdict outcomes itself (ask trainbench.verdicts.present): {said}"
 
 
 def test_the_outcome_check_sees_the_words_it_forbids():
@@ -343,7 +375,7 @@ SKIP_REASONS = ("slow case:", "needs a CUDA device; this run uses", "needs compu
                 "a ladder rung is compared through", "a profiler of its own", "for the allocator and workspaces")
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"eligibility", "device"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.eligibility", "devices.device"}))
 def test_only_eligibility_says_whether_a_case_can_run_here(name):
     # device.py measures the facts; eligibility.why_not is the one place that compares them and says why not
     source = MODULES[name].read_text()
@@ -365,7 +397,7 @@ def test_every_module_is_read_in_units_of_at_most_60_lines(name):
 
 def test_trainbench_switches_are_read_only_through_the_switch_table():
     # "0" means off and "maybe" is refused only where every reader asks host.env_switch
-    from trainbench.host import SWITCHES
+    from trainbench.devices.host import SWITCHES
 
     for name, path in MODULES.items():
         source = path.read_text()
@@ -374,7 +406,7 @@ def test_trainbench_switches_are_read_only_through_the_switch_table():
                 f"{name}.py reads {switch} itself: ask host.env_switch"
 
 
-# Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.stats's: a second
+# Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.core.stats's: a second
 # implementation is a second rule for whether timing can be judged.
 STATISTICS_NAMES = re.compile(r"median|interval|bootstrap|resampl", re.IGNORECASE)
 STATISTICS_CALLS = {"bootstrap", "permutation_test", "mannwhitneyu", "binomtest", "wilcoxon", "ttest_ind", "ttest_rel"}
@@ -402,10 +434,10 @@ def _statistics_of_its_own(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"stats"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats"}))
 def test_only_the_stats_module_computes_intervals_medians_and_tests(name):
     found = _statistics_of_its_own(MODULES[name].read_text())
-    assert not found, f"{name}.py computes statistics of its own (ask trainbench.stats): {found}"
+    assert not found, f"{name}.py computes statistics of its own (ask trainbench.core.stats): {found}"
 
 
 def test_the_statistics_check_sees_what_it_forbids():
@@ -423,7 +455,7 @@ def test_the_statistics_check_sees_what_it_forbids():
 
 # Modules whose dataclasses are values a case hands on (its outcome, verdicts, results, plan, the session's record of
 # it): each step returns a new one (dataclasses.replace), so none changes what another step or the session holds.
-VALUE_MODULES = ("outcome", "result", "guards", "budgets", "plan", "execute", "judge")
+VALUE_MODULES = tuple(f"core.{name}" for name in ("outcome", "result", "guards", "budgets", "plan", "execute", "judge"))
 _MUTATORS = {"append", "extend", "insert", "update", "pop", "clear", "remove", "setdefault"}
 
 
@@ -483,9 +515,9 @@ def test_the_value_check_sees_the_changes_it_forbids():
 def test_a_case_outcome_cannot_be_changed():
     import dataclasses
 
-    from trainbench.outcome import CaseOutcome
-    from trainbench.recipes import get_recipe
-    from trainbench.session import RecordedCase
+    from trainbench.core.outcome import CaseOutcome
+    from trainbench.core.recipes import get_recipe
+    from trainbench.plugin.session import RecordedCase
 
     outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
+from trainbench.verdicts.asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
 
 COLUMNS = ["result", "params", "version", "started_at", "duration"]
 CASES = ["'resnet18-baseline'", "'resnet18-set_to_none'", "'resnet18-pinned_memory'"]

@@ -1,5 +1,5 @@
-"""Where a step's ops, time, FLOPs and memory go (trainbench.attribution), and what a changed verdict names
-from it (trainbench.explain): the tables add up to the metrics they explain, a planted slow op is named first
+"""Where a step's ops, time, FLOPs and memory go (trainbench.core.attribution), and what a changed verdict names
+from it (trainbench.verdicts.explain): the tables add up to the metrics they explain, a planted slow op is named first
 with most of the change, a planted leak is named by its module, noise is not named."""
 
 import contextlib
@@ -13,11 +13,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainbench.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
-from trainbench.compare import compare_case
-from trainbench.explain import LEADS, causes, explanation
-from trainbench.result import CaseRecord, case_record
-from trainbench.spec import TrainingSpec
+from trainbench.core.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
+from trainbench.verdicts.compare import compare_case
+from trainbench.verdicts.explain import LEADS, causes, explanation
+from trainbench.core.result import CaseRecord, case_record
+from trainbench.core.spec import TrainingSpec
 
 
 class GeluNet(torch.nn.Module):
@@ -64,9 +64,9 @@ def _spec(model, name="gelu_net") -> TrainingSpec:
 @pytest.fixture
 def run_spec(cpu, profile, quick):
     """``run_spec(spec, recipe="baseline", settings=quick)``: the Result of the whole method on a spec."""
-    from trainbench.measure import measure
-    from trainbench.recipes import get_recipe
-    from trainbench.training import TrainingSetup
+    from trainbench.core.measure import measure
+    from trainbench.core.recipes import get_recipe
+    from trainbench.core.training import TrainingSetup
 
     def run(spec, recipe="baseline", settings=None):
         with TrainingSetup(get_recipe(recipe).config(profile), spec, cpu) as setup:
@@ -129,7 +129,7 @@ def test_attribution_off_records_nothing_and_profiles_one_step(measured, quick):
 
 
 def test_a_compiled_setup_gets_no_module_sites(run_spec, monkeypatch):
-    from trainbench.recipes import TrainConfig
+    from trainbench.core.recipes import TrainConfig
 
     monkeypatch.setattr(TrainConfig, "compiles", property(lambda self: True))  # as compiled, without compiling
     result = run_spec(_spec(GeluNet))
@@ -289,7 +289,7 @@ def test_outside_modules_is_a_site_of_its_own(measured):
 
 
 def test_the_allocator_peak_is_split_by_the_users_line_that_asked_for_it():
-    from trainbench.attribution import allocator_sites
+    from trainbench.core.attribution import allocator_sites
 
     def frames(*where):
         return [{"filename": f, "line": n, "name": fn} for f, n, fn in where]
@@ -347,7 +347,7 @@ def test_the_users_line_is_found_by_where_files_resolve_not_by_words_in_their_pa
     from pathlib import Path
 
     import trainbench
-    from trainbench.attribution import allocation_site, is_framework_file
+    from trainbench.core.attribution import allocation_site, is_framework_file
 
     ours = str(Path(trainbench.__file__).parent / "training.py")
     library = str(Path(sysconfig.get_paths()["purelib"]) / "timm" / "layers" / "mlp.py")
@@ -362,7 +362,7 @@ def test_the_users_line_is_found_by_where_files_resolve_not_by_words_in_their_pa
 
 
 def test_backward_allocations_without_python_frames_are_named_by_their_autograd_node():
-    from trainbench.attribution import BACKWARD, NO_STACK, allocation_site, allocator_sites
+    from trainbench.core.attribution import BACKWARD, NO_STACK, allocation_site, allocator_sites
 
     so = "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"
     # As a snapshot with C++ stacks gives an allocation on autograd's device thread: innermost first, no Python frame.
@@ -391,7 +391,7 @@ def test_a_real_backward_stack_names_its_autograd_node():
     from torch._C._profiler import gather_traceback, symbolize_tracebacks
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from trainbench.attribution import BACKWARD, allocation_site
+    from trainbench.core.attribution import BACKWARD, allocation_site
 
     stacks = []
 

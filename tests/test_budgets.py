@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from trainbench.budgets import BudgetError, Budgets, evaluate
-from trainbench.device import CpuBackend, DeviceCaps
-from trainbench.result import Result
+from trainbench.core.budgets import BudgetError, Budgets, evaluate
+from trainbench.devices.device import CpuBackend, DeviceCaps
+from trainbench.core.result import Result
 
 
 def write(tmp_path, text):
@@ -160,7 +160,7 @@ def test_gpu_names_capabilities_and_cuda_are_device_sections(tmp_path):
 
 
 def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_path):
-    from trainbench.cases import known_case_ids
+    from trainbench.core.cases import known_case_ids
 
     known = known_case_ids()
     assert "gelu_mlp-baseline" in known and "resnet18-ladder003-3_larger_batch" in known
@@ -190,7 +190,7 @@ def _non_view_ops_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimi
     """aten ops that write data in one training step: a rough count of the kernels a device would launch."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from trainbench.workloads import next_token_loss
+    from trainbench.core.workloads import next_token_loss
 
     class Count(TorchDispatchMode):
         ops = 0
@@ -213,7 +213,7 @@ def _non_view_ops_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimi
 def test_the_uncalibrated_fused_optimizer_kernel_bound_says_so_and_lies_between_a_rough_count_and_the_loop():
     from pathlib import Path
 
-    from trainbench.workloads import _GPT_SIZES, GPT
+    from trainbench.core.workloads import _GPT_SIZES, GPT
 
     entry = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml").sections["cuda"]["gpt-optimizer_fused"]
     assert "not yet calibrated" in entry.note

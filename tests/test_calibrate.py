@@ -5,8 +5,8 @@ import json
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.budgets import Budgets
-from trainbench.calibrate import CalibrationError, calibrate, write
+from trainbench.core.budgets import Budgets
+from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
 
 EXISTING = """# budgets of two devices
 [cpu."mlp-baseline"]
@@ -109,8 +109,8 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
 
 
 def test_only_a_paired_speed_up_is_calibrated():
-    from trainbench.calibrate import bounds_for
-    from trainbench.result import CaseRecord
+    from trainbench.verdicts.calibrate import bounds_for
+    from trainbench.core.result import CaseRecord
 
     def record(paired):
         return CaseRecord.read({"case": "c", "samples_per_step": 16, "speedup_vs_baseline": 1.4, "paired": paired}, "c")
@@ -189,8 +189,8 @@ def test_each_case_goes_to_the_budgets_file_its_test_file_gets(tmp_path):
 
 
 def test_the_budgets_file_of_a_test_file_is_the_plugins_or_a_new_one_it_will_find(tmp_path):
-    from trainbench.options import discover_budgets
-    from trainbench.project import Project
+    from trainbench.plugin.options import discover_budgets
+    from trainbench.plugin.project import Project
 
     root = tmp_path
     for folder in ("tests/unit/fast", "tests/perf", "tests/own"):
@@ -216,9 +216,9 @@ import functools
 import pytest
 import torch
 from torch import nn
-from trainbench.recipes import Recipe
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.workloads import FakeTokens
+from trainbench.core.recipes import Recipe
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.workloads import FakeTokens
 
 SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
                     loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),

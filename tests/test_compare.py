@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.compare import compare_case
-from trainbench.metrics import ThresholdError, parse_thresholds
-from trainbench.gate import EXIT_COULD_NOT_JUDGE, Verdict
-from trainbench.present import verdict_table
-from trainbench.result import CaseRecord
+from trainbench.verdicts.compare import compare_case
+from trainbench.core.metrics import ThresholdError, parse_thresholds
+from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, Verdict
+from trainbench.verdicts.present import verdict_table
+from trainbench.core.result import CaseRecord
 
 
 def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8), activation=1.0, samples=16):
@@ -93,8 +93,8 @@ def test_a_significant_slowdown_on_a_busy_machine_could_not_be_judged_and_fails_
     [flattered] = compare_case(run_of(step_ms=[7.0] * 7), _loaded(run_of(), 1.1), {"samples_per_s": 0.05})
     assert flattered.verdict == "inconclusive"  # ... so a busy baseline cannot show an improvement
 
-    from trainbench.compare import compare_with_baseline
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.core.result import MeasuredCase
 
     rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
@@ -130,9 +130,9 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
-    from trainbench.compare import compare_with_baseline
-    from trainbench.present import verdict_markdown
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.verdicts.present import verdict_markdown
+    from trainbench.core.result import MeasuredCase
 
     def stored(record):
         return {"extra_info": {**record.metrics, "case": record.case, "samples_per_step": 16,
@@ -147,9 +147,9 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
 
 
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
-    from trainbench.compare import compare_with_baseline
-    from trainbench.present import verdict_markdown
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.verdicts.present import verdict_markdown
+    from trainbench.core.result import MeasuredCase
 
     here = {"kind": "cuda", "name": "NVIDIA L4", "torch": "2.14.1", "cudnn": 92400, "driver": "580.65.06"}
     there = {**here, "cudnn": 91000, "driver": "570.10"}
@@ -167,8 +167,8 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
 
 
 def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
-    from trainbench.compare import compare_with_baseline
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.core.result import MeasuredCase
 
     here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
     stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": here,
@@ -219,10 +219,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainbench.device import CpuBackend
-from trainbench.host import LoadMeter
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.workloads import FakeTokens
+from trainbench.devices.device import CpuBackend
+from trainbench.devices.host import LoadMeter
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.workloads import FakeTokens
 
 
 class VirtualClock:
@@ -261,7 +261,7 @@ def virtual_time(monkeypatch):
     monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
     # And the profiled steps: their wall on the virtual clock, all of it outside ops (a real profiler would time
     # the ops by the machine's clock, which a loaded machine moves by more than the virtual step).
-    monkeypatch.setattr("trainbench.measure.profile_steps", virtual_profile)
+    monkeypatch.setattr("trainbench.core.measure.profile_steps", virtual_profile)
 
 
 def virtual_profile(run_step, steps, backend):
@@ -566,11 +566,12 @@ def test_a_gated_metric_the_baseline_lacks_fails(pytester, gate_options):
 def test_a_baseline_with_other_thread_settings_is_refused_unless_asked(pytester, gate_options):
     [saved] = list(pytester.path.rglob("0001_base.json"))
     data = json.loads(saved.read_text())
-    data["machine_info"]["trainbench"]["cpu_threads"] = 1  # the baseline ran with OMP_NUM_THREADS=1
+    here = data["machine_info"]["trainbench"]["cpu_threads"]  # this process's (one under an xdist worker)
+    data["machine_info"]["trainbench"]["cpu_threads"] = here + 1  # the baseline ran with another OMP_NUM_THREADS
     saved.write_text(json.dumps(data))
     refused = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
-    refused.stderr.fnmatch_lines(["*compare runs made with other settings (cpu_threads 1 there, * here)*"])
+    refused.stderr.fnmatch_lines([f"*compare runs made with other settings (cpu_threads {here + 1} there, {here} here)*"])
     assert _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%", "--trainbench-allow-cross-device").ret == 0
 
 
@@ -677,8 +678,8 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
-    from trainbench.compare import compare_with_baseline
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.core.result import MeasuredCase
 
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
                                    "round_step_times_s": run_of().round_step_times_s}}}
@@ -695,8 +696,8 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     ({"round_step_times_s": None}, "samples_per_s = 1600.0 without round_step_times_s: expected the rounds"),
 ])
 def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
-    from trainbench.compare import compare_with_baseline
-    from trainbench.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
+    from trainbench.core.result import MeasuredCase
 
     slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 1600.0,

@@ -10,13 +10,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainbench import StepContext, TrainingSpec
-from trainbench.device import CpuBackend
-from trainbench.eligibility import why_not
-from trainbench.guards import GUARD_STEPS, compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
-from trainbench.measure import Measurer, MeasureSettings
-from trainbench.recipes import NotApplicable, TrainConfig, get_recipe, spec_unmet
-from trainbench.spec import SpecError
-from trainbench.training import TrainingSetup
+from trainbench.devices.device import CpuBackend
+from trainbench.core.eligibility import why_not
+from trainbench.core.guards import GUARD_STEPS, compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
+from trainbench.core.measure import Measurer, MeasureSettings
+from trainbench.core.recipes import NotApplicable, TrainConfig, get_recipe, spec_unmet
+from trainbench.core.spec import SpecError
+from trainbench.core.training import TrainingSetup
 
 NOISE, DIM = 8, 16
 BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
@@ -329,7 +329,7 @@ def test_a_larger_batch_trains_more_samples_per_step(config, cpu):
     ("channels_last", None),  # applies to a custom step; this model has no convolution (told once built)
 ])
 def test_recipes_that_cannot_apply_to_a_custom_step_say_why(config, cpu, profile, recipe, reason):
-    from trainbench.device import DeviceCaps
+    from trainbench.devices.device import DeviceCaps
 
     caps = DeviceCaps("cpu", "a CPU", cuda=False, capability=None, gpu_count=0, bf16=True)
     r = get_recipe(recipe)
@@ -421,7 +421,7 @@ def test_a_loss_calling_submodules_directly_gets_the_breakdown_memtracker_gives_
 
 @pytest.mark.parametrize("overrides", [{}, {"amp": "fp16", "grad_scaler": True}])
 def test_the_gan_step_memory_is_predicted_as_measured(config, cpu, overrides):
-    from trainbench.predict import PREDICTED_STEPS, predict_memory
+    from trainbench.core.predict import PREDICTED_STEPS, predict_memory
 
     predicted = predict_memory(config(**overrides), GAN_SPEC, cpu)
     assert predicted["breakdown_bytes"] == breakdown(config(**overrides), GAN_SPEC, cpu, PREDICTED_STEPS)[0]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainbench import device
-from trainbench.device import CpuBackend, CudaBackend, pin_to_one_gpu
+from trainbench.devices import device
+from trainbench.devices.device import CpuBackend, CudaBackend, pin_to_one_gpu
 
 
 def test_a_gpu_supports_bf16_only_natively(monkeypatch):
@@ -274,7 +274,7 @@ def test_runs_are_comparable_on_the_same_device_and_on_the_cpu_with_the_same_ker
 
 
 def test_a_gpu_measures_autotuning_and_deterministic_setups_in_a_fresh_process(monkeypatch):
-    from trainbench.recipes import TrainConfig
+    from trainbench.core.recipes import TrainConfig
 
     gpu = _FakeL4()
     assert gpu.fresh_process_reason(TrainConfig()) is None and gpu.fresh_process_env(TrainConfig()) == {}
@@ -322,7 +322,7 @@ def test_a_mig_slice_gets_no_peak_of_the_whole_gpu(name):
 def test_the_sm_clock_is_read_where_this_torch_has_it_else_asked_elsewhere_and_never_raises():
     import types
 
-    from trainbench.device import NOMINAL_SM_CLOCK_KHZ, sm_clock_khz
+    from trainbench.devices.device import NOMINAL_SM_CLOCK_KHZ, sm_clock_khz
 
     def refuse():
         raise RuntimeError("NVML not found")

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.distributed import ProcessFailed, measure_ddp
-from trainbench.guards import compare_gradients, first_step_gradients
-from trainbench.recipes import TrainConfig, get_recipe
-from trainbench.result import RELAUNCH_NOTE
-from trainbench.spec import SpecError
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.core.distributed import ProcessFailed, measure_ddp
+from trainbench.core.guards import compare_gradients, first_step_gradients
+from trainbench.core.recipes import TrainConfig, get_recipe
+from trainbench.core.result import RELAUNCH_NOTE
+from trainbench.core.spec import SpecError
+from trainbench.core.workloads import PROFILES, resolve_spec
 
 
 @pytest.mark.parametrize("data", [{}, {"synthetic": "device"}], ids=["loader", "synthetic"])
@@ -108,7 +108,7 @@ def test_a_finished_rank_leaves_without_the_native_teardown_that_can_abort_it(cp
 
 
 def test_a_native_crash_is_summarized_with_where_each_thread_was(tmp_path):
-    from trainbench.distributed import _native_crash
+    from trainbench.core.distributed import _native_crash
 
     stderr = tmp_path / "logs" / "run" / "attempt_0" / "1" / "stderr.log"
     stderr.parent.mkdir(parents=True)
@@ -218,7 +218,7 @@ def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(ca
     import shutil
 
     from trainbench.__main__ import main
-    from trainbench.result import Result
+    from trainbench.core.result import Result
 
     attempts = []
     # As the suite does for its own jobs, a rendezvous whose rank crashed below Python (faulthandler's "Fatal Python
@@ -257,8 +257,8 @@ def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
 
 
 def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.budgets import Budgets
-    from trainbench.runner import Runner
+    from trainbench.core.budgets import Budgets
+    from trainbench.core.runner import Runner
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
@@ -304,7 +304,7 @@ STUCK_SPEC = '''
 import dataclasses, signal, time
 import pytest
 import torch
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.core.workloads import PROFILES, resolve_spec
 
 class Stuck(torch.utils.data.Dataset):
     def __init__(self, items):
@@ -319,10 +319,10 @@ STUCK = dataclasses.replace(MLP, name="stuck", dataset=lambda: Stuck(MLP.dataset
 '''
 
 HANGING_JOB = STUCK_SPEC + '''
-from trainbench.device import CpuBackend
-from trainbench.distributed import measure_ddp
-from trainbench.measure import MeasureSettings
-from trainbench.recipes import TrainConfig
+from trainbench.devices.device import CpuBackend
+from trainbench.core.distributed import measure_ddp
+from trainbench.core.measure import MeasureSettings
+from trainbench.core.recipes import TrainConfig
 
 def main():
     def interrupt(signum, frame):  # what the plugin does with SIGTERM
@@ -398,8 +398,8 @@ def test_sigterm_during_a_ddp_case_ends_torchrun_and_every_rank_and_removes_the_
 
 
 def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.budgets import Budgets
-    from trainbench.runner import Runner
+    from trainbench.core.budgets import Budgets
+    from trainbench.core.runner import Runner
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
@@ -462,8 +462,8 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
 
 def test_gpu_ranks_share_the_cores_their_one_process_baseline_has(monkeypatch):
     # Not torchrun's one thread a rank against DataParallel's every core: the same cores, split between the ranks.
-    from trainbench.device import CpuBackend, CudaBackend
-    from trainbench.distributed import _child_env
+    from trainbench.devices.device import CpuBackend, CudaBackend
+    from trainbench.core.distributed import _child_env
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     gpu = object.__new__(CudaBackend)  # no CUDA needed: the answer depends on the host's threads only
@@ -478,9 +478,9 @@ def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_
     import json
     import subprocess
 
-    from trainbench import distributed
-    from trainbench.device import CpuBackend
-    from trainbench.result import Result
+    from trainbench.core import distributed
+    from trainbench.devices.device import CpuBackend
+    from trainbench.core.result import Result
 
     events = []
 

@@ -5,10 +5,12 @@ import json
 import pytest
 import torch
 
-from trainbench import doctor, host
+from trainbench.verdicts import doctor
+
+from trainbench.devices import host
 from trainbench.__main__ import main
-from trainbench.device import DeviceCaps, unsupported_arch
-from trainbench.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
+from trainbench.devices.device import DeviceCaps, unsupported_arch
+from trainbench.verdicts.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
 
 CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 MiB, GiB = 1 << 20, 1 << 30
@@ -151,9 +153,9 @@ def fake_prediction(config, spec):
 
 
 def test_a_case_too_large_for_the_gpu_is_skipped_as_the_runner_skips_it_not_a_blocker():
-    from trainbench.eligibility import Context, MemoryLimit, why_not
-    from trainbench.recipes import get_recipe
-    from trainbench.workloads import PROFILES, resolve_spec
+    from trainbench.core.eligibility import Context, MemoryLimit, why_not
+    from trainbench.core.recipes import get_recipe
+    from trainbench.core.workloads import PROFILES, resolve_spec
 
     cases = {c.case_id: c for c in doctor.heaviest_cases(H100, 80 * GiB, fake_prediction)}
     assert set(cases) == set(doctor.HEAVIEST_CASES)
@@ -178,7 +180,7 @@ def test_a_case_too_large_for_the_gpu_is_skipped_as_the_runner_skips_it_not_a_bl
 
 def test_a_healthy_h100_is_not_warned_about_the_largest_case_the_gate_lets_run():
     # vit-larger_batch needs 72.4 GiB with the gate's headroom on a 79.1 GiB H100: it fits, as the gate says
-    from trainbench.fleet import H100_SXM
+    from trainbench.devices.fleet import H100_SXM
 
     caps = DeviceCaps("cuda", H100_SXM.name, cuda=True, capability=H100_SXM.capability, gpu_count=1, bf16=True)
     peaks = {**PREDICTED_PEAK, "vit": int(72.4 * GiB / 1.25)}
@@ -226,9 +228,9 @@ def test_shm_free_bytes_reads_the_mount(tmp_path):
 def test_the_largest_worker_batch_is_what_its_loader_collates():
     from torch.utils.data import DataLoader
 
-    from trainbench.cases import all_cases
-    from trainbench.spec import batch_nbytes
-    from trainbench.workloads import PROFILES, resolve_spec
+    from trainbench.core.cases import all_cases
+    from trainbench.core.spec import batch_nbytes
+    from trainbench.core.workloads import PROFILES, resolve_spec
 
     case_id, batch_bytes, workers = doctor.largest_worker_batch("cpu")
     assert workers > 0
@@ -335,7 +337,7 @@ def test_library_logging_distorts_timing_as_a_warning():
 
 
 def _gpu_states(*processes, mig=False, app=1755):
-    from trainbench.gpu_state import GpuProcess, GpuState
+    from trainbench.devices.gpu_state import GpuProcess, GpuState
 
     h100 = GpuState(0, "GPU-5a0e9b3e", "NVIDIA H100 80GB HBM3", mig, 1980, 1980, app, 1755,
                     tuple(GpuProcess(pid, mib) for pid, mib in processes))
@@ -447,7 +449,7 @@ class _FakeH100:
 
 def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_needs(quiet_env, monkeypatch, capsys,
                                                                                      tmp_path):
-    from trainbench import predict
+    from trainbench.core import predict
 
     monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(devices=[{**gpu(memory=80 * GiB), "uuid": "5a0e9b3e"}]))
     monkeypatch.setattr(doctor, "get_backend", lambda spec: _FakeH100())

@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 
-from trainbench.cases import Case, ladder_cases
-from trainbench.device import DeviceCaps
-from trainbench.eligibility import Context, MemoryLimit, why_not
-from trainbench.predict import HEADROOM
-from trainbench.recipes import Recipe, Requirements, get_recipe
-from trainbench.workloads import PROFILES
+from trainbench.core.cases import Case, ladder_cases
+from trainbench.devices.device import DeviceCaps
+from trainbench.core.eligibility import Context, MemoryLimit, why_not
+from trainbench.core.predict import HEADROOM
+from trainbench.core.recipes import Recipe, Requirements, get_recipe
+from trainbench.core.workloads import PROFILES
 
 CPU = DeviceCaps("cpu", "Some CPU", bf16=True)
 CPU_NO_BF16 = DeviceCaps("cpu", "Old CPU", bf16=False)
@@ -203,9 +203,9 @@ def test_a_multi_gpu_case_on_a_worker_pinned_to_one_gpu_says_so_and_how_to_run_i
 
 def test_every_knob_entry_names_a_need_its_reader_knows():
     # a need the table names but no reader checks would pass silently
-    from trainbench.eligibility import BUILD_NEEDS
-    from trainbench.recipes import KNOBS, SPEC_NEEDS, TrainConfig
-    from trainbench.spec import TrainingSpec
+    from trainbench.core.eligibility import BUILD_NEEDS
+    from trainbench.core.recipes import KNOBS, SPEC_NEEDS, TrainConfig
+    from trainbench.core.spec import TrainingSpec
 
     for name, knob in KNOBS.items():
         assert knob.spec_needs in (None, *SPEC_NEEDS), name

@@ -1,6 +1,6 @@
 """Which software versions a comparison names when they differ between the compared runs."""
 
-from trainbench.environment import ENVIRONMENT_KEYS, environment_differences
+from trainbench.devices.environment import ENVIRONMENT_KEYS, environment_differences
 
 H100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "torch": "2.14.1+cu130", "driver": "580.65.06",
         "cuda": "13.0", "cudnn": 92400, "cublas": "13.1.1.3", "nccl": "2.30.7", "cpu_threads": 16}
@@ -37,7 +37,7 @@ def _distribution(folder, name: str, version: str):
 def test_installed_packages_are_every_distribution_on_the_path_by_canonical_name(tmp_path, monkeypatch):
     from importlib.metadata import version
 
-    from trainbench.environment import installed_packages
+    from trainbench.devices.environment import installed_packages
 
     before = installed_packages()
     assert before["torch"] == version("torch") and before["pytest"] == version("pytest")
@@ -48,7 +48,7 @@ def test_installed_packages_are_every_distribution_on_the_path_by_canonical_name
 
 
 def test_the_first_of_two_installs_of_a_package_is_the_one_recorded(tmp_path, monkeypatch):
-    from trainbench.environment import installed_packages
+    from trainbench.devices.environment import installed_packages
 
     # first on the path: what ``import`` finds
     monkeypatch.syspath_prepend(str(_distribution(tmp_path / "later", "fakepkg", "1.0")))
@@ -57,7 +57,7 @@ def test_the_first_of_two_installs_of_a_package_is_the_one_recorded(tmp_path, mo
 
 
 def test_package_differences_name_changed_versions_then_packages_only_here_then_only_there():
-    from trainbench.environment import package_differences
+    from trainbench.devices.environment import package_differences
 
     there = {"numpy": "2.0.1", "triton": "3.4.0", "pillow": "11.0", "six": "1.16"}
     here = {"numpy": "2.1.0", "triton": "3.5.0", "pillow": "11.0", "zipp": "3.20", "fakepkg": "1.0"}

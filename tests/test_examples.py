@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.device import CpuBackend
+from trainbench.devices.device import CpuBackend
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 BF16 = CpuBackend(torch.device("cpu")).supports_bf16()

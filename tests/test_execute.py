@@ -8,14 +8,14 @@ import weakref
 import pytest
 import torch
 
-from trainbench.budgets import Budgets
-from trainbench.device import CpuBackend, PeakMemory
-from trainbench.measure import Measurer
-from trainbench.result import CaseRecord
-from trainbench.runner import Runner
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.training import InjectedFault
-from trainbench.workloads import resolve_spec
+from trainbench.core.budgets import Budgets
+from trainbench.devices.device import CpuBackend, PeakMemory
+from trainbench.core.measure import Measurer
+from trainbench.core.result import CaseRecord
+from trainbench.core.runner import Runner
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.training import InjectedFault
+from trainbench.core.workloads import resolve_spec
 
 
 class LoggingBackend(CpuBackend):
@@ -291,7 +291,7 @@ def test_each_setup_is_built_and_its_peaks_measured_after_what_earlier_cases_cac
 
 def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_once_for_its_guards(cpu, profile, quick,
                                                                                                 monkeypatch):
-    from trainbench.training import TrainingSetup
+    from trainbench.core.training import TrainingSetup
 
     built = []
     real = TrainingSetup.__init__

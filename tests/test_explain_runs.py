@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.result import Result, case_record
+from trainbench.core.result import Result, case_record
 
 IDENTITY = {"kind": "cpu", "name": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1", "cpu_threads": 2}
 OPS_MS = {"aten::convolution_backward": 3.0, "aten::mm": 2.0, "aten::add_": 1.0, "(outside ops)": 0.5}
@@ -122,7 +122,7 @@ def test_a_broken_record_is_named_by_file_and_entry(runs, capsys):
 
 
 def test_moved_rows_mark_a_change_within_noise_and_compare_folded_rows_inside_other():
-    from trainbench.explain import moved_rows
+    from trainbench.verdicts.explain import moved_rows
 
     def tables(ops_ms):
         return {"time": {"steps": 5, "ops_ms": ops_ms}}

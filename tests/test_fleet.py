@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.cases import all_cases
-from trainbench.fleet import FLEET, H100_SXM, T4, find_gpu
-from trainbench.night_plan import format_night, plan_night
-from trainbench.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
-from trainbench.predict import PredictionCache
-from trainbench.roofline import StepCounts
-from trainbench.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
+from trainbench.core.cases import all_cases
+from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
+from trainbench.verdicts.night_plan import format_night, plan_night
+from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
+from trainbench.core.predict import PredictionCache
+from trainbench.core.roofline import StepCounts
+from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
 
 BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
 MiB, GiB = 2**20, 2**30
@@ -164,9 +164,9 @@ def test_the_simulated_gpu_answers_what_the_driver_would_and_times_nothing():
 
 def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
     # the one real prediction at the GPU profile's sizes (a few seconds): the stand-in's figure is the real one
-    from trainbench.measure import DEFAULT_SETTINGS
-    from trainbench.runner import Runner
-    from trainbench.workloads import PROFILES
+    from trainbench.core.measure import DEFAULT_SETTINGS
+    from trainbench.core.runner import Runner
+    from trainbench.core.workloads import PROFILES
 
     (case,) = [c for c in all_cases() if c.id == "gpt-larger_batch"]
     runner = Runner(SimulatedGpu(H100_SXM), PROFILES["gpu"], DEFAULT_SETTINGS["gpu"],
@@ -209,7 +209,7 @@ def test_the_roofline_says_what_bounds_each_case_and_flags_a_speedup_it_rules_ou
 
 
 def test_any_gpu_by_name_or_explicit_spec_is_planned():
-    from trainbench.fleet import GpuSpecError, parse_gpu
+    from trainbench.devices.fleet import GpuSpecError, parse_gpu
 
     for name, sm, sms in (("NVIDIA L40S", (8, 9), 142), ("NVIDIA A10G", (8, 6), 80), ("NVIDIA GeForce RTX 4090", (8, 9), 128),
                           ("NVIDIA A100-SXM4-80GB", (8, 0), 108), ("NVIDIA B200", (10, 0), 148)):
@@ -238,7 +238,7 @@ def test_any_gpu_by_name_or_explicit_spec_is_planned():
 
 def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monkeypatch, capsys):
     from trainbench import __main__ as cli
-    from trainbench import night_plan
+    from trainbench.verdicts import night_plan
 
     real = night_plan.plan_night
     monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: real(

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainbench.ab import ABOutcome
-from trainbench.ab import verdict as ab_verdict
-from trainbench.gate import (
+from trainbench.verdicts.ab import ABOutcome
+from trainbench.verdicts.ab import verdict as ab_verdict
+from trainbench.verdicts.gate import (
     EXIT_COULD_NOT_JUDGE,
     MetricComparison,
     Verdict,
 )
-from trainbench.present import verdict_markdown, verdict_table
-from trainbench.stats import judge_change
+from trainbench.verdicts.present import verdict_markdown, verdict_table
+from trainbench.core.stats import judge_change
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
@@ -189,7 +189,7 @@ def test_a_verdict_never_claims_what_its_interval_does_not_show(low, width, thre
 
 
 def test_the_environment_line_names_the_first_differences_and_counts_the_rest():
-    from trainbench.present import ENVIRONMENT_LISTED, environment_line
+    from trainbench.verdicts.present import ENVIRONMENT_LISTED, environment_line
 
     differences = [f"package nvidia-lib{i} 12.{i} there, 13.{i} here" for i in range(ENVIRONMENT_LISTED + 2)]
     line = environment_line(differences)

@@ -22,13 +22,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainbench.compare import EXACT, compare_with_baseline
-from trainbench.metrics import parse_thresholds
-from trainbench.gate import OUTCOMES, Verdict
-from trainbench.metrics import METRICS, is_timed
-from trainbench.result import MeasuredCase
-from trainbench.result import MIB, CaseRecord, Result, case_record
-from trainbench.store import RunFileError, load_run
+from trainbench.verdicts.compare import EXACT, compare_with_baseline
+from trainbench.core.metrics import parse_thresholds
+from trainbench.verdicts.gate import OUTCOMES, Verdict
+from trainbench.core.metrics import METRICS, is_timed
+from trainbench.core.result import MeasuredCase
+from trainbench.core.result import MIB, CaseRecord, Result, case_record
+from trainbench.verdicts.store import RunFileError, load_run
 
 THRESHOLDS = parse_thresholds("deterministic:0%,samples_per_s:50%")
 ROUNDS_MS = (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)

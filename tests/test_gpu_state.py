@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from trainbench import gpu_state
-from trainbench.gpu_state import GpuProcess, GpuState
+from trainbench.devices import gpu_state
+from trainbench.devices.gpu_state import GpuProcess, GpuState
 
 PID_VISIBLE = gpu_state.pid_visible  # before the fixture below replaces it
 
@@ -109,7 +109,7 @@ def test_in_a_container_the_drivers_pids_are_not_taken_for_other_processes(monke
 
 
 def test_the_doctor_says_cannot_tell_for_one_unmatched_pid_and_warns_for_more():
-    from trainbench.doctor import check_gpu_state
+    from trainbench.verdicts.doctor import check_gpu_state
 
     def state(*unmatched, others=()):
         gpu = GpuState(0, H100_UUID, "NVIDIA H100 80GB HBM3", False, 1980, 1980, 1755, 1755, tuple(others),

@@ -6,16 +6,16 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.budgets import Bound, CaseBudget
-from trainbench.device import CpuBackend
-from trainbench.judge import MAX_REMEASURES, Judge
-from trainbench.measure import measure
-from trainbench.outcome import CaseOutcome
-from trainbench.recipes import get_recipe
-from trainbench.runner import Runner
-from trainbench.training import TrainingSetup
-from trainbench.watchdog import NoProgress
-from trainbench.workloads import resolve_spec
+from trainbench.core.budgets import Bound, CaseBudget
+from trainbench.devices.device import CpuBackend
+from trainbench.core.judge import MAX_REMEASURES, Judge
+from trainbench.core.measure import measure
+from trainbench.core.outcome import CaseOutcome
+from trainbench.core.recipes import get_recipe
+from trainbench.core.runner import Runner
+from trainbench.core.training import TrainingSetup
+from trainbench.core.watchdog import NoProgress
+from trainbench.core.workloads import resolve_spec
 
 HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
 QUIET = {"cpus": 2, "seconds": 3.0, "other_cpus": 0.02, "load_average_1m": [1.9, 2.0]}
@@ -154,7 +154,7 @@ def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result)
 
 
 def test_a_loss_that_diverges_while_measured_again_fails_the_case_alone(result):
-    from trainbench.training import NonFiniteLoss
+    from trainbench.core.training import NonFiniteLoss
 
     def diverges(given):
         raise NonFiniteLoss("the loss of training spec 'mlp' is nan at step 12")

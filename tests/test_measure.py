@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench import training as training_module
-from trainbench.device import CpuBackend
-from trainbench.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
-from trainbench.recipes import TrainConfig, get_recipe
-from trainbench.result import MIB
-from trainbench.training import TrainingSetup
-from trainbench.workloads import resolve_spec
+from trainbench.core import training as training_module
+from trainbench.devices.device import CpuBackend
+from trainbench.core.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
+from trainbench.core.recipes import TrainConfig, get_recipe
+from trainbench.core.result import MIB
+from trainbench.core.training import TrainingSetup
+from trainbench.core.workloads import resolve_spec
 
 MLP_PARAMS = 3072 * 256 + 256 + 256 * 10 + 10  # Flatten -> Linear(3072, 256) -> ReLU -> Linear(256, 10)
 
@@ -363,7 +363,7 @@ def test_the_op_counter_counts_item_as_a_sync_and_a_dtype_cast_as_none():
 # -- passes a setup's threads escape ---------------------------------------------------------------------
 
 def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile, quick):
-    from trainbench.measure import Measurer
+    from trainbench.core.measure import Measurer
 
     with training_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
         # DataParallel needs 2 GPUs; the pass selection only reads the config, so the CPU setup stands in.
@@ -387,7 +387,7 @@ def _flops_by_op(model: torch.nn.Module, batch: torch.Tensor) -> dict:
 
 
 def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
-    from trainbench.measure import convolution_share
+    from trainbench.core.measure import convolution_share
 
     convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 16, 3), torch.nn.Flatten(),
                                   torch.nn.Linear(16 * 4 * 4, 4))
@@ -398,9 +398,9 @@ def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
 
 
 def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
-    from trainbench import device
-    from trainbench.device import CpuBackend
-    from trainbench.measure import Measurer
+    from trainbench.devices import device
+    from trainbench.devices.device import CpuBackend
+    from trainbench.core.measure import Measurer
 
     class MigSlice(CpuBackend):  # a device named as a MIG slice of an H100: the table's H100 row must not apply
         name = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"

@@ -4,9 +4,9 @@ import statistics
 
 import pytest
 
-from trainbench.budgets import parse_key
-from trainbench.metrics import parse_thresholds
-from trainbench.metrics import (
+from trainbench.core.budgets import parse_key
+from trainbench.core.metrics import parse_thresholds
+from trainbench.core.metrics import (
     DETERMINISTIC,
     DEVICE_CHOICE,
     KINDS,
@@ -24,7 +24,7 @@ from trainbench.metrics import (
     rounds_of,
     timed_metrics,
 )
-from trainbench.result import CaseRecord, Result, case_record
+from trainbench.core.result import CaseRecord, Result, case_record
 
 
 def test_every_metric_has_one_kind_and_speed_is_exactly_the_timed_ones():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.night import (
+from trainbench.cli.night import (
     CASE_GROUPS,
     FINISH_RESERVE_S,
     MIN_STEP_S,
@@ -22,7 +22,7 @@ from trainbench.night import (
     merge_runs,
     run_night,
 )
-from trainbench.store import INCOMPLETE_KEY
+from trainbench.verdicts.store import INCOMPLETE_KEY
 
 ROOT = Path(__file__).parents[1]
 
@@ -258,8 +258,8 @@ def test_junit_cases_read_outcomes_and_skip_reasons(tmp_path):
 
 
 def test_a_jobs_processes_share_predictions_and_counts_through_one_file(tmp_path, monkeypatch, cpu, profile, mlp):
-    from trainbench import predict, roofline
-    from trainbench.recipes import get_recipe
+    from trainbench.core import predict, roofline
+    from trainbench.core.recipes import get_recipe
 
     monkeypatch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path / "shared.json"))
     calls = []

@@ -1,10 +1,10 @@
-"""When timing can be judged (``trainbench.stats``): a budget's limit by the gate's rule, one interval for every
+"""When timing can be judged (``trainbench.core.stats``): a budget's limit by the gate's rule, one interval for every
 caller, a busy machine, and the load meter's arithmetic."""
 
 import pytest
 
-from trainbench.host import LoadMeter, busy_cpu_seconds
-from trainbench.stats import (
+from trainbench.devices.host import LoadMeter, busy_cpu_seconds
+from trainbench.core.stats import (
     beyond_noise,
     busy_reason,
     dispersion,
@@ -121,7 +121,7 @@ def test_the_load_meter_subtracts_this_process_trees_own_cpu(monkeypatch, tmp_pa
     stat = tmp_path / "stat"
     clock = iter([0.0, 10.0])
     own = iter([5.0, 15.0])
-    monkeypatch.setattr("trainbench.host.own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr("trainbench.devices.host.own_cpu_seconds", lambda: next(own))
     meter = LoadMeter(str(stat), clock=lambda: next(clock))
     meter._cpus = {0, 1}
     stat.write_text("cpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n")

@@ -5,15 +5,15 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.budgets import Bound, CaseBudget, BoundCheck
-from trainbench.device import CpuBackend
-from trainbench.guards import GuardCheck
-from trainbench.measure import measure
-from trainbench.outcome import CaseOutcome, failed_without_result
-from trainbench.recipes import get_recipe
-from trainbench.result import CaseRecord
-from trainbench.training import TrainingSetup
-from trainbench.workloads import resolve_spec
+from trainbench.core.budgets import Bound, CaseBudget, BoundCheck
+from trainbench.devices.device import CpuBackend
+from trainbench.core.guards import GuardCheck
+from trainbench.core.measure import measure
+from trainbench.core.outcome import CaseOutcome, failed_without_result
+from trainbench.core.recipes import get_recipe
+from trainbench.core.result import CaseRecord
+from trainbench.core.training import TrainingSetup
+from trainbench.core.workloads import resolve_spec
 
 OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
 SPEED = Bound("samples_per_s", "min", True, 2.0, "min_speedup")
@@ -76,8 +76,8 @@ def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):
 
 
 def test_scaling_efficiency_is_n_ranks_over_n_times_one_rank_at_the_per_rank_batch():
-    from trainbench.outcome import scaling_efficiency
-    from trainbench.result import Result
+    from trainbench.core.outcome import scaling_efficiency
+    from trainbench.core.result import Result
 
     def run(recipe, batch, step_s, parallel=None, world=1, ideal=None):
         return Result(f"resnet18-{recipe}", "resnet18", recipe, "gpu", batch_size=batch, config={"parallel": parallel},

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from trainbench.measure import Measurer, MeasureSettings
-from trainbench.recipes import TrainConfig
-from trainbench.training import TrainingSetup
+from trainbench.core.measure import Measurer, MeasureSettings
+from trainbench.core.recipes import TrainConfig
+from trainbench.core.training import TrainingSetup
 
 REPETITIONS = 41  # pairs of adjacent rounds
 ROUNDS, STEPS_PER_ROUND = 1, 20

@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.budgets import Budgets
-from trainbench.device import CpuBackend
-from trainbench.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED, Planner, interleave_blocker
-from trainbench.predict import PredictionCache
-from trainbench.recipes import ConfigError, TrainConfig
+from trainbench.core.budgets import Budgets
+from trainbench.devices.device import CpuBackend
+from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED, Planner, interleave_blocker
+from trainbench.core.predict import PredictionCache
+from trainbench.core.recipes import ConfigError, TrainConfig
 
 GiB = 2**30
 
@@ -144,7 +144,7 @@ def test_a_case_and_its_baseline_that_fit_only_one_at_a_time_are_not_interleaved
 
 
 def test_a_case_measured_with_its_baseline_after_says_why_in_its_result(profile, quick, device_of_memory, budgets):
-    from trainbench.runner import Runner
+    from trainbench.core.runner import Runner
 
     runner = Runner(device_of_memory(GiB), profile, quick, predict=False)
     runner.planner.predictions = lambda profile_name, config, spec: {"breakdown_bytes": {"total": GiB // 2}}

@@ -171,7 +171,7 @@ def test_benchmark_json_carries_every_metric(baseline_without_budgets):
 
 
 def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(pytester, quick_options):
-    from trainbench.attribution import compact
+    from trainbench.core.attribution import compact
 
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("-k", "baseline or set_to_none", "--benchmark-json=out.json",
@@ -248,9 +248,9 @@ import functools
 
 import torch
 from torch import nn
-from trainbench.recipes import Recipe
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.workloads import FakeTokens
+from trainbench.core.recipes import Recipe
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.workloads import FakeTokens
 
 SPEC = TrainingSpec(
     name="my_bag_of_words",
@@ -365,8 +365,8 @@ import functools
 
 import torch
 from torch import nn
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.workloads import FakeTokens
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.workloads import FakeTokens
 
 CALLS = [0]
 
@@ -414,7 +414,7 @@ import time
 import torch
 from torch import nn
 from torch.utils.data import Dataset
-from trainbench.spec import TrainingSpec, classification_loss
+from trainbench.core.spec import TrainingSpec, classification_loss
 
 
 class Hangs(Dataset):
@@ -454,7 +454,7 @@ HUNG_IN_MAIN = HUNG.replace('train_bench("multiprocess_loading", SPEC, loader_ti
 
 def test_z_after(train_bench):
     import dataclasses
-    from trainbench.workloads import FakeTokens
+    from trainbench.core.workloads import FakeTokens
 
     train_bench("baseline", dataclasses.replace(SPEC, name="fine", dataset=lambda: FakeTokens(64, 8, 100)))
 """
@@ -484,8 +484,8 @@ import dataclasses
 
 import torch
 from torch import nn
-from trainbench.spec import classification_loss
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.core.spec import classification_loss
+from trainbench.core.workloads import PROFILES, resolve_spec
 
 MLP = resolve_spec("mlp", PROFILES["cpu"])
 STEPS = [0]

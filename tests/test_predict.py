@@ -1,4 +1,4 @@
-"""Memory predicted under FakeTensorMode (trainbench.predict): the same breakdown the measurement tracks, from fake
+"""Memory predicted under FakeTensorMode (trainbench.core.predict): the same breakdown the measurement tracks, from fake
 tensors, at sizes this machine need not hold; and the setups it cannot fake, said with a reason instead of a crash."""
 
 import contextlib
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainbench.measure import Measurer, MeasureSettings
-from trainbench.predict import (
+from trainbench.core.measure import Measurer, MeasureSettings
+from trainbench.core.predict import (
     PredictionCache,
     allocator_peak_bounds,
     cublas_workspace_bytes,
@@ -21,11 +21,11 @@ from trainbench.predict import (
     unpredictable,
     without_unpredictable,
 )
-from trainbench.recipes import get_recipe
-from trainbench.runner import Runner
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.training import TrainingSetup
-from trainbench.workloads import PROFILES, resolve_spec
+from trainbench.core.recipes import get_recipe
+from trainbench.core.runner import Runner
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.training import TrainingSetup
+from trainbench.core.workloads import PROFILES, resolve_spec
 
 MIB = 2**20
 
@@ -285,7 +285,7 @@ def test_a_model_whose_constructor_asks_a_tensor_its_value_is_built_for_real_the
 
 
 def test_a_model_fake_tensors_can_build_is_built_once_and_never_for_real(cpu, profile, monkeypatch):
-    from trainbench import predict
+    from trainbench.core import predict
 
     builds = []
     monkeypatch.setattr(predict, "_made_fake", lambda *a: pytest.fail("a fake-buildable model was built for real"))
@@ -385,7 +385,7 @@ def test_setups_that_share_a_memory_setup_measure_the_same_breakdown(cpu, profil
 
 
 def test_the_cache_predicts_once_per_memory_setup_and_spec(cpu, profile, monkeypatch):
-    from trainbench import predict
+    from trainbench.core import predict
 
     made = []
     monkeypatch.setattr(predict, "predict_memory",
@@ -417,9 +417,9 @@ def test_a_prediction_leaves_memtracker_as_it_found_it(cpu, profile, mlp):
 # -- a prediction that cannot be made says why in the summary -------------------------------------------------------
 
 def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, quick):
-    from trainbench.present import summary_table
-    from trainbench.result import CaseRecord
-    from trainbench.summary import _prediction_lines
+    from trainbench.verdicts.present import summary_table
+    from trainbench.core.result import CaseRecord
+    from trainbench.plugin.summary import _prediction_lines
 
     records = [CaseRecord.read(Runner(cpu, profile, quick, predict=True).run("baseline", spec).record(), "case")
                for spec in ("mlp", BRANCHING)]

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from trainbench.gate import OUTCOMES, MetricComparison, Verdict
-from trainbench.present import (
+from trainbench.verdicts.gate import OUTCOMES, MetricComparison, Verdict
+from trainbench.verdicts.present import (
     FINDING,
     STATUS,
     Line,
@@ -17,7 +17,7 @@ from trainbench.present import (
     terminal_lines,
     verdict_sections,
 )
-from trainbench.render import Column, Table
+from trainbench.verdicts.render import Column, Table
 
 
 def comparison(outcome: str, case: str = "mlp-baseline", metric: str = "samples_per_s") -> MetricComparison:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainbench.render import Column, Table, change, interval, number
+from trainbench.verdicts.render import Column, Table, change, interval, number
 
 TABLE = Table((Column("case", left=True), Column("samples/s"), Column("note", left=True)),
               (("mlp-baseline", number(1234.5678, ".1f"), "ok"), ("resnet18-amp_bf16", number(None), "a|b")))
@@ -38,7 +38,7 @@ def test_a_row_of_the_wrong_width_is_refused():
 # -- the GPU prediction column and its legend -------------------------------------------------------------------------
 
 def _predicted_record(case: str, predicted: dict | None):
-    from trainbench.result import CaseRecord
+    from trainbench.core.result import CaseRecord
 
     peak = (predicted or {}).get("breakdown_bytes", {}).get("total")
     return CaseRecord.read({"case": case, "samples_per_step": 16, "samples_per_s": 100.0, "step_time_ms": 160.0,
@@ -52,8 +52,8 @@ FAILED = {"profile": "gpu", "reason": "FakeTensorMode could not run the step: Ty
 
 
 def test_a_prediction_that_could_not_be_made_is_marked_in_its_cell_and_explained_below_the_table():
-    from trainbench.present import summary_table
-    from trainbench.summary import _prediction_lines
+    from trainbench.verdicts.present import summary_table
+    from trainbench.plugin.summary import _prediction_lines
 
     records = [_predicted_record("a-baseline", {**PREDICTED, **EXACT}), _predicted_record("b-baseline", FAILED),
                _predicted_record("b-amp", FAILED), _predicted_record("c-baseline", None)]
@@ -66,7 +66,7 @@ def test_a_prediction_that_could_not_be_made_is_marked_in_its_cell_and_explained
 
 
 def test_the_prediction_legend_claims_exactness_only_for_the_cases_it_checked():
-    from trainbench.summary import _prediction_lines
+    from trainbench.plugin.summary import _prediction_lines
 
     unchecked = [_predicted_record("a", {**PREDICTED, **EXACT}), _predicted_record("b", PREDICTED)]
     assert _prediction_lines(unchecked)[0][0].endswith(

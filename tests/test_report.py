@@ -6,12 +6,12 @@ import os
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.device import DeviceCaps
-from trainbench.ladders import LADDERS
-from trainbench.report import device_slug, ladder_runs, write_ladder_report
-from trainbench.result import CaseRecord
-from trainbench.store import RunFileError, SavedRun
-from trainbench.workloads import PROFILES
+from trainbench.devices.device import DeviceCaps
+from trainbench.core.ladders import LADDERS
+from trainbench.verdicts.report import device_slug, ladder_runs, write_ladder_report
+from trainbench.core.result import CaseRecord
+from trainbench.verdicts.store import RunFileError, SavedRun
+from trainbench.core.workloads import PROFILES
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
               "torch": "2.14.1+cpu", "cpu_model": "Example CPU 9000", "cpu_threads": 2, "cpu_capability": "AVX2",
@@ -33,7 +33,7 @@ def ladder_benchmark(ladder, rung: int, samples_per_s: float, device: dict) -> d
     }
     if rung:
         info["speedup_vs_baseline"] = samples_per_s / 100.0
-    if rung == 2:  # the GPU profile's memory as trainbench.predict records it (batch 128 at 224 px)
+    if rung == 2:  # the GPU profile's memory as trainbench.core.predict records it (batch 128 at 224 px)
         info["predicted_memory"] = {"profile": "gpu", "device": "cpu", "batch_size": 128,
                                     "breakdown_bytes": {"total": 3_210_000_000, "activations": 2_600_000_000}}
     if rung == 1:
@@ -216,8 +216,8 @@ def test_load_errors_are_report_errors(tmp_path):
 
 
 def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs():
-    from trainbench.report import LadderRun, RungResult
-    from trainbench.result import CaseRecord
+    from trainbench.verdicts.report import LadderRun, RungResult
+    from trainbench.core.result import CaseRecord
 
     def record(**info):
         return CaseRecord.read({"case": "c", "samples_per_step": 16, "round_step_times_s": [0.1], **info}, "c")
@@ -233,7 +233,7 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
 
 
 def test_the_session_summary_has_a_line_per_case_with_its_marks():
-    from trainbench.present import summary_table
+    from trainbench.verdicts.present import summary_table
 
     metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
                "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189,

@@ -4,11 +4,11 @@ import dataclasses
 
 import torch
 
-from trainbench.budgets import Budgets
-from trainbench.device import CpuBackend
-from trainbench.recipes import get_recipe
-from trainbench.runner import Runner
-from trainbench.workloads import resolve_spec
+from trainbench.core.budgets import Budgets
+from trainbench.devices.device import CpuBackend
+from trainbench.core.recipes import get_recipe
+from trainbench.core.runner import Runner
+from trainbench.core.workloads import resolve_spec
 
 
 def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):
@@ -52,7 +52,7 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
 # -- how cases are judged on a GPU, checked on the CPU ----------------------------------------------------
 
 def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches(cpu, profile, quick, monkeypatch):
-    from trainbench import guards
+    from trainbench.core import guards
 
     guarded = []
     real = guards.loss_trajectory

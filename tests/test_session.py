@@ -13,8 +13,8 @@ import functools
 import pytest
 import torch
 from torch import nn
-from trainbench.spec import TrainingSpec, classification_loss
-from trainbench.workloads import FakeTokens
+from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.workloads import FakeTokens
 
 SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
                     loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
@@ -58,7 +58,7 @@ def _edited(path, name: str, edit) -> object:
 
 
 class _DiskFullMidWrite:
-    """Stands in for the ``os`` module of trainbench.files: each file it opens takes half of the first write, then
+    """Stands in for the ``os`` module of trainbench.core.files: each file it opens takes half of the first write, then
     the disk is full."""
 
     def __getattr__(self, name):
@@ -93,7 +93,7 @@ def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_int
     before = saved.read_bytes()
     with monkeypatch.context() as patched:  # only this one: pytester's own patches (its working folder) stay
         if fault == "disk full mid-write":
-            patched.setattr("trainbench.files.os", _DiskFullMidWrite())
+            patched.setattr("trainbench.core.files.os", _DiskFullMidWrite())
         else:  # pytest-benchmark's own save opened the file first: a 0-byte run was left
             patched.setattr("pytest_benchmark.utils.safe_dumps", _unserializable)
             patched.setattr("pytest_benchmark.storage.file.safe_dumps", _unserializable)
@@ -109,7 +109,7 @@ def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_int
 
 def test_a_plain_benchmark_session_saves_through_pytest_benchmark_itself(pytester, monkeypatch):
     pytester.makepyfile(test_plain="def test_plain(benchmark):\n    benchmark(sum, range(10))\n")
-    monkeypatch.setattr("trainbench.files.os", _DiskFullMidWrite())  # not used: the plain session's save is its own
+    monkeypatch.setattr("trainbench.core.files.os", _DiskFullMidWrite())  # not used: the plain session's save is its own
     result = pytester.runpytest("--benchmark-save=plain", "--benchmark-max-time=0.01", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert [p.name for p in pytester.path.rglob("*.json")] == ["0001_plain.json"]
@@ -199,8 +199,8 @@ def test_an_xdist_worker_is_pinned_to_its_gpu_before_the_doctor_asks_cuda_anythi
 
     import torch
 
-    # Through sys.modules: an earlier inner session may have left a stale ``trainbench.doctor`` attribute behind.
-    device, doctor = importlib.import_module("trainbench.device"), importlib.import_module("trainbench.doctor")
+    # Through sys.modules: an earlier inner session may have left a stale ``trainbench.verdicts.doctor`` attribute behind.
+    device, doctor = importlib.import_module("trainbench.devices.device"), importlib.import_module("trainbench.verdicts.doctor")
     calls = []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)

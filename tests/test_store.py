@@ -6,7 +6,7 @@ import os
 import pytest
 from pytest_benchmark.utils import get_machine_id
 
-from trainbench.store import (
+from trainbench.verdicts.store import (
     INCOMPLETE_KEY,
     NoBaselineError,
     RunFileError,

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.budgets import Budgets
-from trainbench.cases import SUITE, all_cases, ladder_cases
-from trainbench.device import DeviceCaps
-from trainbench.eligibility import why_not
-from trainbench.ladders import LADDERS
-from trainbench.recipes import RECIPES
-from trainbench.workloads import PROFILES
+from trainbench.core.budgets import Budgets
+from trainbench.core.cases import SUITE, all_cases, ladder_cases
+from trainbench.devices.device import DeviceCaps
+from trainbench.core.eligibility import why_not
+from trainbench.core.ladders import LADDERS
+from trainbench.core.recipes import RECIPES
+from trainbench.core.workloads import PROFILES
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
 # A V100 (sm_70 has its own section) and an H100 (only [cuda] applies), each with 8 GPUs.

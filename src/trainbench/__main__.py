@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import build_parser, main  # noqa: F401  (build_parser: the parser, importable from here as before)
+from trainbench.cli import build_parser, main  # noqa: F401  (build_parser: the parser, importable from here as before)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..metrics import ThresholdError, parse_fraction
-from ..store import RunFileError, latest_run
+from trainbench.core.metrics import ThresholdError, parse_fraction
+from trainbench.verdicts.store import RunFileError, latest_run
 
 NAME = "calibrate"
 HELP = "write this device's budgets from a saved run, with a margin"
@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # calibrate loads torch and project loads pytest: only this subcommand pays for them
-    from ..calibrate import CalibrationError, calibrate, write
-    from ..project import ProjectError, measure_run, read_project
+    from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
+    from trainbench.plugin.project import ProjectError, measure_run, read_project
 
     chosen: dict = {}  # test file -> (budgets file, how it was chosen)
     try:
@@ -108,7 +108,7 @@ def _count(n: int, noun: str) -> str:
 def _newest_run(project) -> Path:
     """The newest run saved on this machine in the project's storage: what the last ``pytest --benchmark-save``
     there wrote (never another machine's)."""
-    from ..project import ProjectError
+    from trainbench.plugin.project import ProjectError
 
     folder = project.runs_folder
     if folder is None:
@@ -122,7 +122,7 @@ def _budgets_beside_the_tests(project, chosen: dict):
     test's node id, relative to the rootdir), or a new one it will find. ``chosen`` collects the choices."""
 
     def targets(fullnames: list[str]) -> dict[str, Path]:
-        from ..project import ProjectError
+        from trainbench.plugin.project import ProjectError
 
         unknown = [name for name in fullnames if "::" not in name]
         if unknown:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..files import write_json_atomic
-from ..host import SwitchError
+from trainbench.core.files import write_json_atomic
+from trainbench.devices.host import SwitchError
 from .shared import gpu_to_simulate
 
 NAME = "doctor"
@@ -31,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the doctor and the night's plan load torch: imported when the subcommand runs, not for --help
-    from ..doctor import doctor_record, format_checks, run_checks
+    from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks
 
     if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
-        from ..night_plan import simulated_doctor
+        from trainbench.verdicts.night_plan import simulated_doctor
 
         gpu = gpu_to_simulate(args, "doctor")
         if gpu is None:

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
-from ..metrics import ThresholdError, parse_thresholds
-from ..files import write_json_atomic
-from ..store import RunFileError
+from trainbench.verdicts.compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
+from trainbench.core.metrics import ThresholdError, parse_thresholds
+from trainbench.core.files import write_json_atomic
+from trainbench.verdicts.store import RunFileError
 
 NAME = "explain"
 HELP = "what changed between two saved runs, and where (ops, kernels, memory sites, packages)"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..compare import CompareError, noise_study, noise_table
-from ..metrics import ThresholdError, parse_fraction, timed_metrics
-from ..store import RunFileError, SavedRun
+from trainbench.verdicts.compare import CompareError, noise_study, noise_table
+from trainbench.core.metrics import ThresholdError, parse_fraction, timed_metrics
+from trainbench.verdicts.store import RunFileError, SavedRun
 
 NAME = "noise"
 HELP = "false-alarm rate of a gate from repeated runs of the same code"

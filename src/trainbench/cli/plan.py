@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..files import write_json_atomic
+from trainbench.core.files import write_json_atomic
 from .shared import gpu_to_simulate
 
 NAME = "plan"
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
-    from ..night_plan import format_night, plan_night, plan_record  # loads torch: only when planning
+    from trainbench.verdicts.night_plan import format_night, plan_night, plan_record  # loads torch: only when planning
 
     gpu = gpu_to_simulate(args, "plan")
     if gpu is None:

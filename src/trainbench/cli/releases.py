@@ -7,7 +7,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from ..asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
+from trainbench.verdicts.asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
 
 NAME = "releases"
 HELP = "what the PyTorch releases recorded by asv differ in, case by case"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..report import write_ladder_report
-from ..store import RunFileError, latest_run
+from trainbench.verdicts.report import write_ladder_report
+from trainbench.verdicts.store import RunFileError, latest_run
 
 NAME = "report"
 HELP = "render the optimization-ladder tables and plots of a saved benchmark run"

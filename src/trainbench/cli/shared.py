@@ -8,7 +8,7 @@ import sys
 
 def gpu_to_simulate(args: argparse.Namespace, command: str):
     """The GPU ``--simulate-gpu`` names or specifies (``fleet.parse_gpu``); None after saying why it cannot be."""
-    from ..fleet import GpuSpecError, parse_gpu  # loads torch: only a simulated GPU pays for it
+    from trainbench.devices.fleet import GpuSpecError, parse_gpu  # loads torch: only a simulated GPU pays for it
 
     try:
         return parse_gpu(args.simulate_gpu)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..present import verdict_markdown
+from trainbench.verdicts.present import verdict_markdown
 
 NAME = "verdict"
 HELP = "print a gate's verdict JSON as Markdown (a CI job summary)"

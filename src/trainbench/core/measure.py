@@ -1,0 +1,751 @@
+"""The measurement method: warm-up until steady, synchronized rounds, memory, work signals.
+
+1. Warm-up: at least ``min_warmup_steps`` (plus the recipe's extra for compile or
+   autotuning), then windows of steps until two consecutive windows agree within
+   ``steady_tolerance`` (or ``max_warmup_steps``). Loader workers are running and
+   prefetching on the live endless iterator before timing starts.
+2. Timing: a round is ``steps_per_round`` steps on the live iterator between two
+   ``backend.timer()`` reads; the timer synchronizes the device, so a round is
+   end-to-end (data stalls count) with no sync inside it.
+3. Memory: a separate warm pass with reset allocator peaks; live tensor bytes and kept
+   autograd nodes after each of a few steps (growth: a leak if > 0); then one step under
+   PyTorch's ``MemTracker`` (or, for steps it cannot follow, ``_StepMemory``) that splits the
+   tensor peak into parameters, gradients, optimizer state and activations.
+4. Work: one step under ``FlopCounterMode`` and an op counter (FLOPs, ops, syncs),
+   plus the bytes each step copies to the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from trainbench.core.attribution import Sites, allocator_sites, parameter_sites, per_step, profile_steps
+from trainbench.devices.device import Backend, no_peak_reason
+
+# Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+from trainbench.core.recipes import NotApplicable
+from trainbench.core.result import Result
+from trainbench.core.training import TrainingSetup
+from trainbench.core.watchdog import phase
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    min_warmup_steps: int = 3
+    max_warmup_steps: int = 30
+    steady_window: int = 3
+    steady_tolerance: float = 0.10
+    rounds: int = 5
+    steps_per_round: int = 3
+    memory_steps: int = 2
+    breakdown: bool = True  # MemTracker pass
+    work: bool = True  # FLOP / op / sync pass
+    # Where the step's ops, time, FLOPs and memory go (trainbench.core.attribution), recorded in the passes after
+    # timing: what explains a changed verdict. ``profiled_steps``: steps the profiler times, one at a time.
+    attribution: bool = True
+    profiled_steps: int = 3
+    # Exactly min_warmup_steps (+ the recipe's extra), no settling windows: ranks of a
+    # process group must run the same number of steps, or their collectives deadlock.
+    fixed_warmup: bool = False
+    # A case that makes no progress (no step, no batch) for this long fails alone (trainbench.core.watchdog);
+    # 0: no limit. Generous: torch.compile's first step and cuDNN autotuning are progress-free minutes.
+    no_progress_s: float = 600.0
+
+
+DEFAULT_SETTINGS = {
+    "cpu": MeasureSettings(),
+    "gpu": MeasureSettings(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05,
+                           rounds=10, steps_per_round=10, memory_steps=3, no_progress_s=1200.0),
+}
+
+
+GROWTH_STEPS = 2  # steps after the first over which live memory growth is measured (x log_every)
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Bytes of the storages that aten ops created under this mode and that are still alive.
+
+    The same weak-reference bookkeeping as MemTracker's, without its module hooks: those
+    hooks keep the graph of a forward that never runs backward (an evaluation step, a loss
+    computed twice) alive, a leak of the tracker's own. (The profiler's allocator events
+    were no alternative: on CPU they can count frees of blocks allocated before profiling.)
+    """
+
+    def __init__(self, device: torch.device, sites: Sites | None = None):
+        super().__init__()
+        self.device_type = device.type
+        self.sites = sites  # where each storage was made (trainbench.core.attribution), if asked
+        self._entries = WeakIdKeyDictionary()  # storage -> [bytes, site]; an entry goes when its storage is freed
+        self._by_site: Counter[str] = Counter()  # live bytes per site
+        self._refs: set = set()
+        self.peak, self.peak_by_site = 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
+                self._track(t.untyped_storage())
+        if self.sites is not None:
+            total = sum(self._by_site.values())
+            if total > self.peak:
+                self.peak, self.peak_by_site = total, dict(self._by_site)
+        return out
+
+    def _track(self, storage) -> None:
+        entry = self._entries.get(storage)
+        if entry is None:
+            entry = self._entries[storage] = [storage.nbytes(), self.sites.site() if self.sites else ""]
+            self._by_site[entry[1]] += entry[0]
+            self._refs.add(weakref.ref(storage, functools.partial(self._freed, entry)))
+        elif storage.nbytes() != entry[0]:  # resized in place
+            self._by_site[entry[1]] += storage.nbytes() - entry[0]
+            entry[0] = storage.nbytes()
+
+    def _freed(self, entry: list, ref) -> None:
+        self._by_site[entry[1]] -= entry[0]
+        self._refs.discard(ref)
+
+    def live_bytes(self) -> int:
+        return sum(entry[0] for entry in self._entries.values())
+
+    def live_by_site(self) -> dict[str, int]:
+        return {site: n for site, n in self._by_site.items() if n}
+
+
+class RoundRunner(Protocol):
+    """Runs ``rounds`` timed rounds of ``steps_per_round`` calls; returns each round's mean step seconds."""
+
+    def __call__(self, step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]: ...
+
+
+def _round_cpu_times(marks: list[float | None], rounds: int, steps_per_round: int) -> list[float]:
+    """CPU seconds per step of each round from the CPU clock read at each round's start and end ([] where the
+    device has no CPU clock, or a runner read the timer other than twice a round)."""
+    if len(marks) != 2 * rounds or any(m is None for m in marks):
+        return []
+    return [(marks[2 * i + 1] - marks[2 * i]) / steps_per_round for i in range(rounds)]
+
+
+def run_rounds(step: Callable[[], None], rounds: int, steps_per_round: int, timer: Callable[[], float]) -> list[float]:
+    """The plain round loop; identical in shape to pytest-benchmark's pedantic runner."""
+    times = []
+    for _ in range(rounds):
+        start = timer()
+        for _ in range(steps_per_round):
+            step()
+        times.append((timer() - start) / steps_per_round)
+    return times
+
+
+def convolution_share(flops_by_op: dict) -> float:
+    """The share of a step's FLOPs in convolutions (forward and backward), from ``FlopCounterMode``'s per-op
+    counts: which TF32 flag (cuDNN's or cuBLAS's) decides the precision the step computes in."""
+    total = sum(flops_by_op.values())
+    return sum(n for op, n in flops_by_op.items() if "conv" in str(op)) / total if total else 0.0
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched, and the host-device syncs among them: ``_local_scalar_dense``
+    (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``)."""
+
+    def __init__(self, backend: Backend, sites: Sites | None = None):
+        super().__init__()
+        self.backend = backend
+        self.sites = sites  # where each op runs (trainbench.core.attribution), if asked
+        self.ops: Counter[str] = Counter()
+        self.ops_by_site: Counter[str] = Counter()
+        self.blocking_copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if self.sites is not None:
+            self.ops_by_site[self.sites.site()] += 1
+        if name == "aten._to_copy" and kwargs.get("device") is not None:
+            self.blocking_copies += self.backend.blocking_copy(args[0], torch.device(kwargs["device"]),
+                                                               bool(kwargs.get("non_blocking", False)))
+        elif name == "aten.copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            self.blocking_copies += self.backend.blocking_copy(args[1], args[0].device, bool(non_blocking))
+        return func(*args, **kwargs)
+
+    @property
+    def syncs(self) -> int:
+        return self.ops["aten._local_scalar_dense"] + self.blocking_copies
+
+
+_MEMTRACKER_CATEGORIES = {
+    "PARAM": "params",
+    "BUFFER": "buffers",
+    "GRAD": "grads",
+    "OPT": "optimizer_state",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "OTH": "other",
+    # FSDP2 (FSDPMemTracker): a rank's own shards are its parameters and gradients; the whole tensors it gathers
+    # for a block, and the collectives' buffers, are its own entries.
+    "SHARDED_PARAM": "params",
+    "UNSHARDED_PARAM": "unsharded_params",
+    "SHARDED_GRAD": "grads",
+    "UNSHARDED_GRAD": "unsharded_grads",
+    "ALL_GATHER": "all_gather",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "INP": "inputs",
+}
+
+
+class _StepMemory(TorchDispatchMode):
+    """The tensor peak of a step and its split by kind, with no module hooks: any loss or step function.
+
+    Storages are told apart by identity. Those alive when tracking starts: the model's parameters
+    and buffers, their gradients, the optimizers' state. One an op creates: optimizer state inside
+    an optimizer's step, a temporary inside a backward pass, an activation otherwise; a gradient
+    once it lands in a parameter's ``.grad`` (a parameter hook). MemTracker's categories, without
+    its module hooks, so submodules called directly, a module called several times and shared
+    weights are all one to it. (Activations a checkpointed block recomputes in backward count as
+    temporaries here; MemTracker, which sees the block's forward run again, counts them as activations.)
+    """
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizers):
+        super().__init__()
+        self.device_type = device.type
+        self.model, self.optimizers = model, list(optimizers)
+        self._entries = WeakIdKeyDictionary()  # storage -> [bytes, kind]
+        self._refs: set = set()  # weak references whose callbacks take a freed storage's bytes off its kind
+        self._bytes: Counter[str] = Counter()
+        self._in_optimizer = 0
+        self._handles: list = []
+        self.peak, self._peak_bytes = 0, {}
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def before(optimizer, args, kwargs):
+            self._in_optimizer += 1
+
+        def after(optimizer, args, kwargs):
+            self._in_optimizer -= 1
+            self._take_state(optimizer)
+
+        self._handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+        for p in self.model.parameters():
+            self._track(p, "params")
+            if p.grad is not None:
+                self._track(p.grad, "grads", reclassify=True)
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda param: self._track(param.grad, "grads", reclassify=True)))
+        for b in self.model.buffers():
+            self._track(b, "buffers")
+        for optimizer in self.optimizers:
+            self._take_state(optimizer)
+        self._update_peak()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return super().__exit__(*exc)
+
+    def _take_state(self, optimizer) -> None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self._track(value, "optimizer_state", reclassify=True)
+
+    def _track(self, t: torch.Tensor, kind: str, reclassify: bool = False) -> None:
+        if t.device.type != self.device_type:
+            return
+        for storage in _storages(t):
+            entry = self._entries.get(storage)
+            if entry is None:
+                entry = self._entries[storage] = [storage.nbytes(), kind]
+                self._bytes[kind] += entry[0]
+                self._refs.add(weakref.ref(storage, functools.partial(self._freed, entry)))
+                continue
+            if storage.nbytes() != entry[0]:  # resized in place
+                self._bytes[entry[1]] += storage.nbytes() - entry[0]
+                entry[0] = storage.nbytes()
+            if reclassify and entry[1] != kind:
+                self._bytes[entry[1]] -= entry[0]
+                self._bytes[kind] += entry[0]
+                entry[1] = kind
+
+    def _freed(self, entry: list, ref) -> None:
+        self._bytes[entry[1]] -= entry[0]
+        self._refs.discard(ref)
+
+    def _update_peak(self) -> None:
+        total = sum(self._bytes.values())
+        if total > self.peak:
+            self.peak, self._peak_bytes = total, dict(self._bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self._in_optimizer:
+            kind = "optimizer_state"
+        elif torch._C._current_graph_task_id() != -1:  # inside a backward pass
+            kind = "temporaries"
+        else:
+            kind = "activations"
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t, kind)
+        self._update_peak()
+        return out
+
+    def peak_breakdown(self) -> dict[str, int]:
+        kinds = ("params", "buffers", "grads", "optimizer_state", "activations", "temporaries")
+        return {"total": int(self.peak), **{kind: int(self._peak_bytes.get(kind, 0)) for kind in kinds}}
+
+
+def _storages(t: torch.Tensor) -> list:
+    """The storages holding ``t``'s data (a wrapper subclass's inner tensors' storages)."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [s for name in names for s in _storages(getattr(t, name))]
+    try:
+        return [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError):  # sparse and other layouts without one storage
+        return []
+
+
+class Measurer:
+    """Measures one training setup; ``run()`` returns a ``Result``.
+
+    The pieces (``warm_up``, ``time_rounds``/``time_one_round``, ``measure_after_timing``)
+    are public so the pytest plugin can drive them with its own runners.
+    """
+
+    def __init__(self, training: TrainingSetup, case: str, recipe_name: str, settings: MeasureSettings,
+                 extra_warmup_steps: int = 0, profile_name: str = ""):
+        self.training = training
+        self.backend: Backend = training.backend
+        self.settings = settings
+        self.extra_warmup_steps = extra_warmup_steps
+        self._batches = training.batches()
+        self._wait_s = 0.0
+        self._last_loss: torch.Tensor | None = None
+        self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
+        self.result = Result(
+            case=case,
+            workload=training.spec.name,
+            recipe=recipe_name,
+            profile=profile_name,
+            batch_size=training.samples_per_step,
+            config=asdict(training.config),
+            device=self.backend.identity(),
+            steps_per_round=settings.steps_per_round,
+            world_size=training.config.world_size,
+            items_unit=training.spec.items_unit if training.spec.items is not None else None,
+            notes=list(training.notes),  # what building the setup changed (e.g. which convolution biases)
+        )
+
+    def _set(self, **fields) -> None:
+        """The result so far, with ``fields`` measured: each pass replaces it, none edits it in place."""
+        self.result = self.result.replace(**fields)
+
+    def _note(self, note: str) -> None:
+        self.result = self.result.with_note(note)
+
+    # -- 1. warm-up ---------------------------------------------------------------
+    def timed_step(self) -> None:
+        """One step on the live iterator, recording the time blocked on the loader (on the clock rounds read)."""
+        t0 = self.backend.clock()
+        micro_batches = self.training.fetch(self._batches)
+        self._wait_s += self.backend.clock() - t0
+        self._last_loss = self.training.step(micro_batches)
+
+    def warm_up(self, settle: bool = True) -> None:
+        """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
+        with phase(f"{self.result.recipe}'s warm-up"):
+            self._warm_up(settle)
+
+    def _warm_up(self, settle: bool) -> None:
+        s, timer = self.settings, self.backend.timer
+        start = timer()
+        self.timed_step()
+        self._set(first_step_s=timer() - start)
+        done = 1
+        while done < s.min_warmup_steps + self.extra_warmup_steps:
+            self.timed_step()
+            done += 1
+        previous, steady = None, False
+        while settle and not s.fixed_warmup and done + s.steady_window <= max(s.max_warmup_steps, done):
+            t0 = timer()
+            for _ in range(s.steady_window):
+                self.timed_step()
+            window = timer() - t0
+            done += s.steady_window
+            if previous is not None and abs(window / previous - 1.0) <= s.steady_tolerance:
+                steady = True
+                break
+            previous = window
+        self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
+        if s.fixed_warmup:
+            self._note(f"fixed warm-up of {done} steps (ranks step in lockstep)")
+        elif not settle:
+            self._note(f"warm-up of {done} steps: this setup settled when measured earlier in the session")
+        elif not steady:
+            self._note(f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})")
+
+    # -- 2. timing ----------------------------------------------------------------
+    def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
+        s = self.settings
+        self._wait_s = 0.0
+        self._timed_items = []
+        counted = 0
+        wait_in_rounds = 0.0
+
+        def step():
+            nonlocal counted, wait_in_rounds
+            before = self._wait_s
+            self.timed_step()
+            if counted < s.rounds * s.steps_per_round:  # runners may add steps after the rounds
+                wait_in_rounds += self._wait_s - before
+                counted += 1
+                self._count_items()
+
+        cpu_marks: list[float | None] = []
+
+        def timer() -> float:  # the runner reads it at each round's start and end: CPU time is read there too
+            now = self.backend.timer()
+            cpu_marks.append(self.backend.cpu_clock())
+            return now
+
+        with phase(f"{self.result.recipe}'s timed rounds"):
+            times = runner(step, s.rounds, s.steps_per_round, timer)
+        self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds,
+                  round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round),
+                  items_per_step=self._items_per_step())
+
+    def _count_items(self) -> None:
+        """Keep the items of the step just timed (a tensor each: summed, with one sync, after the rounds)."""
+        if self.training.last_items is not None:
+            self._timed_items.append(self.training.last_items)
+
+    def _items_per_step(self) -> float | None:
+        """Mean items per timed step, in this process (None where the spec counts none)."""
+        if not self._timed_items:
+            return None
+        return float(torch.stack([t.to("cpu") for t in self._timed_items]).sum()) / len(self._timed_items)
+
+    def start_rounds(self) -> None:
+        """Forget any timed rounds: ``time_one_round`` calls from here on are the case's rounds."""
+        self._wait_s = 0.0
+        self._timed_items = []
+        self._set(round_step_times_s=[], round_cpu_times_s=[], rounds=0, data_wait_s=0.0, items_per_step=None)
+
+    def time_one_round(self, rewarm_steps: int = 0) -> None:
+        """One more timed round, appended to the result (for interleaved A/B timing), after ``rewarm_steps``
+        untimed steps: a process that sat idle while another ran starts cold (its caches evicted, its
+        OpenMP threads asleep), which would slow the first steps of its round."""
+        s, timer = self.settings, self.backend.timer
+        for _ in range(rewarm_steps):
+            self.timed_step()
+        before = self._wait_s
+        with phase(f"{self.result.recipe}'s timed rounds"):
+            start, cpu_start = timer(), self.backend.cpu_clock()
+            for _ in range(s.steps_per_round):
+                self.timed_step()
+                self._count_items()
+            round_time = (timer() - start) / s.steps_per_round
+            cpu_end = self.backend.cpu_clock()
+        times = [*self.result.round_step_times_s, round_time]
+        cpu = [*self.result.round_cpu_times_s, *_round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round)]
+        self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before,
+                  round_cpu_times_s=cpu if len(cpu) == len(times) else [], items_per_step=self._items_per_step())
+
+    # -- 3 and 4. after timing ---------------------------------------------------------
+    def measure_after_timing(self) -> None:
+        """The memory and work passes, ordered so that compiled code stays compiled.
+
+        First the passes that run the step as it was timed (allocator peaks, the profiler's
+        call count), then those that run it under a TorchDispatchMode (growth, MemTracker,
+        FLOP and op counts): after one step under a dispatch mode, torch 2.9 runs a
+        ``torch.compile``d function eagerly for good (2.14 keeps it compiled).
+        """
+        passes = [("peaks", self.measure_peaks), ("calls", self.count_calls), ("memory", self.measure_memory),
+                  ("work", self.count_work)]
+        if self.training.config.parallel == "dp":
+            # DataParallel runs its replicas in threads of its own: dispatch modes (growth, MemTracker, FLOP and op
+            # counts) see only the main thread's share, and the tracker's module hooks race between them.
+            passes = passes[:2]
+            self._note("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are invisible "
+                       "to dispatch modes); allocator peaks are the first GPU's")
+        for name, run in passes:
+            started = time.perf_counter()
+            with phase(f"{self.result.recipe}'s {name} pass"):
+                run()
+            self._set(phase_seconds={**self.result.phase_seconds, name: time.perf_counter() - started})
+
+    # -- 3. memory ----------------------------------------------------------------
+    def measure_peaks(self) -> None:
+        """Allocator peaks of a few steps as timed (CUDA; the CPU backend reports none)."""
+        backend = self.backend
+        backend.synchronize()
+        # What earlier cases (and dropped objects awaiting the collector) left in the cache would
+        # otherwise be part of this case's reserved peak, which would then depend on the order of cases.
+        backend.release_memory()
+        backend.reset_peak_memory()
+        for _ in range(self.settings.memory_steps):
+            self.timed_step()
+        backend.synchronize()
+        peak = backend.peak_memory()
+        # Reserved between steps: what the step leaves for the next one, the figure empty_cache lowers (its in-step
+        # peak it cannot).
+        self._set(peak_allocated_bytes=peak.allocated_bytes, peak_reserved_bytes=peak.reserved_bytes,
+                  alloc_retries=peak.alloc_retries, reserved_between_steps_bytes=backend.reserved_bytes())
+        if self.settings.attribution:  # one more step, with the allocator's history on (CUDA; None elsewhere)
+            history = backend.allocator_history(self.timed_step)
+            if history is not None:
+                self._attribute(allocator_peak_bytes=allocator_sites(history))
+
+    def measure_memory(self) -> None:
+        """Growth per step, then the tracked breakdown of the peak (both under dispatch modes)."""
+        self._measure_growth()
+        if self.settings.breakdown:
+            self._set(memory_breakdown_bytes=self.tracked_breakdown())
+
+    def _measure_growth(self) -> None:
+        """Live tensor memory and kept autograd nodes added per step, over GROWTH_STEPS steps (x log_every) after a first."""
+        training = self.training
+        # Steps that sync every N (loss_history="item", log_every=N) hold a pending sum between
+        # syncs: compare two steps at the same point of that cycle.
+        n = training.config.log_every
+        steps = -(-GROWTH_STEPS // n) * n  # GROWTH_STEPS, rounded up to whole cycles
+        # Batches are fetched outside the counter: loader internals are not the step's memory.
+        # Each is dropped after its step, so only what the step itself keeps can grow.
+        pending = [training.fetch(self._batches) for _ in range(steps + 1)]
+        live_after, nodes_after, sites_after = [], [], []  # after the first step and after the last
+        with self._sites(backward=False) as sites, _LiveStorages(self.backend.device, sites) as live:
+            for i in range(steps + 1):
+                self._last_loss = training.step(pending.pop(0))
+                if i in (0, steps):
+                    self.backend.synchronize()
+                    gc.collect()  # count what the step keeps reachable, not cycles awaiting the collector
+                    live_after.append(live.live_bytes())
+                    nodes_after.append(training.retained_graph_nodes())
+                    sites_after.append(live.live_by_site())
+        if sites is not None:  # which sites' tensors the steps kept (a leak), and which made up the peak
+            kept = {site: (sites_after[1].get(site, 0) - sites_after[0].get(site, 0)) / steps
+                    for site in {*sites_after[0], *sites_after[1]}}
+            self._attribute(memory={"peak_bytes": live.peak_by_site,
+                                    "kept_bytes_per_step": {site: n for site, n in kept.items() if n},
+                                    "param_bytes": parameter_sites(training.model)})
+        # The first step is the reference: it frees what earlier steps left (the previous loss, gradients
+        # set to None) and that the counter never saw. A kept graph (``total_loss += loss``) grows by one
+        # step's backward graph each step.
+        self._set(memory_growth_bytes_per_step=(live_after[1] - live_after[0]) / steps,
+                  graph_nodes_growth_per_step=(nodes_after[1] - nodes_after[0]) / steps)
+
+    def tracked_breakdown(self) -> dict[str, int]:
+        """The tensor peak of one step split into parameters, gradients, optimizer state, activations...
+
+        Steps trainbench runs around a ``loss_fn``: PyTorch's ``MemTracker``. It follows the model
+        module by module and cannot follow a loss that calls a submodule twice outside the root's
+        forward (a GAN's ``model.D(real)``, ``model.D(fake)``); such a loss, and every custom step, is
+        tracked by storage identity instead (``_StepMemory``), which no calling pattern can confuse.
+        """
+        if self.training.context is None:
+            try:
+                return self._memtracker_breakdown()
+            except NotImplementedError:  # "MemTracker does not support memory tracking for multiple iterative calls"
+                self._note("memory breakdown tracked by storage identity: the loss calls a module again outside the "
+                           "root module's forward, which MemTracker cannot follow")
+        return self._storage_breakdown()
+
+    def _memtracker_breakdown(self) -> dict[str, int]:
+        training = self.training
+        optimizers = list(training.optimizers.values())
+        if training.config.parallel == "fsdp":  # sharded and gathered parameters and gradients told apart
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            if len(optimizers) != 1:
+                raise NotApplicable(f"FSDP2's memory tracker follows one optimizer; the spec has {len(optimizers)}")
+            tracker = FSDPMemTracker(training.model, optimizers[0])
+        else:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = MemTracker()
+            tracker.track_external(training.model, *optimizers)
+        micro_batches = training.fetch(self._batches)  # outside the tracker: loader transforms are modules too
+        # MemTracker follows one forward of the root module per iteration and raises on a second;
+        # its per-module stats are not read here (only its global peak), so clear them before each.
+        training.before_forward = tracker.reset_mod_stats
+        try:
+            # One step only: the tracker's hooks keep graphs that see no backward alive, and over
+            # several steps those would pile up in the peak.
+            with tracker:
+                self._last_loss = training.step(micro_batches)
+                self.backend.synchronize()
+        finally:
+            training.before_forward = None
+        per_device = self._device_stats(tracker.get_tracker_snapshot("peak"))
+        breakdown = {"total": int(per_device.get("Total", 0))}
+        for ref_type, nbytes in per_device.items():
+            key = _MEMTRACKER_CATEGORIES.get(getattr(ref_type, "name", str(ref_type)).split(".")[-1])
+            if key:
+                breakdown[key] = int(nbytes)
+        return breakdown
+
+    def _storage_breakdown(self) -> dict[str, int]:
+        training = self.training
+        micro_batches = training.fetch(self._batches)
+        with _StepMemory(self.backend.device, training.model, training.optimizers.values()) as tracker:
+            self._last_loss = training.step(micro_batches)
+            self.backend.synchronize()
+        return tracker.peak_breakdown()
+
+    def _device_stats(self, snapshot) -> dict:
+        return next((v for k, v in snapshot.items() if torch.device(k).type == self.backend.device.type), {})
+
+    # -- 4. work ------------------------------------------------------------------
+    def count_work(self) -> None:
+        training = self.training
+        # Steps that sync every N (loss_history="item", log_every=N) are counted over N steps.
+        n = training.config.log_every
+        steps = [training.fetch(self._batches) for _ in range(n)]
+        self._set(h2d_bytes_per_sample=training.h2d_bytes(steps[0]) / training.samples_per_step)
+        if not self.settings.work:
+            return
+        flops = FlopCounterMode(display=False)
+        with self._sites() as sites, flops, _OpCounter(self.backend, sites) as counter:
+            for micro_batches in steps:
+                self._last_loss = training.step(micro_batches)
+        self.backend.synchronize()
+        flops_by_op = flops.get_flop_counts().get("Global", {})
+        precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp, convolution_share(flops_by_op))
+        no_peak = no_peak_reason(self.backend.name)
+        if no_peak and not any(no_peak in note for note in self.result.notes):
+            self._note(f"{self.backend.name}: {no_peak}")
+        self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
+                  syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
+        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, n))
+        if sites is not None:
+            self._attribute(ops_by_site=per_step(counter.ops_by_site, n))
+
+    def count_calls(self) -> None:
+        """aten calls and device kernels of a step (the first of the profiled steps), from PyTorch's profiler, and
+        with attribution on, each op's self time over ``profiled_steps`` steps.
+
+        Unlike the dispatch-mode op count, the profiler sees what compiled code really
+        runs (a compiled region appears as its few extern calls and kernels), so this is
+        the count that fusion and ``torch.compile`` cut.
+        """
+        if not self.settings.work:
+            return
+        profiled = self.profile(self.settings.profiled_steps if self.settings.attribution else 1)
+        if profiled is None:
+            self._note("aten call count skipped: a profiler is already running")
+            return
+        self._set(aten_calls_per_step=sum(n for op, n in profiled["calls"].items() if op.startswith("aten::")))
+        if self.backend.counts_kernels:
+            self._set(kernels_per_step=sum(profiled["kernel_calls"].values()))
+        if self.settings.attribution:
+            self._attribute(time=profiled)
+
+    def profile(self, steps: int) -> dict | None:
+        """``steps`` steps on the live iterator, one profiler each (``attribution.profile_steps``), or None where a
+        profiler is already running: a second one fails to start and, on its way out, stops the one running (torch
+        2.9 then crashes when that one is closed)."""
+        if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
+            return None
+        # Batches fetched before profiling: the loader's work is not the step's.
+        pending = [self.training.fetch(self._batches) for _ in range(steps)]
+
+        def step():
+            self._last_loss = self.training.step(pending.pop(0))
+
+        return profile_steps(step, steps, self.backend)
+
+    def _sites(self, backward: bool = True):
+        """Where ops run and tensors are made (``attribution.Sites``), or a null context yielding None: attribution
+        off, or compiled code, which the module hooks would send back to recompilation."""
+        if not self.settings.attribution:
+            return contextlib.nullcontext()
+        if self.training.config.compiles:
+            if not any("module sites" in note for note in self.result.notes):
+                self._note("no module sites in the attribution: their module hooks would recompile compiled code")
+            return contextlib.nullcontext()
+        return Sites(self.training.model, backward)
+
+    def _attribute(self, **tables) -> None:
+        """Add the passes' attribution tables to the result (only where attribution is on)."""
+        if self.settings.attribution:
+            self._set(attribution={**(self.result.attribution or {}), **tables})
+
+    def rewarm(self) -> None:
+        """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
+        for _ in range(self.settings.min_warmup_steps):
+            self.timed_step()
+
+    # The fields the memory and work passes fill: exact functions of code and shapes (allocator
+    # peaks nearly so), the same whenever the same setup is measured in one process.
+    PASS_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "alloc_retries", "reserved_between_steps_bytes",
+                   "memory_breakdown_bytes", "memory_growth_bytes_per_step", "graph_nodes_growth_per_step",
+                   "flops_per_step", "ops_per_step",
+                   "syncs_per_step", "h2d_bytes_per_sample", "aten_calls_per_step", "kernels_per_step", "attribution",
+                   "peak_tflops", "peak_precision")
+
+    def reuse_passes(self, earlier: Result) -> None:
+        """Take the memory and work figures of an earlier measurement of the same setup instead of re-running them."""
+        self._set(**{name: getattr(earlier, name) for name in self.PASS_FIELDS})
+        self._note("memory and work figures from this setup's earlier measurement in the session")
+
+    def finish(self) -> Result:
+        if self._last_loss is not None:
+            self._set(final_loss=float(self._last_loss))  # one sync, after all timing
+        return self.result
+
+    def run(self, runner: RoundRunner = run_rounds) -> Result:
+        self.warm_up()
+        self.time_rounds(runner)
+        self.measure_after_timing()
+        return self.finish()
+
+
+def measure(training: TrainingSetup, case: str, recipe_name: str, settings: MeasureSettings, extra_warmup_steps: int = 0,
+            profile_name: str = "", runner: RoundRunner = run_rounds) -> Result:
+    """Measure a built training setup (one process) with the whole method."""
+    return Measurer(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
+
+
+def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
+    """Time a case's and its (already warm) baseline's rounds interleaved, in ABBA order.
+
+    A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
+    on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
+    both sides under the same conditions, so the ratio of the two is what a same-session
+    budget should judge. The memory and work passes are not timed: the runner runs them
+    with one setup alive at a time, so allocator peaks are each setup's own.
+    """
+    case.warm_up()
+    baseline.rewarm()
+    for m in (case, baseline):
+        m.start_rounds()
+    for r in range(case.settings.rounds):
+        for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
+            m.time_one_round()
+
+
+def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:
+    return replace(settings, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,79 @@
+"""pytest plugin: trainbench's options, markers and fixture, and the session that owns its hooks.
+
+Glue only. The options are read once into ``trainbench.plugin.options.Options``; the session object
+(``trainbench.plugin.session``) is registered as a plugin and owns the device, runner, budgets, A/B sides, gate and
+signals; the fixture is ``trainbench.plugin.fixture``. How a case is measured and judged is the pytest-free core
+(``trainbench.core.runner``, which asv uses too). Everything here touches trainbench cases only: its markers are
+namespaced (``trainbench_*``), and a session that runs no trainbench case imports no torch and stores its
+pytest-benchmark runs exactly as without the plugin.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainbench.plugin.fixture import SESSION, InconclusiveTimingWarning, NoBudgetWarning, train_bench  # noqa: F401  (the fixture)
+from trainbench.plugin.options import Options, add_options
+from trainbench.plugin.session import TrainbenchSession
+
+MARKERS = {
+    "trainbench_gpu": "trainbench_gpu(what=...): a trainbench case that needs a CUDA device; skipped with the reason "
+                      "elsewhere",
+    "trainbench_min_gpus": "trainbench_min_gpus(n): a trainbench case that needs at least n CUDA devices",
+    "trainbench_min_capability": "trainbench_min_capability(major, minor): a trainbench case that needs a CUDA device "
+                                 "of at least this compute capability",
+    "trainbench_slow": "trainbench_slow: a long trainbench case (e.g. torch.compile on CPU); runs only with "
+                       "--trainbench-slow",
+}
+SESSION_PLUGIN = "trainbench-session"
+
+
+def pytest_addoption(parser):
+    add_options(parser)
+
+
+def pytest_configure(config):
+    for line in MARKERS.values():
+        config.addinivalue_line("markers", line)
+    session = config.stash[SESSION] = TrainbenchSession(Options.from_config(config))
+    session.start(config)
+    config.pluginmanager.register(session, SESSION_PLUGIN)
+
+
+def pytest_unconfigure(config):
+    session = config.stash.get(SESSION, None)
+    if session is not None:
+        session.write_last_line(config)
+        session.close()
+        if config.pluginmanager.get_plugin(SESSION_PLUGIN) is session:
+            config.pluginmanager.unregister(session, SESSION_PLUGIN)
+
+
+def marks_for(recipe) -> list:
+    """pytest marks from a recipe's requirements, so GPU-only cases are collected and skipped with a reason."""
+    req, marks = recipe.requires, []
+    if req.needs_cuda:
+        marks.append(pytest.mark.trainbench_gpu(what=f"{recipe.name} ({recipe.description})"))
+    if req.min_capability:
+        marks.append(pytest.mark.trainbench_min_capability(*req.min_capability))
+    if req.min_gpus:
+        marks.append(pytest.mark.trainbench_min_gpus(req.min_gpus))
+    if recipe.slow:
+        marks.append(pytest.mark.trainbench_slow)
+    return marks
+
+
+def recipe_params(*names: str):
+    """``pytest.param`` per recipe, with markers derived from its requirements.
+
+    Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
+    recipes are collected everywhere and skipped with a reason on CPU runners.
+    """
+    from trainbench.core.recipes import RECIPES, get_recipe
+
+    return [pytest.param(name, id=name, marks=marks_for(get_recipe(name))) for name in names or tuple(RECIPES)]
+
+
+def case_params(cases):
+    """``pytest.param`` per ``trainbench.core.cases.Case``, id = the case id (the budgets key)."""
+    return [pytest.param(case, id=case.id, marks=marks_for(case.own_recipe())) for case in cases]

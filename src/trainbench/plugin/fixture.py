@@ -1,0 +1,153 @@
+"""The ``train_bench`` fixture: measure one case through the session's runner (or both A/B sides), hand its
+synchronized rounds to pytest-benchmark, record it for the summary and the gate, and fail what its checks fail."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from trainbench.plugin import benchmark_adapter
+from trainbench.plugin.session import TrainbenchSession
+from trainbench.verdicts.store import record_case
+
+SESSION = pytest.StashKey[TrainbenchSession]()
+
+
+class NoBudgetWarning(UserWarning):
+    """A case ran with no budget for this device: nothing was checked."""
+
+
+class InconclusiveTimingWarning(UserWarning):
+    """A timed budget whose rounds cannot show it kept or missed (noise, a busy machine), measured twice:
+    reported, not failed (``--trainbench-strict-timing`` fails it)."""
+
+
+class TrainBench:
+    """Callable behind the ``train_bench`` fixture: run one case, hand its rounds to pytest-benchmark, check it."""
+
+    def __init__(self, benchmark, session, budgets, config):
+        self.benchmark = benchmark
+        self.session = session
+        self.budgets = budgets
+        self.config = config
+
+    def _inconclusive_comparisons(self):
+        return self.session.inconclusive_comparisons(self.config, self.benchmark.fullname, self.budgets)
+
+    def __call__(self, recipe, spec, baseline=None, **overrides):
+        """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
+        against ``baseline`` (default: the recipe's own); ``overrides`` set config knobs (e.g. ``batch_size=8``)."""
+        from trainbench.core.recipes import ConfigError
+        from trainbench.core.spec import SpecError
+
+        simulated = self.session.options.simulate_gpu is not None
+        if not simulated:
+            self._refuse_parallel_timing()
+        if self.session.ab is not None:
+            return self._ab(recipe, spec, overrides)
+        try:
+            if simulated:
+                plan = self.session.runner.planner.plan(recipe, spec, baseline=baseline, budgets=self.budgets,
+                                                        overrides=overrides)
+                return self._simulated(plan, plan.case)
+            outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides,
+                                              inconclusive_comparisons=self._inconclusive_comparisons())
+        except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {e}", pytrace=False)
+        return self._finish(outcome)
+
+    def case(self, case, **overrides):
+        """Measure a ``trainbench.core.cases.Case``: a recipe on a workload, or a ladder rung."""
+        if self.session.options.simulate_gpu is not None:
+            return self._simulated(self.session.runner.plan_case(case, self.budgets, **overrides), case.id)
+        self._refuse_parallel_timing()
+        if self.session.ab is not None:
+            from trainbench.core.eligibility import Context, why_not
+
+            skipped = why_not(case, self.session.runner.caps, self.session.runner.profile, context=Context(ab=True))
+            if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
+                pytest.skip(skipped)
+            return self._ab(case.recipe_name, case.workload, overrides)
+        return self._finish(self.session.runner.run_case(case, self.budgets, self._inconclusive_comparisons(), **overrides))
+
+    def _simulated(self, plan, case_id: str):
+        """Under --trainbench-simulate-gpu: skip the case as that GPU would, or with what it would do there; fail it
+        where the night would crash on it (``session.simulated_outcome``)."""
+        action, why = self.session.simulated_outcome(plan, case_id)
+        if action == "fail":
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {why}", pytrace=False)
+        pytest.skip(why)
+
+    def _ab(self, recipe, spec, overrides: dict):
+        """Measure the case in both environments, rounds alternating, and compare them (``trainbench.verdicts.ab``)."""
+        from trainbench.verdicts.ab import SideError, ab_thresholds, plan_case
+        from trainbench.core.recipes import ConfigError
+        from trainbench.core.spec import SpecError
+
+        options, runner = self.session.options, self.session.runner
+        try:
+            plan = plan_case(recipe, spec, overrides, runner, options.rootpath)
+        except (ConfigError, SpecError) as e:
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {e}", pytrace=False)
+        if plan.skipped:
+            pytest.skip(plan.skipped)
+        case = plan.case.case
+        thresholds = ab_thresholds(options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
+        try:
+            outcome = self.session.ab.run(plan.case, thresholds, loss_rtol=plan.loss_rtol,
+                                          head_slowdown=options.fault.slowdown if options.fault else 0.0)
+        except SideError as e:
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench A/B: {e}", pytrace=False)
+        benchmark_adapter.replay_rounds(self.benchmark, [head for _, head in outcome.pairs], outcome.head.steps_per_round)
+        record_case(self.benchmark, {"case": case, "ab": {
+            "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],
+            "guard": outcome.guard.message if outcome.guard else None}})
+        # A regression fails the case; a verdict that stayed inconclusive fails the session ("could not judge",
+        # its own exit status) at its end, with the reason in the summary.
+        regressed = [c.describe() for c in outcome.comparisons if c.fails(allow_inconclusive=True)]
+        if regressed and options.compare_fail is not None:
+            pytest.fail("trainbench A/B: head regressed:\n" + "\n".join(regressed), pytrace=False)
+        return outcome.head
+
+    def _refuse_parallel_timing(self) -> None:
+        """Under pytest-xdist workers sharing the device, a timed case is refused; with --benchmark-disable the
+        case runs untimed (its deterministic budgets are judged, its timed ones are not)."""
+        reason = self.session.parallel_timing_reason()
+        if reason is None:
+            return
+        if not self.session.options.benchmark_disabled:
+            benchmark_adapter.mark_untimed(self.benchmark, "refused")
+            pytest.fail(f"trainbench: timed case refused: {reason}. Run it without -n (or with one worker per GPU), "
+                        "or add --benchmark-disable to check only its deterministic signals in parallel",
+                        pytrace=False)
+        self.session.runner.untimed = f"untimed run: {reason} (--benchmark-disable)"
+
+    def _finish(self, outcome):
+        if outcome.skipped:
+            pytest.skip(outcome.skipped)
+        if outcome.error is not None:  # no result to time or store: listed in the summary and the saved run
+            self.session.record(outcome, self.benchmark.fullname, self.budgets)
+            benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
+            pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
+        benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
+        record_case(self.benchmark, self.session.record(outcome, self.benchmark.fullname, self.budgets))
+        for line in outcome.inconclusive:
+            warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
+        if outcome.budget is None and not self.session.options.require_budgets:
+            warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),
+                          stacklevel=3)
+        if outcome.failures:
+            pytest.fail("trainbench checks failed:\n" + "\n".join(outcome.failures), pytrace=False)
+        return outcome.result
+
+
+@pytest.fixture
+def train_bench(request, benchmark) -> TrainBench:
+    """Measure a recipe on a training spec: ``result = train_bench("amp_bf16", SPEC)``."""
+    session = request.config.stash[SESSION]
+    return TrainBench(benchmark, session, session.budgets_of(request.node), request.config)

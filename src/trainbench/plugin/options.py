@@ -1,0 +1,355 @@
+"""trainbench's command-line options: declared once, read once into a frozen ``Options``, every check made there.
+
+A value that cannot work (a negative round count, a gate with nothing to compare, an A/B run asked to save
+a baseline...) is a usage error before any case runs, naming the option and what was expected.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+BUDGETS_FILE = "budgets.toml"  # found beside a test file or in a folder above it, up to the rootdir
+
+
+def add_options(parser) -> None:
+    group = parser.getgroup("trainbench", "trainbench: measured PyTorch training steps")
+    group.addoption("--trainbench-device", default="auto",
+                    help="device to train on: auto (CUDA if available, else cpu), cpu, cuda, cuda:N")
+    group.addoption("--trainbench-expect-cuda", action="store_true",
+                    help="fail before any case unless a usable CUDA GPU is there (also TRAINBENCH_EXPECT_CUDA=1): a GPU "
+                         "job never measures the CPU profile by mistake")
+    group.addoption("--trainbench-profile", default="auto", choices=["auto", "cpu", "gpu"],
+                    help="size profile of the built-in workloads (default: from the device)")
+    group.addoption("--trainbench-budgets", default=None,
+                    help="budgets TOML file for every case (default: the trainbench_budgets ini value, else the "
+                         f"{BUDGETS_FILE} nearest to each test file)")
+    group.addoption("--trainbench-require-budgets", action="store_true",
+                    help="fail a case that has no budget for this device instead of warning")
+    group.addoption("--trainbench-strict-timing", action="store_true",
+                    help="fail timed budget checks that are inconclusive (rounds too noisy to judge, or other processes "
+                         "loading the machine) instead of reporting them: for dedicated benchmark machines (an "
+                         "inconclusive gate or A/B comparison fails without it: see --trainbench-allow-inconclusive)")
+    group.addoption("--trainbench-slow", action="store_true", help="also run cases marked trainbench_slow")
+    group.addoption("--trainbench-pair-baselines", action="store_true",
+                    help="time every case's rounds interleaved with its baseline's (ABBA), as a ratio budget does, so "
+                         "that each 'vs base' is paired: what `python -m trainbench calibrate --measure` runs to write "
+                         "min_speedup budgets")
+    group.addoption("--trainbench-no-predict", action="store_true",
+                    help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
+                         "TRAINBENCH_PREDICT_MEMORY=0); its budgets then fail as missing metrics")
+    group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
+    group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
+    group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
+    group.addoption("--trainbench-timeout", type=float, default=None, metavar="SECONDS",
+                    help="fail a case that makes no progress (no training step, no batch) for this long, and go on "
+                         "with the next (default: 600 on the cpu profile, 1200 on gpu; 0: no limit)")
+    group.addoption("--trainbench-no-attribution", action="store_true",
+                    help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
+                         "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
+                         "cannot say where")
+    group.addoption("--trainbench-simulate-gpu", default=None, metavar="NAME_OR_SPEC",
+                    help="plan every case for a simulated GPU instead of measuring here: a fleet GPU's name or key "
+                         "(\"NVIDIA L40S\", 2xh100-sxm) or an explicit spec (name=...,memory_gib=...,capability=8.9,"
+                         "sms=...; see docs/ci-and-gpu.md). Cases skip as on that GPU; those that would run there are "
+                         "skipped too, saying what they would do (nothing is measured on a simulated GPU)")
+    group.addoption("--trainbench-attribution-json", default=None, metavar="PATH",
+                    help="write every case's complete attribution tables to PATH (a saved run keeps their top rows)")
+    _add_compare_options(group)
+    _add_trace_and_ab_options(group)
+    parser.addini("trainbench_budgets", "budgets TOML file for every case, relative to the rootdir", default="")
+
+
+def _add_compare_options(group) -> None:
+    group.addoption("--trainbench-compare-fail", default=None, metavar="SPEC",
+                    help="with --benchmark-compare: fail the session when a case regressed beyond METRIC:THRESHOLD "
+                         "(e.g. samples_per_s:5%%,peak_memory:2%%,deterministic:0%%); timed metrics must also be "
+                         "significant over the rounds of both runs")
+    group.addoption("--trainbench-allow-inconclusive", action="store_true",
+                    help="with --trainbench-compare-fail (or --trainbench-ab): a timed comparison that stays "
+                         "inconclusive after measuring again is reported and passes (default: the session ends "
+                         "'could not judge', exit status 6)")
+    group.addoption("--trainbench-remeasure-s", type=float, default=DEFAULT_REMEASURE_S, metavar="SECONDS",
+                    help="with a gate or A/B: measure a case whose timed comparison is inconclusive again (more rounds "
+                         f"or pairs) for up to this many seconds (default {DEFAULT_REMEASURE_S:g}; 0: never)")
+    group.addoption("--trainbench-compare-alpha", type=float, default=0.05,
+                    help="significance level of the one-sided rank test on timed metrics (default 0.05)")
+    group.addoption("--trainbench-compare-json", default=None, metavar="PATH",
+                    help="write the compare verdict of every case and metric as JSON")
+    group.addoption("--trainbench-allow-new-cases", action="store_true",
+                    help="with --trainbench-compare-fail: a case the baseline run does not have passes the gate "
+                         "(default: it fails, since nothing was compared)")
+    group.addoption("--trainbench-allow-cross-device", action="store_true",
+                    help="allow --benchmark-compare against a run made on another device, or with other thread "
+                         "or float-precision settings")
+    group.addoption("--trainbench-inject-slowdown", default=None, metavar="FRACTION",
+                    help="plant a regression to prove the gate: wait this fraction (e.g. 20%%) of every timed step")
+    group.addoption("--trainbench-inject-leak-mib", type=float, default=0.0, metavar="MIB",
+                    help="plant a memory regression to prove the gate: keep this many MiB per step, never freed")
+
+
+def _add_trace_and_ab_options(group) -> None:
+    group.addoption("--trainbench-profile-trace", default=None, metavar="DIR",
+                    help="after each case's measurement, write a PyTorch Profiler trace of a few steps (TensorBoard "
+                         "plugin format and a Chrome trace; on CUDA also a memory snapshot) to DIR/<case>/, "
+                         "e.g. results/traces")
+    group.addoption("--trainbench-profile-trace-cases", default=None, metavar="EXPR",
+                    help="with --trainbench-profile-trace: only cases whose id matches this -k style expression "
+                         "(e.g. 'resnet18 and not amp'); default every case that runs")
+    group.addoption("--trainbench-ab", default=None, metavar="PYTHON",
+                    help="A/B: run each case in this Python's environment (the head: another venv's python, or a "
+                         "wrapper script that sets variables and execs one) and in the base environment, their timed "
+                         "rounds alternating, and compare pair by pair; --trainbench-compare-fail gates the verdict")
+    group.addoption("--trainbench-ab-base", default=None, metavar="PYTHON",
+                    help="with --trainbench-ab: the base environment's Python (default: the one running pytest)")
+    group.addoption("--trainbench-ab-pairs", type=int, default=12, metavar="N",
+                    help="with --trainbench-ab: ABBA pairs of timed rounds per case (default 12)")
+
+
+DEFAULT_REMEASURE_S = 120.0
+
+
+def _switch(name: str, default: bool = False) -> bool:
+    """A ``host.SWITCHES`` environment switch, read once here: a value neither on nor off stops the session."""
+    from trainbench.devices.host import SwitchError, env_switch
+
+    try:
+        return env_switch(name, default=default)
+    except SwitchError as e:
+        raise usage_error(str(e)) from None
+
+
+def usage_error(message: str) -> pytest.UsageError:
+    return pytest.UsageError(f"trainbench: {message}")
+
+
+@dataclass(frozen=True)
+class ABOptions:
+    base_python: str
+    head_python: str
+    pairs: int
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything trainbench reads from pytest's command line and ini, checked."""
+
+    device_spec: str
+    profile_name: str
+    expect_cuda: bool  # --trainbench-expect-cuda (doctor.expects_cuda adds TRAINBENCH_EXPECT_CUDA and a CUDA device)
+    run_slow: bool
+    predict_memory: bool
+    require_budgets: bool
+    strict_timing: bool
+    settings_overrides: dict  # measurement settings from the command line (None: the profile's default)
+    budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
+    compare_fail: dict | None  # the regression gate's thresholds (trainbench.core.metrics.parse_thresholds)
+    compare_alpha: float
+    compare_json: Path | None
+    attribution_json: Path | None  # every case's complete attribution tables (--trainbench-attribution-json)
+    allow_inconclusive: bool  # an inconclusive timed comparison passes (reported)
+    remeasure_s: float  # seconds per case spent measuring an inconclusive timed comparison again
+    allow_new_cases: bool
+    allow_cross_device: bool
+    fault: object  # trainbench.core.training.InjectedFault planted by --trainbench-inject-*, or None
+    trace: object  # trainbench.core.trace.TraceRequest from --trainbench-profile-trace, or None
+    ab: ABOptions | None
+    benchmark_disabled: bool  # --benchmark-disable: nothing is timed or stored
+    rootpath: Path  # pytest's rootdir: where a user's specs are imported from in other processes
+    xdist_workers: int = 1  # pytest-xdist workers in this run (1: none, or this is the only one)
+    xdist_index: int = 0  # this worker's number (gw<N>)
+    pair_baselines: bool = False  # every case timed interleaved with its baseline, budget or not
+    simulate_gpu: object = None  # trainbench.devices.fleet.Gpu from --trainbench-simulate-gpu: cases planned for it, not run
+    ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
+
+    @classmethod
+    def from_config(cls, config) -> Options:
+        ab = _ab_options(config)
+        workers, index = _xdist_worker(config)
+        compare_fail, fault = _gate_options(config, ab=ab is not None)
+        _switch("TRAINBENCH_EXPECT_CUDA")  # checked at start-up; doctor.expects_cuda reads it beside the flag
+        return cls(
+            device_spec=config.getoption("--trainbench-device"),
+            profile_name=config.getoption("--trainbench-profile"),
+            expect_cuda=config.getoption("--trainbench-expect-cuda"),
+            run_slow=config.getoption("--trainbench-slow"),
+            predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY",
+                                                                                      default=True),
+            ignore_doctor=_switch("TRAINBENCH_IGNORE_DOCTOR"),
+            require_budgets=config.getoption("--trainbench-require-budgets"),
+            strict_timing=config.getoption("--trainbench-strict-timing"),
+            settings_overrides=_settings_overrides(config),
+            budgets_override=_budgets_override(config),
+            compare_fail=compare_fail,
+            compare_alpha=config.getoption("--trainbench-compare-alpha"),
+            compare_json=_optional_path(config.getoption("--trainbench-compare-json")),
+            attribution_json=_optional_path(config.getoption("--trainbench-attribution-json")),
+            allow_inconclusive=config.getoption("--trainbench-allow-inconclusive"),
+            remeasure_s=_remeasure_s(config),
+            allow_new_cases=config.getoption("--trainbench-allow-new-cases"),
+            allow_cross_device=config.getoption("--trainbench-allow-cross-device"),
+            fault=fault,
+            trace=_trace_request(config),
+            ab=ab,
+            benchmark_disabled=bool(config.getoption("benchmark_disable", False)),
+            rootpath=Path(config.rootpath),
+            xdist_workers=workers,
+            xdist_index=index,
+            pair_baselines=config.getoption("--trainbench-pair-baselines"),
+            simulate_gpu=_simulated_gpu(config, ab=ab is not None, gated=compare_fail is not None),
+        )
+
+
+def _optional_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _settings_overrides(config) -> dict:
+    overrides = {
+        "rounds": config.getoption("--trainbench-rounds"),
+        "steps_per_round": config.getoption("--trainbench-steps-per-round"),
+        "min_warmup_steps": config.getoption("--trainbench-min-warmup"),
+    }
+    for name, value in overrides.items():
+        if value is not None and value < 1:
+            raise usage_error(f"--trainbench-{name.replace('_', '-')} must be >= 1, got {value}")
+    timeout = config.getoption("--trainbench-timeout")
+    if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
+        raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
+    overrides["no_progress_s"] = timeout
+    overrides["attribution"] = False if config.getoption("--trainbench-no-attribution") else None
+    return overrides
+
+
+def _simulated_gpu(config, ab: bool, gated: bool):
+    """The GPU --trainbench-simulate-gpu names or specifies (``fleet.parse_gpu``), or None; it measures nothing, so
+    an option that asks for a device or a measurement to compare is a usage error beside it."""
+    text = config.getoption("--trainbench-simulate-gpu")
+    if text is None:
+        return None
+    from trainbench.devices.fleet import GpuSpecError, parse_gpu
+
+    try:
+        gpu = parse_gpu(text)
+    except GpuSpecError as e:
+        raise usage_error(f"--trainbench-simulate-gpu: {e}") from None
+    device = config.getoption("--trainbench-device")
+    conflicting = ((f"--trainbench-device={device}" if device not in ("", "auto") else None)
+                   or ("--trainbench-ab" if ab else None) or ("--trainbench-compare-fail" if gated else None))
+    if conflicting:
+        raise usage_error(f"--trainbench-simulate-gpu with {conflicting}: a simulated GPU runs and measures nothing; "
+                          "drop one of the two")
+    return gpu
+
+
+def _remeasure_s(config) -> float:
+    seconds = config.getoption("--trainbench-remeasure-s")
+    if not (0 <= seconds < float("inf")):
+        raise usage_error(f"--trainbench-remeasure-s must be a number of seconds >= 0 (0: never), got {seconds}")
+    return seconds
+
+
+def _xdist_worker(config) -> tuple[int, int]:
+    workerinput = getattr(config, "workerinput", None)  # set on a pytest-xdist worker
+    if not workerinput:
+        return 1, 0
+    return (int(workerinput.get("workercount", 1)),
+            int(str(workerinput.get("workerid", "gw0")).removeprefix("gw") or 0))
+
+
+def _ab_options(config) -> ABOptions | None:
+    """--trainbench-ab's two environments, or None; options that contradict an A/B run are usage errors."""
+    head = config.getoption("--trainbench-ab")
+    base = config.getoption("--trainbench-ab-base")
+    pairs = config.getoption("--trainbench-ab-pairs")
+    if head is None:
+        if base is not None:
+            raise usage_error("--trainbench-ab-base needs --trainbench-ab=PYTHON (the head)")
+        return None
+    for option in ("benchmark_save", "benchmark_autosave", "benchmark_compare"):
+        if config.getoption(option, None):
+            raise usage_error(f"--{option.replace('_', '-')} with --trainbench-ab: an A/B run compares two environments "
+                              "within itself and is neither saved as a baseline nor compared with one "
+                              "(--trainbench-compare-json writes its verdict)")
+    if pairs < 3:
+        raise usage_error(f"--trainbench-ab-pairs must be >= 3 (a sign test needs pairs), got {pairs}")
+    for name, python in (("--trainbench-ab", head), ("--trainbench-ab-base", base)):
+        if python is not None and shutil.which(python) is None:
+            raise usage_error(f"{name}={python}: no such executable")
+    return ABOptions(base or sys.executable, head, pairs)
+
+
+def _trace_request(config):
+    """--trainbench-profile-trace and its case filter, or None; a filter that does not parse is a usage error."""
+    folder = config.getoption("--trainbench-profile-trace")
+    expression = config.getoption("--trainbench-profile-trace-cases")
+    if folder is None:
+        if expression is not None:
+            raise usage_error("--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR")
+        return None
+    from trainbench.core.trace import TraceRequest
+
+    if expression is None:
+        return TraceRequest(Path(folder))
+    # pytest's own -k grammar (and, or, not, parentheses; case-insensitive substrings of the case id).
+    from _pytest.mark import expression as k_grammar
+
+    try:
+        compiled = k_grammar.Expression.compile(expression)
+    except getattr(k_grammar, "ParseError", SyntaxError) as e:  # pytest < 8.3 raised its own ParseError
+        raise usage_error(f"--trainbench-profile-trace-cases={expression!r}: {e}") from None
+    return TraceRequest(Path(folder), lambda case: compiled.evaluate(
+        lambda name, **kwargs: not kwargs and name.lower() in case.lower()))
+
+
+def _budgets_override(config) -> Path | None:
+    """The one budgets file the command line or the ini names, or None (then each test file finds its own)."""
+    given = config.getoption("--trainbench-budgets")
+    if given:
+        return Path(given)
+    ini = config.getini("trainbench_budgets")
+    return Path(config.rootpath) / ini if ini else None
+
+
+def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
+    """The ``budgets.toml`` nearest to a test file: its folder, then each folder above, up to the rootdir."""
+    folder = test_path.parent
+    while True:
+        candidate = folder / BUDGETS_FILE
+        if candidate.is_file():
+            return candidate
+        if folder == rootpath or folder.parent == folder or rootpath not in folder.parents:
+            return None
+        folder = folder.parent
+
+
+def _gate_options(config, ab: bool = False):
+    """The gate's thresholds and the planted fault, checked."""
+    from trainbench.core.metrics import ThresholdError, parse_fraction, parse_thresholds
+
+    spec = config.getoption("--trainbench-compare-fail")
+    try:
+        gate = parse_thresholds(spec) if spec is not None else None  # an empty spec is an error, never an ungated gate
+        slowdown = config.getoption("--trainbench-inject-slowdown")
+        slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
+    except ThresholdError as e:
+        raise usage_error(str(e)) from None
+    alpha = config.getoption("--trainbench-compare-alpha")
+    if not 0 < alpha < 1:
+        raise usage_error(f"--trainbench-compare-alpha must be between 0 and 1 (a significance level, e.g. 0.05), "
+                          f"got {alpha}")
+    if gate is not None and not ab and not config.getoption("benchmark_compare", None):
+        raise usage_error("--trainbench-compare-fail gates a comparison, but no --benchmark-compare was given: add "
+                          "--benchmark-compare (the latest saved run of this device) or --benchmark-compare=NNNN")
+    leak = config.getoption("--trainbench-inject-leak-mib")
+    if leak < 0:
+        raise usage_error(f"--trainbench-inject-leak-mib must be >= 0, got {leak}")
+    if not (slowdown or leak):
+        return gate, None
+    from trainbench.core.training import InjectedFault
+
+    return gate, InjectedFault(slowdown=slowdown, leak_mib=leak)

@@ -1,0 +1,147 @@
+"""What a comparison concluded: each metric's comparison, and one verdict that says whether it failed.
+
+``trainbench.verdicts.compare`` (a run against a stored run) and ``trainbench.verdicts.ab`` (two environments, rounds
+alternating) compute their comparisons differently and hand them here; ``Verdict`` decides
+failure by one rule for both, and is written as the JSON ``--trainbench-compare-json`` reads
+back (``Verdict.to_json``), which ``trainbench.verdicts.present`` prints in the terminal or as Markdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from trainbench.core.metrics import METRICS
+from trainbench.verdicts.render import change, interval, number
+
+# Every verdict a comparison can have, in the order the counts list them.
+OUTCOMES = ("regressed", "inconclusive", "improved", "unchanged", "missing")
+# The exit status of a gated session whose only failures are comparisons it could not judge (pytest's own codes end
+# at 5): CI shows the job failed, and a script can tell "could not judge" from "regressed" (1).
+EXIT_COULD_NOT_JUDGE = 6
+
+
+def fails_gate(outcome: str, allow_inconclusive: bool = False) -> bool:
+    """Whether a comparison of this outcome fails a gate: a regression, a metric measured on one side only (nothing
+    was compared), and a timed verdict the rounds could not support (unless ``allow_inconclusive``: reported only)."""
+    return outcome in ("regressed", "missing") or (outcome == "inconclusive" and not allow_inconclusive)
+
+
+def is_worse(change: float, higher_is_better: bool) -> bool:
+    """Whether a signed relative change (+ = a larger value) goes the metric's worse way."""
+    return (change < 0) == higher_is_better
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    case: str
+    metric: str
+    baseline: float | None
+    current: float | None
+    change: float | None  # relative change, signed as measured (+ = larger value)
+    threshold: float
+    verdict: str  # one of OUTCOMES
+    p_value: float | None = None  # one-sided test in the direction of the change
+    ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
+    reason: str | None = None  # why inconclusive
+    # A regressed or improved verdict's "where": the attribution rows that account for the change
+    # (``trainbench.verdicts.explain.explanation``), a line each
+    explanation: tuple[str, ...] = ()
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit
+
+    def fails(self, allow_inconclusive: bool = False) -> bool:
+        """Whether this comparison fails a gate (``fails_gate``)."""
+        return fails_gate(self.verdict, allow_inconclusive)
+
+    def describe(self) -> str:
+        """One line: case, metric, baseline, current, change, statistics, verdict."""
+        if self.verdict == "missing":
+            side = "the baseline run" if self.baseline is None else "this run"
+            return (f"{self.case} {self.metric}: " + (self.reason or f"not measured in {side}") + f" (baseline "
+                    f"{number(self.baseline)}, now {number(self.current)}): nothing to compare")
+        stats = f", 95% CI {interval(self.ci)}, p={self.p_value:.3g}" if self.ci is not None else ""
+        return (f"{self.case} {self.metric}: {number(self.baseline)} -> {number(self.current)} {self.unit} "
+                f"({change(self.change)}{stats}) {self.verdict} (threshold {self.threshold:.1%})"
+                + (f": {self.reason}" if self.reason else ""))
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ci": list(self.ci) if self.ci else None, "explanation": list(self.explanation),
+                "unit": self.unit, "line": self.describe()}
+
+    def explained(self, baseline: dict | None, current: dict | None, paired: bool = False,
+                  rounds_s: tuple[list[float], list[float]] | None = None) -> MetricComparison:
+        """This comparison with its "where" (a regressed or improved verdict only) from both sides' attribution
+        tables (``trainbench.core.attribution``; ``paired``: their profiled steps alternated, and ``rounds_s``, both
+        sides' round step times, their rounds)."""
+        if self.verdict not in ("regressed", "improved"):
+            return self
+        from trainbench.verdicts.explain import explanation
+
+        # A timed metric's regression is a slower step, its improvement a faster one: the profiled steps must agree.
+        slower = (self.verdict == "regressed") if METRICS[self.metric].timed else None
+        return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower, rounds_s))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A comparison's outcome: what it compared with, every metric's comparison, and whether it failed."""
+
+    baseline: str  # the stored run compared with, or "A/B: base vs head"
+    device: dict  # this run's device identity
+    comparisons: tuple[MetricComparison, ...]
+    gated: bool  # thresholds were given (--trainbench-compare-fail): without them nothing but an error fails
+    allow_inconclusive: bool = False  # an inconclusive timed verdict is reported, not failed (an explicit opt-out)
+    new_cases: tuple[str, ...] = ()  # cases the baseline run lacks
+    new_cases_allowed: bool = False
+    errors: tuple[str, ...] = ()  # baseline cases that could not be read
+    not_run: tuple[str, ...] = ()  # baseline cases this session did not run (deselected, skipped): not compared
+    nothing_compared: str | None = None  # why no metric was compared (every case skipped): fails a gate
+    # The software that differs between the compared runs (``environment.environment_differences``): said, not refused,
+    # since a change may be the update's rather than the code's.
+    environment: tuple[str, ...] = ()
+    # A/B only: both environments' identities, each case's (base, head) step seconds per pair, and each case's
+    # loss comparison between the sides.
+    sides: dict | None = None
+    pairs: dict | None = None
+    numerics: dict | None = None
+    not_measured: tuple[str, ...] = ()  # metrics the thresholds name that neither side measured on this device
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {outcome: sum(c.verdict == outcome for c in self.comparisons) for outcome in OUTCOMES}
+
+    @property
+    def failed(self) -> bool:
+        """The one rule: an unreadable baseline fails; under a gate, so does a comparison of nothing, any failing
+        comparison (``MetricComparison.fails``) and a case the baseline lacks, unless new cases are allowed."""
+        if self.errors or (self.gated and self.nothing_compared):
+            return True
+        unchecked = bool(self.new_cases) and not self.new_cases_allowed
+        return self.gated and (unchecked or any(c.fails(self.allow_inconclusive) for c in self.comparisons))
+
+    @property
+    def could_not_judge(self) -> bool:
+        """It failed only because timed comparisons stayed inconclusive: nothing regressed, nothing was left
+        unchecked, and nothing was shown to be fine either (``EXIT_COULD_NOT_JUDGE``)."""
+        if not self.failed or self.errors or self.nothing_compared or (self.new_cases and not self.new_cases_allowed):
+            return False
+        return not any(c.fails(allow_inconclusive=True) for c in self.comparisons)
+
+    @property
+    def exit_status(self) -> int:
+        """0 passed, 1 failed (a regression, a metric or case left unchecked, an unreadable baseline),
+        ``EXIT_COULD_NOT_JUDGE`` could not judge."""
+        return EXIT_COULD_NOT_JUDGE if self.could_not_judge else int(self.failed)
+
+    def to_json(self) -> dict:
+        """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
+        ab = {} if self.sides is None else {"ab": self.sides, "pairs": self.pairs or {}, "numerics": self.numerics or {}}
+        return {"baseline": self.baseline, "device": self.device, "counts": self.counts, "failed": self.failed,
+                "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
+                "gated": self.gated,
+                "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
+                "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
+                "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
+                "environment_differs": list(self.environment), "not_measured": list(self.not_measured)}

@@ -1,0 +1,257 @@
+"""The night's plan for a GPU of the fleet, made on any machine: what each suite case would do on it.
+
+The same code decides as on the GPU itself: the doctor's CUDA checks on what the driver would
+report (``simulated.simulated_runtime``), then for every suite case ``Runner.plan_case`` on a
+``SimulatedGpu``: whether it can run (``eligibility.why_not``, the memory gate with
+predictions at the GPU profile's sizes), its budget section and how it is measured; and what
+bounds its step there (``trainbench.core.roofline``), with every ``min_speedup`` budget the roofline
+says cannot hold. A plan has problems where the night would crash or refuse a case for a reason a
+GPU cannot have. ``pytest --trainbench-simulate-gpu`` plans each collected case the same way
+(``planned``) and skips it with what it would do there (``would_run``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainbench.core.budgets import Budgets, parse_key
+from trainbench.core.cases import Case, all_cases
+from trainbench.verdicts.doctor import Check, check_cuda, format_checks
+from trainbench.devices.fleet import Gpu
+from trainbench.core.measure import DEFAULT_SETTINGS
+from trainbench.core.plan import CasePlan
+from trainbench.core.predict import HEADROOM, PredictionCache, without_unpredictable
+from trainbench.core.roofline import CountCache, StepCounts, case_bound, speedup_flag
+from trainbench.core.runner import Runner
+from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
+from trainbench.core.workloads import PROFILES
+
+GiB = 2**30
+# What no case may be refused for on a GPU: a device it is. (A prediction that fails here is no problem: the memory
+# gate then lets the case run, and a CPU cannot fake some GPU-only ops, e.g. NVTX ranges or the efficient SDPA kernel.)
+WRONG_ON_A_GPU = ("needs a CUDA device",)
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    case: str
+    skipped: str | None = None
+    section: str | None = None  # the budgets-file section that judges it
+    needed_bytes: int | None = None  # predicted tensor peak x headroom (None: not predicted)
+    unpredicted: str | None = None  # why the memory gate had no prediction for it here
+    measuring: str | None = None
+    why_measuring: str | None = None
+    # The precisions its MFU may be judged in, with the GPU's peak for each: without autocast, the step's measured
+    # share of convolution FLOPs picks cuDNN's TF32 flag or the matmul one.
+    mfu_peaks: tuple[tuple[str, float | None], ...] = ()
+    problem: str | None = None  # why the night would crash on it, or refuses it wrongly
+    roofline: str | None = None  # what bounds its step there and its lower bound, e.g. "launch-bound, >= 3.1 ms/step"
+    bound_s: float | None = None  # that lower bound (roofline.versus_measured compares a measured step with it)
+    speedup_flag: str | None = None  # why its min_speedup budget cannot hold by the roofline
+
+
+@dataclass
+class NightPlan:
+    gpu: Gpu
+    checks: list[Check]
+    cases: list[PlannedCase] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        return any(check.status == "FAIL" for check in self.checks)
+
+    @property
+    def runs(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.skipped is None and c.problem is None]
+
+    @property
+    def skips(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.skipped is not None]
+
+    @property
+    def flagged(self) -> list[PlannedCase]:
+        """Cases whose min_speedup budget the roofline says cannot hold."""
+        return [c for c in self.runs if c.speedup_flag]
+
+    @property
+    def problems(self) -> list[PlannedCase]:
+        return [c for c in self.cases if c.problem is not None]
+
+    def largest_run(self) -> PlannedCase | None:
+        """The case that will run needing the most memory (None: none predicted)."""
+        predicted = [c for c in self.runs if c.needed_bytes]
+        return max(predicted, key=lambda c: c.needed_bytes) if predicted else None
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.problems
+
+
+def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check]:
+    """The doctor's CUDA checks on what the driver of a machine with ``gpu`` would report (this torch's archs)."""
+    return check_cuda(simulated_runtime(gpu, arch_list), expect_cuda=True)
+
+
+def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
+               arch_list: list[str] | None = None, counts: CountCache | None = None) -> NightPlan:
+    """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
+    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU)."""
+    night = NightPlan(gpu, simulated_checks(gpu, arch_list))
+    if night.refused:
+        return night
+    backend = SimulatedGpu(gpu, arch_list=arch_list)
+    profile = PROFILES["gpu"]
+    runner = Runner(backend, profile, DEFAULT_SETTINGS[profile.name],
+                    predictions=predictions or PredictionCache(prediction_backend()))
+    budgets = Budgets.load(budgets_path) if budgets_path else None
+    counts = counts or CountCache(prediction_backend())
+    night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
+    return night
+
+
+def plan_suite_case(runner: Runner, case: Case, budgets: Budgets | None,
+                    counts: CountCache | None = None) -> PlannedCase:
+    """What the night does with a suite case on ``runner``'s device (``Runner.plan_case``); ``counts``: the step
+    counts its roofline is drawn from (None: no roofline)."""
+    try:
+        plan = runner.plan_case(case, budgets)
+    except Exception as e:  # noqa: BLE001 - the night would stop here: report it as the plan's problem
+        return PlannedCase(case.id, problem=f"planning raised {type(e).__name__}: {e}")
+    return planned(runner, plan, case.id, counts)
+
+
+def planned(runner: Runner, plan: CasePlan | str, case_id: str, counts: CountCache | None = None) -> PlannedCase:
+    """A case's plan (or why it cannot run, as ``Runner.plan_case`` gives it) as the night shows it."""
+    if isinstance(plan, str):
+        return PlannedCase(case_id, skipped=plan, problem=_wrong_reason(plan))
+    needed, unpredicted = _needed_bytes(runner, plan)
+    if plan.skipped:
+        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
+    return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
+                       unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring,
+                       mfu_peaks=_mfu_peaks(runner, plan), **(_roofline(runner, plan, counts) if counts else {}))
+
+
+def _roofline(runner: Runner, plan: CasePlan, counts: CountCache) -> dict:
+    """The case's roofline phrase and bound, and its min_speedup budget's flag where the roofline rules it out."""
+    counted = counts(plan.profile.name, plan.config, plan.spec)
+    if not isinstance(counted, StepCounts):
+        return {"roofline": f"roofline not drawn ({counted})"}
+    bandwidth = runner.backend.memory_bandwidth_gbs()
+    bound = case_bound(counted, plan.config, runner.backend, bandwidth)
+    drawn = {"roofline": bound.phrase(), "bound_s": bound.seconds}
+    min_speedup = _min_speedup(plan)
+    if min_speedup is None or plan.baseline_config is None:
+        return drawn
+    base = counts(plan.profile.name, plan.baseline_config, plan.spec)
+    if isinstance(base, StepCounts):
+        base_bound = case_bound(base, plan.baseline_config, runner.backend, bandwidth)
+        drawn["speedup_flag"] = speedup_flag(min_speedup, bound, counted.samples, base_bound, base.samples)
+    return drawn
+
+
+def _min_speedup(plan: CasePlan) -> float | None:
+    """The case's min_speedup budget (a minimum samples/s ratio to its baseline), or None."""
+    speedup = parse_key("min_speedup")
+    bounds = [b.limit for b in (plan.budget.bounds if plan.budget else ())
+              if (b.metric, b.bound, b.relative) == speedup]
+    return max(bounds) if bounds else None
+
+
+def _mfu_peaks(runner: Runner, plan: CasePlan) -> tuple[tuple[str, float | None], ...]:
+    """The precision and peak for a step without convolutions and for one of only convolutions (one where they agree)."""
+    return tuple(dict.fromkeys(runner.backend.mfu_peak(plan.config.amp, share) for share in (0.0, 1.0)))
+
+
+def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
+    """What the memory gate predicted for the case and its baseline (the larger, with headroom), from its cache;
+    and why a prediction failed, where one did."""
+    needed, unpredicted = None, None
+    for config in (plan.config, plan.baseline_config):
+        if config is None:
+            continue
+        predicted = runner.planner.predictions(plan.profile.name, without_unpredictable(config), plan.spec)
+        total = (predicted.get("breakdown_bytes") or {}).get("total")
+        if total is not None:
+            needed = max(needed or 0, int(total * HEADROOM))
+        else:
+            unpredicted = unpredicted or predicted.get("reason")
+    return needed, unpredicted
+
+
+def _wrong_reason(reason: str | None) -> str | None:
+    return f"refused for a reason a GPU cannot have: {reason}" if reason and any(
+        text in reason for text in WRONG_ON_A_GPU) else None
+
+
+def format_night(night: NightPlan) -> list[str]:
+    """The plan as printed: the doctor's CUDA checks, one line per case, a summary."""
+    gpu = night.gpu
+    lines = [f"night plan for {gpu.count} x {gpu.name} ({gpu.sm}, {gpu.memory_bytes / GiB:.1f} GiB), simulated"]
+    lines += format_checks(night.checks)
+    if night.refused:
+        return lines + ["refused: this torch build cannot run on this GPU (see the FAIL above)"]
+    for c in night.cases:
+        if c.problem:
+            lines.append(f"PROBLEM  {c.case}: {c.problem}")
+        elif c.skipped:
+            lines.append(f"skip  {c.case}: {c.skipped}")
+        else:
+            lines.append(f"run   {c.case}: {would_run(c, gpu)}")
+            if c.speedup_flag:
+                lines.append(f"flag  {c.case}: {c.speedup_flag}")
+    flagged = f", {len(night.flagged)} min_speedup budget(s) the roofline says cannot hold" if night.flagged else ""
+    return lines + [_memory_line(night),
+                    f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s){flagged}"]
+
+
+def would_run(c: PlannedCase, gpu: Gpu) -> str:
+    """What a case that runs on ``gpu`` does there: its budget section, memory, how it is measured, the peaks its MFU
+    is judged against, and its roofline where drawn."""
+    memory = f"needs ~{c.needed_bytes / GiB:.1f} of {gpu.memory_bytes / GiB:.1f} GiB" if c.needed_bytes else \
+        f"memory not predicted ({c.unpredicted or 'not asked'})"
+    how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
+    mfu = "MFU against " + " or ".join(f"{precision} {peak:g}" if peak else f"{precision} (peak unknown)"
+                                       for precision, peak in c.mfu_peaks) + " TFLOP/s"
+    return f"[{c.section or 'no budget'}] {memory}; {how}; {mfu}" + (f"; {c.roofline}" if c.roofline else "")
+
+
+def _memory_line(night: NightPlan) -> str:
+    """What the largest case that will run needs against the GPU's memory (the others do not fit and are skipped)."""
+    have = f"{night.gpu.memory_bytes / GiB:.1f} GiB"
+    largest = night.largest_run()
+    if largest is None:
+        return f"memory: no case that runs was predicted; {night.gpu.name} has {have}"
+    return (f"memory: the largest case that runs, {largest.case}, needs ~{largest.needed_bytes / GiB:.1f} GiB of "
+            f"{have}; cases that would not fit are skipped with their figures (python -m trainbench plan lists "
+            "every case)")
+
+
+def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check]:
+    """The doctor's checks of a machine with ``gpu``, as on it: its CUDA checks, and its memory against the suite's
+    heaviest cases (the few the doctor predicts, not every case: ``plan_night`` does that)."""
+    from trainbench.verdicts.doctor import check_device_memory, heaviest_cases
+
+    checks = simulated_checks(gpu, arch_list)
+    if any(check.status == "FAIL" for check in checks):
+        return checks
+    caps = SimulatedGpu(gpu, arch_list=arch_list).caps()
+    predict = functools.partial(PredictionCache(prediction_backend()), "gpu")
+    for device in simulated_runtime(gpu, arch_list)["devices"]:
+        checks += check_device_memory(device, heaviest_cases(caps, device["total_memory_bytes"], predict))
+    return checks
+
+
+def plan_record(night: NightPlan) -> dict:
+    """The plan as JSON (``plan --json``; the night's summary reads it): the GPU, the checks, every case."""
+    from dataclasses import asdict
+
+    from trainbench.verdicts.doctor import doctor_record
+
+    gpu = night.gpu
+    return {"gpu": {"name": gpu.name, "count": gpu.count, "sm": gpu.sm, "memory_bytes": gpu.memory_bytes},
+            "checks": doctor_record(night.checks)["checks"], "refused": night.refused,
+            "cases": [dict(asdict(c), needed_mib=round(c.needed_bytes / 2**20, 1) if c.needed_bytes else None)
+                      for c in night.cases]}

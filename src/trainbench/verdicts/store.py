@@ -1,0 +1,465 @@
+"""Saved runs: the one reader of run files and of what is in them (``SavedRun``: its cases as ``CaseRecord``s, the
+device and profile that made it, its markers), and the one answer to "which saved run is the baseline, and why".
+
+Runs are pytest-benchmark JSON files in its storage folder (``results/benchmarks/<machine id>/NNNN_name.json``);
+runs of every device share a machine id's folder and are told apart by the device identity trainbench
+records in their ``machine_info``. File names are matched as pytest-benchmark matches them
+(``FileStorage.query``), so a name means the same run to both tools.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainbench.core.result import CaseRecord
+
+# A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
+INCOMPLETE_KEY = "trainbench_incomplete"
+# Cases that ended without a result (out of memory, a crash), with why: [{"case": ..., "error": ...}].
+FAILED_CASES_KEY = "trainbench_failed_cases"
+# A run measured with a fault planted on purpose (--trainbench-inject-*): {"slowdown": fraction, "leak_mib": MiB}.
+# Kept, but never a baseline: a gate against it would call the next honest run an improvement.
+PLANTED_KEY = "trainbench_planted_fault"
+# The run's software beyond its device identity, once per run (not per case, and not in machine_info, whose every
+# difference pytest-benchmark warns about): {"packages": {canonical name: version}}.
+ENVIRONMENT_KEY = "trainbench_environment"
+RUN_FILES = "[0-9][0-9][0-9][0-9]_"  # pytest-benchmark's NNNN_ prefix of a saved run
+DEFAULT_RUNS_DIR = Path("results/benchmarks")  # pytest-benchmark's storage, as pyproject.toml sets it
+
+
+class RunFileError(Exception):
+    """A run file that cannot be used; ``str()`` names the file and what was expected."""
+
+    def __init__(self, path: Path | str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def load_run(path: Path | str) -> dict:
+    """A pytest-benchmark JSON run, checked for the shape every reader needs (a ``benchmarks`` list)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunFileError(path, "no such file; expected a pytest-benchmark JSON run") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(path, f"cannot read it ({e})") from None
+    if not text.strip():
+        raise RunFileError(path, "empty file; expected a pytest-benchmark JSON run (--benchmark-save)")
+    try:
+        run = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunFileError(path, f"invalid JSON ({e}; truncated?); expected a pytest-benchmark JSON run") from None
+    if not isinstance(run, dict) or not isinstance(run.get("benchmarks"), list):
+        raise RunFileError(path, "no 'benchmarks' list; expected a pytest-benchmark JSON run "
+                                 "(--benchmark-json or --benchmark-save)")
+    return run
+
+
+def packages_of(path: Path | str) -> dict[str, str] | None:
+    """The installed packages the run file at ``path`` recorded (``SavedRun.packages``); None where it cannot be
+    read (not a file: another storage's run; the gate names an unreadable baseline through its own reader)."""
+    try:
+        return SavedRun.load(path).packages
+    except RunFileError:
+        return None
+
+
+def storage_folder(storage: str) -> Path | None:
+    """pytest-benchmark's folder of this machine's runs (None: not a file storage, e.g. elasticsearch)."""
+    if "://" in storage and not storage.startswith("file://"):
+        return None
+    from pytest_benchmark.utils import get_machine_id
+
+    return Path(storage.removeprefix("file://")) / get_machine_id()
+
+
+def _query(storage: Path, machine: str, pattern: str) -> list[Path]:
+    """pytest-benchmark's own matching (``FileStorage.query``): runs in ``storage``'s ``machine`` folder (a glob)
+    whose file name matches ``pattern`` as --benchmark-compare reads it, in its order (run number, then folder)."""
+    if not storage.is_dir():  # FileStorage would create it
+        return []
+    from pytest_benchmark.storage.file import FileStorage
+
+    found = FileStorage(storage, logger=None, default_machine_id=machine).query(pattern)
+    # query() answers resolved paths, and also matches files at the top of the storage: keep the machine folders'
+    # runs, named under ``storage`` as the caller named it
+    return [storage / path.parent.name / path.name for path in map(Path, found) if path.parent != storage.resolve()]
+
+
+def matching_runs(folder: Path, name: str | bool | None = None) -> list[Path]:
+    """The saved runs in ``folder`` whose file name matches ``name`` as ``--benchmark-compare=NAME`` reads it
+    (a prefix or glob: ``0003``, ``*_baseline``; True or None: every run), oldest first."""
+    return _query(folder.parent, folder.name, RUN_FILES if name in (None, True) else str(name))
+
+
+def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
+    """The newest run saved on this machine under ``runs_dir`` (pytest-benchmark's storage: its folder for this
+    machine), in pytest-benchmark's own order (the run number): never the file's modification time, which a
+    checkout resets. Another machine's run is never taken for this one's: without a run of this machine, the
+    error names the newest there is, to pass as RUN_JSON."""
+    runs_dir = Path(runs_dir)
+    from pytest_benchmark.utils import get_machine_id
+
+    machine = get_machine_id()
+    mine = _query(runs_dir, machine, RUN_FILES)
+    if mine:
+        return mine[-1]
+    others = _query(runs_dir, "*", RUN_FILES) or sorted(
+        (p for p in runs_dir.rglob("*.json") if p.is_file()), key=lambda p: (p.name, str(p.parent)))
+    if others:
+        raise RunFileError(runs_dir, f"no run saved on this machine ({machine}); the newest of another is "
+                                     f"{others[-1]}: pass it as RUN_JSON to use it")
+    raise RunFileError(runs_dir, "no *.json run found; save one with pytest --benchmark-save=NAME "
+                                 "or --benchmark-json=FILE, or pass RUN_JSON")
+
+
+def describe_device(device: tuple) -> str:
+    return f"{device[1]} ({', '.join(str(part) for part in (device[0], *device[2:]) if part)})"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The run a comparison uses, and why that one (a line of the summary)."""
+
+    path: Path
+    why: str
+
+
+# What the summary says of a run pytest-benchmark chose itself (not a run trainbench made, or not file storage).
+PYTEST_BENCHMARKS_CHOICE = "pytest-benchmark's own choice (not a run trainbench made)"
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A saved run (pytest-benchmark JSON) as every reader reads it: its trainbench cases as ``CaseRecord``s, the
+    device and profile that made it, whether it is complete or carries a planted fault, its packages."""
+
+    path: Path | str
+    run: dict | None  # None: unreadable (``problem`` says why)
+    problem: str | None = None
+    names: tuple[str, ...] | None = None  # the benchmarks' names where they are keyed apart (``compared``)
+
+    @classmethod
+    def load(cls, path: Path | str) -> SavedRun:
+        """The run file at ``path``; raises ``RunFileError`` where it is not a run."""
+        return cls(Path(path), load_run(path))
+
+    @classmethod
+    def compared(cls, path: Path | str, benchmarks: dict) -> SavedRun:
+        """The run pytest-benchmark loaded to compare with: its benchmarks by fullname (no machine info kept)."""
+        return cls(path, {"benchmarks": list(benchmarks.values())}, names=tuple(benchmarks))
+
+    # -- what made it ---------------------------------------------------------------------------------------------
+    @property
+    def device(self) -> dict | None:
+        """The device identity trainbench recorded for the run: its machine info's, else its first case's (a run
+        known only by its benchmarks); None: unreadable, or a plain pytest-benchmark run."""
+        if self.run is None:
+            return None
+        identity = self._machine_identity()
+        if "kind" in identity:
+            return {key: value for key, value in identity.items() if key != "doctor"}
+        return next((info["device"] for _, info in self._records() if isinstance(info.get("device"), dict)), None)
+
+    @property
+    def doctor(self) -> dict | None:
+        """How the run's machine was set up (``trainbench doctor``'s record, kept with its device identity)."""
+        return self._machine_identity().get("doctor")
+
+    def _machine_identity(self) -> dict:
+        machine_info = self.run.get("machine_info") if self.run is not None else None
+        identity = machine_info.get("trainbench") if isinstance(machine_info, dict) else None
+        return identity if isinstance(identity, dict) else {}
+
+    @property
+    def comparable(self) -> tuple | None:
+        """What another run's device must equal for the two to be compared (``device.comparable_device``)."""
+        from trainbench.devices.device import comparable_device
+
+        return comparable_device(self.device)
+
+    @property
+    def profile(self) -> str | None:
+        """The profile(s) its cases ran with, joined (None: no case recorded one)."""
+        return ", ".join(sorted({str(info["profile"]) for _, info in self._records() if info.get("profile")})) or None
+
+    @property
+    def commit(self) -> dict:
+        commit = self.run.get("commit_info") if self.run is not None else None
+        return commit if isinstance(commit, dict) else {}
+
+    @property
+    def saved_at(self) -> str | None:
+        return self.run.get("datetime") if self.run is not None else None
+
+    @property
+    def packages(self) -> dict[str, str] | None:
+        """The installed packages it recorded (name -> version), or None: a run saved before they were, or a plain
+        pytest-benchmark run. A malformed record reads as none: it can only make a verdict say less."""
+        environment = self.run.get(ENVIRONMENT_KEY) if self.run is not None else None
+        packages = environment.get("packages") if isinstance(environment, dict) else None
+        if not isinstance(packages, dict):
+            return None
+        return {str(name): str(version) for name, version in packages.items()}
+
+    # -- its state ------------------------------------------------------------------------------------------------
+    @property
+    def complete(self) -> bool:
+        return self.run is not None and not self.run.get(INCOMPLETE_KEY)
+
+    @property
+    def planted(self) -> dict | None:  # the fault planted in it on purpose, if any
+        fault = self.run.get(PLANTED_KEY) if self.run is not None else None
+        return fault if isinstance(fault, dict) and fault else None
+
+    @property
+    def failed_cases(self) -> list[dict]:
+        """Cases that ended without a result, with why: [{"case": ..., "error": ...}]."""
+        failed = self.run.get(FAILED_CASES_KEY) if self.run is not None else None
+        return [entry for entry in failed if isinstance(entry, dict)] if isinstance(failed, list) else []
+
+    # -- its cases ------------------------------------------------------------------------------------------------
+    @property
+    def benchmark_count(self) -> int:
+        return len(self._benchmarks())
+
+    def _benchmarks(self) -> list[tuple[str, object]]:
+        """(pytest-benchmark fullname, stored benchmark) of every benchmark, trainbench's or not."""
+        benchmarks = self.run.get("benchmarks") if self.run is not None else None
+        benchmarks = benchmarks if isinstance(benchmarks, list) else []
+        if self.names is not None:
+            return list(zip(self.names, benchmarks))
+        return [(_name_of(bench) or f"benchmark {index}", bench) for index, bench in enumerate(benchmarks)]
+
+    def _records(self) -> list[tuple[str, dict]]:
+        """(fullname, stored record) of every trainbench case: a benchmark whose record names its case."""
+        found = []
+        for name, bench in self._benchmarks():
+            info = bench.get(_RECORD) if isinstance(bench, dict) else None
+            if isinstance(info, dict) and info.get("case"):
+                found.append((name, info))
+        return found
+
+    def case_ids(self) -> dict[str, str]:
+        """Every trainbench case, pytest-benchmark fullname -> case id, in the run's order."""
+        return {name: str(info["case"]) for name, info in self._records()}
+
+    def only(self, fullnames) -> SavedRun:
+        """This run with only the benchmarks named ``fullnames``."""
+        kept = [(name, bench) for name, bench in self._benchmarks() if name in fullnames]
+        return SavedRun(self.path, {**self.run, "benchmarks": [bench for _, bench in kept]}, self.problem,
+                        tuple(name for name, _ in kept))
+
+    def cases(self, errors: list[str] | None = None, having: str | None = None) -> list[CaseRecord]:
+        """Every trainbench case (``having``: whose record has that field, e.g. ``ladder``), read and checked
+        (``CaseRecord.read``), in the run's order. A record that cannot be read raises ``RecordError`` naming the
+        run and the case; with ``errors``, its message goes there instead and the case is left out."""
+        from trainbench.core.result import CaseRecord, RecordError
+
+        found = []
+        for name, info in self._records():
+            if having is not None and info.get(having) is None:
+                continue
+            try:
+                found.append(CaseRecord.read(info, f"{self.path}: {name}", fullname=name))
+            except RecordError as e:
+                if errors is None:
+                    raise
+                errors.append(str(e))
+        return found
+
+    def case(self, fullname: str) -> CaseRecord | None:
+        """The benchmark named ``fullname``, read as a trainbench case (None: the run has no such benchmark); raises
+        ``RecordError`` where it is not one or its record cannot be read."""
+        from trainbench.core.result import CaseRecord
+
+        for name, bench in self._benchmarks():
+            if name == fullname:
+                info = bench.get(_RECORD) if isinstance(bench, dict) else None
+                return CaseRecord.read(info if isinstance(info, dict) else {}, f"{self.path}: {name}", fullname=name)
+        return None
+
+
+def _name_of(bench: object) -> str | None:
+    return (bench.get("fullname") or bench.get("name")) if isinstance(bench, dict) else None
+
+
+# Where pytest-benchmark keeps what a test adds to its benchmark, so where a case's record lives in a saved run.
+_RECORD = "extra_info"
+
+
+def record_case(benchmark, record: dict) -> None:
+    """Keep ``record`` with the case's pytest-benchmark benchmark: it is saved with the run, where ``SavedRun``
+    reads it back."""
+    getattr(benchmark, _RECORD).update(record)
+
+
+def merged_run(runs: list[SavedRun], incomplete: bool = False) -> dict:
+    """Several runs as one (the first's machine and commit info, every case, every failed case; incomplete if any
+    of them is, or if ``incomplete``)."""
+    merged = dict(runs[0].run, benchmarks=[])
+    merged.pop(FAILED_CASES_KEY, None)
+    for saved in runs:
+        merged["benchmarks"] += saved.run["benchmarks"]
+        if not saved.complete:
+            merged[INCOMPLETE_KEY] = True
+        if saved.failed_cases:
+            merged.setdefault(FAILED_CASES_KEY, []).extend(saved.failed_cases)
+    if incomplete:
+        merged[INCOMPLETE_KEY] = True
+    return merged
+
+
+def _read_saved(path: Path) -> SavedRun:
+    """A run as --benchmark-compare would load it: pytest-benchmark skips, with a warning, one whose benchmarks
+    have no ``stats``, so that one is unreadable too."""
+    try:
+        run = load_run(path)
+    except RunFileError as e:
+        return SavedRun(path, None, str(e))
+    for index, bench in enumerate(run["benchmarks"]):
+        if not isinstance(bench, dict) or not isinstance(bench.get("stats"), dict):
+            return SavedRun(path, None, f"{path}: {_name_of(bench) or f'benchmark {index}'}: no 'stats'; expected a "
+                                        "pytest-benchmark JSON run")
+    return SavedRun(path, run)
+
+
+class NoBaselineError(Exception):
+    """No saved run can be this device's baseline; ``str()`` says what is there and how to make one."""
+
+
+class UnusableBaselineError(NoBaselineError):
+    """The run a compare names, or would take as the newest, cannot be a baseline (unreadable, interrupted, a
+    wrong-typed record): it is never passed over for an older one, which would compare with the wrong code."""
+
+
+def choose_baseline(storage: str, compare, device_here) -> Baseline | None:
+    """The run ``--benchmark-compare[=NAME]`` compares with, and why: a file named by its path, else the newest
+    complete run of this device among those the name matches (a bare compare: among all). None: leave the choice
+    to pytest-benchmark (no comparison, not file storage, no run matches, a plain pytest-benchmark run).
+
+    ``device_here``: a callable giving this session's comparable device (called only when needed: it may
+    start the device). Raises UnusableBaselineError when the run it would take (or one newer) is unreadable or
+    interrupted, or has a wrong-typed record; NoBaselineError when a NAME matches runs of other devices only.
+    """
+    if not compare or not storage:
+        return None
+    if compare is not True and Path(str(compare)).is_file():
+        return _named_run(_read_saved(Path(str(compare))))
+    folder = storage_folder(storage)
+    if folder is None:
+        return None
+    runs = [_read_saved(path) for path in matching_runs(folder, compare)]
+    if not runs:
+        return None
+    if runs[-1].problem:
+        raise UnusableBaselineError(f"{runs[-1].problem}; it is the newest run {_matching(compare)}, and an older "
+                                    "one would compare with other code: fix or remove it")
+    if runs[-1].device is None:
+        return None  # a plain pytest-benchmark run: its usual behaviour
+    return _newest_of_device(runs, device_here(), folder, compare)
+
+
+def _matching(compare) -> str:
+    return "saved" if compare is True else f"matching {str(compare)!r}"
+
+
+def _named_run(run: SavedRun) -> Baseline | None:
+    """A run named by its path: used as it is, or refused; never replaced by another."""
+    if run.problem:
+        raise UnusableBaselineError(run.problem)
+    if not run.complete:
+        raise UnusableBaselineError(_interrupted(run.path))
+    if run.planted:
+        raise UnusableBaselineError(_planted(run))
+    if run.comparable is None:
+        return None
+    _check_records(run)
+    return Baseline(run.path, "named by --benchmark-compare")
+
+
+def _interrupted(path: Path, what: str = "an interrupted run") -> str:
+    return (f"{path}: {what} ({INCOMPLETE_KEY}: its session was stopped before the end), never a baseline; "
+            "compare with a complete run (--benchmark-compare=NNNN of one) or save one with --benchmark-save")
+
+
+def _planted(run: SavedRun) -> str:
+    fault = ", ".join(f"{name} {value}" for name, value in run.planted.items())
+    return (f"{run.path}: a run measured with a fault planted on purpose ({PLANTED_KEY}: {fault}), never a "
+            "baseline; compare with a run saved without --trainbench-inject-*")
+
+
+def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) -> Baseline | None:
+    """The newest complete run of ``mine`` in ``runs`` (oldest first), with the newer ones passed over and why;
+    an unreadable run newer than it may have been this device's newest, so it stops the choice."""
+    passed: dict[str, list[str]] = {}
+    newest_planted = None  # the newest complete run of this device with a planted fault
+    for run in reversed(runs):
+        if run.problem:
+            raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
+                                        f"{_matching(compare)}: fix or remove it")
+        if run.comparable == mine and run.complete and not run.planted:
+            _check_records(run)
+            why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
+            skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
+            return Baseline(run.path, why + (f" (passed over newer runs: {skipped})" if skipped else ""))
+        if run.comparable is None:
+            what = "not made by trainbench"
+        elif run.comparable != mine:
+            what = "of another device"
+        elif not run.complete:
+            what = "interrupted"
+        else:
+            what, newest_planted = "with a planted fault", newest_planted or run
+        passed.setdefault(what, []).append(run.path.name)
+    if newest_planted is not None and "interrupted" not in passed:
+        raise UnusableBaselineError(f"{_planted(newest_planted)}; so is every complete run of this "
+                                    f"{describe_device(mine)} {_matching(compare)}")
+    if "interrupted" in passed:
+        raise UnusableBaselineError(_interrupted(
+            folder / passed["interrupted"][0],
+            f"interrupted, as is every run of this {describe_device(mine)} {_matching(compare)}"))
+    if compare is not True:
+        others = sorted({describe_device(run.comparable) for run in runs if run.comparable})
+        raise NoBaselineError(
+            f"no complete run of this {describe_device(mine)} among the {len(runs)} in {folder} matching "
+            f"{str(compare)!r} (runs of: {'; '.join(others)}); save one on this machine with --benchmark-save "
+            "(make baseline) and commit it")
+    return None  # only other devices' runs: pytest-benchmark loads the newest and the device check refuses it
+
+
+def _check_records(run: SavedRun) -> None:
+    """Every trainbench record of the chosen run reads as the gate will read it: a wrong-typed one found at the
+    end would have cost the whole run."""
+    from trainbench.core.result import RecordError
+
+    try:
+        run.cases()
+    except RecordError as e:
+        raise UnusableBaselineError(str(e)) from None
+
+
+def why_no_baseline(storage: str, compare) -> str:
+    """What is wrong with the runs ``--benchmark-compare`` would have loaded, one line."""
+    folder = storage_folder(storage)
+    if folder is None:
+        return f"{storage} returned no run{'' if compare is True else f' matching {compare!r}'}"
+    runs = matching_runs(folder, compare)
+    if compare is True:
+        runs = runs[-1:]
+    if not runs:
+        what = "no saved runs" if compare is True else f"no saved run matching {compare!r}"
+        return f"{folder}: {what}; save one first with --benchmark-save=NAME on the baseline code"
+    problems = []
+    for path in runs:
+        try:
+            load_run(path)
+        except RunFileError as e:
+            problems.append(str(e))
+    return "; ".join(problems) or f"{runs[-1]}: pytest-benchmark could not load it"
