@@ -30,10 +30,10 @@ MULTI_GPU_PATHS = [("resnet18", "data_parallel"), ("resnet18", "ddp")]
 
 
 def _runner(device: str = "cuda"):
-    from trainbench.devices.device import get_backend
     from trainbench.core.measure import MeasureSettings
     from trainbench.core.runner import Runner
     from trainbench.core.workloads import PROFILES
+    from trainbench.devices.device import get_backend
 
     settings = MeasureSettings(min_warmup_steps=5, max_warmup_steps=40, steady_window=3, steady_tolerance=0.10,
                                rounds=4, steps_per_round=5, memory_steps=2)
@@ -148,8 +148,8 @@ def test_grad_scaler_and_guard_gradients_are_finite(runner):
 def test_predicted_memory_is_the_allocator_peak_within_ten_percent_and_the_library_workspaces(runner):
     import os
 
-    from trainbench.devices.host import cublas_workspace_config
     from trainbench.core.predict import allocator_peak_bounds
+    from trainbench.devices.host import cublas_workspace_config
 
     result = runner.run("baseline", "resnet18").result
     check = result.predicted_memory["check"]
@@ -188,8 +188,8 @@ def test_attribution_names_a_planted_slow_op_and_its_kernel(runner):
     of the change."""
     import torch
 
-    from trainbench.verdicts.compare import compare_case
     from trainbench.core.result import CaseRecord, case_record
+    from trainbench.verdicts.compare import compare_case
 
     spec = _GeluNet.spec()
     base = runner.run("baseline", spec).result

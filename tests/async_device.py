@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainbench.devices.device import CpuBackend
 from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.devices.device import CpuBackend
 
 
 class AsyncClock:

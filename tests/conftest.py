@@ -11,9 +11,9 @@ import torch.utils.flop_counter
 import torchvision
 import torchvision.transforms  # noqa: F401
 
-from trainbench.devices.device import CpuBackend
 from trainbench.core.measure import MeasureSettings
 from trainbench.core.workloads import PROFILES
+from trainbench.devices.device import CpuBackend
 
 # The plugin's inner sessions skip the FakeTensorMode memory prediction (seconds per case); the tests
 # of the prediction turn it on themselves.

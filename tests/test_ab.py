@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.verdicts.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.verdicts.present import verdict_table, where_lines
 from trainbench.core.metrics import is_timed
 from trainbench.core.recipes import get_recipe
 from trainbench.core.result import Result
 from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.verdicts.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
+from trainbench.verdicts.present import verdict_table, where_lines
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
@@ -233,8 +233,8 @@ STUCK = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="stuck", 
 def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path):
     import time
 
-    from trainbench.verdicts.ab import project_paths
     from trainbench.core.distributed import spec_reference
+    from trainbench.verdicts.ab import project_paths
 
     settings = {**SETTINGS, "no_progress_s": 2}
     case = ABCase("stuck-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
@@ -251,8 +251,8 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
 
 
 def test_an_ab_case_must_fit_the_device_twice_both_sides_holding_it(profile, quick, device_of_memory, tmp_path):
-    from trainbench.verdicts.ab import plan_case
     from trainbench.core.runner import Runner
+    from trainbench.verdicts.ab import plan_case
 
     GiB = 2**30
 

@@ -4,10 +4,10 @@ synchronize waits for the device, and every figure comes from the backend's cloc
 import pytest
 from async_device import AsyncBackend, AsyncClock, spec
 
-from trainbench.devices.device import time_with_events, timer_event_disagreement
 from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.training import InjectedFault, TrainingSetup
+from trainbench.devices.device import time_with_events, timer_event_disagreement
 
 DEVICE_S = 0.010  # device work queued by each step
 SETTINGS = MeasureSettings(min_warmup_steps=2, max_warmup_steps=8, steady_window=2, rounds=3, steps_per_round=4)

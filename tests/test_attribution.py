@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainbench.core.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
-from trainbench.verdicts.compare import compare_case
-from trainbench.verdicts.explain import LEADS, causes, explanation
 from trainbench.core.result import CaseRecord, case_record
 from trainbench.core.spec import TrainingSpec
+from trainbench.verdicts.compare import compare_case
+from trainbench.verdicts.explain import LEADS, causes, explanation
 
 
 class GeluNet(torch.nn.Module):

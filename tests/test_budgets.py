@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from trainbench.core.budgets import BudgetError, Budgets, evaluate
-from trainbench.devices.device import CpuBackend, DeviceCaps
 from trainbench.core.result import Result
+from trainbench.devices.device import CpuBackend, DeviceCaps
 
 
 def write(tmp_path, text):

@@ -109,8 +109,8 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
 
 
 def test_only_a_paired_speed_up_is_calibrated():
-    from trainbench.verdicts.calibrate import bounds_for
     from trainbench.core.result import CaseRecord
+    from trainbench.verdicts.calibrate import bounds_for
 
     def record(paired):
         return CaseRecord.read({"case": "c", "samples_per_step": 16, "speedup_vs_baseline": 1.4, "paired": paired}, "c")

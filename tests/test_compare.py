@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.verdicts.compare import compare_case
 from trainbench.core.metrics import ThresholdError, parse_thresholds
+from trainbench.core.result import CaseRecord
+from trainbench.verdicts.compare import compare_case
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, Verdict
 from trainbench.verdicts.present import verdict_table
-from trainbench.core.result import CaseRecord
 
 
 def run_of(case="mlp-baseline", step_ms=(10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8), activation=1.0, samples=16):
@@ -93,8 +93,8 @@ def test_a_significant_slowdown_on_a_busy_machine_could_not_be_judged_and_fails_
     [flattered] = compare_case(run_of(step_ms=[7.0] * 7), _loaded(run_of(), 1.1), {"samples_per_s": 0.05})
     assert flattered.verdict == "inconclusive"  # ... so a busy baseline cannot show an improvement
 
-    from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.core.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
 
     rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
     baseline = {"t": {"extra_info": {**run_of().raw, "case": "mlp-baseline", "samples_per_step": 16,
@@ -130,9 +130,9 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
+    from trainbench.core.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.verdicts.present import verdict_markdown
-    from trainbench.core.result import MeasuredCase
 
     def stored(record):
         return {"extra_info": {**record.metrics, "case": record.case, "samples_per_step": 16,
@@ -147,9 +147,9 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
 
 
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
+    from trainbench.core.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.verdicts.present import verdict_markdown
-    from trainbench.core.result import MeasuredCase
 
     here = {"kind": "cuda", "name": "NVIDIA L4", "torch": "2.14.1", "cudnn": 92400, "driver": "580.65.06"}
     there = {**here, "cudnn": 91000, "driver": "570.10"}
@@ -167,8 +167,8 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
 
 
 def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
-    from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.core.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
 
     here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
     stored = {"extra_info": {**run_of().metrics, "case": "mlp-baseline", "samples_per_step": 16, "device": here,
@@ -678,8 +678,8 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
-    from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.core.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
 
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
                                    "round_step_times_s": run_of().round_step_times_s}}}
@@ -696,8 +696,8 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     ({"round_step_times_s": None}, "samples_per_s = 1600.0 without round_step_times_s: expected the rounds"),
 ])
 def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
-    from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.core.result import MeasuredCase
+    from trainbench.verdicts.compare import compare_with_baseline
 
     slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "samples_per_s": 1600.0,

@@ -10,13 +10,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainbench import StepContext, TrainingSpec
-from trainbench.devices.device import CpuBackend
 from trainbench.core.eligibility import why_not
 from trainbench.core.guards import GUARD_STEPS, compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
 from trainbench.core.measure import Measurer, MeasureSettings
 from trainbench.core.recipes import NotApplicable, TrainConfig, get_recipe, spec_unmet
 from trainbench.core.spec import SpecError
 from trainbench.core.training import TrainingSetup
+from trainbench.devices.device import CpuBackend
 
 NOISE, DIM = 8, 16
 BF16 = CpuBackend(torch.device("cpu")).supports_bf16()

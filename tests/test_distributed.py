@@ -462,8 +462,8 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
 
 def test_gpu_ranks_share_the_cores_their_one_process_baseline_has(monkeypatch):
     # Not torchrun's one thread a rank against DataParallel's every core: the same cores, split between the ranks.
-    from trainbench.devices.device import CpuBackend, CudaBackend
     from trainbench.core.distributed import _child_env
+    from trainbench.devices.device import CpuBackend, CudaBackend
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
     gpu = object.__new__(CudaBackend)  # no CUDA needed: the answer depends on the host's threads only
@@ -479,8 +479,8 @@ def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_
     import subprocess
 
     from trainbench.core import distributed
-    from trainbench.devices.device import CpuBackend
     from trainbench.core.result import Result
+    from trainbench.devices.device import CpuBackend
 
     events = []
 

@@ -5,11 +5,10 @@ import json
 import pytest
 import torch
 
-from trainbench.verdicts import doctor
-
-from trainbench.devices import host
 from trainbench.__main__ import main
+from trainbench.devices import host
 from trainbench.devices.device import DeviceCaps, unsupported_arch
+from trainbench.verdicts import doctor
 from trainbench.verdicts.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
 
 CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]

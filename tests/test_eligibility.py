@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 
 from trainbench.core.cases import Case, ladder_cases
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.eligibility import Context, MemoryLimit, why_not
 from trainbench.core.predict import HEADROOM
 from trainbench.core.recipes import Recipe, Requirements, get_recipe
 from trainbench.core.workloads import PROFILES
+from trainbench.devices.device import DeviceCaps
 
 CPU = DeviceCaps("cpu", "Some CPU", bf16=True)
 CPU_NO_BF16 = DeviceCaps("cpu", "Old CPU", bf16=False)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from trainbench.core.budgets import Budgets
-from trainbench.devices.device import CpuBackend, PeakMemory
 from trainbench.core.measure import Measurer
 from trainbench.core.result import CaseRecord
 from trainbench.core.runner import Runner
 from trainbench.core.spec import TrainingSpec, classification_loss
 from trainbench.core.training import InjectedFault
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend, PeakMemory
 
 
 class LoggingBackend(CpuBackend):

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from trainbench.core.cases import all_cases
-from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
-from trainbench.verdicts.night_plan import format_night, plan_night
 from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
 from trainbench.core.predict import PredictionCache
 from trainbench.core.roofline import StepCounts
+from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
+from trainbench.verdicts.night_plan import format_night, plan_night
 
 BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
 MiB, GiB = 2**20, 2**30

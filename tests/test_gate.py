@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainbench.core.stats import judge_change
 from trainbench.verdicts.ab import ABOutcome
 from trainbench.verdicts.ab import verdict as ab_verdict
 from trainbench.verdicts.gate import (
@@ -14,7 +15,6 @@ from trainbench.verdicts.gate import (
     Verdict,
 )
 from trainbench.verdicts.present import verdict_markdown, verdict_table
-from trainbench.core.stats import judge_change
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
 GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",

@@ -22,12 +22,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from trainbench.core.metrics import METRICS, is_timed, parse_thresholds
+from trainbench.core.result import MIB, CaseRecord, MeasuredCase, Result, case_record
 from trainbench.verdicts.compare import EXACT, compare_with_baseline
-from trainbench.core.metrics import parse_thresholds
 from trainbench.verdicts.gate import OUTCOMES, Verdict
-from trainbench.core.metrics import METRICS, is_timed
-from trainbench.core.result import MeasuredCase
-from trainbench.core.result import MIB, CaseRecord, Result, case_record
 from trainbench.verdicts.store import RunFileError, load_run
 
 THRESHOLDS = parse_thresholds("deterministic:0%,samples_per_s:50%")

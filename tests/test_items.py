@@ -145,9 +145,9 @@ def test_weighting_micro_batches_by_their_items_copies_nothing_to_the_device(pro
     """On a GPU a count made on the host and copied to the device per micro-batch is a sync each: the step must count
     the items where the batches are. The CPU is host and device at once, so this backend calls every copy to the
     device what a GPU's pageable host-to-device copy is, a sync."""
-    from trainbench.devices.device import CpuBackend
     from trainbench.core.measure import Measurer, MeasureSettings
     from trainbench.core.training import TrainingSetup
+    from trainbench.devices.device import CpuBackend
 
     class CopiesSyncAsOnAGpu(CpuBackend):
         def blocking_copy(self, src, dst_device, non_blocking):

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from trainbench.core.budgets import Bound, CaseBudget
-from trainbench.devices.device import CpuBackend
 from trainbench.core.judge import MAX_REMEASURES, Judge
 from trainbench.core.measure import measure
 from trainbench.core.outcome import CaseOutcome
@@ -16,6 +15,7 @@ from trainbench.core.runner import Runner
 from trainbench.core.training import TrainingSetup
 from trainbench.core.watchdog import NoProgress
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend
 
 HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
 QUIET = {"cpus": 2, "seconds": 3.0, "other_cpus": 0.02, "load_average_1m": [1.9, 2.0]}

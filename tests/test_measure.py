@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from trainbench.core import training as training_module
-from trainbench.devices.device import CpuBackend
 from trainbench.core.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
 from trainbench.core.recipes import TrainConfig, get_recipe
 from trainbench.core.result import MIB
 from trainbench.core.training import TrainingSetup
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend
 
 MLP_PARAMS = 3072 * 256 + 256 + 256 * 10 + 10  # Flatten -> Linear(3072, 256) -> ReLU -> Linear(256, 10)
 
@@ -398,9 +398,9 @@ def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
 
 
 def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
+    from trainbench.core.measure import Measurer
     from trainbench.devices import device
     from trainbench.devices.device import CpuBackend
-    from trainbench.core.measure import Measurer
 
     class MigSlice(CpuBackend):  # a device named as a MIG slice of an H100: the table's H100 row must not apply
         name = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"

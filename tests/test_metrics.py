@@ -5,7 +5,6 @@ import statistics
 import pytest
 
 from trainbench.core.budgets import parse_key
-from trainbench.core.metrics import parse_thresholds
 from trainbench.core.metrics import (
     DETERMINISTIC,
     DEVICE_CHOICE,
@@ -19,6 +18,7 @@ from trainbench.core.metrics import (
     device_choice_metrics,
     is_timed,
     metrics_in,
+    parse_thresholds,
     per_round,
     resolve,
     rounds_of,

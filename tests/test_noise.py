@@ -3,7 +3,6 @@ caller, a busy machine, and the load meter's arithmetic."""
 
 import pytest
 
-from trainbench.devices.host import LoadMeter, busy_cpu_seconds
 from trainbench.core.stats import (
     beyond_noise,
     busy_reason,
@@ -13,6 +12,7 @@ from trainbench.core.stats import (
     median_change,
     median_interval,
 )
+from trainbench.devices.host import LoadMeter, busy_cpu_seconds
 
 QUIET = {"cpus": 2, "seconds": 5.0, "other_cpus": 0.04, "load_average_1m": [2.0, 2.1]}
 HOG = {"cpus": 2, "seconds": 5.0, "other_cpus": 1.02, "load_average_1m": [3.9, 4.2]}

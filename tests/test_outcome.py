@@ -5,8 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.core.budgets import Bound, CaseBudget, BoundCheck
-from trainbench.devices.device import CpuBackend
+from trainbench.core.budgets import Bound, BoundCheck, CaseBudget
 from trainbench.core.guards import GuardCheck
 from trainbench.core.measure import measure
 from trainbench.core.outcome import CaseOutcome, failed_without_result
@@ -14,6 +13,7 @@ from trainbench.core.recipes import get_recipe
 from trainbench.core.result import CaseRecord
 from trainbench.core.training import TrainingSetup
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend
 
 OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
 SPEED = Bound("samples_per_s", "min", True, 2.0, "min_speedup")

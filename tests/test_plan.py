@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from trainbench.core.budgets import Budgets
-from trainbench.devices.device import CpuBackend
 from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED, Planner, interleave_blocker
 from trainbench.core.predict import PredictionCache
 from trainbench.core.recipes import ConfigError, TrainConfig
+from trainbench.devices.device import CpuBackend
 
 GiB = 2**30
 

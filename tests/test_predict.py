@@ -417,9 +417,9 @@ def test_a_prediction_leaves_memtracker_as_it_found_it(cpu, profile, mlp):
 # -- a prediction that cannot be made says why in the summary -------------------------------------------------------
 
 def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, quick):
-    from trainbench.verdicts.present import summary_table
     from trainbench.core.result import CaseRecord
     from trainbench.plugin.summary import _prediction_lines
+    from trainbench.verdicts.present import summary_table
 
     records = [CaseRecord.read(Runner(cpu, profile, quick, predict=True).run("baseline", spec).record(), "case")
                for spec in ("mlp", BRANCHING)]

@@ -7,7 +7,17 @@ import functools
 import pytest
 import torch
 
-from trainbench.core.recipes import ByProfile, ConfigError, Recipe, Requirements, TrainConfig, compose, get_recipe, judging_overrides, spec_unmet
+from trainbench.core.recipes import (
+    ByProfile,
+    ConfigError,
+    Recipe,
+    Requirements,
+    TrainConfig,
+    compose,
+    get_recipe,
+    judging_overrides,
+    spec_unmet,
+)
 from trainbench.core.workloads import PROFILES, resolve_spec
 
 

@@ -52,8 +52,8 @@ FAILED = {"profile": "gpu", "reason": "FakeTensorMode could not run the step: Ty
 
 
 def test_a_prediction_that_could_not_be_made_is_marked_in_its_cell_and_explained_below_the_table():
-    from trainbench.verdicts.present import summary_table
     from trainbench.plugin.summary import _prediction_lines
+    from trainbench.verdicts.present import summary_table
 
     records = [_predicted_record("a-baseline", {**PREDICTED, **EXACT}), _predicted_record("b-baseline", FAILED),
                _predicted_record("b-amp", FAILED), _predicted_record("c-baseline", None)]

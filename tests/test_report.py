@@ -6,12 +6,12 @@ import os
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.ladders import LADDERS
-from trainbench.verdicts.report import device_slug, ladder_runs, write_ladder_report
 from trainbench.core.result import CaseRecord
-from trainbench.verdicts.store import RunFileError, SavedRun
 from trainbench.core.workloads import PROFILES
+from trainbench.devices.device import DeviceCaps
+from trainbench.verdicts.report import device_slug, ladder_runs, write_ladder_report
+from trainbench.verdicts.store import RunFileError, SavedRun
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
               "torch": "2.14.1+cpu", "cpu_model": "Example CPU 9000", "cpu_threads": 2, "cpu_capability": "AVX2",
@@ -216,8 +216,8 @@ def test_load_errors_are_report_errors(tmp_path):
 
 
 def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs():
-    from trainbench.verdicts.report import LadderRun, RungResult
     from trainbench.core.result import CaseRecord
+    from trainbench.verdicts.report import LadderRun, RungResult
 
     def record(**info):
         return CaseRecord.read({"case": "c", "samples_per_step": 16, "round_step_times_s": [0.1], **info}, "c")

@@ -5,10 +5,10 @@ import dataclasses
 import torch
 
 from trainbench.core.budgets import Budgets
-from trainbench.devices.device import CpuBackend
 from trainbench.core.recipes import get_recipe
 from trainbench.core.runner import Runner
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend
 
 
 def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):

@@ -6,11 +6,11 @@ import pytest
 
 from trainbench.core.budgets import Budgets
 from trainbench.core.cases import SUITE, all_cases, ladder_cases
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.eligibility import why_not
 from trainbench.core.ladders import LADDERS
 from trainbench.core.recipes import RECIPES
 from trainbench.core.workloads import PROFILES
+from trainbench.devices.device import DeviceCaps
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")
 # A V100 (sm_70 has its own section) and an H100 (only [cuda] applies), each with 8 GPUs.

@@ -10,12 +10,12 @@ import torch._dynamo
 from torch import nn
 
 from trainbench.core import training as training_module
-from trainbench.devices.device import CpuBackend
 from trainbench.core.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.core.runner import Runner
 from trainbench.core.spec import SpecError, TrainingSpec, classification_loss
 from trainbench.core.training import TrainingSetup, module_to
 from trainbench.core.workloads import resolve_spec
+from trainbench.devices.device import CpuBackend
 
 
 def test_endless_loader_survives_epoch_boundaries(training, profile):

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # calibrate loads torch and project loads pytest: only this subcommand pays for them
-    from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
     from trainbench.plugin.project import ProjectError, measure_run, read_project
+    from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
 
     chosen: dict = {}  # test file -> (budgets file, how it was chosen)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainbench.core.files import write_json_atomic
 from trainbench.devices.host import SwitchError
+
 from .shared import gpu_to_simulate
 
 NAME = "doctor"

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.verdicts.compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
-from trainbench.core.metrics import ThresholdError, parse_thresholds
 from trainbench.core.files import write_json_atomic
+from trainbench.core.metrics import ThresholdError, parse_thresholds
+from trainbench.verdicts.compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
 from trainbench.verdicts.store import RunFileError
 
 NAME = "explain"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainbench.verdicts.compare import CompareError, noise_study, noise_table
 from trainbench.core.metrics import ThresholdError, parse_fraction, timed_metrics
+from trainbench.verdicts.compare import CompareError, noise_study, noise_table
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 NAME = "noise"

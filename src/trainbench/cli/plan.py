@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from trainbench.core.files import write_json_atomic
+
 from .shared import gpu_to_simulate
 
 NAME = "plan"

@@ -63,10 +63,10 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     decides, as in pytest, which cases are timed interleaved with their baseline.
     """
     from trainbench.core.budgets import Budgets
-    from trainbench.devices.device import get_backend
     from trainbench.core.measure import DEFAULT_SETTINGS, with_overrides
     from trainbench.core.runner import Runner
     from trainbench.core.workloads import PROFILES
+    from trainbench.devices.device import get_backend
 
     pattern = pattern if pattern is not None else os.environ.get(CASES_ENV)
     backend = get_backend(os.environ.get(DEVICE_ENV, "auto"))

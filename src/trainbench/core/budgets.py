@@ -24,10 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.core.metrics import ThresholdError, parse_thresholds
-from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
-from trainbench.core.metrics import ALIASES, METRICS, resolve
+from trainbench.core.metrics import ALIASES, METRICS, ThresholdError, parse_thresholds, resolve
 from trainbench.core.result import Result
+from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.ladders import LADDERS
 from trainbench.core.outcome import case_id
 from trainbench.core.recipes import Recipe, get_recipe
 from trainbench.core.workloads import Profile
+from trainbench.devices.device import DeviceCaps
 
 SUITE: dict[str, tuple[str, ...]] = {
     # The seeds' model: every optimization that applies to a CNN on images.

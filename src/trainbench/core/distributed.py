@@ -48,13 +48,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainbench.devices.device import Backend
 from trainbench.core.measure import Measurer, MeasureSettings
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.result import RELAUNCH_NOTE, Result
 from trainbench.core.spec import SpecError, TrainingSpec
 from trainbench.core.watchdog import suspended, watch
 from trainbench.core.workloads import PROFILES, WORKLOADS, Profile, resolve_spec
+from trainbench.devices.device import Backend
 
 JOIN_TIMEOUT_S = 900
 
@@ -152,10 +152,10 @@ def run_rank(out_dir: str) -> None:
 def _run_rank(job: dict, out: Path, rank: int) -> None:
     import torch.distributed as dist
 
-    from trainbench.devices.device import get_backend
     from trainbench.core.guards import loss_trajectory
     from trainbench.core.measure import run_rounds
     from trainbench.core.training import TrainingSetup
+    from trainbench.devices.device import get_backend
 
     sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
     config = TrainConfig(**job["config"])

@@ -29,11 +29,11 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.predict import HEADROOM, without_unpredictable
 from trainbench.core.recipes import Recipe, Requirements, TrainConfig, spec_unmet
 from trainbench.core.spec import TrainingSpec
 from trainbench.core.workloads import Profile
+from trainbench.devices.device import DeviceCaps
 
 SLOW_HINT = "run with --trainbench-slow"  # how a pytest run lets slow cases in
 

@@ -17,10 +17,8 @@ from dataclasses import replace
 import torch.utils.checkpoint
 
 from trainbench.core import guards  # by module: tests replace its functions to see what the guard computes
-from trainbench.devices.device import Backend, DeviceCaps, is_out_of_memory
 from trainbench.core.distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from trainbench.core.eligibility import Context, why_not
-from trainbench.devices.host import LoadMeter
 from trainbench.core.measure import Measurer, MeasureSettings, interleave_rounds, run_rounds
 from trainbench.core.outcome import CaseOutcome, case_id, failed_without_result
 from trainbench.core.plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
@@ -32,6 +30,8 @@ from trainbench.core.trace import TraceRequest, record_trace
 from trainbench.core.training import InjectedFault, NonFiniteLoss, TrainingSetup, check_finite_loss
 from trainbench.core.watchdog import NoProgress, phase, watch
 from trainbench.core.workloads import PROFILES, Profile, resolve_spec
+from trainbench.devices.device import Backend, DeviceCaps, is_out_of_memory
+from trainbench.devices.host import LoadMeter
 
 
 def _rounds_checking_loss(training: TrainingSetup):

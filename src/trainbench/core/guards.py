@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainbench.devices.device import Backend
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
 from trainbench.core.training import TrainingSetup
+from trainbench.devices.device import Backend
 
 GUARD_STEPS = 4
 # A step GradScaler skips halves its scale (2**16 at first): this many skips reach a scale of 2**-8,

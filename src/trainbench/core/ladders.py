@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.eligibility import why_not
 from trainbench.core.recipes import RECIPES, ByProfile, Recipe, compose
 from trainbench.core.workloads import Profile
+from trainbench.devices.device import DeviceCaps
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from trainbench.core.budgets import Budgets, CaseBudget
-from trainbench.devices.device import Backend, DeviceCaps
 from trainbench.core.eligibility import Context, MemoryLimit, does_not_fit, why_not
 from trainbench.core.outcome import CaseOutcome, case_id
 from trainbench.core.predict import PredictionCache
 from trainbench.core.recipes import Recipe, TrainConfig, get_recipe, judging_overrides
 from trainbench.core.spec import TrainingSpec
 from trainbench.core.workloads import Profile, SpecSource, resolve_spec
+from trainbench.devices.device import Backend, DeviceCaps
 
 FRESH_PROCESSES = "fresh processes"
 PAIRED = "paired"

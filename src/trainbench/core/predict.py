@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from trainbench.devices.device import Backend, DeviceCaps
 from trainbench.core.files import write_text_atomic
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec, map_tensors
 from trainbench.core.training import TrainingSetup
+from trainbench.devices.device import Backend, DeviceCaps
 
 PREDICTED_STEPS = 1  # untracked steps before the tracked one: gradients and optimizer state exist
 

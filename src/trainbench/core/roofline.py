@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
-from trainbench.devices.device import Backend
 from trainbench.core.predict import SharedPredictions, failure_line, fake_training, unpredictable, without_unpredictable
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
+from trainbench.devices.device import Backend
 
 # The host's cost to dispatch one eager op and launch its kernel: ~5 us through PyTorch's eager dispatcher on a
 # fast host (the CUDA launch alone is 2-3 us). One figure, so every launch term in a plan prices launches alike.

@@ -20,10 +20,9 @@ import functools
 
 from trainbench.core.budgets import Budgets
 from trainbench.core.cases import Case
-from trainbench.devices.device import Backend
 from trainbench.core.eligibility import why_not
 from trainbench.core.execute import Executor
-from trainbench.core.judge import Judge, InconclusiveComparisons
+from trainbench.core.judge import InconclusiveComparisons, Judge
 from trainbench.core.ladders import LADDERS
 from trainbench.core.measure import MeasureSettings
 from trainbench.core.outcome import CaseOutcome
@@ -34,6 +33,7 @@ from trainbench.core.result import Result
 from trainbench.core.trace import TraceRequest
 from trainbench.core.training import InjectedFault
 from trainbench.core.workloads import PROFILES, Profile, SpecSource
+from trainbench.devices.device import Backend
 
 
 class Runner:

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.devices.device import Backend
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
 from trainbench.core.training import TrainingSetup
 from trainbench.core.watchdog import phase
+from trainbench.devices.device import Backend
 
 WARMUP_STEPS = 2  # the profiler's own start-up cost lands here, not in the recorded steps
 ACTIVE_STEPS = 3

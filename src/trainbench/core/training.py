@@ -27,10 +27,10 @@ import torch.fx
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
-from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
 from trainbench.core.recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
 from trainbench.core.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
 from trainbench.core.watchdog import beat
+from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

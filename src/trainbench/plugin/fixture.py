@@ -83,9 +83,9 @@ class TrainBench:
 
     def _ab(self, recipe, spec, overrides: dict):
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.verdicts.ab``)."""
-        from trainbench.verdicts.ab import SideError, ab_thresholds, plan_case
         from trainbench.core.recipes import ConfigError
         from trainbench.core.spec import SpecError
+        from trainbench.verdicts.ab import SideError, ab_thresholds, plan_case
 
         options, runner = self.session.options, self.session.runner
         try:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.plugin import benchmark_adapter
 from trainbench.core.files import cannot_write, write_json_atomic
+from trainbench.plugin import benchmark_adapter
 from trainbench.plugin.options import Options, discover_budgets, usage_error
+from trainbench.plugin.summary import write_ab, write_nothing_compared, write_summary
 from trainbench.verdicts.store import (
     ENVIRONMENT_KEY,
     FAILED_CASES_KEY,
@@ -33,7 +34,6 @@ from trainbench.verdicts.store import (
     storage_folder,
     why_no_baseline,
 )
-from trainbench.plugin.summary import write_ab, write_nothing_compared, write_summary
 
 # Modules that import torch (device, runner, budgets, doctor, ...) are imported where they are first needed: a
 # pytest session that runs no trainbench case never pays for importing torch.
@@ -241,8 +241,8 @@ class TrainbenchSession:
         baseline = benchmark_adapter.loaded_baseline(config)
         if not baseline or self.options.compare_fail is None:
             return None
-        from trainbench.verdicts.compare import case_thresholds, inconclusive_comparisons
         from trainbench.core.result import CaseRecord, RecordError
+        from trainbench.verdicts.compare import case_thresholds, inconclusive_comparisons
 
         try:
             base = SavedRun.compared(*baseline).case(fullname)

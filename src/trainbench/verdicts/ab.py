@@ -28,13 +28,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainbench.verdicts.ab_transport import Side, SideError, start
-from trainbench.verdicts.compare import DEFAULT_ALPHA, compare_case
-from trainbench.devices.environment import environment_differences
-from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
 from trainbench.core.metrics import METRICS, is_timed, parse_thresholds, per_round, rounds_of, timed_metrics
 from trainbench.core.result import CaseRecord, Result, case_record
 from trainbench.core.stats import judge_change, median_change, median_interval, sign_tests
+from trainbench.devices.environment import environment_differences
+from trainbench.verdicts.ab_transport import Side, SideError, start
+from trainbench.verdicts.compare import DEFAULT_ALPHA, compare_case
+from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
 
 # What is compared pair by pair when the thresholds name no timed metric.
 DEFAULT_PAIRED = parse_thresholds("step_time_ms:5%,samples_per_s:5%", "the A/B default")

@@ -16,8 +16,8 @@ import sys
 import traceback
 
 import trainbench
-from trainbench.devices.environment import installed_packages
 from trainbench.core.watchdog import watch
+from trainbench.devices.environment import installed_packages
 
 PROTOCOL = 4  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile
 

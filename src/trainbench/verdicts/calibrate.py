@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainbench.core.budgets import BudgetError, Budgets, tomllib
-from trainbench.devices.device import DeviceCaps
 from trainbench.core.files import write_text_atomic
 from trainbench.core.metrics import calibrated_metrics
 from trainbench.core.result import CaseRecord, RecordError
+from trainbench.devices.device import DeviceCaps
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 

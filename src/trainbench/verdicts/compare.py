@@ -21,13 +21,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainbench.devices.environment import environment_differences
-from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
 from trainbench.core.metrics import METRICS, TIMED, deterministic_metrics, parse_thresholds
-from trainbench.verdicts.render import Column, Table, listed, number
 from trainbench.core.result import CaseRecord, MeasuredCase, RecordError
 from trainbench.core.stats import MIN_ROUNDS, busy_reason, judge_change, median_interval, rank_tests
-from trainbench.verdicts.store import SavedRun
+from trainbench.devices.environment import environment_differences
+from trainbench.verdicts.explain import moved_rows
+from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
+from trainbench.verdicts.present import Line, Section, markdown, terminal_lines, verdict_sections
+from trainbench.verdicts.render import Column, Table, listed, number
+from trainbench.verdicts.store import SavedRun, describe_device
 
 EXACT = 1e-9  # relative slack for "0%": float formatting of identical values
 DEFAULT_ALPHA = 0.05
@@ -207,8 +209,6 @@ class RunsExplained:
     def sections(self) -> list:
         """The verdict as ``trainbench.verdicts.present`` reads it, under a title naming both runs (baseline first): the thresholds,
         every comparison that is not unchanged, each change with where it comes from, and the case's moved rows."""
-        from trainbench.verdicts.present import Line, Section, verdict_sections
-
         title = Section("trainbench explain: {} vs {}", (self.runs[0], self.runs[1]))
         preface = (Line("thresholds: " + _described(self.thresholds)),)
         sections = verdict_sections(self.to_json(), title, preface, judged=False, current="the current run")
@@ -219,14 +219,10 @@ class RunsExplained:
 
     def lines(self) -> list[str]:
         """The terminal form (``sections``)."""
-        from trainbench.verdicts.present import terminal_lines
-
         return terminal_lines(self.sections())
 
     def markdown(self) -> str:
         """The Markdown form (``sections``)."""
-        from trainbench.verdicts.present import markdown
-
         return markdown(self.sections())
 
 
@@ -245,8 +241,6 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     ``baseline_path``, each changed comparison explained from the runs' attribution, and the environment differences
     from their device identities and installed packages. Raises ``store.RunFileError`` for a file that is not a
     saved run, ``CompareError`` for a run without trainbench cases, a record that cannot be read or an unknown case."""
-    from trainbench.verdicts.store import describe_device
-
     thresholds = thresholds or parse_thresholds(EXPLAIN_THRESHOLDS, "explain")
     runs = (SavedRun.load(baseline_path), SavedRun.load(current_path))
     base, cur = (_trainbench_cases(run) for run in runs)
@@ -262,8 +256,6 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     moved: tuple[str, ...] = ()
     if case is not None:
         name = next(name for name in cur if name in base)
-        from trainbench.verdicts.explain import moved_rows
-
         moved = tuple(moved_rows(base_records[name].attribution, cur_records[name].attribution))
     return RunsExplained(verdict, described, thresholds, case, moved)
 

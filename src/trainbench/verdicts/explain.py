@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from trainbench.core.attribution import OTHER
 from trainbench.core.metrics import METRICS
-from trainbench.verdicts.render import number
 from trainbench.core.stats import beyond_noise, median_change, median_interval, side_of
+from trainbench.verdicts.render import number
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
 MIN_SHARE = 0.02  # a row making less than this share of the change is not named

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from trainbench.core.metrics import METRICS
+from trainbench.verdicts.explain import explanation
 from trainbench.verdicts.render import change, interval, number
 
 # Every verdict a comparison can have, in the order the counts list them.
@@ -77,8 +78,6 @@ class MetricComparison:
         sides' round step times, their rounds)."""
         if self.verdict not in ("regressed", "improved"):
             return self
-        from trainbench.verdicts.explain import explanation
-
         # A timed metric's regression is a slower step, its improvement a faster one: the profiled steps must agree.
         slower = (self.verdict == "regressed") if METRICS[self.metric].timed else None
         return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower, rounds_s))

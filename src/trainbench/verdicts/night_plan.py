@@ -18,15 +18,15 @@ from pathlib import Path
 
 from trainbench.core.budgets import Budgets, parse_key
 from trainbench.core.cases import Case, all_cases
-from trainbench.verdicts.doctor import Check, check_cuda, format_checks
-from trainbench.devices.fleet import Gpu
 from trainbench.core.measure import DEFAULT_SETTINGS
 from trainbench.core.plan import CasePlan
 from trainbench.core.predict import HEADROOM, PredictionCache, without_unpredictable
 from trainbench.core.roofline import CountCache, StepCounts, case_bound, speedup_flag
 from trainbench.core.runner import Runner
-from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
 from trainbench.core.workloads import PROFILES
+from trainbench.devices.fleet import Gpu
+from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
+from trainbench.verdicts.doctor import Check, check_cuda, format_checks
 
 GiB = 2**30
 # What no case may be refused for on a GPU: a device it is. (A prediction that fails here is no problem: the memory

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainbench.core.files import write_atomic, write_text_atomic
-from trainbench.verdicts.render import Column, Table, number
 from trainbench.core.result import CaseRecord, RecordError
+from trainbench.verdicts.render import Column, Table, number
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
@@ -88,9 +88,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
     """Why a rung is absent from the run, as far as the step's requirements and the recorded device tell."""
-    from trainbench.devices.device import DeviceCaps
     from trainbench.core.eligibility import Context, why_not
     from trainbench.core.workloads import PROFILES
+    from trainbench.devices.device import DeviceCaps
 
     caps = DeviceCaps.from_identity(device)
     profile = PROFILES.get(profile_name or caps.profile_name, PROFILES[caps.profile_name])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# The plugin loads this module in every pytest session: the records (result, ~50 ms of imports) load when a run is read.
 if TYPE_CHECKING:
     from trainbench.core.result import CaseRecord
 
