@@ -252,3 +252,21 @@ def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monk
     assert cli.main(["plan", "--simulate-gpu", "name=My GPU,memory_gib=48,capability=89,sms=1"]) == 2
     err = capsys.readouterr().err
     assert err == "trainbench plan: --simulate-gpu: GPU spec: capability='89': expected MAJOR.MINOR, e.g. 8.9\n"
+
+
+def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planning(monkeypatch, capsys, tmp_path):
+    from trainbench import __main__ as cli
+    from trainbench.verdicts import night_plan
+
+    planned = []
+    real = night_plan.plan_night
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: planned.append(gpu) or real(
+        gpu, budgets, StandInPredictions(), counts=StandInCounts()))
+    missing = tmp_path / "missing.toml"
+    assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--budgets", str(missing)]) == 2
+    assert capsys.readouterr().err == f"trainbench plan: --budgets: {missing}: budgets file not found\n"
+    (tmp_path / "a_file").write_text("")
+    assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--json", str(tmp_path / "a_file" / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trainbench plan: --json {tmp_path / 'a_file' / 'plan.json'}: cannot write there: ")
+    assert err.count("\n") == 1 and len(planned) == 1  # the JSON's folder is refused before any case is planned

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from trainbench.core.files import write_json_atomic
+from trainbench.core.files import cannot_write, write_json_atomic
 
 from .shared import gpu_to_simulate
 
@@ -30,12 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
+    from trainbench.core.budgets import BudgetError
     from trainbench.verdicts.night_plan import format_night, plan_night, plan_record  # loads torch: only when planning
 
     gpu = gpu_to_simulate(args, "plan")
     if gpu is None:
         return 2
-    night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
+    # Both inputs are checked before a minute of planning: the budgets file as it loads, the JSON's folder here.
+    why = cannot_write(Path(args.json).parent) if args.json else None
+    if why is not None:
+        print(f"trainbench plan: --json {args.json}: cannot write there: {why}", file=sys.stderr)
+        return 2
+    try:
+        night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
+    except BudgetError as e:
+        print(f"trainbench plan: --budgets: {e}", file=sys.stderr)
+        return 2
     for line in format_night(night):
         print(line)
     if args.json:
