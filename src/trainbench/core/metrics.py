@@ -217,6 +217,10 @@ def parse_thresholds(spec: str, where: str = "--trainbench-compare-fail") -> dic
         if names[0] not in METRICS:
             raise ThresholdError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
                                f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
+        twice = [n for n in names if n in thresholds]
+        if twice:  # the later would silently win
+            raise ThresholdError(f"{where}: {item!r}: {', '.join(twice)} has a threshold already in {spec!r}; "
+                                 "expected one threshold per metric")
         thresholds.update(dict.fromkeys(names, parse_fraction(value.strip(), where, item)))
     if not thresholds:
         raise ThresholdError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
