@@ -517,6 +517,19 @@ class TrainbenchSession:
         if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
             session.exitstatus = self.comparison.exit_status
         self.exit_status = int(session.exitstatus)
+        if self.comparison.failed:
+            self._report_failed_gate(session)
+
+    def _report_failed_gate(self, session) -> None:
+        """A failed gate is a failure in pytest's own summary too ("FAILED trainbench gate - ...", "3 passed, 1
+        failed" in red, a failed test case in --junitxml): pytest's closing line alone read green."""
+        from trainbench.verdicts.present import last_line
+
+        line = last_line(self.comparison.to_json(), self.exit_status)
+        what = "A/B" if self.ab is not None else "gate"
+        report = pytest.TestReport(f"trainbench {what}", ("trainbench", None, f"trainbench {what}"), {}, "failed",
+                                   line, "call")
+        session.config.hook.pytest_runtest_logreport(report=report)
 
     def _verdict(self, config):
         """The comparison's verdict (None: none asked for, or a plain pytest-benchmark session's)."""
