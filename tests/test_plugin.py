@@ -538,6 +538,8 @@ def test_user_faults_fail_their_case_alone_in_one_line_and_the_session_goes_on(p
         "*_ test_e_nan_loss _*", "trainbench: mlp-baseline: the loss of training spec 'mlp' is nan at step *",
     ])
     assert "Traceback" not in result.stdout.str() and "Error code" not in result.stdout.str()
+    # each said once: the spec's error was printed again under "During handling of the above exception"
+    assert "During handling" not in result.stdout.str()
 
 
 STRAY = OWN + """
