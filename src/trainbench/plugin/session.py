@@ -517,7 +517,7 @@ class TrainbenchSession:
         if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
             session.exitstatus = self.comparison.exit_status
         self.exit_status = int(session.exitstatus)
-        if self.comparison.failed:
+        if self.comparison.failed and self.options.xdist_workers == 1:  # an xdist worker's report is not its to add
             self._report_failed_gate(session)
 
     def _report_failed_gate(self, session) -> None:
