@@ -5,7 +5,8 @@ else the process prints (torch's warnings, a user's print) goes to stderr, so th
 stays clean. Commands: ``hello``, ``build`` (the case, then its warm-up), ``round`` (one timed
 round), ``profile`` (a profiled step, after the rounds: where the step's time goes), ``finish`` (the
 memory and work passes: the Result), ``losses`` (the loss guard's trajectory), ``close``. An error
-answers ``{"error": traceback}`` and the worker goes on.
+answers ``{"error": traceback}`` and the worker goes on. While a command makes progress, ``{"progress": true}``
+lines come before its answer (the runner waits only as long as a side is silent).
 """
 
 from __future__ import annotations
