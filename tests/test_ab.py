@@ -181,7 +181,8 @@ def test_the_ab_option_compares_each_case_in_both_environments_and_gates_the_ver
     pytester.makepyfile(test_cases=CASES)
     same = pytester.runpytest(f"--trainbench-ab={sys.executable}", "--trainbench-compare-fail=step_time_ms:100%",
                               "--trainbench-compare-json=ab.json", "-rs", *ab_options)
-    same.assert_outcomes(passed=1, skipped=1)
+    could_not_judge = json.loads((pytester.path / "ab.json").read_text())["could_not_judge"]
+    same.assert_outcomes(passed=1, skipped=1, failed=int(could_not_judge))  # a failed verdict counts in pytest's line
     same.stdout.fnmatch_lines(["*trainbench A/B: base vs head*", f"base: {sys.executable}: torch *",
                                f"head: {sys.executable}: torch *", "*mlp-baseline*step_time_ms*",
                                "*ddp_gloo: not in an A/B run: its ranks run in other processes*"])
@@ -299,3 +300,49 @@ def test_a_metric_one_side_measured_is_still_missing_and_fails():
     compared = _by_metric(outcome)
     hello = {label: {"python": "scripted", "trainbench": "x", "identity": {}} for label in ("base", "head")}
     assert compared["cpu_time_ms"].verdict == "missing" and verdict([outcome], hello, gated=True).failed
+
+
+def test_a_head_that_never_answers_is_stopped_after_its_deadline_naming_its_python(tmp_path):
+    import time
+
+    from trainbench.verdicts.ab import ABSession
+
+    # a wrapper that never execs a worker (or an interpreter stuck at start): it reads its commands, never answers
+    silent = tmp_path / "silent-python"
+    silent.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.stdin.read()'\n")
+    silent.chmod(0o755)
+    ab = ABSession(str(silent), str(silent), pairs=3)
+    case = dataclasses.replace(CASE, settings={**SETTINGS, "no_progress_s": 0.5})
+    started = time.monotonic()
+    with pytest.raises(SideError, match=r"^base side \(.*silent-python\): no answer to 'hello' for 1 s \(2x the "
+                                        r"no-progress limit of 0\.5 s, --trainbench-timeout\); the side was stopped$"):
+        ab.run(case, thresholds={})
+    with pytest.raises(SideError, match="silent-python"):  # said again at once for the next case: never waited twice
+        ab.run(case, thresholds={})
+    assert time.monotonic() - started < 30  # the deadline, not for ever
+    ab.close()
+
+
+def test_a_side_making_progress_says_so_and_is_waited_for_past_the_deadline(monkeypatch):
+    from trainbench.verdicts import ab_worker
+    from trainbench.core.watchdog import Watchdog
+
+    written = []
+
+    class Protocol:
+        def write(self, line):
+            written.append(line)
+
+    clock = iter(range(1000))
+    dog = Watchdog(0.04, clock=lambda: next(clock))  # every read of the clock is a beat later
+    import threading
+
+    beaten = threading.Event()
+    with ab_worker._progress_lines(Protocol(), dog):
+        for _ in range(50):
+            dog.beat()
+            if written:
+                beaten.set()
+                break
+            beaten.wait(0.01)
+    assert written and all(line == '{"progress": true}\n' for line in written)

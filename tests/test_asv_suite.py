@@ -96,6 +96,9 @@ def test_the_asv_cache_timeout_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(TIMEOUT_ENV, "7200")
     assert cache_timeout_s() == 7200
     assert _asv_module().Speed.setup_cache.timeout == 7200  # what asv reads when it spawns the measurement
-    monkeypatch.setenv(TIMEOUT_ENV, "0")
-    with pytest.raises(ValueError, match="positive"):
-        cache_timeout_s()
+    for bad in ("0", "abc", "nan", "inf"):  # "abc" was float()'s own error
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=rf"^TRAINBENCH_ASV_TIMEOUT='{bad}': the asv cache timeout must be a "
+                                             "positive number of seconds \\(unset: 7200\\)$") as raised:
+            cache_timeout_s()
+        assert raised.value.__context__ is None or raised.value.__suppress_context__

@@ -351,6 +351,10 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
     assert slow.ret == 1
     # pytest's "1 passed" is not the log's last word: the gate's decision and exit status are
     assert slow.stdout.lines[-1] == "trainbench gate: FAILED, 1 regressed (exit 1)"
+    # and pytest's own summary counts the failed gate: its closing line is not green
+    slow.assert_outcomes(passed=1, failed=1)
+    slow.stdout.fnmatch_lines(["FAILED trainbench gate - trainbench gate: FAILED, 1 regressed (exit 1)",
+                               "*= 1 failed, 1 passed*in *"])
     slow.stdout.fnmatch_lines([("*REGRESSION steady-baseline samples_per_s: * -> * samples/s (-*%, 95% CI *, p=*) "
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())

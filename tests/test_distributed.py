@@ -508,3 +508,14 @@ def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_
     assert "the parent process keeps its CUDA context on cpu" in result.notes
     job = distributed._job(TrainConfig(), spec, backend, profile, quick, "mlp-x", "x", 0)
     assert distributed._shared_device({**job, "rank_devices": ["cuda:1"]}, backend) == []  # not the parent's device
+
+
+def test_ranks_that_fail_alike_show_their_traceback_once(tmp_path):
+    from trainbench.core.distributed import _errors
+
+    spec_error = "Traceback (most recent call last):\n  ...\nSpecError: training spec 'bad': loss_fn returned ...\n"
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.err").write_text(spec_error)
+    assert _errors(tmp_path) == f"rank0 and rank1, the same traceback:\n{spec_error}"
+    (tmp_path / "rank2.err").write_text("RuntimeError: another\n")
+    assert _errors(tmp_path).count("SpecError") == 1 and _errors(tmp_path).endswith("RuntimeError: another\n")

@@ -109,3 +109,15 @@ def test_a_stored_records_rounds_are_read_by_the_same_rule():
     assert record.per_round("activation_mib") == []
     # CPU time follows each round's CPU seconds, not its wall time
     assert record.per_round("cpu_time_ms") == pytest.approx([t * 1e3 for t in result.round_cpu_times_s])
+
+
+def test_a_metric_twice_in_a_gate_spec_is_refused_and_one_beside_deterministic_keeps_its_own():
+    from trainbench.core.metrics import ThresholdError, parse_thresholds
+
+    for spec in ("samples_per_s:5%,samples_per_s:10%", "peak_memory:2%,peak_memory_mib:3%",
+                 "deterministic:0%,deterministic:1%"):
+        with pytest.raises(ThresholdError, match=r"has a threshold already in .*expected one threshold per metric"):
+            parse_thresholds(spec)  # the later silently won
+    for spec in ("deterministic:0%,gflops_per_sample:1%", "gflops_per_sample:1%,deterministic:0%"):
+        parsed = parse_thresholds(spec)
+        assert parsed["gflops_per_sample"] == 0.01 and parsed["ops_per_step"] == 0.0

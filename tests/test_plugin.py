@@ -538,6 +538,8 @@ def test_user_faults_fail_their_case_alone_in_one_line_and_the_session_goes_on(p
         "*_ test_e_nan_loss _*", "trainbench: mlp-baseline: the loss of training spec 'mlp' is nan at step *",
     ])
     assert "Traceback" not in result.stdout.str() and "Error code" not in result.stdout.str()
+    # each said once: the spec's error was printed again under "During handling of the above exception"
+    assert "During handling" not in result.stdout.str()
 
 
 STRAY = OWN + """
@@ -610,3 +612,36 @@ def test_an_unknown_simulated_gpu_or_a_bad_spec_is_a_usage_error_at_start_up(pyt
     result = pytester.runpytest("-p", "no:cacheprovider", "--trainbench-simulate-gpu", "l40s", "--trainbench-device=cpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--trainbench-simulate-gpu with --trainbench-device=cpu" in result.stderr.str()
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--trainbench-min-warmup=-1"], "*trainbench: --trainbench-min-warmup must be >= 1, got -1"),
+    (["--trainbench-ab-pairs=8"], "*--trainbench-ab-pairs=8 needs --trainbench-ab=PYTHON (the head)"),
+    (["--trainbench-inject-leak-mib=nan"], "*--trainbench-inject-leak-mib must be a finite number of MiB >= 0, got nan"),
+    (["--trainbench-ab=/etc/passwd"], "*--trainbench-ab=/etc/passwd: not an executable Python*"),
+    (["--benchmark-compare", "--trainbench-compare-fail=samples_per_s:5%,samples_per_s:10%"],
+     "*'samples_per_s:10%': samples_per_s has a threshold already in*expected one threshold per metric"),
+    (["--trainbench-compare-json={tmp}"], "*--trainbench-compare-json={tmp}: is a folder; expected a file path*"),
+    (["--trainbench-attribution-json={tmp}"], "*--trainbench-attribution-json={tmp}: is a folder; expected a file*"),
+    (["--benchmark-json={tmp}"], "*--benchmark-json={tmp}: is a folder; expected a file path*"),
+    (["--benchmark-json={file}/out.json"], "*--benchmark-json: cannot write into {file}*"),
+    (["--benchmark-save=" + "x" * 300], "*--benchmark-save=xxxx*: the run's file name (310 bytes) is longer than*"),
+])
+def test_an_option_that_would_fail_only_after_the_run_is_refused_before_any_case(pytester, quick_options, options,
+                                                                                 expected):
+    # each of these used to run the whole suite and then crash (or be silently ignored)
+    pytester.makepyfile(test_case="def test_mine(train_bench):\n    raise AssertionError('a case ran')\n")
+    in_the_way = pytester.path / "a_file"
+    in_the_way.write_text("in the way of a folder")
+    fill = {"tmp": pytester.path, "file": in_the_way}
+    result = pytester.runpytest(*quick_options, *(o.format(**fill) for o in options))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([expected.format(**fill)])
+    assert "a case ran" not in result.stdout.str()
+
+
+def test_a_missing_folder_of_an_output_file_is_made_at_start_up(pytester, quick_options):
+    pytester.makepyfile(test_case="def test_mine():\n    pass\n\ndef test_tb(train_bench):\n    pass\n")
+    result = pytester.runpytest(*quick_options, "--benchmark-json=new/folder/out.json", "--collect-only")
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "new" / "folder").is_dir()

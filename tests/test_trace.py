@@ -49,7 +49,16 @@ def test_only_the_cases_asked_for_are_traced_and_one_that_cannot_be_says_why(cpu
     outcome = runner.executor.trace(plan, plan.outcome())
     assert outcome.trace == {"skipped": "the case runs a profiler of its own (debug='profiler')"}
     assert not any(tmp_path.iterdir())
-    assert case_folder_name("test_mlp[resnet18-amp_bf16]/x y") == "test_mlp_resnet18-amp_bf16_x_y"
+    assert case_folder_name("test_mlp[resnet18-amp_bf16]/x y").startswith("test_mlp_resnet18-amp_bf16_x_y-")
+    assert case_folder_name("mlp-baseline") == "mlp-baseline"  # a safe id keeps its name
+
+
+def test_two_case_ids_that_sanitize_to_the_same_text_get_their_own_folders():
+    # CJK names were all "_": the second case's tables overwrote the first's while its summary line pointed at them
+    first, second = case_folder_name("模型-baseline"), case_folder_name("网络-baseline")
+    assert first != second and first.startswith("-baseline-") and second.startswith("-baseline-")
+    assert case_folder_name("a b") != case_folder_name("a_b") == "a_b"
+    assert case_folder_name("模型-baseline") == first  # the same id, the same folder
 
 
 def test_a_trace_that_cannot_be_written_keeps_the_measurement_and_says_why(cpu, profile, quick, tmp_path):

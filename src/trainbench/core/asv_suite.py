@@ -32,9 +32,13 @@ def cache_timeout_s() -> float:
     value = os.environ.get(TIMEOUT_ENV, "").strip()
     if not value:
         return DEFAULT_TIMEOUT_S
-    seconds = float(value)
-    if seconds <= 0:
-        raise ValueError(f"{TIMEOUT_ENV}={value!r}: the asv cache timeout must be a positive number of seconds")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")  # refused below, in the same one line
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}={value!r}: the asv cache timeout must be a positive number of seconds "
+                         f"(unset: {DEFAULT_TIMEOUT_S})")
     return seconds
 
 

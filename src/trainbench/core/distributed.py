@@ -397,9 +397,13 @@ def _crash_sites(stacks: list[str]) -> list[str]:
 def _errors(out: Path) -> str:
     """The ranks' Python tracebacks; for a rank that died without one (a C++ abort, a signal), the end of its
     stderr (``terminate called ...``, faulthandler's stacks); else the end of the launcher's output."""
-    errors = [p.read_text() for p in sorted(out.glob("rank*.err"))]
-    if errors:
-        return "\n".join(errors)
+    same: dict[str, list[str]] = {}  # each traceback once: ranks that fail alike (a spec's error) print it alike
+    for path in sorted(out.glob("rank*.err")):
+        same.setdefault(path.read_text(), []).append(path.stem)
+    if same:
+        return "\n".join(text if len(ranks) == 1 else f"{' and '.join(ranks)}, the same traceback:\n{text}"
+                         for text, ranks in same.items())
+    errors = []
     for stderr in sorted(out.glob("logs/*/attempt_*/*/stderr.log")):
         lines = stderr.read_text(errors="replace").splitlines()
         if lines:

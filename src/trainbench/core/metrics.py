@@ -203,9 +203,11 @@ def parse_thresholds(spec: str, where: str = "--trainbench-compare-fail") -> dic
     """``"samples_per_s:5%,peak_memory:2%,deterministic:0%"`` -> {metric: threshold fraction}.
 
     ``deterministic`` stands for every deterministic metric of ``trainbench.core.metrics.METRICS``; a metric may be
-    named by its alias there (``peak_memory``, ``memory``, ``step_time``).
+    named by its alias there (``peak_memory``, ``memory``, ``step_time``). A metric named twice is refused; one
+    named beside ``deterministic`` keeps its own threshold.
     """
     thresholds: dict[str, float] = {}
+    named: set[str] = set()  # each metric (and ``deterministic``) once
     for item in (part.strip() for part in spec.split(",")):
         if not item:
             continue
@@ -217,7 +219,15 @@ def parse_thresholds(spec: str, where: str = "--trainbench-compare-fail") -> dic
         if names[0] not in METRICS:
             raise ThresholdError(f"{where}: {item!r}: unknown metric {name!r}; expected one of "
                                f"{sorted(METRICS) + sorted(ALIASES) + ['deterministic']}")
-        thresholds.update(dict.fromkeys(names, parse_fraction(value.strip(), where, item)))
+        if name in named:  # the later silently won
+            raise ThresholdError(f"{where}: {item!r}: {name} has a threshold already in {spec!r}; expected one "
+                                 "threshold per metric")
+        named.add(name)
+        fraction = parse_fraction(value.strip(), where, item)
+        if name == "deterministic":  # a deterministic metric named on its own keeps its threshold, in either order
+            thresholds.update({n: fraction for n in names if n not in named})
+        else:
+            thresholds[name] = fraction
     if not thresholds:
         raise ThresholdError(f"{where}: empty gate; expected METRIC:THRESHOLD[,METRIC:THRESHOLD...]")
     return thresholds

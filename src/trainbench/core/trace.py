@@ -49,10 +49,11 @@ MAX_NAME_CHARS = 120
 
 
 def case_folder_name(case: str) -> str:
-    """A file-system-safe folder and file name for a case id (ids hold brackets, commas and slashes); a long id
-    is cut and ends with a hash of the whole id, so two long ids that share their start stay apart."""
+    """A file-system-safe folder and file name for a case id (ids hold brackets, commas and slashes). An id that
+    is safe as it is keeps its name; one that had to be changed (or cut: a long id) ends with a hash of the whole
+    id, so two ids that change into the same text (CJK names: all ``_``) never share a folder."""
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", case).strip("_") or "case"
-    if len(name) <= MAX_NAME_CHARS:
+    if name == case and len(name) <= MAX_NAME_CHARS:
         return name
     digest = hashlib.sha1(case.encode("utf-8")).hexdigest()[:10]
     return f"{name[:MAX_NAME_CHARS - len(digest) - 1]}-{digest}"

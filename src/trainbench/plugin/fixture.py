@@ -54,8 +54,9 @@ class TrainBench:
             outcome = self.session.runner.run(recipe, spec, baseline=baseline, budgets=self.budgets, overrides=overrides,
                                               inconclusive_comparisons=self._inconclusive_comparisons())
         except (ConfigError, SpecError) as e:  # an override that cancels the recipe, a spec that cannot be trained
+            # from None: the error is said once (pytest printed it twice, "During handling of the above exception")
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
-            pytest.fail(f"trainbench: {e}", pytrace=False)
+            raise pytest.fail.Exception(f"trainbench: {e}", pytrace=False) from None
         return self._finish(outcome)
 
     def case(self, case, **overrides):
@@ -92,7 +93,7 @@ class TrainBench:
             plan = plan_case(recipe, spec, overrides, runner, options.rootpath)
         except (ConfigError, SpecError) as e:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
-            pytest.fail(f"trainbench: {e}", pytrace=False)
+            raise pytest.fail.Exception(f"trainbench: {e}", pytrace=False) from None
         if plan.skipped:
             pytest.skip(plan.skipped)
         case = plan.case.case
@@ -102,7 +103,7 @@ class TrainBench:
                                           head_slowdown=options.fault.slowdown if options.fault else 0.0)
         except SideError as e:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
-            pytest.fail(f"trainbench A/B: {e}", pytrace=False)
+            raise pytest.fail.Exception(f"trainbench A/B: {e}", pytrace=False) from None
         benchmark_adapter.replay_rounds(self.benchmark, [head for _, head in outcome.pairs], outcome.head.steps_per_round)
         record_case(self.benchmark, {"case": case, "ab": {
             "pairs": outcome.pairs, "comparisons": [c.describe() for c in outcome.comparisons],

@@ -106,8 +106,11 @@ def _add_trace_and_ab_options(group) -> None:
                          "rounds alternating, and compare pair by pair; --trainbench-compare-fail gates the verdict")
     group.addoption("--trainbench-ab-base", default=None, metavar="PYTHON",
                     help="with --trainbench-ab: the base environment's Python (default: the one running pytest)")
-    group.addoption("--trainbench-ab-pairs", type=int, default=12, metavar="N",
-                    help="with --trainbench-ab: ABBA pairs of timed rounds per case (default 12)")
+    group.addoption("--trainbench-ab-pairs", type=int, default=None, metavar="N",
+                    help=f"with --trainbench-ab: ABBA pairs of timed rounds per case (default {AB_PAIRS})")
+
+
+AB_PAIRS = 12
 
 
 DEFAULT_REMEASURE_S = 120.0
@@ -209,14 +212,12 @@ def _optional_path(value: str | None) -> Path | None:
 
 
 def _settings_overrides(config) -> dict:
-    overrides = {
-        "rounds": config.getoption("--trainbench-rounds"),
-        "steps_per_round": config.getoption("--trainbench-steps-per-round"),
-        "min_warmup_steps": config.getoption("--trainbench-min-warmup"),
-    }
+    options = {"rounds": "--trainbench-rounds", "steps_per_round": "--trainbench-steps-per-round",
+               "min_warmup_steps": "--trainbench-min-warmup"}
+    overrides = {name: config.getoption(option) for name, option in options.items()}
     for name, value in overrides.items():
         if value is not None and value < 1:
-            raise usage_error(f"--trainbench-{name.replace('_', '-')} must be >= 1, got {value}")
+            raise usage_error(f"{options[name]} must be >= 1, got {value}")
     timeout = config.getoption("--trainbench-timeout")
     if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
         raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
@@ -269,18 +270,35 @@ def _ab_options(config) -> ABOptions | None:
     if head is None:
         if base is not None:
             raise usage_error("--trainbench-ab-base needs --trainbench-ab=PYTHON (the head)")
+        if pairs is not None:  # an A/B option without an A/B run is never silently ignored
+            raise usage_error(f"--trainbench-ab-pairs={pairs} needs --trainbench-ab=PYTHON (the head)")
         return None
     for option in ("benchmark_save", "benchmark_autosave", "benchmark_compare"):
         if config.getoption(option, None):
             raise usage_error(f"--{option.replace('_', '-')} with --trainbench-ab: an A/B run compares two environments "
                               "within itself and is neither saved as a baseline nor compared with one "
                               "(--trainbench-compare-json writes its verdict)")
+    pairs = AB_PAIRS if pairs is None else pairs
     if pairs < 3:
         raise usage_error(f"--trainbench-ab-pairs must be >= 3 (a sign test needs pairs), got {pairs}")
     for name, python in (("--trainbench-ab", head), ("--trainbench-ab-base", base)):
-        if python is not None and shutil.which(python) is None:
-            raise usage_error(f"{name}={python}: no such executable")
+        if python is not None:
+            _check_python(name, python)
     return ABOptions(base or sys.executable, head, pairs)
+
+
+def _check_python(option: str, python: str) -> None:
+    """An A/B side's Python is an executable file found (a path or on PATH): a file that is not (``/etc/passwd``) is
+    named as that, not as missing."""
+    import os
+
+    if shutil.which(python) is not None:
+        return
+    path = Path(python)
+    if path.is_file() or path.is_dir():
+        raise usage_error(f"{option}={python}: not an executable Python (expected a python interpreter, or a script "
+                          "that execs one, with its executable bit set)")
+    raise usage_error(f"{option}={python}: no such executable" + ("" if os.sep in python else " on PATH"))
 
 
 def _trace_request(config):
@@ -346,8 +364,8 @@ def _gate_options(config, ab: bool = False):
         raise usage_error("--trainbench-compare-fail gates a comparison, but no --benchmark-compare was given: add "
                           "--benchmark-compare (the latest saved run of this device) or --benchmark-compare=NNNN")
     leak = config.getoption("--trainbench-inject-leak-mib")
-    if leak < 0:
-        raise usage_error(f"--trainbench-inject-leak-mib must be >= 0, got {leak}")
+    if not 0 <= leak < float("inf"):  # nan too: it crashed in the first step
+        raise usage_error(f"--trainbench-inject-leak-mib must be a finite number of MiB >= 0, got {leak}")
     if not (slowdown or leak):
         return gate, None
     from trainbench.core.training import InjectedFault

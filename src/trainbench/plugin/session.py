@@ -138,11 +138,9 @@ class TrainbenchSession:
             self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec,
                                 self.options.remeasure_s)
         self._choose_baseline(config)
-        outputs = [("--trainbench-compare-json", self.options.compare_json.parent if self.options.compare_json else None),
-                   ("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None),
-                   ("--trainbench-attribution-json",
-                    self.options.attribution_json.parent if self.options.attribution_json else None)]
-        self._check_writable(outputs)
+        self._check_output_files([("--trainbench-compare-json", self.options.compare_json),
+                                  ("--trainbench-attribution-json", self.options.attribution_json)])
+        self._check_writable([("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)])
 
     @staticmethod
     def _check_writable(outputs: list[tuple[str, Path | None]]) -> None:
@@ -152,6 +150,37 @@ class TrainbenchSession:
             problem = folder is not None and cannot_write(folder)
             if problem:
                 raise usage_error(f"{option}: cannot write into {folder} ({problem}); expected a writable folder")
+
+    @classmethod
+    def _check_output_files(cls, outputs: list[tuple[str, Path | None]]) -> None:
+        """Every file the session writes at its end can be written now: its folder takes a file (created if
+        missing) and the path is not a folder."""
+        for option, path in outputs:
+            if path is None:
+                continue
+            path = Path(path)
+            if path.is_dir():
+                raise usage_error(f"{option}={path}: is a folder; expected a file path (e.g. {path / 'out.json'})")
+            cls._check_writable([(option, path.parent)])
+
+    @staticmethod
+    def _check_save_name(config, storage: str) -> None:
+        """--benchmark-save's file name (``NNNN_<name>.json``) fits the storage folder's file system: a name too long
+        failed only at the save, after the whole run."""
+        name = config.getoption("benchmark_save", None)
+        if not name:
+            return
+        folder = storage_folder(storage)
+        if folder is None:  # not a file storage
+            return
+        try:
+            longest = os.pathconf(folder, "PC_NAME_MAX")
+        except (OSError, ValueError, AttributeError):
+            longest = 255
+        file_name = f"0000_{name}.json"
+        if len(os.fsencode(file_name)) > longest:
+            raise usage_error(f"--benchmark-save={name[:40]}...: the run's file name ({len(os.fsencode(file_name))} "
+                              f"bytes) is longer than {folder} takes ({longest}); expected a shorter name")
 
     def _choose_baseline(self, config) -> None:
         """Runs before pytest-benchmark's own (trylast) configure, which loads the run to compare with. A run that
@@ -297,7 +326,9 @@ class TrainbenchSession:
             storage = config.getoption("benchmark_storage", None)
             if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
+                self._check_save_name(config, storage)
                 benchmark_adapter.save_atomically(config)
+            self._check_output_files([("--benchmark-json", config.getoption("benchmark_json", None))])
         paths = set()
         for item in items:
             reason = self._marker_skip_reason(item)
@@ -486,6 +517,19 @@ class TrainbenchSession:
         if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
             session.exitstatus = self.comparison.exit_status
         self.exit_status = int(session.exitstatus)
+        if self.comparison.failed and self.options.xdist_workers == 1:  # an xdist worker's report is not its to add
+            self._report_failed_gate(session)
+
+    def _report_failed_gate(self, session) -> None:
+        """A failed gate is a failure in pytest's own summary too ("FAILED trainbench gate - ...", "3 passed, 1
+        failed" in red, a failed test case in --junitxml): pytest's closing line alone read green."""
+        from trainbench.verdicts.present import last_line
+
+        line = last_line(self.comparison.to_json(), self.exit_status)
+        what = "A/B" if self.ab is not None else "gate"
+        report = pytest.TestReport(f"trainbench {what}", ("trainbench", None, f"trainbench {what}"), {}, "failed",
+                                   line, "call")
+        session.config.hook.pytest_runtest_logreport(report=report)
 
     def _verdict(self, config):
         """The comparison's verdict (None: none asked for, or a plain pytest-benchmark session's)."""

@@ -320,11 +320,19 @@ class ABSession:
         self.sides: tuple[Side, Side] | None = None
         self.identities: dict = {}
         self.outcomes: list[ABOutcome] = []
+        self.start_failed: str | None = None  # why the sides could not start
 
     def run(self, case: ABCase, thresholds: dict[str, float], head_slowdown: float = 0.0,
             alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
-        if self.sides is None:
-            base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env)
+        if self.start_failed is not None:  # once: a side that could not start is not waited for again each case
+            raise SideError(self.start_failed)
+        if self.sides is None:  # a side silent past the case's no-progress limit is stopped, naming its Python
+            try:
+                base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env,
+                                                    limit_s=case.settings.get("no_progress_s"))
+            except SideError as e:
+                self.start_failed = str(e)
+                raise
             self.sides = (base, head)
         outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol, self.remeasure_s)
         self.outcomes.append(outcome)

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+
+# A side answers within this many times the case's no-progress limit (--trainbench-timeout): while a command makes
+# progress its worker says so (a ``{"progress": true}`` line) at least every quarter of the limit, and a command
+# that makes none fails in the worker at the limit; a side silent for longer never answers (a wrapper that never
+# execs, a stuck interpreter).
+SILENCE_FACTOR = 2
 
 
 class SideError(RuntimeError):
@@ -22,8 +30,9 @@ class SideError(RuntimeError):
 class Side:
     """One environment: ``python -m trainbench.verdicts.ab_worker`` under ``python``, one JSON line per command."""
 
-    def __init__(self, label: str, python: str, env: dict[str, str] | None = None):
+    def __init__(self, label: str, python: str, env: dict[str, str] | None = None, limit_s: float | None = None):
         self.label, self.python = label, python
+        self.limit_s = limit_s  # the no-progress limit (None or 0: wait for ever)
         # The worker's stderr, kept while the side lives (its tail explains a worker that ended).
         self.log = tempfile.NamedTemporaryFile(prefix=f"trainbench-ab-{label}-", suffix=".log", delete=False)  # noqa: SIM115
         try:
@@ -32,14 +41,39 @@ class Side:
                                             env={**os.environ, **(env or {})}, start_new_session=True)
         except OSError as e:
             raise SideError(f"{label} side ({python}): cannot start it: {e}") from None
+        # Read on a thread, so that waiting for an answer can have a deadline; "" once the worker's stdout closes.
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name=f"trainbench-ab-{label}").start()
+
+    def _read(self) -> None:
+        try:
+            for line in self.process.stdout:
+                self.lines.put(line)
+        except (OSError, ValueError):
+            pass
+        self.lines.put("")
+
+    def _answer(self, command: str) -> str:
+        """The worker's next answer line, skipping its progress lines; a side silent past the deadline is killed."""
+        wait = self.limit_s * SILENCE_FACTOR if self.limit_s else None
+        while True:
+            try:
+                line = self.lines.get(timeout=wait)
+            except queue.Empty:
+                self.close(force=True)
+                raise SideError(f"{self.label} side ({self.python}): no answer to {command!r} for {wait:g} s "
+                                f"({SILENCE_FACTOR}x the no-progress limit of {self.limit_s:g} s, "
+                                "--trainbench-timeout); the side was stopped") from None
+            if not line or not json.loads(line).get("progress"):
+                return line
 
     def call(self, command: str, **arguments) -> dict:
         try:
             self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
             self.process.stdin.flush()
-            line = self.process.stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = ""
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the worker ended: its stdout says so
+        line = self._answer(command)
         if not line:
             raise SideError(f"{self.label} side ({self.python}): the worker ended during {command!r}:\n{self._log_tail()}")
         answer = json.loads(line)
@@ -53,6 +87,8 @@ class Side:
 
     def close(self, force: bool = False) -> None:
         """End the worker: asked to, or (``force``: an interrupted session) killed at once."""
+        if self.log.closed:
+            return
         try:
             if self.process.poll() is None and not force:
                 self.process.stdin.write(json.dumps({"command": "close"}) + "\n")
@@ -73,10 +109,11 @@ class Side:
         self.close()
 
 
-def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None
-          ) -> tuple[Side, Side, dict]:
-    """Both sides started and checked: the same protocol and trainbench version. Returns their identities."""
-    sides = (Side("base", base_python, base_env), Side("head", head_python, head_env))
+def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None,
+          limit_s: float | None = None) -> tuple[Side, Side, dict]:
+    """Both sides started and checked: the same protocol and trainbench version. Returns their identities. Each
+    answer is waited for ``SILENCE_FACTOR`` times ``limit_s`` (the no-progress limit) at most."""
+    sides = (Side("base", base_python, base_env, limit_s), Side("head", head_python, head_env, limit_s))
     try:
         hello = {side.label: side.call("hello") for side in sides}
         versions = {label: (h["protocol"], h["trainbench"]) for label, h in hello.items()}
@@ -86,6 +123,6 @@ def start(base_python: str, head_python: str, base_env: dict | None = None, head
                             f"(protocol {versions['head'][0]}); install the same trainbench in both")
     except BaseException:
         for side in sides:
-            side.close()
+            side.close(force=True)  # a side that failed its handshake is not waited for
         raise
     return sides[0], sides[1], hello

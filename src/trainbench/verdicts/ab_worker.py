@@ -5,7 +5,8 @@ else the process prints (torch's warnings, a user's print) goes to stderr, so th
 stays clean. Commands: ``hello``, ``build`` (the case, then its warm-up), ``round`` (one timed
 round), ``profile`` (a profiled step, after the rounds: where the step's time goes), ``finish`` (the
 memory and work passes: the Result), ``losses`` (the loss guard's trajectory), ``close``. An error
-answers ``{"error": traceback}`` and the worker goes on.
+answers ``{"error": traceback}`` and the worker goes on. While a command makes progress, ``{"progress": true}``
+lines come before its answer (the runner waits only as long as a side is silent).
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import traceback
+from contextlib import contextmanager
 
 import trainbench
 from trainbench.core.watchdog import watch
 from trainbench.devices.environment import installed_packages
 
-PROTOCOL = 4  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile
+PROTOCOL = 5  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile; 5: progress lines
 
 
 class _Worker:
@@ -89,6 +92,31 @@ class _Worker:
         return {"losses": loss_trajectory(self.config, self.spec, self.backend)}
 
 
+@contextmanager
+def _progress_lines(protocol, watchdog):
+    """While a command runs, a ``{"progress": true}`` line every quarter of the limit in which the case made progress:
+    the runner waits for an answer only as long as the side is silent (``ab_transport.SILENCE_FACTOR``)."""
+    if watchdog is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def tell():
+        seen = watchdog.last_beat
+        while not stop.wait(watchdog.limit_s / 4):
+            if watchdog.suspended or watchdog.last_beat != seen:  # waiting on child processes is no silence
+                seen = watchdog.last_beat
+                protocol.write(json.dumps({"progress": True}) + "\n")
+
+    thread = threading.Thread(target=tell, daemon=True, name="trainbench-ab-progress")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()  # before the answer is written: one line at a time
+
+
 def main() -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)  # our answers only
     os.dup2(2, 1)  # anything else printed goes to stderr
@@ -100,8 +128,8 @@ def main() -> None:
             break
         try:
             limit = request.get("settings", {}).get("no_progress_s") if command == "build" else worker.no_progress_s
-            with watch(limit):  # a hung dataset or lock fails the command, not the whole A/B session
-                answer = getattr(worker, command)(**request)
+            with watch(limit) as watchdog, _progress_lines(protocol, watchdog):  # a hung dataset or lock fails the
+                answer = getattr(worker, command)(**request)                     # command, not the A/B session
         except Exception:  # noqa: BLE001 - any failure of the side is reported to the runner, which names the side
             answer = {"error": traceback.format_exc()}
         protocol.write(json.dumps(answer) + "\n")
