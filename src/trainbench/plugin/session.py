@@ -7,6 +7,7 @@ pytest-benchmark runs exactly as without trainbench.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -77,6 +78,11 @@ class TrainbenchSession:
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
     ab: object = None  # trainbench.verdicts.ab.ABSession from --trainbench-ab
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
+    saved: Path | None = None  # the run --benchmark-save wrote (or tried to: ``save_problem`` says why not)
+    save_problem: str | None = None
+    late_sigterms: int = 0  # SIGTERMs once the save began: the first waits for the save and the summary
+    _finishing: bool = False  # the save has begun: nothing is left to measure
+    _saving: bool = False
     _backend: object = None
     _runner: object = None
     _pin_tried: bool = False
@@ -297,7 +303,7 @@ class TrainbenchSession:
             storage = config.getoption("benchmark_storage", None)
             if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
-                benchmark_adapter.save_atomically(config)
+                benchmark_adapter.save_atomically(config, self._saved_run, self._saving_run)
         paths = set()
         for item in items:
             reason = self._marker_skip_reason(item)
@@ -384,22 +390,54 @@ class TrainbenchSession:
             return
 
         def interrupt(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+            if self._finishing:  # everything is measured: the save and the summary finish first
+                self.late_sigterms += 1
+                if self.late_sigterms == 1 or not self._saving:
+                    return
+            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")  # a second one during the save ends it
 
         self.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
 
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True
 
+    @contextlib.contextmanager
+    def _saving_run(self):
+        """Around --benchmark-save's write: a SIGTERM now waits (the run is written whole, the summary printed, and
+        the session then ends as interrupted); a second one stops the save, which then leaves no file."""
+        self._finishing = self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+
+    def _saved_run(self, path: Path | None, problem: str | None) -> None:
+        self.saved, self.save_problem = path, problem
+
     def write_last_line(self, config) -> None:
-        """After pytest's "N passed in T s": the gate's decision and the exit status, as the log's last line."""
+        """After pytest's "N passed in T s": the gate's decision and the exit status, then whether the run was saved,
+        as the log's last lines."""
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None or self.comparison is None or self.exit_status is None:
+        if reporter is not None:
+            self._write_comparison_line(reporter)
+            self._write_save_line(reporter)  # last: a run not saved is a failed run, whatever the gate said
+
+    def _write_comparison_line(self, reporter) -> None:
+        if self.comparison is None or self.exit_status is None:
             return
         from trainbench.verdicts.present import last_line
 
         line = last_line(self.comparison.to_json(), self.exit_status)
         reporter.write_line(line, red=self.comparison.failed, green=not self.comparison.failed, bold=True)
+
+    def _write_save_line(self, reporter) -> None:
+        """A run not saved, or saved under a SIGTERM, says so as the log's last line."""
+        status = f" (exit {self.exit_status})" if self.exit_status is not None else ""
+        if self.save_problem is not None:
+            reporter.write_line(f"trainbench: FAILED: the run was not saved{status}", red=True, bold=True)
+        elif self.late_sigterms and self.saved is not None:
+            reporter.write_line(f"trainbench: stopped by SIGTERM after the run was saved whole in {self.saved}{status}",
+                                red=True, bold=True)
 
     def close(self) -> None:
         """At pytest's unconfigure: what the session started ends with it."""
@@ -425,7 +463,7 @@ class TrainbenchSession:
 
     def pytest_benchmark_update_machine_info(self, config, machine_info):
         """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
-        if self.cases:
+        if self.cases or self.failed_cases:
             if self.doctor and "load_average" in self.doctor:
                 self.doctor["load_average"]["end"] = list(os.getloadavg())
             machine_info["trainbench"] = {**self.backend.identity(), "doctor": self.doctor}
@@ -435,6 +473,7 @@ class TrainbenchSession:
         """Refuse to compare trainbench runs of different devices or setups: their numbers say nothing about
         each other. First, so that pytest-benchmark's own check compares like with like: this session's
         device identity is in ``machine_info`` exactly when the compared run has one."""
+        benchmark_adapter.locate_anywhere(benchmarksession)  # its own check names the storage: one outside the cwd
         compared = SavedRun("the compared run", compared_benchmark)
         theirs = compared.comparable
         if theirs is None:
@@ -475,17 +514,21 @@ class TrainbenchSession:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         """Compare every case with the baseline run (or the A/B sides); fail on a gated regression, and fail a gate
-        that compared nothing."""
+        that compared nothing. A run that could not be saved fails the session (after the summary)."""
+        if self.failed_cases and not self.cases:  # pytest-benchmark saves no run without a benchmark
+            benchmark_adapter.save_failed_cases(session.config)
         if self.options.attribution_json is not None and self.attributions:
             write_json_atomic(self.options.attribution_json, {"cases": self.attributions, "complete": not self.interrupted})
         self.comparison = self._verdict(session.config)
-        if self.comparison is None:
-            return
-        if self.options.compare_json is not None:
-            write_json_atomic(self.options.compare_json, self.comparison.to_json())
-        if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
-            session.exitstatus = self.comparison.exit_status
-        self.exit_status = int(session.exitstatus)
+        if self.comparison is not None:
+            if self.options.compare_json is not None:
+                write_json_atomic(self.options.compare_json, self.comparison.to_json())
+            if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
+                session.exitstatus = self.comparison.exit_status
+        if (self.save_problem is not None or self.late_sigterms) and not session.exitstatus:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED if self.save_problem else pytest.ExitCode.INTERRUPTED
+        if self.comparison is not None or self.save_problem is not None or self.late_sigterms:
+            self.exit_status = int(session.exitstatus)
 
     def _verdict(self, config):
         """The comparison's verdict (None: none asked for, or a plain pytest-benchmark session's)."""
@@ -525,6 +568,10 @@ class TrainbenchSession:
             write_summary(terminalreporter, self)
         if nothing:
             write_nothing_compared(terminalreporter, self.comparison)
+        if self.save_problem is not None:  # after the numbers it would have kept
+            terminalreporter.write_line(f"trainbench: --benchmark-save: the run was not saved in "
+                                        f"{self.saved or 'its storage'}: {self.save_problem}; its numbers are only "
+                                        "in this summary", red=True)
 
     def installed_packages(self) -> dict[str, str]:
         """This process's installed packages (``environment.installed_packages``), read once: the saved run records
