@@ -178,8 +178,10 @@ def test_a_run_number_another_session_takes_meanwhile_is_never_overwritten(pytes
     place, or its mark while it writes): this run takes 0003."""
     from trainbench.plugin import benchmark_adapter
 
+    numbered = benchmark_adapter.next_number
+
     def numbered_then_taken(storage):
-        number = storage._next_num
+        number = numbered(storage)
         (saved.parent / other).write_text("the other session's")
         return number
 
