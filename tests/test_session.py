@@ -154,7 +154,7 @@ def test_a_sigterm_during_the_save_waits_for_the_whole_run_and_the_summary(pytes
     run = saved.with_name("0002_base.json")
     assert json.loads(run.read_text())["benchmarks"]  # whole: the write went on after the signal
     assert "trainbench_incomplete" not in json.loads(run.read_text())  # every case had finished
-    assert result.outlines[-1] == (f"trainbench: stopped by SIGTERM after the run was saved whole in {run} (exit 2)")
+    assert result.outlines[-1] == f"trainbench: stopped by SIGTERM after the last case; the run was saved whole in {run} (exit 2)"
     assert sorted(p.name for p in saved.parent.iterdir()) == ["0001_base.json", "0002_base.json"]
 
 

@@ -80,9 +80,8 @@ class TrainbenchSession:
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     saved: Path | None = None  # the run --benchmark-save wrote (or tried to: ``save_problem`` says why not)
     save_problem: str | None = None
-    late_sigterms: int = 0  # SIGTERMs once the save began: the first waits for the save and the summary
-    _finishing: bool = False  # the save has begun: nothing is left to measure
-    _saving: bool = False
+    late_sigterms: int = 0  # SIGTERMs after the last case: the first waits for the save and the summary
+    _finishing: bool = False  # the last case has ended: nothing is left to measure
     _backend: object = None
     _runner: object = None
     _pin_tried: bool = False
@@ -392,24 +391,29 @@ class TrainbenchSession:
         def interrupt(signum, frame):
             if self._finishing:  # everything is measured: the save and the summary finish first
                 self.late_sigterms += 1
-                if self.late_sigterms == 1 or not self._saving:
+                if self.late_sigterms == 1:
                     return
-            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")  # a second one during the save ends it
+            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")  # a second one stops even the save
 
         self.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
 
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session):
+        """Once the last case has ended (or the session was interrupted), a SIGTERM waits: the run is written whole,
+        the summary printed, and the session then ends as interrupted; a second one stops it at once (a save it
+        stops leaves no file)."""
+        try:
+            return (yield)
+        finally:
+            self._finishing = True
+
     @contextlib.contextmanager
     def _saving_run(self):
-        """Around --benchmark-save's write: a SIGTERM now waits (the run is written whole, the summary printed, and
-        the session then ends as interrupted); a second one stops the save, which then leaves no file."""
-        self._finishing = self._saving = True
-        try:
-            yield
-        finally:
-            self._saving = False
+        self._finishing = True  # as after the last case, should a save begin without the loop's end
+        yield
 
     def _saved_run(self, path: Path | None, problem: str | None) -> None:
         self.saved, self.save_problem = path, problem
@@ -435,9 +439,9 @@ class TrainbenchSession:
         status = f" (exit {self.exit_status})" if self.exit_status is not None else ""
         if self.save_problem is not None:
             reporter.write_line(f"trainbench: FAILED: the run was not saved{status}", red=True, bold=True)
-        elif self.late_sigterms and self.saved is not None:
-            reporter.write_line(f"trainbench: stopped by SIGTERM after the run was saved whole in {self.saved}{status}",
-                                red=True, bold=True)
+        elif self.late_sigterms:
+            saved = f"; the run was saved whole in {self.saved}" if self.saved is not None else ""
+            reporter.write_line(f"trainbench: stopped by SIGTERM after the last case{saved}{status}", red=True, bold=True)
 
     def close(self) -> None:
         """At pytest's unconfigure: what the session started ends with it."""
