@@ -154,6 +154,17 @@ def _guarded_run(tmp_path):
     return path
 
 
+def test_a_run_whose_every_case_failed_is_refused_not_calibrated_from(tmp_path):
+    run = json.loads(make_run(tmp_path).read_text())
+    run["benchmarks"] = []
+    run["trainbench_failed_cases"] = [{"case": "mlp-oom", "fullname": "t::oom", "error": "mlp-oom: out of memory"}]
+    path = tmp_path / "0002_failed.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(CalibrationError, match=r"0002_failed.json: every case failed \(mlp-oom: out of memory\): "
+                                               "nothing to calibrate from"):
+        calibrate(path, tmp_path / "budgets.toml")
+
+
 def test_a_case_whose_guard_failed_or_that_has_no_result_gives_no_budget_and_is_named(tmp_path):
     budgets = tmp_path / "budgets.toml"
     result = calibrate(_guarded_run(tmp_path), budgets)

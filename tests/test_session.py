@@ -4,6 +4,7 @@ the baseline chosen (or refused) at start-up and named in the summary, a gate th
 import errno
 import json
 import os
+import signal
 
 import pytest
 
@@ -98,13 +99,142 @@ def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_int
             patched.setattr("pytest_benchmark.utils.safe_dumps", _unserializable)
             patched.setattr("pytest_benchmark.storage.file.safe_dumps", _unserializable)
         result = pytester.runpytest("--benchmark-save=base", *quick_options)
-    assert result.ret != pytest.ExitCode.OK
-    assert message in result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    # the numbers first, then one line saying the run was not saved and why; the last line says the run failed
+    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-baseline *",
+                                 f"trainbench: --benchmark-save: the run was not saved in *: *{message}*; "
+                                 "its numbers are only in this summary"])
+    assert result.outlines[-1] == "trainbench: FAILED: the run was not saved (exit 1)"
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     assert sorted(p.name for p in saved.parent.iterdir()) == ["0001_base.json"]  # no 0002, no temporary file
     assert saved.read_bytes() == before
     result = pytester.runpytest("--benchmark-compare", GATE, *quick_options)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(["compared with *0001_base.json: the newest complete run of this * saved in *"])
+
+
+class _SigtermMidWrite(_DiskFullMidWrite):
+    """Stands in for the ``os`` module of trainbench.core.files: each file it opens gets half of the first write,
+    then SIGTERM arrives (``times`` of them), then the rest."""
+
+    def __init__(self, times: int):
+        self.times = times
+
+    def fdopen(self, fd, mode):
+        real, times = os.fdopen(fd, mode), self.times
+
+        class SignalledWriter:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                real.close()
+
+            def write(self, data):
+                real.write(data[: len(data) // 2])
+                real.flush()
+                for _ in range(times):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                real.write(data[len(data) // 2:])
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        return SignalledWriter()
+
+
+def test_a_sigterm_during_the_save_waits_for_the_whole_run_and_the_summary(pytester, saved, quick_options,
+                                                                          monkeypatch):
+    with monkeypatch.context() as patched:
+        patched.setattr("trainbench.core.files.os", _SigtermMidWrite(times=1))
+        result = pytester.runpytest("--benchmark-save=base", *quick_options)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-baseline *"])
+    run = saved.with_name("0002_base.json")
+    assert json.loads(run.read_text())["benchmarks"]  # whole: the write went on after the signal
+    assert "trainbench_incomplete" not in json.loads(run.read_text())  # every case had finished
+    assert result.outlines[-1] == f"trainbench: stopped by SIGTERM after the last case; the run was saved whole in {run} (exit 2)"
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["0001_base.json", "0002_base.json"]
+
+
+def test_a_second_sigterm_during_the_save_stops_it_leaving_no_file_and_the_summary(pytester, saved, quick_options,
+                                                                                  monkeypatch):
+    with monkeypatch.context() as patched:
+        patched.setattr("trainbench.core.files.os", _SigtermMidWrite(times=2))
+        result = pytester.runpytest("--benchmark-save=base", *quick_options)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-baseline *",
+                                 "trainbench: --benchmark-save: the run was not saved in *0002_base.json: "
+                                 "KeyboardInterrupt: signal 15 (SIGTERM); its numbers are only in this summary"])
+    assert result.outlines[-1] == "trainbench: FAILED: the run was not saved (exit 1)"
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["0001_base.json"]  # no partial run, no temporary file
+
+
+@pytest.mark.parametrize("other", ["0002_base.json", "0002_other.json", ".0002.saving"])
+def test_a_run_number_another_session_takes_meanwhile_is_never_overwritten(pytester, saved, quick_options,
+                                                                           monkeypatch, other):
+    """Another session saving to the same storage takes number 0002 after this one read the numbers (its run in
+    place, or its mark while it writes): this run takes 0003."""
+    from trainbench.plugin import benchmark_adapter
+
+    numbered = benchmark_adapter.next_number
+
+    def numbered_then_taken(storage):
+        number = numbered(storage)
+        (saved.parent / other).write_text("the other session's")
+        return number
+
+    with monkeypatch.context() as patched:
+        patched.setattr(benchmark_adapter, "next_number", numbered_then_taken)
+        result = pytester.runpytest("--benchmark-save=base", *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert (saved.parent / other).read_text() == "the other session's"  # never overwritten
+    assert json.loads(saved.with_name("0003_base.json").read_text())["benchmarks"]
+    assert sorted(p.name for p in saved.parent.iterdir()) == sorted({"0001_base.json", other, "0003_base.json"})
+
+
+def test_a_baseline_from_another_host_in_a_storage_outside_the_working_folder_is_compared(
+        pytester, saved, quick_options, tmp_path_factory):
+    """A CI layout: the storage an absolute path outside the checkout, the baseline saved on another host of the
+    same device: pytest-benchmark's machine-info warning named the storage relative to the working folder."""
+    storage = tmp_path_factory.mktemp("ci-storage")
+    (storage / saved.parent.name).mkdir()
+    _edited(saved, "0001_base.json", lambda run: run["machine_info"].update(node="another-host"))
+    saved.with_name("0001_base.json").rename(storage / saved.parent.name / "0001_base.json")
+    from pytest_benchmark.logger import PytestBenchmarkWarning
+
+    with pytest.warns(PytestBenchmarkWarning, match=f"another-host.*[(]location: {storage}[)]"):
+        result = pytester.runpytest(f"--benchmark-storage={storage}", "--benchmark-compare", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["compared with *0001_base.json*"])
+
+
+FAILS = CASE.replace("from trainbench.core.workloads import FakeTokens", """from trainbench.core.workloads import FakeTokens
+
+
+def runs_out_of_memory(model, batch):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (planted)")""").replace(
+    "loss_fn=classification_loss", "loss_fn=runs_out_of_memory")
+
+
+def test_a_run_whose_every_case_failed_is_saved_with_them_and_never_a_baseline(pytester, saved, quick_options):
+    pytester.makepyfile(test_case=FAILS)
+    result = pytester.runpytest("--benchmark-save=base", *quick_options)
+    result.assert_outcomes(failed=1)
+    run = json.loads(saved.with_name("0002_base.json").read_text())
+    assert run["benchmarks"] == [] and run["machine_info"]["trainbench"]["kind"] == "cpu"
+    assert [failed["case"] for failed in run["trainbench_failed_cases"]] == ["tiny-baseline"]
+    pytester.makepyfile(test_case=CASE)
+    result = pytester.runpytest("--benchmark-compare", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["compared with *0001_base.json: * (passed over newer runs: with every case failed "
+                                 "0002_base.json)"])
+    result = pytester.runpytest("--benchmark-compare=0002", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*trainbench: --*: *0002_base.json: a run in which every case failed "
+                                 "(trainbench_failed_cases, no benchmark), never a baseline*"])
 
 
 def test_a_plain_benchmark_session_saves_through_pytest_benchmark_itself(pytester, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -10,10 +11,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], exclusive: bool = False) -> None:
     """``write(file)`` into a temporary file next to ``path``, flushed to disk, then moved into place: killed or out
     of space mid-write, ``path`` is either the old file or the whole new one. The temporary file's name starts
-    with a dot and ends in ``.tmp``, so no glob of runs or reports takes it."""
+    with a dot and ends in ``.tmp``, so no glob of runs or reports takes it. ``exclusive``: an existing ``path``
+    is never replaced (FileExistsError)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -23,10 +25,28 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the data is on disk before the name points at it
-        os.replace(tmp, path)
+        if exclusive:
+            _link(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _link(tmp: str, path: Path) -> None:
+    """Put ``tmp`` at ``path`` unless something is there: a hard link fails on an existing name, where a rename
+    would replace it (a file system without hard links: checked, then renamed)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "exists; not overwritten", str(path)) from None
+    except OSError:
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "exists; not overwritten", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def _umask() -> int:
@@ -35,8 +55,8 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+def write_text_atomic(path: Path, text: str, exclusive: bool = False) -> None:
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")), exclusive)
 
 
 def write_json_atomic(path: Path, data) -> None:

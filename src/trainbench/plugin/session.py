@@ -7,6 +7,7 @@ pytest-benchmark runs exactly as without trainbench.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -77,6 +78,10 @@ class TrainbenchSession:
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
     ab: object = None  # trainbench.verdicts.ab.ABSession from --trainbench-ab
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
+    saved: Path | None = None  # the run --benchmark-save wrote (or tried to: ``save_problem`` says why not)
+    save_problem: str | None = None
+    late_sigterms: int = 0  # SIGTERMs after the last case: the first waits for the save and the summary
+    _finishing: bool = False  # the last case has ended: nothing is left to measure
     _backend: object = None
     _runner: object = None
     _pin_tried: bool = False
@@ -327,7 +332,7 @@ class TrainbenchSession:
             if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
                 self._check_save_name(config, storage)
-                benchmark_adapter.save_atomically(config)
+                benchmark_adapter.save_atomically(config, self._saved_run, self._saving_run)
             self._check_output_files([("--benchmark-json", config.getoption("benchmark_json", None))])
         paths = set()
         for item in items:
@@ -415,22 +420,59 @@ class TrainbenchSession:
             return
 
         def interrupt(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+            if self._finishing:  # everything is measured: the save and the summary finish first
+                self.late_sigterms += 1
+                if self.late_sigterms == 1:
+                    return
+            raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")  # a second one stops even the save
 
         self.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
 
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session):
+        """Once the last case has ended (or the session was interrupted), a SIGTERM waits: the run is written whole,
+        the summary printed, and the session then ends as interrupted; a second one stops it at once (a save it
+        stops leaves no file)."""
+        try:
+            return (yield)
+        finally:
+            self._finishing = True
+
+    @contextlib.contextmanager
+    def _saving_run(self):
+        self._finishing = True  # as after the last case, should a save begin without the loop's end
+        yield
+
+    def _saved_run(self, path: Path | None, problem: str | None) -> None:
+        self.saved, self.save_problem = path, problem
+
     def write_last_line(self, config) -> None:
-        """After pytest's "N passed in T s": the gate's decision and the exit status, as the log's last line."""
+        """After pytest's "N passed in T s": the gate's decision and the exit status, then whether the run was saved,
+        as the log's last lines."""
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None or self.comparison is None or self.exit_status is None:
+        if reporter is not None:
+            self._write_comparison_line(reporter)
+            self._write_save_line(reporter)  # last: a run not saved is a failed run, whatever the gate said
+
+    def _write_comparison_line(self, reporter) -> None:
+        if self.comparison is None or self.exit_status is None:
             return
         from trainbench.verdicts.present import last_line
 
         line = last_line(self.comparison.to_json(), self.exit_status)
         reporter.write_line(line, red=self.comparison.failed, green=not self.comparison.failed, bold=True)
+
+    def _write_save_line(self, reporter) -> None:
+        """A run not saved, or saved under a SIGTERM, says so as the log's last line."""
+        status = f" (exit {self.exit_status})" if self.exit_status is not None else ""
+        if self.save_problem is not None:
+            reporter.write_line(f"trainbench: FAILED: the run was not saved{status}", red=True, bold=True)
+        elif self.late_sigterms:
+            saved = f"; the run was saved whole in {self.saved}" if self.saved is not None else ""
+            reporter.write_line(f"trainbench: stopped by SIGTERM after the last case{saved}{status}", red=True, bold=True)
 
     def close(self) -> None:
         """At pytest's unconfigure: what the session started ends with it."""
@@ -456,7 +498,7 @@ class TrainbenchSession:
 
     def pytest_benchmark_update_machine_info(self, config, machine_info):
         """A session that ran trainbench cases records its device (plain pytest-benchmark runs stay as they are)."""
-        if self.cases:
+        if self.cases or self.failed_cases:
             if self.doctor and "load_average" in self.doctor:
                 self.doctor["load_average"]["end"] = list(os.getloadavg())
             machine_info["trainbench"] = {**self.backend.identity(), "doctor": self.doctor}
@@ -466,6 +508,7 @@ class TrainbenchSession:
         """Refuse to compare trainbench runs of different devices or setups: their numbers say nothing about
         each other. First, so that pytest-benchmark's own check compares like with like: this session's
         device identity is in ``machine_info`` exactly when the compared run has one."""
+        benchmark_adapter.locate_anywhere(benchmarksession)  # its own check names the storage: one outside the cwd
         compared = SavedRun("the compared run", compared_benchmark)
         theirs = compared.comparable
         if theirs is None:
@@ -506,19 +549,23 @@ class TrainbenchSession:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         """Compare every case with the baseline run (or the A/B sides); fail on a gated regression, and fail a gate
-        that compared nothing."""
+        that compared nothing. A run that could not be saved fails the session (after the summary)."""
+        if self.failed_cases and not self.cases:  # pytest-benchmark saves no run without a benchmark
+            benchmark_adapter.save_failed_cases(session.config)
         if self.options.attribution_json is not None and self.attributions:
             write_json_atomic(self.options.attribution_json, {"cases": self.attributions, "complete": not self.interrupted})
         self.comparison = self._verdict(session.config)
-        if self.comparison is None:
-            return
-        if self.options.compare_json is not None:
-            write_json_atomic(self.options.compare_json, self.comparison.to_json())
-        if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
-            session.exitstatus = self.comparison.exit_status
-        self.exit_status = int(session.exitstatus)
-        if self.comparison.failed and self.options.xdist_workers == 1:  # an xdist worker's report is not its to add
-            self._report_failed_gate(session)
+        if self.comparison is not None:
+            if self.options.compare_json is not None:
+                write_json_atomic(self.options.compare_json, self.comparison.to_json())
+            if self.comparison.failed and not session.exitstatus:  # a failed test's status stands
+                session.exitstatus = self.comparison.exit_status
+        if (self.save_problem is not None or self.late_sigterms) and not session.exitstatus:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED if self.save_problem else pytest.ExitCode.INTERRUPTED
+        if self.comparison is not None or self.save_problem is not None or self.late_sigterms:
+            self.exit_status = int(session.exitstatus)
+        if self.comparison is not None and self.comparison.failed and self.options.xdist_workers == 1:
+            self._report_failed_gate(session)  # an xdist worker's report is not its to add
 
     def _report_failed_gate(self, session) -> None:
         """A failed gate is a failure in pytest's own summary too ("FAILED trainbench gate - ...", "3 passed, 1
@@ -569,6 +616,10 @@ class TrainbenchSession:
             write_summary(terminalreporter, self)
         if nothing:
             write_nothing_compared(terminalreporter, self.comparison)
+        if self.save_problem is not None:  # after the numbers it would have kept
+            terminalreporter.write_line(f"trainbench: --benchmark-save: the run was not saved in "
+                                        f"{self.saved or 'its storage'}: {self.save_problem}; its numbers are only "
+                                        "in this summary", red=True)
 
     def installed_packages(self) -> dict[str, str]:
         """This process's installed packages (``environment.installed_packages``), read once: the saved run records

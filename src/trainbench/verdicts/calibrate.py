@@ -120,6 +120,9 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         run = SavedRun.load(run_path)
     except RunFileError as e:
         raise CalibrationError(str(e)) from None
+    if run.measured_nothing:  # a bound from nothing would be no promise; "budgets already match" would read green
+        raise CalibrationError(f"{run_path}: every case failed (" + "; ".join(
+            str(failed.get("error")) for failed in run.failed_cases) + "): nothing to calibrate from")
     device = run.device or {}
     key = device_key_of(device)
     gpu = DeviceCaps.from_identity(device).cuda

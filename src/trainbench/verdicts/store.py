@@ -220,6 +220,11 @@ class SavedRun:
         return fault if isinstance(fault, dict) and fault else None
 
     @property
+    def measured_nothing(self) -> bool:
+        """Every case failed: the run keeps them (``FAILED_CASES_KEY``) and no benchmark; never a baseline."""
+        return self.run is not None and not self._benchmarks() and bool(self.failed_cases)
+
+    @property
     def failed_cases(self) -> list[dict]:
         """Cases that ended without a result, with why: [{"case": ..., "error": ...}]."""
         failed = self.run.get(FAILED_CASES_KEY) if self.run is not None else None
@@ -377,8 +382,8 @@ def _named_run(run: SavedRun) -> Baseline | None:
         raise UnusableBaselineError(run.problem)
     if not run.complete:
         raise UnusableBaselineError(_interrupted(run.path))
-    if run.planted:
-        raise UnusableBaselineError(_planted(run))
+    if _refused(run):
+        raise UnusableBaselineError(_refused(run))
     if run.comparable is None:
         return None
     _check_records(run)
@@ -396,16 +401,26 @@ def _planted(run: SavedRun) -> str:
             "baseline; compare with a run saved without --trainbench-inject-*")
 
 
+def _refused(run: SavedRun) -> str | None:
+    """Why a complete run is never a baseline (a planted fault, every case failed), or None."""
+    if run.planted:
+        return _planted(run)
+    if run.measured_nothing:
+        return (f"{run.path}: a run in which every case failed ({FAILED_CASES_KEY}, no benchmark), never a "
+                "baseline; compare with a run that measured its cases")
+    return None
+
+
 def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) -> Baseline | None:
     """The newest complete run of ``mine`` in ``runs`` (oldest first), with the newer ones passed over and why;
     an unreadable run newer than it may have been this device's newest, so it stops the choice."""
     passed: dict[str, list[str]] = {}
-    newest_planted = None  # the newest complete run of this device with a planted fault
+    newest_refused = None  # the newest complete run of this device that is never a baseline (``_refused``)
     for run in reversed(runs):
         if run.problem:
             raise UnusableBaselineError(f"{run.problem}; it is newer than every complete run of this device "
                                         f"{_matching(compare)}: fix or remove it")
-        if run.comparable == mine and run.complete and not run.planted:
+        if run.comparable == mine and run.complete and not _refused(run):
             _check_records(run)
             why = f"the newest complete run of this {describe_device(mine)} {_matching(compare)} in {folder}"
             skipped = "; ".join(f"{what} {', '.join(names)}" for what, names in passed.items())
@@ -417,10 +432,11 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
         elif not run.complete:
             what = "interrupted"
         else:
-            what, newest_planted = "with a planted fault", newest_planted or run
+            what = "with a planted fault" if run.planted else "with every case failed"
+            newest_refused = newest_refused or run
         passed.setdefault(what, []).append(run.path.name)
-    if newest_planted is not None and "interrupted" not in passed:
-        raise UnusableBaselineError(f"{_planted(newest_planted)}; so is every complete run of this "
+    if newest_refused is not None and "interrupted" not in passed:
+        raise UnusableBaselineError(f"{_refused(newest_refused)}; so is every complete run of this "
                                     f"{describe_device(mine)} {_matching(compare)}")
     if "interrupted" in passed:
         raise UnusableBaselineError(_interrupted(
