@@ -102,7 +102,7 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
     assert f"trainbench calibrate: {budgets}: not valid TOML" in capsys.readouterr().err
     assert main(["calibrate", str(tmp_path / "missing.json"), "--budgets", str(budgets)]) == 2
     assert "missing.json" in capsys.readouterr().err
-    with pytest.raises(CalibrationError, match="names no device"):
+    with pytest.raises(CalibrationError, match="no device recorded: machine_info has no .trainbench. entry"):
         run = tmp_path / "r.json"
         run.write_text(json.dumps({"machine_info": {}, "benchmarks": [{"extra_info": {"case": "x"}}]}))
         calibrate(run, tmp_path / "new.toml")

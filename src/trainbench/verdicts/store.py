@@ -167,7 +167,7 @@ class SavedRun:
     @property
     def device_problem(self) -> str | None:
         """Why the device of a run with trainbench cases cannot be read (None: it can, or the run has no cases):
-        no identity in its machine info and a case without one, or identities that disagree. Such a run is never
+        no identity in its machine info and a case without one, or cases that name different devices. Such a run is never
         a baseline: which device made it is what the device check needs."""
         return self._device()[1]
 
@@ -176,14 +176,8 @@ class SavedRun:
             return None, None
         identity = self._machine_identity()
         recorded = [(name, info.get("device")) for name, info in self._records()]
-        if "kind" in identity:
-            device = {key: value for key, value in identity.items() if key != "doctor"}
-            other = next(((name, d) for name, d in recorded if _identity(d) and _device_key(d) != _device_key(device)),
-                         None)
-            if other:
-                return device, (f"machine_info['trainbench'] names {_device_words(device)} but {other[0]} was "
-                                f"measured on {_device_words(other[1])}: expected one device for the whole run")
-            return device, None
+        if "kind" in identity:  # what the session recorded for the whole run
+            return {key: value for key, value in identity.items() if key != "doctor"}, None
         if not recorded:
             return None, None
         missing = next((name for name, d in recorded if not _identity(d)), None)
