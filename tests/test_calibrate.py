@@ -102,7 +102,7 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
     assert f"trainbench calibrate: {budgets}: not valid TOML" in capsys.readouterr().err
     assert main(["calibrate", str(tmp_path / "missing.json"), "--budgets", str(budgets)]) == 2
     assert "missing.json" in capsys.readouterr().err
-    with pytest.raises(CalibrationError, match="names no device"):
+    with pytest.raises(CalibrationError, match="no device recorded: machine_info has no .trainbench. entry"):
         run = tmp_path / "r.json"
         run.write_text(json.dumps({"machine_info": {}, "benchmarks": [{"extra_info": {"case": "x"}}]}))
         calibrate(run, tmp_path / "new.toml")
@@ -309,3 +309,35 @@ def test_calibrate_says_what_it_could_not_read(pytester, capsys):
     pytester.makeini("[pytest]\n")
     assert main(["calibrate"]) == 2
     assert "trainbench calibrate: .benchmarks: no *.json run found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("metrics", "problem"), [
+    ({"ops_per_step": -120}, "mlp-set_to_none: ops_per_step = -120: expected a value >= 0"),
+    ({"samples_per_s": 0.0}, "mlp-set_to_none: samples_per_s = 0.0: expected a samples/s above 0"),
+    ({"round_step_times_s": [-0.016, 1e300]}, "mlp-set_to_none: round_step_times_s holds -0.016: expected seconds"),
+])
+def test_a_run_with_values_no_measurement_gives_is_refused_and_never_calibrates_a_zero_bound(tmp_path, metrics,
+                                                                                           problem):
+    # a negative count calibrated max_ops_per_step = 0: every later run would fail its budget
+    run = make_run(tmp_path)
+    data = json.loads(run.read_text())
+    data["benchmarks"][1]["extra_info"].update(metrics)
+    run.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError) as raised:
+        calibrate(run, tmp_path / "budgets.toml")
+    assert str(raised.value).startswith(f"{run}: {problem}") and "\n" not in str(raised.value)
+    assert not (tmp_path / "budgets.toml").exists()
+
+
+def test_a_run_whose_device_only_its_records_hold_is_calibrated_for_that_device(tmp_path):
+    run = make_run(tmp_path)
+    data = json.loads(run.read_text())
+    device = data["machine_info"].pop("trainbench")
+    for bench in data["benchmarks"]:
+        bench["extra_info"]["device"] = device
+    run.write_text(json.dumps(data))
+    assert calibrate(run, tmp_path / "budgets.toml").device_key == "cpu"
+    data["benchmarks"][1]["extra_info"]["device"] = {**device, "name": "Intel Xeon"}
+    run.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="its cases name 2 devices"):
+        calibrate(run, tmp_path / "budgets.toml")

@@ -733,3 +733,46 @@ def test_a_plain_benchmark_session_is_left_to_pytest_benchmark_whatever_its_stor
     blocked.write_text("in the way of a folder")
     result = pytester.runpytest("-p", "no:cacheprovider", f"--benchmark-storage={blocked}/runs", "--benchmark-save=x")
     assert result.ret == pytest.ExitCode.OK  # no trainbench case: trainbench checks nothing of it
+
+
+def _verdict_file(tmp_path, **changes) -> str:
+    comparison = {"case": "mlp-baseline", "metric": "samples_per_s", "baseline": 100.0, "current": 70.0,
+                  "change": -0.3, "ci": [0.69, 0.71], "verdict": "regressed", "threshold": 0.05,
+                  "explanation": ["op self time: aten::mm +3 ms/step"]}
+    verdict = {"baseline": "0001_base.json", "gated": True, "failed": True, "could_not_judge": False,
+               "counts": {"regressed": 1}, "comparisons": [comparison]}
+    for key, value in changes.items():
+        if key.startswith("c_"):
+            comparison[key[2:]] = value
+        else:
+            verdict[key] = value
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(verdict))
+    return str(path)
+
+
+@pytest.mark.parametrize(("changes", "problem"), [
+    # a file that says passed beside a regression was shown as passed, exit 0
+    ({"failed": False}, "failed = False beside its comparisons, which give True by the gate's rule"),
+    ({"counts": {"unchanged": 1}}, "counts = {'unchanged': 1} beside its comparisons"),
+    ({"could_not_judge": True}, "could_not_judge = True beside its comparisons"),
+    # wrong types at depth raised raw errors
+    ({"c_baseline": "100"}, "comparisons[0].baseline = '100': expected a number or null"),
+    ({"c_ci": [0.69]}, "comparisons[0].ci = [0.69]: expected [low, high] or null"),
+    ({"c_explanation": "aten::mm"}, "comparisons[0].explanation = 'aten::mm': expected a list of lines or null"),
+    ({"c_verdict": "fine"}, "comparisons[0].verdict = 'fine': expected one of regressed"),
+    ({"c_metric": 3}, "comparisons[0].metric = 3: expected a trainbench metric"),
+    ({"errors": "none"}, "errors = 'none': expected a list of text"),
+    ({"failed": "no"}, "failed = 'no': expected true or false"),
+    ({"comparisons": ["regressed"]}, "comparisons[0] = 'regressed': expected a comparison (a dict)"),
+])
+def test_a_verdict_file_of_wrong_types_or_an_inconsistent_decision_is_refused_in_one_line(tmp_path, capsys, changes,
+                                                                                         problem):
+    from trainbench.__main__ import main
+
+    assert main(["verdict", _verdict_file(tmp_path)]) == 1  # as written: a regression fails
+    capsys.readouterr()
+    path = _verdict_file(tmp_path, **changes)
+    assert main(["verdict", path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"trainbench verdict: {path}: {problem}") and err.count("\n") == 1

@@ -26,7 +26,7 @@ from trainbench.core.metrics import METRICS, is_timed, parse_thresholds
 from trainbench.core.result import MIB, CaseRecord, MeasuredCase, Result, case_record
 from trainbench.verdicts.compare import EXACT, compare_with_baseline
 from trainbench.verdicts.gate import OUTCOMES, Verdict
-from trainbench.verdicts.store import RunFileError, load_run
+from trainbench.verdicts.store import RunFileError, SavedRun, load_run
 
 THRESHOLDS = parse_thresholds("deterministic:0%,samples_per_s:50%")
 ROUNDS_MS = (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)
@@ -252,17 +252,38 @@ def test_any_single_corruption_of_a_record_compares_correctly_or_fails_closed(ru
     _save(run, run_file)
     try:
         verdict = _gate_saved(run_file)
+        refused = _start_up_check(run_file)
     finally:
         _save(BASELINE_RUN, run_file)
     old = _get(BASELINE_RUN["benchmarks"][index], path)
     injected = new is not DROP and new is not None and _injected(old, new)
     _check(verdict, reference, run, run_file, {BASELINE_RUN["benchmarks"][index]["fullname"]: injected})
+    # the start-up check reads the whole run: what it lets through, the gate reads without an error, but for a record
+    # turned into a plain benchmark's ({}: as a plain test beside trainbench's cases has), which only the gate, knowing
+    # the case it measured under that name, can tell
+    info = run["benchmarks"][index].get("extra_info")
+    plain = isinstance(info, dict) and not {"case", "samples_per_step", "round_step_times_s"} & set(info)
+    assert refused is not None or not verdict.errors or (plain and all("not a trainbench case" in e for e in
+                                                                        verdict.errors)), verdict.errors
+    if refused is not None:
+        name = BASELINE_RUN["benchmarks"][index]["fullname"]
+        assert "\n" not in refused and refused.startswith((f"{run_file}: {name}: ", f"{run_file}: machine_info")), refused
+
+
+def _start_up_check(path) -> str | None:
+    """What the session's baseline check (``SavedRun.check``) says of the run at ``path``: None where it passes."""
+    try:
+        SavedRun.load(path).check()
+    except RunFileError as e:
+        return str(e)
+    return None
 
 
 @PROPERTY_SETTINGS
 @given(order=st.permutations(range(len(BASELINE_RUN["benchmarks"]))),
        duplicate=st.one_of(st.none(), st.integers(0, len(BASELINE_RUN["benchmarks"]) - 1)))
-def test_a_reordered_run_or_a_duplicated_case_compares_as_the_run_did(run_file, reference, order, duplicate):
+def test_a_reordered_run_compares_as_the_run_did_and_a_duplicated_case_is_refused_naming_both(run_file, reference, order,
+                                                                                              duplicate):
     run = copy.deepcopy(BASELINE_RUN)
     run["benchmarks"] = [run["benchmarks"][i] for i in order]
     if duplicate is not None:
@@ -270,6 +291,12 @@ def test_a_reordered_run_or_a_duplicated_case_compares_as_the_run_did(run_file, 
     _save(run, run_file)
     try:
         verdict = _gate_saved(run_file)
+        refused = _start_up_check(run_file)
     finally:
         _save(BASELINE_RUN, run_file)
     assert verdict.comparisons == reference.comparisons and not verdict.failed
+    if duplicate is None:
+        assert refused is None
+    else:  # pytest-benchmark keeps the last of the two: the start-up check refuses the run, naming both
+        name = run["benchmarks"][duplicate]["fullname"]
+        assert refused.startswith(f"{run_file}: {name}: in the run twice (its case records ") and "\n" not in refused

@@ -219,8 +219,9 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
     from trainbench.core.result import CaseRecord
     from trainbench.verdicts.report import LadderRun, RungResult
 
-    def record(**info):
-        return CaseRecord.read({"case": "c", "samples_per_step": 16, "round_step_times_s": [0.1], **info}, "c")
+    def record(**info):  # rounds that give its throughput: a record whose throughput disagrees with them is refused
+        rounds = [16 / info["samples_per_s"]]
+        return CaseRecord.read({"case": "c", "samples_per_step": 16, "round_step_times_s": rounds, **info}, "c")
 
     ladder = LADDERS["ladder000"]
     rungs = [RungResult(0, ladder.steps[0], record(samples_per_s=100.0)),
@@ -235,7 +236,7 @@ def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs()
 def test_the_session_summary_has_a_line_per_case_with_its_marks():
     from trainbench.verdicts.present import summary_table
 
-    metrics = {"samples_per_s": 1234.56, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
+    metrics = {"samples_per_s": 16 / 0.01296, "step_time_ms": 12.96, "step_time_iqr_ms": 0.44, "peak_memory_mib": 10.0,
                "activation_mib": 2.5, "predicted_gpu_peak_mib": 300.4, "gflops_per_sample": 0.0189,
                "round_step_times_s": [0.01296]}  # not a metric: the rounds the timed ones were measured in
     checks = [{"ok": True, "inconclusive": None}]

@@ -80,13 +80,13 @@ def test_a_record_saved_before_samples_per_step_reads_its_batch_size():
     ({"round_step_times_s": [0.01, True]}, "round_step_times_s: expected a list of finite seconds"),
     ({"samples_per_step": 0}, "samples_per_step = 0: expected a positive int"),
     ({"samples_per_step": None, "batch_size": None}, "samples_per_step = None: expected a positive int"),
-    ({"speedup_vs_baseline": "2x"}, "speedup_vs_baseline = '2x': expected a finite number or null"),
+    ({"speedup_vs_baseline": "2x"}, "speedup_vs_baseline = '2x': expected a finite number above 0 or null"),
     ({"samples_per_s": True}, "samples_per_s = True: expected a finite number or null"),
     ({"samples_per_s": float("nan")}, "samples_per_s = nan: expected a finite number or null"),
     ({"ops_per_step": float("inf")}, "ops_per_step = inf: expected a finite number or null"),
     ({"tracked_peak_mib": float("-inf")}, "tracked_peak_mib = -inf: expected a finite number or null"),
     ({"round_step_times_s": [0.01, float("nan")]}, "round_step_times_s: expected a list of finite seconds"),
-    ({"speedup_vs_baseline": float("inf")}, "speedup_vs_baseline = inf: expected a finite number or null"),
+    ({"speedup_vs_baseline": float("inf")}, "speedup_vs_baseline = inf: expected a finite number above 0 or null"),
     # a timed metric without its rounds would be judged as a bare value, with no interval
     ({"samples_per_s": 1600.0, "round_step_times_s": None},
      "samples_per_s = 1600.0 without round_step_times_s: expected the rounds it was measured in"),
@@ -100,6 +100,31 @@ def test_a_record_saved_before_samples_per_step_reads_its_batch_size():
     ({"machine_load": {"cpus": "2", "other_cpus": 1.1}}, "machine_load.cpus = '2': expected a count or null"),
     ({"machine_load": {"cpus": 2, "other_cpus": 1.1, "load_average_1m": [3.9]}},
      "machine_load.load_average_1m = [3.9]: expected [start, end] or null"),
+    # values no measurement gives: calibrate wrote max_ops_per_step = 0 from a negative count
+    ({"ops_per_step": -120}, "ops_per_step = -120: expected a value >= 0"),
+    ({"activation_mib": -0.5}, "activation_mib = -0.5: expected a value >= 0"),
+    ({"round_step_times_s": [0.01, -0.01]}, "round_step_times_s holds -0.01: expected seconds per step above 0 and "
+                                            "at most 86400"),
+    ({"round_step_times_s": [1e300]}, "round_step_times_s holds 1e+300: expected seconds per step above 0 and at "
+                                      "most 86400"),
+    ({"round_cpu_times_s": [-1.0]}, "round_cpu_times_s holds -1.0: expected seconds per step >= 0 and at most 86400"),
+    ({"samples_per_s": 0.0}, "samples_per_s = 0.0: expected a samples/s above 0 (a timed metric of zero or less was "
+                             "not measured)"),
+    ({"samples_per_s": 5.0}, "samples_per_s = 5.0: expected 1600, as its rounds give it"),  # beside 10 ms rounds
+    ({"step_time_ms": 1e300}, "step_time_ms = 1e+300: expected 10, as its rounds give it"),
+    ({"speedup_vs_baseline": -1.5}, "speedup_vs_baseline = -1.5: expected a finite number above 0 or null"),
+    # every other field a reader takes, whole: a wrong type deep in it once crashed the gate after the run
+    ({"attribution": {"ops": {"aten.mm": "6"}}}, "attribution.ops['aten.mm'] = '6': expected a finite number"),
+    ({"attribution": {"time": {"ops_ms": {"aten::mm": [1.0], "aten::add": [1.0, 2.0]}}}},
+     "attribution.time.ops_ms: rows of [1, 2] profiled steps: expected one count for every row"),
+    ({"attribution": {"time": {"ops_ms": {"aten::mm": 1.0}}}},
+     "attribution.time.ops_ms['aten::mm'] = 1.0: expected a non-empty list of finite numbers (one per profiled step)"),
+    ({"attribution": {"memory": {"peak_bytes": []}}},
+     "attribution.memory.peak_bytes = []: expected a table (row -> number)"),
+    ({"attribution": "tables"}, "attribution = 'tables': expected the attribution tables (a dict) or null"),
+    ({"paired": "no"}, "paired = 'no': expected true or false or null"),
+    ({"notes": 3}, "notes = 3: expected a list of notes or null"),
+    ({"budget": {"checks": "ok"}}, "budget = {'checks': 'ok'}: expected a dict whose checks are a list of dicts or null"),
 ])
 def test_a_malformed_record_names_where_and_what_was_expected(change, message):
     info = {"case": "c", "samples_per_step": 16, "round_step_times_s": [0.01], **change}

@@ -283,12 +283,20 @@ def test_the_summary_names_the_baseline_and_why_passing_over_an_interrupted_run(
 @pytest.mark.parametrize(("field", "value", "expected"), [
     ("samples_per_s", "fast", "samples_per_s = 'fast': expected a finite number or null"),
     ("activation_mib", [1.0], "activation_mib = [[]1.0[]]: expected a finite number or null"),
-    ("round_step_times_s", 0.1, "round_step_times_s: expected a list of finite seconds")])
+    ("round_step_times_s", 0.1, "round_step_times_s: expected a list of finite seconds"),
+    # deep in the record: the attribution table once passed start-up and crashed the verdict with TypeError
+    ("attribution.ops.aten.mm", "6", "attribution.ops[[]'aten.mm'[]] = '6': expected a finite number"),
+    ("ops_per_step", -120, "ops_per_step = -120: expected a value >= 0"),
+    ("samples_per_s", 0.0, "samples_per_s = 0.0: expected a samples/s above 0*")])
 @pytest.mark.parametrize("gate", [[GATE], []])
 def test_a_wrong_typed_baseline_record_stops_the_session_before_any_case(pytester, saved, quick_options, field,
                                                                         value, expected, gate):
     def wrong(run):
-        run["benchmarks"][0]["extra_info"][field] = value
+        info = run["benchmarks"][0]["extra_info"]
+        if field.startswith("attribution."):
+            info["attribution"]["ops"] = {"aten.mm": value}
+        else:
+            info[field] = value
 
     _edited(saved, saved.name, wrong)
     result = pytester.runpytest("--benchmark-compare", *gate, *quick_options)
@@ -379,3 +387,53 @@ def test_a_recipe_whose_baseline_was_not_listed_is_compared_with_it_measured_onc
     assert not any("optimizer_loop measured right after" in n for n in fused["notes"])
     assert not foreach["paired"] and not fused["paired"]  # nothing asked for pairing: "~"
     assert "tiny-optimizer_loop" not in records  # a baseline only: not a case of the session
+
+
+def _without_machine_info(run, device=None, incomplete=False):
+    del run["machine_info"]["trainbench"]
+    for bench in run["benchmarks"]:
+        info = bench["extra_info"]
+        info["device"] = {**info["device"], **device} if device else info.pop("device") and None
+        if info["device"] is None:
+            del info["device"]
+    if incomplete:
+        run["trainbench_incomplete"] = True
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    # no device anywhere: once compared as "pytest-benchmark's own choice", unchecked
+    (_without_machine_info, "0002_base.json: no device recorded: machine_info has no 'trainbench' entry and "
+                            "test_case.py::test_tiny has no device in its record*"),
+    (lambda run: run["benchmarks"].append(json.loads(json.dumps(run["benchmarks"][0]))),
+     "0002_base.json: test_case.py::test_tiny: in the run twice (its case records 0 and 1)*"),
+])
+def test_a_baseline_whose_device_cannot_be_read_or_with_a_case_twice_stops_the_session(pytester, saved, quick_options,
+                                                                                      edit, expected):
+    _edited(saved, "0002_base.json", edit)
+    result = pytester.runpytest("--benchmark-compare", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*trainbench: --trainbench-compare-fail: no baseline run to compare with: *{expected}"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_an_interrupted_or_other_devices_run_known_by_its_records_alone_is_never_compared(pytester, saved, quick_options):
+    _edited(saved, "0002_base.json", lambda run: _without_machine_info(run, {"kind": "cpu"}, incomplete=True))
+    _edited(saved, "0003_base.json", lambda run: _without_machine_info(run, {"name": "AMD EPYC", "cpu_capability": "X"}))
+    result = pytester.runpytest("--benchmark-compare", GATE, *quick_options)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["compared with *0001_base.json: * (passed over newer runs: of another device "
+                                 "0003_base.json; interrupted 0002_base.json)"])
+
+
+@pytest.mark.parametrize("gate", [[GATE], []])
+def test_a_run_pytest_benchmark_loads_itself_is_checked_at_start_up(pytester, saved, quick_options, monkeypatch,
+                                                                    gate):
+    # e.g. a storage trainbench does not read (elasticsearch): pytest-benchmark's own choice, read in its compare hook
+    _edited(saved, saved.name, lambda run: _without_machine_info(run, {"kind": "cpu"}, incomplete=True))
+    with monkeypatch.context() as patched:
+        patched.setattr("trainbench.plugin.session.choose_baseline", lambda *args: None)
+        result = pytester.runpytest("--benchmark-compare", *gate, *quick_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*trainbench: --*: the run --benchmark-compare loaded: an interrupted run "
+                                 "(trainbench_incomplete: *), never a baseline*"])
+    assert "passed" not in result.stdout.str()

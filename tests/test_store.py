@@ -233,3 +233,75 @@ def test_a_plain_benchmark_beside_trainbench_records_is_not_read_as_one(storage)
     run["benchmarks"].append(plain)
     saved = storage("0001_baseline.json", json.dumps(run))
     assert choose_baseline(storage.root, True, lambda: HERE).path == saved
+
+
+# -- a run read whole: its device, its marks, each benchmark once ---------------------------------------------------
+
+def _saved(run: dict):
+    from trainbench.verdicts.store import SavedRun
+
+    return SavedRun("run.json", run)
+
+
+@pytest.mark.parametrize(("devices", "machine", "problem"), [
+    # machine_info lost its identity: the records' own device stands in, where each case recorded the same one
+    ((CPU_A, CPU_A), None, None),
+    ((CPU_A, None), None, "no device recorded: machine_info has no 'trainbench' entry and test_x.py::test_1 has no "
+                          "device in its record"),
+    ((CPU_B, CPU_A), None, "no device in machine_info, and its cases name 2 devices"),
+    ((CPU_B, CPU_B), CPU_A, None),  # machine_info's identity is the run's
+    ((None, None), CPU_A, None),
+])
+def test_a_runs_device_is_read_from_its_records_where_machine_info_lacks_it_and_refused_where_it_cannot_be(
+        devices, machine, problem):
+    records = tuple(_record(**({"device": d} if d else {})) for d in devices)
+    run = _saved(json.loads(_run(machine, records=records)))
+    assert run.device_problem == problem or problem in (run.device_problem or "")
+    if problem is None:
+        assert run.device == (machine or devices[0]) and run.check() is run
+    else:
+        with pytest.raises(RunFileError, match="^run.json: ") as raised:
+            run.check()
+        assert "\n" not in str(raised.value)
+
+
+def test_an_interrupted_or_other_devices_run_without_machine_info_is_never_the_baseline(storage):
+    mine = storage("0001_baseline.json", _run(None, records=(_record(device=CPU_A),)))
+    storage("0002_baseline.json", _run(None, incomplete=True, records=(_record(device=CPU_A),)))
+    storage("0003_baseline.json", _run(None, records=(_record(device=CPU_B),)))
+    chosen = choose_baseline(storage.root, True, lambda: HERE)
+    assert chosen.path == mine and "interrupted 0002_baseline.json" in chosen.why and "of another device" in chosen.why
+    storage("0004_baseline.json", _run(None, records=(_record(),)))  # a trainbench run with no device anywhere
+    with pytest.raises(UnusableBaselineError, match="0004_baseline.json: no device recorded"):
+        choose_baseline(storage.root, True, lambda: HERE)
+
+
+@pytest.mark.parametrize(("marks", "problem"), [
+    ({INCOMPLETE_KEY: "no"}, "trainbench_incomplete = 'no': expected true or false"),
+    ({"trainbench_planted_fault": "slowdown"}, "trainbench_planted_fault = 'slowdown': expected the planted fault"),
+])
+def test_a_mark_that_cannot_be_read_is_refused_never_read_as_complete_or_honest(storage, marks, problem):
+    run = json.loads(_run(CPU_A, records=(_record(),)))
+    storage("0001_baseline.json", json.dumps({**run, **marks}))
+    with pytest.raises(UnusableBaselineError, match=f"0001_baseline.json: {problem}"):
+        choose_baseline(storage.root, True, lambda: HERE)
+
+
+def test_a_case_twice_in_a_run_is_refused_naming_both_never_the_last_silently(storage):
+    run = json.loads(_run(CPU_A, records=(_record(), _record(ops_per_step=7))))
+    run["benchmarks"][1]["fullname"] = run["benchmarks"][0]["fullname"]
+    path = storage("0001_baseline.json", json.dumps(run))
+    with pytest.raises(UnusableBaselineError) as raised:
+        choose_baseline(storage.root, True, lambda: HERE)
+    assert str(raised.value) == (f"{path}: test_x.py::test_0: in the run twice (its case records 0 and 1); expected "
+                                 "each benchmark once: remove one")
+
+
+def test_a_run_pytest_benchmark_chose_itself_is_checked_as_trainbenchs_own_choice():
+    from trainbench.verdicts.store import unusable_as_baseline
+
+    assert unusable_as_baseline(_saved(json.loads(_run(CPU_A, records=(_record(),))))) is None
+    assert "an interrupted run" in unusable_as_baseline(_saved(json.loads(_run(None, True, (_record(device=CPU_A),)))))
+    assert "no device recorded" in unusable_as_baseline(_saved(json.loads(_run(None, records=(_record(),)))))
+    assert "ops_per_step = -1: expected a value >= 0" in unusable_as_baseline(
+        _saved(json.loads(_run(CPU_A, records=(_record(ops_per_step=-1),)))))

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from trainbench.verdicts.gate import VerdictFileError, read_verdict
 from trainbench.verdicts.present import verdict_markdown
 
 NAME = "verdict"
@@ -26,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"trainbench verdict: {args.verdict_json}: {e}", file=sys.stderr)
         return 2
-    if not isinstance(verdict, dict) or not isinstance(verdict.get("comparisons"), list):
-        print(f"trainbench verdict: {args.verdict_json}: no comparisons list; expected the file "
-              "--trainbench-compare-json writes", file=sys.stderr)
+    try:
+        verdict = read_verdict(verdict, args.verdict_json)
+    except VerdictFileError as e:
+        print(f"trainbench verdict: {e}", file=sys.stderr)
         return 2
     print(verdict_markdown(verdict), end="")
     return 1 if verdict.get("failed") else 0

@@ -22,6 +22,7 @@ case's tables stay a few kilobytes; ``Result.attribution`` keeps them whole (a s
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections import Counter
@@ -215,6 +216,59 @@ def compact(tables: dict, n: int = TOP) -> dict:
         else:
             out[name] = table
     return out
+
+
+SERIES = ("ops_ms", "kernels_ms")  # the time tables whose rows are samples per profiled step
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _table_problem(rows: object, path: str, series: bool) -> str | None:
+    """What is wrong with one table of a saved run's attribution (None: rows of numbers, or of equally long lists
+    of numbers per profiled step where ``series``)."""
+    if not isinstance(rows, dict):
+        return f"attribution.{path} = {rows!r}: expected a table (row -> {'list of ' if series else ''}number)"
+    lengths = set()
+    for row, value in rows.items():
+        ok = (isinstance(value, list) and value and all(map(_number, value))) if series else _number(value)
+        if not ok:
+            expected = "a non-empty list of finite numbers (one per profiled step)" if series else "a finite number"
+            return f"attribution.{path}[{row!r}] = {value!r}: expected {expected}"
+        lengths.add(len(value) if series else 0)
+    if len(lengths) > 1:
+        return f"attribution.{path}: rows of {sorted(lengths)} profiled steps: expected one count for every row"
+    return None
+
+
+def attribution_problem(tables: object) -> str | None:
+    """What is wrong with a saved run's attribution (``compact``'s tables, or null), as its readers would meet it:
+    one line naming the table and row, or None."""
+    if tables is None:
+        return None
+    if not isinstance(tables, dict):
+        return f"attribution = {tables!r}: expected the attribution tables (a dict) or null"
+    for name, table in tables.items():
+        if name in ("time", "memory"):
+            if not isinstance(table, dict):
+                return f"attribution.{name} = {table!r}: expected a dict of tables"
+            for key, rows in table.items():
+                if name == "time" and key == "steps":
+                    problem = None if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else \
+                        f"attribution.time.steps = {rows!r}: expected a count"
+                elif name == "time" and key == "wall_ms":
+                    problem = None if isinstance(rows, list) and all(map(_number, rows)) else \
+                        f"attribution.time.wall_ms = {rows!r}: expected a list of finite numbers"
+                else:
+                    problem = _table_problem(rows, f"{name}.{key}", name == "time" and key in SERIES)
+                if problem:
+                    return problem
+        else:
+            problem = _table_problem(table, name, False)
+            if problem:
+                return problem
+    return None
 
 
 # Sites of allocations no user line asked for. Autograd's engine runs backward on a thread of its own (one per

@@ -44,6 +44,7 @@ class Metric:
     rounds: str = "round_step_times_s"  # the per-round series a timed metric follows (a Result's, a CaseRecord's)
     # The attribution tables that explain a change of it (trainbench.verdicts.explain.TABLES): "where" under its verdict
     where: tuple[str, ...] = ()
+    signed: bool = False  # may be below zero (a growth per step: memory freed); every other metric is >= 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
@@ -110,9 +111,9 @@ METRICS: dict[str, Metric] = {
     "predicted_gpu_activation_mib": Metric("MiB", False, DETERMINISTIC, "activations at the predicted GPU-profile peak",
                                            group="memory"),
     "memory_growth_mib_per_step": Metric("MiB", False, DETERMINISTIC, "live tensor memory added per step (a leak if "
-                                         "> 0)", group="memory", where=KEPT),
+                                         "> 0)", group="memory", where=KEPT, signed=True),
     "graph_nodes_growth_per_step": Metric("", False, DETERMINISTIC, "autograd nodes kept alive per step by a running "
-                                          "loss", group="memory", where=KEPT),
+                                          "loss", group="memory", where=KEPT, signed=True),
     "gflops_per_sample": Metric("GFLOP", False, DETERMINISTIC, "FlopCounterMode FLOPs of one step / batch size",
                                 group="work", where=FLOPS),
     "h2d_bytes_per_sample": Metric("B", False, DETERMINISTIC, "bytes a step copies to the device per sample",

@@ -9,8 +9,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from trainbench.core.attribution import compact
-from trainbench.core.metrics import METRICS, per_round, rounds_of, timed_metrics
+from trainbench.core.attribution import attribution_problem, compact
+from trainbench.core.metrics import METRICS, TIMED, per_round, rounds_of, timed_metrics
 
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
 # the summary shows it beside the case.
@@ -237,13 +237,53 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# A round's mean step time beyond a day is no measurement (``1e300`` would overflow the gate's arithmetic).
+MAX_STEP_S = 86400.0
+# A metric derived from the rounds (``Result.metrics``) that disagrees with them by more than this is corrupt.
+DERIVED_SLACK = 1e-6
+
+
 def _seconds(info: dict, key: str, where: str) -> list[float]:
-    """A record's per-round seconds under ``key`` ([] where absent), checked."""
+    """A record's per-round seconds under ``key`` ([] where absent), checked: a round's step time is above zero (its
+    CPU time at least zero) and below ``MAX_STEP_S``."""
     values = info.get(key)
     values = [] if values is None else values
     if not isinstance(values, list) or not all(_finite(t) for t in values):
         raise RecordError(f"{where}: {key}: expected a list of finite seconds")
+    low_ok = (lambda t: t > 0) if key == "round_step_times_s" else (lambda t: t >= 0)
+    wrong = next((t for t in values if not low_ok(t) or t > MAX_STEP_S), None)
+    if wrong is not None:
+        raise RecordError(f"{where}: {key} holds {wrong!r}: expected seconds per step "
+                          f"{'above 0' if key == 'round_step_times_s' else '>= 0'} and at most {MAX_STEP_S:.0f}")
     return [float(t) for t in values]
+
+
+def _check_metric_values(metrics: dict[str, float | None], where: str) -> None:
+    """Values a measurement cannot give: a timed metric (throughput, step time) of zero or less, a negative count,
+    size or share (only a growth per step may be negative)."""
+    for name, value in metrics.items():
+        if value is None:
+            continue
+        spec = METRICS[name]
+        if spec.kind == TIMED and value <= 0:
+            raise RecordError(f"{where}: {name} = {value!r}: expected a {spec.unit or 'value'} above 0 (a timed "
+                              "metric of zero or less was not measured)")
+        if not spec.signed and value < 0:
+            raise RecordError(f"{where}: {name} = {value!r}: expected a value >= 0")
+
+
+def _check_derived(metrics: dict[str, float | None], series: dict[str, list[float]], samples: int | None,
+                   where: str) -> None:
+    """The metrics a record derives from its rounds agree with them (``Result.metrics``): zero throughput beside
+    normal rounds is a corrupt record, not a measurement."""
+    step = statistics.median(series["round_step_times_s"]) if series["round_step_times_s"] else None
+    cpu = statistics.median(series["round_cpu_times_s"]) if series["round_cpu_times_s"] else None
+    derived = {"step_time_ms": step * 1e3 if step else None, "cpu_time_ms": cpu * 1e3 if cpu else None,
+               "samples_per_s": samples / step if step and samples else None}
+    for name, expected in derived.items():
+        value = metrics.get(name)
+        if value is not None and expected is not None and not math.isclose(value, expected, rel_tol=DERIVED_SLACK):
+            raise RecordError(f"{where}: {name} = {value!r}: expected {expected:.6g}, as its rounds give it")
 
 
 def _check_rounds(metrics: dict[str, float | None], series: dict[str, list[float]], where: str) -> None:
@@ -277,6 +317,43 @@ def _check_machine_load(load: object, where: str) -> None:
             raise RecordError(f"{where}: machine_load.{key} = {load[key]!r}: expected {expected}")
 
 
+def _rows_of(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(row, dict) for row in value)
+
+
+# What the readers of a record (the summary, report, calibration, explain) take from its other fields: each
+# is null or of this shape, so a wrong type is found when the run is read, never in the middle of a verdict.
+_FIELDS = (
+    ("profile", lambda v: isinstance(v, str), "a profile name"),
+    ("items_unit", lambda v: isinstance(v, str), "a unit"),
+    ("items_per_step", lambda v: _finite(v) and v >= 0, "a finite count >= 0"),
+    ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
+    ("paired", lambda v: isinstance(v, bool), "true or false"),
+    ("device", lambda v: isinstance(v, dict), "a device identity (dict)"),
+    ("ladder", lambda v: isinstance(v, dict), "a dict"),
+    ("ranks", lambda v: isinstance(v, dict), "a dict"),
+    ("notes", lambda v: isinstance(v, list), "a list of notes"),
+    ("budget", lambda v: isinstance(v, dict) and (v.get("checks") is None or _rows_of(v.get("checks"))),
+     "a dict whose checks are a list of dicts"),
+    ("guard", lambda v: isinstance(v, dict) and (v.get("checks") is None or _rows_of(v.get("checks"))),
+     "a dict whose checks are a list of dicts"),
+    ("predicted_memory", lambda v: isinstance(v, dict) and all(
+        v.get(key) is None or isinstance(v.get(key), dict) for key in ("breakdown_bytes", "check")),
+     "a dict (breakdown_bytes, check: dicts)"),
+)
+
+
+def _check_fields(info: dict, where: str) -> None:
+    """Every other field a reader takes from the record (``_FIELDS``, the attribution tables) has its shape."""
+    for key, ok, expected in _FIELDS:
+        value = info.get(key)
+        if value is not None and not ok(value):
+            raise RecordError(f"{where}: {key} = {value!r}: expected {expected} or null")
+    problem = attribution_problem(info.get("attribution"))
+    if problem:
+        raise RecordError(f"{where}: {problem}")
+
+
 @dataclass(frozen=True)
 class CaseRecord:
     """A case as read back from a stored record: what the gate, the report and calibration use."""
@@ -306,22 +383,23 @@ class CaseRecord:
             if value is not None and not _finite(value):
                 raise RecordError(f"{where}: {name} = {value!r}: expected a finite number or null")
             metrics[name] = value
+        _check_metric_values(metrics, where)
         series = {key: _seconds(info, key, where) for key in ("round_step_times_s", "round_cpu_times_s")}
         _check_rounds(metrics, series, where)
         rounds, cpu_rounds = series["round_step_times_s"], series["round_cpu_times_s"]
         samples = info.get("samples_per_step", info.get("batch_size"))
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             raise RecordError(f"{where}: samples_per_step = {samples!r}: expected a positive int")
+        _check_derived(metrics, series, samples if "samples_per_step" in info else None, where)
         speedup = info.get("speedup_vs_baseline")
-        if speedup is not None and not _finite(speedup):
-            raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a finite number or null")
+        if speedup is not None and not (_finite(speedup) and speedup > 0):
+            raise RecordError(f"{where}: speedup_vs_baseline = {speedup!r}: expected a finite number above 0 or null")
         _check_machine_load(info.get("machine_load"), where)
+        _check_fields(info, where)
         ladder = info.get("ladder")
         paired = info.get("paired")
-        return cls(info["case"], metrics, rounds, samples, cpu_rounds, speedup,
-                   bool(paired) if paired is not None else None,
-                   info.get("profile"), ladder if isinstance(ladder, dict) else None,
-                   info.get("device") if isinstance(info.get("device"), dict) else None, info, fullname)
+        return cls(info["case"], metrics, rounds, samples, cpu_rounds, speedup, paired, info.get("profile"), ladder,
+                   info.get("device"), info, fullname)
 
     @property
     def budget_status(self) -> str:

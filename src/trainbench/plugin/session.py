@@ -33,6 +33,7 @@ from trainbench.verdicts.store import (
     choose_baseline,
     describe_device,
     storage_folder,
+    unusable_as_baseline,
     why_no_baseline,
 )
 
@@ -509,7 +510,11 @@ class TrainbenchSession:
         each other. First, so that pytest-benchmark's own check compares like with like: this session's
         device identity is in ``machine_info`` exactly when the compared run has one."""
         benchmark_adapter.locate_anywhere(benchmarksession)  # its own check names the storage: one outside the cwd
-        compared = SavedRun("the compared run", compared_benchmark)
+        compared = SavedRun(self.baseline.path if self.baseline else "the run --benchmark-compare loaded",
+                            compared_benchmark)
+        if self._refused(compared):
+            machine_info.pop("trainbench", None)
+            return
         theirs = compared.comparable
         if theirs is None:
             machine_info.pop("trainbench", None)
@@ -533,6 +538,18 @@ class TrainbenchSession:
                 "--benchmark-compare would compare runs made with other settings (" + "; ".join(differ)
                 + "): thread counts and float precision change every number (e.g. OMP_NUM_THREADS=1 halves CPU "
                 "throughput). Rerun with the baseline's settings, or pass --trainbench-allow-cross-device.")
+
+    def _refused(self, compared: SavedRun) -> bool:
+        """A run pytest-benchmark loaded that can never be a baseline (``store.unusable_as_baseline``: its own choice
+        is not checked before, e.g. a run whose device or interrupted mark only its records hold) stops a gated
+        session now and any other with trainbench cases at collection, as ``_choose_baseline`` does."""
+        problem = unusable_as_baseline(compared)
+        if problem is None:
+            return False
+        if self.options.compare_fail is not None:
+            raise usage_error(f"--trainbench-compare-fail: no baseline run to compare with: {problem}")
+        self.unusable_baseline = self.unusable_baseline or f"--benchmark-compare: {problem}"
+        return True
 
     def pytest_sessionstart(self, session):
         """A gated comparison with no baseline pytest-benchmark could load stops here, before any case runs:

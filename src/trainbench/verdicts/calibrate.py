@@ -117,7 +117,7 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         raise CalibrationError(f"--metrics {','.join(unknown)}: not calibrated metrics; expected some of "
                                f"{', '.join(calibrated)}, speedup")
     try:
-        run = SavedRun.load(run_path)
+        run = SavedRun.load(run_path).check()  # read whole: a negative count would calibrate a bound of 0
     except RunFileError as e:
         raise CalibrationError(str(e)) from None
     if run.measured_nothing:  # a bound from nothing would be no promise; "budgets already match" would read green

@@ -242,7 +242,7 @@ def explain_runs(baseline_path: str, current_path: str, case: str | None = None,
     from their device identities and installed packages. Raises ``store.RunFileError`` for a file that is not a
     saved run, ``CompareError`` for a run without trainbench cases, a record that cannot be read or an unknown case."""
     thresholds = thresholds or parse_thresholds(EXPLAIN_THRESHOLDS, "explain")
-    runs = (SavedRun.load(baseline_path), SavedRun.load(current_path))
+    runs = (SavedRun.load(baseline_path).check(), SavedRun.load(current_path).check())  # read whole: one line, not a crash
     base, cur = (_trainbench_cases(run) for run in runs)
     if case is not None:
         base, cur = _the_case(case, base, baseline_path, cur, current_path)

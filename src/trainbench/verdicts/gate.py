@@ -8,6 +8,7 @@ back (``Verdict.to_json``), which ``trainbench.verdicts.present`` prints in the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from trainbench.core.metrics import METRICS
@@ -144,3 +145,78 @@ class Verdict:
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
                 "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
                 "environment_differs": list(self.environment), "not_measured": list(self.not_measured)}
+
+
+class VerdictFileError(ValueError):
+    """A verdict file (``--trainbench-compare-json``'s) that cannot be read as one; the message names the field."""
+
+
+def _number_or_null(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value))
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# Each field of a comparison in a verdict file, and what it must be (``MetricComparison.to_json``).
+_COMPARISON_FIELDS = (
+    ("case", lambda v: isinstance(v, str), "a case id"),
+    ("metric", lambda v: v in METRICS, "a trainbench metric"),
+    ("verdict", lambda v: v in OUTCOMES, f"one of {', '.join(OUTCOMES)}"),
+    ("baseline", _number_or_null, "a number or null"), ("current", _number_or_null, "a number or null"),
+    ("change", _number_or_null, "a number or null"), ("p_value", _number_or_null, "a number or null"),
+    ("threshold", lambda v: _number_or_null(v) and v is not None and v >= 0, "a number >= 0"),
+    ("ci", lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(map(_number_or_null, v))),
+     "[low, high] or null"),
+    ("reason", lambda v: v is None or isinstance(v, str), "text or null"),
+    ("line", lambda v: v is None or isinstance(v, str), "text or null"),
+    ("explanation", lambda v: v is None or _strings(v), "a list of lines or null"),
+)
+# The verdict's own fields (``Verdict.to_json``): absent ones are read as a verdict without them.
+_VERDICT_FIELDS = (
+    ("failed", lambda v: isinstance(v, bool), "true or false"),
+    ("could_not_judge", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("gated", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("allow_inconclusive", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("new_cases_allowed", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("baseline", lambda v: v is None or isinstance(v, str), "a path or null"),
+    ("nothing_compared", lambda v: v is None or isinstance(v, str), "text or null"),
+    ("counts", lambda v: v is None or (isinstance(v, dict) and all(isinstance(n, int) for n in v.values())),
+     "outcome -> count"),
+    *((key, lambda v: v is None or _strings(v), "a list of text")
+      for key in ("new_cases", "errors", "not_run", "environment_differs", "not_measured")),
+    ("numerics", lambda v: v is None or (isinstance(v, dict) and all(isinstance(g, dict) for g in v.values())),
+     "case -> guard (a dict)"),
+)
+
+
+def read_verdict(data: object, where: str) -> dict:
+    """A verdict file's contents checked whole: every field of the type ``Verdict.to_json`` writes, and its decision
+    (failed, could not judge, the counts) the one rule's for its comparisons: a file that says passed beside a
+    regression is refused, never shown as passed. Raises ``VerdictFileError`` naming ``where`` and the field."""
+    if not isinstance(data, dict) or not isinstance(data.get("comparisons"), list):
+        raise VerdictFileError(f"{where}: no comparisons list; expected the file --trainbench-compare-json writes")
+    for key, ok, expected in _VERDICT_FIELDS:
+        if (key in data or key == "failed") and not ok(data.get(key)):
+            raise VerdictFileError(f"{where}: {key} = {data.get(key)!r}: expected {expected}")
+    comparisons = []
+    for index, c in enumerate(data["comparisons"]):
+        if not isinstance(c, dict):
+            raise VerdictFileError(f"{where}: comparisons[{index}] = {c!r}: expected a comparison (a dict)")
+        for key, ok, expected in _COMPARISON_FIELDS:
+            if (key in c or key in ("case", "metric", "verdict")) and not ok(c.get(key)):
+                raise VerdictFileError(f"{where}: comparisons[{index}].{key} = {c.get(key)!r}: expected {expected}")
+        comparisons.append(MetricComparison(c["case"], c["metric"], None, None, None, 0.0, c["verdict"]))
+    rule = Verdict(str(data.get("baseline")), {}, tuple(comparisons), gated=bool(data.get("gated")),
+                   allow_inconclusive=bool(data.get("allow_inconclusive")),
+                   new_cases=tuple(data.get("new_cases") or ()), new_cases_allowed=bool(data.get("new_cases_allowed")),
+                   errors=tuple(data.get("errors") or ()), nothing_compared=data.get("nothing_compared"))
+    said = {"failed": data["failed"], "could_not_judge": data.get("could_not_judge", rule.could_not_judge),
+            "counts": data.get("counts", rule.counts)}
+    for key, value in (("failed", rule.failed), ("could_not_judge", rule.could_not_judge), ("counts", rule.counts)):
+        if said[key] != value and not (key == "counts" and {k: n for k, n in said[key].items() if n} ==
+                                       {k: n for k, n in value.items() if n}):
+            raise VerdictFileError(f"{where}: {key} = {said[key]!r} beside its comparisons, which give {value!r} by "
+                                   "the gate's rule: an edited or inconsistent verdict file, never read as passed")
+    return data

@@ -159,14 +159,36 @@ class SavedRun:
     # -- what made it ---------------------------------------------------------------------------------------------
     @property
     def device(self) -> dict | None:
-        """The device identity trainbench recorded for the run: its machine info's, else its first case's (a run
-        known only by its benchmarks); None: unreadable, or a plain pytest-benchmark run."""
+        """The device identity trainbench recorded for the run: its machine info's, else its cases' (a run known
+        only by its benchmarks, or whose machine info lost it) where every case recorded the same one; None:
+        unreadable, a plain pytest-benchmark run, or a device that cannot be read (``device_problem`` says why)."""
+        return self._device()[0]
+
+    @property
+    def device_problem(self) -> str | None:
+        """Why the device of a run with trainbench cases cannot be read (None: it can, or the run has no cases):
+        no identity in its machine info and a case without one, or cases that name different devices. Such a run is never
+        a baseline: which device made it is what the device check needs."""
+        return self._device()[1]
+
+    def _device(self) -> tuple[dict | None, str | None]:
         if self.run is None:
-            return None
+            return None, None
         identity = self._machine_identity()
-        if "kind" in identity:
-            return {key: value for key, value in identity.items() if key != "doctor"}
-        return next((info["device"] for _, info in self._records() if isinstance(info.get("device"), dict)), None)
+        recorded = [(name, info.get("device")) for name, info in self._records()]
+        if "kind" in identity:  # what the session recorded for the whole run
+            return {key: value for key, value in identity.items() if key != "doctor"}, None
+        if not recorded:
+            return None, None
+        missing = next((name for name, d in recorded if not _identity(d)), None)
+        if missing is not None:
+            return None, (f"no device recorded: machine_info has no 'trainbench' entry and {missing} has no device "
+                          "in its record; expected a run saved by trainbench (it records both)")
+        devices = {_device_key(d): (name, d) for name, d in recorded}
+        if len(devices) > 1:
+            named = "; ".join(f"{name}: {_device_words(d)}" for name, d in devices.values())
+            return None, f"no device in machine_info, and its cases name {len(devices)} devices ({named}): expected one"
+        return recorded[0][1], None
 
     @property
     def doctor(self) -> dict | None:
@@ -215,9 +237,46 @@ class SavedRun:
         return self.run is not None and not self.run.get(INCOMPLETE_KEY)
 
     @property
-    def planted(self) -> dict | None:  # the fault planted in it on purpose, if any
+    def planted(self) -> dict | None:  # the fault planted in it on purpose, if any (a malformed mark counts)
         fault = self.run.get(PLANTED_KEY) if self.run is not None else None
-        return fault if isinstance(fault, dict) and fault else None
+        return (fault if isinstance(fault, dict) else {"unreadable": repr(fault)}) if fault else None
+
+    @property
+    def marks_problem(self) -> str | None:
+        """Why its interrupted or planted-fault mark cannot be read (None: absent or well formed): a mark that
+        is neither is no proof that the run is complete, or honest."""
+        if self.run is None:
+            return None
+        incomplete, fault = self.run.get(INCOMPLETE_KEY), self.run.get(PLANTED_KEY)
+        if incomplete is not None and not isinstance(incomplete, bool):
+            return f"{INCOMPLETE_KEY} = {incomplete!r}: expected true or false"
+        if fault is not None and not (isinstance(fault, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in fault.values())):
+            return f"{PLANTED_KEY} = {fault!r}: expected the planted fault (name -> amount)"
+        return None
+
+    def check(self) -> SavedRun:
+        """This run read whole, as a baseline or calibration reads it: its marks, the device that made it, every
+        trainbench record (``cases``), each benchmark once. Raises ``RunFileError`` naming the file, the case and
+        the field where any of them cannot be read; found at start-up, never after a whole run."""
+        from trainbench.core.result import CaseRecord, RecordError
+
+        problem = self.problem or self.marks_problem or self.device_problem
+        if problem:
+            raise RunFileError(self.path, problem.removeprefix(f"{self.path}: "))
+        try:
+            self.cases()
+            has_cases = bool(self._records())
+            for name, bench in self._benchmarks():  # a record that lost its case id is still a broken trainbench record
+                info = bench.get(_RECORD) if isinstance(bench, dict) else None
+                # pytest-benchmark writes a dict for every benchmark ({} for a plain test beside trainbench's cases)
+                lost = has_cases and not isinstance(info, dict)
+                if lost or (isinstance(info, dict) and not (isinstance(info.get("case"), str) and info["case"])
+                            and _TRAINBENCH_FIELDS & set(info)):
+                    CaseRecord.read(info, f"{self.path}: {name}")
+        except RecordError as e:
+            raise RunFileError(self.path, str(e).removeprefix(f"{self.path}: ")) from None
+        return self
 
     @property
     def measured_nothing(self) -> bool:
@@ -268,8 +327,15 @@ class SavedRun:
         run and the case; with ``errors``, its message goes there instead and the case is left out."""
         from trainbench.core.result import CaseRecord, RecordError
 
-        found = []
-        for name, info in self._records():
+        found, seen = [], {}
+        for index, (name, info) in enumerate(self._records()):
+            if name in seen:  # pytest-benchmark keys a run by fullname: the later entry would silently win
+                twice = RecordError(f"{self.path}: {name}: in the run twice (its case records {seen[name]} and "
+                                    f"{index}); expected each benchmark once: remove one")
+                if errors is None:
+                    raise twice
+                errors.append(str(twice))
+            seen.setdefault(name, index)
             if having is not None and info.get(having) is None:
                 continue
             try:
@@ -292,12 +358,28 @@ class SavedRun:
         return None
 
 
+def _identity(device: object) -> bool:
+    return isinstance(device, dict) and "kind" in device
+
+
+def _device_key(device: dict) -> tuple:
+    """What two identities of one run must share: the keys ``device.comparable_device`` compares (read here without
+    loading torch), the CPU's kernels included on every device."""
+    return tuple(json.dumps(device.get(key), sort_keys=True, default=repr) for key in ("kind", "name", "cpu_capability"))
+
+
+def _device_words(device: dict) -> str:
+    return f"{device.get('name')} ({', '.join(str(part) for part in (device.get('kind'), device.get('cpu_capability')) if part)})"
+
+
 def _name_of(bench: object) -> str | None:
     return (bench.get("fullname") or bench.get("name")) if isinstance(bench, dict) else None
 
 
 # Where pytest-benchmark keeps what a test adds to its benchmark, so where a case's record lives in a saved run.
 _RECORD = "extra_info"
+# Fields only a trainbench record has: a benchmark holding one is a trainbench case, whatever became of its case id.
+_TRAINBENCH_FIELDS = {"case", "samples_per_step", "round_step_times_s"}
 
 
 def record_case(benchmark, record: dict) -> None:
@@ -333,7 +415,10 @@ def _read_saved(path: Path) -> SavedRun:
         if not isinstance(bench, dict) or not isinstance(bench.get("stats"), dict):
             return SavedRun(path, None, f"{path}: {_name_of(bench) or f'benchmark {index}'}: no 'stats'; expected a "
                                         "pytest-benchmark JSON run")
-    return SavedRun(path, run)
+    saved = SavedRun(path, run)
+    # a run whose marks or device cannot be read is as unreadable as a truncated one: never passed over, never used
+    problem = saved.marks_problem or saved.device_problem
+    return SavedRun(path, None, f"{path}: {problem}") if problem else saved
 
 
 class NoBaselineError(Exception):
@@ -388,6 +473,19 @@ def _named_run(run: SavedRun) -> Baseline | None:
         return None
     _check_records(run)
     return Baseline(run.path, "named by --benchmark-compare")
+
+
+def unusable_as_baseline(run: SavedRun) -> str | None:
+    """Why ``run`` can never be a baseline, one line naming its file (``SavedRun.check``: unreadable marks, device
+    or records, a benchmark twice; interrupted; ``_refused``: a planted fault, every case failed), or None. For a run
+    trainbench did not choose."""
+    try:
+        run.check()
+    except RunFileError as e:
+        return str(e)
+    if not run.complete:
+        return _interrupted(run.path)
+    return _refused(run)
 
 
 def _interrupted(path: Path, what: str = "an interrupted run") -> str:
@@ -452,13 +550,11 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
 
 
 def _check_records(run: SavedRun) -> None:
-    """Every trainbench record of the chosen run reads as the gate will read it: a wrong-typed one found at the
+    """The chosen run reads whole as the gate will read it (``SavedRun.check``): a wrong-typed record found at the
     end would have cost the whole run."""
-    from trainbench.core.result import RecordError
-
     try:
-        run.cases()
-    except RecordError as e:
+        run.check()
+    except RunFileError as e:
         raise UnusableBaselineError(str(e)) from None
 
 
