@@ -58,15 +58,18 @@ def _edited(path, name: str, edit) -> object:
     return path.with_name(name)
 
 
-class _DiskFullMidWrite:
-    """Stands in for the ``os`` module of trainbench.core.files: each file it opens takes half of the first write, then
-    the disk is full."""
+class _MidWrite:
+    """Stands in for the ``os`` module of trainbench.core.files: each file it opens takes half of a write, then
+    ``midway()`` happens (a full disk, a signal), then, if it returned, the rest."""
 
     def __getattr__(self, name):
         return getattr(os, name)
 
+    def midway(self) -> None:
+        raise NotImplementedError
+
     def fdopen(self, fd, mode):
-        real = os.fdopen(fd, mode)
+        real, midway = os.fdopen(fd, mode), self.midway
 
         class HalfWriter:
             def __enter__(self):
@@ -78,9 +81,18 @@ class _DiskFullMidWrite:
             def write(self, data):
                 real.write(data[: len(data) // 2])
                 real.flush()
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                midway()
+                real.write(data[len(data) // 2:])
+
+            def __getattr__(self, name):
+                return getattr(real, name)
 
         return HalfWriter()
+
+
+class _DiskFullMidWrite(_MidWrite):
+    def midway(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _unserializable(*args, **kwargs):
@@ -114,34 +126,15 @@ def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_int
     result.stdout.fnmatch_lines(["compared with *0001_base.json: the newest complete run of this * saved in *"])
 
 
-class _SigtermMidWrite(_DiskFullMidWrite):
-    """Stands in for the ``os`` module of trainbench.core.files: each file it opens gets half of the first write,
-    then SIGTERM arrives (``times`` of them), then the rest."""
+class _SigtermMidWrite(_MidWrite):
+    """Half of a write, then ``times`` SIGTERMs arrive, then the rest."""
 
     def __init__(self, times: int):
         self.times = times
 
-    def fdopen(self, fd, mode):
-        real, times = os.fdopen(fd, mode), self.times
-
-        class SignalledWriter:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                real.close()
-
-            def write(self, data):
-                real.write(data[: len(data) // 2])
-                real.flush()
-                for _ in range(times):
-                    os.kill(os.getpid(), signal.SIGTERM)
-                real.write(data[len(data) // 2:])
-
-            def __getattr__(self, name):
-                return getattr(real, name)
-
-        return SignalledWriter()
+    def midway(self) -> None:
+        for _ in range(self.times):
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def test_a_sigterm_during_the_save_waits_for_the_whole_run_and_the_summary(pytester, saved, quick_options,
