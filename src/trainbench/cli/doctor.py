@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     for line in format_checks(checks):
         print(line)
+    record = doctor_record(checks)
     if args.json:
-        write_json_atomic(Path(args.json), doctor_record(checks)["checks"])
-    return 1 if doctor_record(checks)["blockers"] else 0
+        write_json_atomic(Path(args.json), record["checks"])
+    return 1 if record["blockers"] else 0

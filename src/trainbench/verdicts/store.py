@@ -462,16 +462,12 @@ def _matching(compare) -> str:
 
 
 def _named_run(run: SavedRun) -> Baseline | None:
-    """A run named by its path: used as it is, or refused; never replaced by another."""
-    if run.problem:
-        raise UnusableBaselineError(run.problem)
-    if not run.complete:
-        raise UnusableBaselineError(_interrupted(run.path))
-    if _refused(run):
-        raise UnusableBaselineError(_refused(run))
+    """A run named by its path: used as it is, or refused (``unusable_as_baseline``); never replaced by another."""
+    problem = unusable_as_baseline(run)
+    if problem:
+        raise UnusableBaselineError(problem)
     if run.comparable is None:
         return None
-    _check_records(run)
     return Baseline(run.path, "named by --benchmark-compare")
 
 
