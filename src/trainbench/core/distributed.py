@@ -48,7 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainbench.core.measure import Measurer, MeasureSettings
+from trainbench.core.costs import case_ledger, spent
+from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.result import RELAUNCH_NOTE, Result
 from trainbench.core.spec import SpecError, TrainingSpec
@@ -153,7 +154,6 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     import torch.distributed as dist
 
     from trainbench.core.guards import loss_trajectory
-    from trainbench.core.measure import run_rounds
     from trainbench.core.training import TrainingSetup
     from trainbench.devices.device import get_backend
 
@@ -178,17 +178,12 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     spec = load_spec(job["spec"], profile)
     settings = MeasureSettings(**job["settings"])
     ranks: dict = {}
-    with watch(settings.no_progress_s), TrainingSetup(config, spec, backend) as training:
-        if distributed:
-            # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
-            # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
-            training.forward_backward(training.fetch(training.batches()))
-            grads = full_gradients(training.model)
-            ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)
-            if job["want_grads"] and rank == 0:
-                np.savez(out / "grads.npz", **{n: g.cpu().numpy() for n, g in grads.items()})
-        m = Measurer(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
-        result = m.run(barrier_rounds(dist.barrier) if distributed else run_rounds)
+    with case_ledger() as ledger, watch(settings.no_progress_s):
+        with spent("setup"):
+            training = TrainingSetup(config, spec, backend)
+        with training:
+            result = _measure_rank(job, out, rank, training, distributed, settings, profile, ranks)
+    result = result.replace(phase_seconds=dict(ledger.seconds))  # what the parent adds to the case's costs
     if job["want_losses"]:  # the loss guard's trajectory, under this process's state too
         (out / "losses.json").write_text(json.dumps(loss_trajectory(config, spec, backend)))
     if distributed:
@@ -209,6 +204,22 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
         os.replace(tmp, out / "result.json")
     if distributed:
         dist.destroy_process_group()
+
+
+def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, settings, profile, ranks: dict):
+    """The rank's measurement on its built setup (DDP ranks record their first-step gradients first)."""
+    import torch.distributed as dist
+
+    if distributed:
+        # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
+        # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
+        training.forward_backward(training.fetch(training.batches()))
+        grads = full_gradients(training.model)
+        ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)
+        if job["want_grads"] and rank == 0:
+            np.savez(out / "grads.npz", **{n: g.cpu().numpy() for n, g in grads.items()})
+    m = Measurer(training, job["case"], job["recipe"], settings, job["extra_warmup_steps"], profile.name)
+    return m.run(barrier_rounds(dist.barrier) if distributed else run_rounds)
 
 
 def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,

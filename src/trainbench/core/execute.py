@@ -10,13 +10,13 @@ keeps by setup key (``CasePlan.setup_key``), stored again whenever the case's re
 
 from __future__ import annotations
 
-import time
 import traceback
 from dataclasses import replace
 
 import torch.utils.checkpoint
 
 from trainbench.core import guards  # by module: tests replace its functions to see what the guard computes
+from trainbench.core.costs import in_child_process, spent
 from trainbench.core.distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from trainbench.core.eligibility import Context, why_not
 from trainbench.core.measure import Measurer, MeasureSettings, interleave_rounds, run_rounds
@@ -155,10 +155,9 @@ class Executor:
             _add_hint(plan, e)
             raise
         if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
-            started = time.perf_counter()
-            predicted = self._predicted_memory(plan, outcome.result)
-            outcome = self._revised(plan, outcome, predicted_memory=predicted,
-                                    phase_seconds={**outcome.result.phase_seconds, "predict": time.perf_counter() - started})
+            with spent("predict"):
+                predicted = self._predicted_memory(plan, outcome.result)
+            outcome = self._revised(plan, outcome, predicted_memory=predicted)
         return self._revised(plan, outcome, notes=[*outcome.result.notes, *plan.notes])
 
     def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
@@ -175,7 +174,7 @@ class Executor:
         if reason:
             return replace(outcome, trace={"skipped": reason})
         try:
-            with watch(self.settings.no_progress_s):
+            with watch(self.settings.no_progress_s), spent("trace"):
                 files = record_trace(plan.config, plan.spec, self.backend, self.trace_request.folder, outcome.case)
         except NoProgress as e:
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
@@ -224,7 +223,8 @@ class Executor:
                                          want_grads=recipe.grad_rtol is not None)
             baseline = outcome.baseline
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
-                baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name))
+                baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name),
+                                               baseline=True)
                 kept[self._key(plan, base)] = "baseline"
                 result = result.with_note(f"baseline {base.name} measured right after, not interleaved "
                                           f"({plan.why_measuring})")
@@ -243,17 +243,20 @@ class Executor:
         """
         recipe, base, spec, settings = plan.recipe, plan.baseline, plan.spec, self.settings
         earlier = self.results.get(self._key(plan, base))
-        tb = TrainingSetup(plan.baseline_config, spec, self.backend)
+        with spent("setup", baseline=True):
+            tb = TrainingSetup(plan.baseline_config, spec, self.backend)
         try:
             mb = Measurer(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
-                          self.profile.name)
+                          self.profile.name, baseline=True)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             tb.check_loss("the end of warm-up")
             if earlier is not None:
                 mb.reuse_passes(earlier)
             else:
                 mb.measure_after_timing()
-            with TrainingSetup(plan.config, spec, self.backend, self.fault) as tc:
+            with spent("setup"):
+                tc = TrainingSetup(plan.config, spec, self.backend, self.fault)
+            with tc:
                 mc = Measurer(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
                 interleave_rounds(mc, mb)
                 for training in (tc, tb):
@@ -275,31 +278,40 @@ class Executor:
         says why)."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         want_losses = base is not None and recipe.loss_rtol is not None
-        result, losses = measure_in_fresh_process(
-            plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
-            recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
+        with in_child_process() as child:
+            result, losses = measure_in_fresh_process(
+                plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
+                recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
+            child.phase_seconds = result.phase_seconds
         outcome = replace(outcome, result=result.with_note(f"why a fresh process: {plan.why_measuring}"))
         if base is not None:
-            baseline, base_losses = measure_in_fresh_process(
-                plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
-                base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
-                want_losses=want_losses)
+            with in_child_process(baseline=True) as child:
+                baseline, base_losses = measure_in_fresh_process(
+                    plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
+                    base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
+                    want_losses=want_losses)
+                child.phase_seconds = baseline.phase_seconds
             outcome = replace(outcome, baseline=baseline,
                               fresh_losses=(losses, base_losses) if want_losses else outcome.fresh_losses)
         return outcome
 
     def _measure_setup(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
-                       fault: InjectedFault | None = None, want_grads: bool = False) -> Result:
+                       fault: InjectedFault | None = None, want_grads: bool = False, baseline: bool = False) -> Result:
         """One setup alone: in this process, or in its rank processes."""
         if config.rank_processes:
-            result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
-                                        recipe.extra_warmup_steps, want_grads=want_grads)
+            with in_child_process(baseline) as child:
+                result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
+                                            recipe.extra_warmup_steps, want_grads=want_grads)
+                child.phase_seconds = result.phase_seconds
             if grads is not None:
                 self._ddp_grads = grads
             return result
         self.backend.release_cache()  # the setup measured before this one (a baseline after its case) is gone
-        with TrainingSetup(config, spec, self.backend, fault) as training:
-            m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name)
+        with spent("setup", baseline):
+            training = TrainingSetup(config, spec, self.backend, fault)
+        with training:
+            m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name,
+                         baseline=baseline)
             return m.run(_rounds_checking_loss(training))
 
     @staticmethod
@@ -323,11 +335,9 @@ class Executor:
     def _guard(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """``outcome`` with its guard verdicts: the case must train what its baseline trains, within the recipe's
         tolerance (trainbench.core.guards)."""
-        started = time.perf_counter()
-        with phase("the correctness guard"):
+        with phase("the correctness guard"), spent("guard"):
             verdicts = tuple(self._guard_checks(plan, outcome))
-        outcome = self._revised(plan, replace(outcome, guard_checks=verdicts),
-                                phase_seconds={**outcome.result.phase_seconds, "guard": time.perf_counter() - started})
+        outcome = self._revised(plan, replace(outcome, guard_checks=verdicts))
         return outcome.failing(*(f"{outcome.case}: correctness guard ({v.kind}): {v.message}"
                                  for v in verdicts if not v.ok))
 

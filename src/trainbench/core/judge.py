@@ -109,9 +109,7 @@ class Judge:
         added to the earlier ones. The guard verdicts and the GPU prediction do not depend on timing and are kept."""
         first, first_baseline = outcome.result, outcome.baseline
         again = measure_again(outcome)
-        kept = {k: v for k, v in first.phase_seconds.items() if k in ("guard", "predict")}
-        result = _with_rounds_of(first, again.result).replace(
-            predicted_memory=first.predicted_memory, phase_seconds={**again.result.phase_seconds, **kept})
+        result = _with_rounds_of(first, again.result).replace(predicted_memory=first.predicted_memory)
         baseline = again.baseline
         if first_baseline is not None and baseline is not first_baseline:  # measured again with the case
             baseline = _with_rounds_of(first_baseline, baseline)

@@ -21,7 +21,6 @@ import contextlib
 import functools
 import gc
 import os
-import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from trainbench.devices.device import Backend, no_peak_reason
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+from trainbench.core.costs import spent
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import Result
 from trainbench.core.training import TrainingSetup
@@ -336,8 +336,9 @@ class Measurer:
     """
 
     def __init__(self, training: TrainingSetup, case: str, recipe_name: str, settings: MeasureSettings,
-                 extra_warmup_steps: int = 0, profile_name: str = ""):
+                 extra_warmup_steps: int = 0, profile_name: str = "", baseline: bool = False):
         self.training = training
+        self.baseline = baseline  # the case's baseline: its phases are the baseline's share of the case's cost
         self.backend: Backend = training.backend
         self.settings = settings
         self.extra_warmup_steps = extra_warmup_steps
@@ -376,7 +377,7 @@ class Measurer:
 
     def warm_up(self, settle: bool = True) -> None:
         """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
-        with phase(f"{self.result.recipe}'s warm-up"):
+        with phase(f"{self.result.recipe}'s warm-up"), spent("warm-up", self.baseline):
             self._warm_up(settle)
 
     def _warm_up(self, settle: bool) -> None:
@@ -431,7 +432,7 @@ class Measurer:
             cpu_marks.append(self.backend.cpu_clock())
             return now
 
-        with phase(f"{self.result.recipe}'s timed rounds"):
+        with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
             times = runner(step, s.rounds, s.steps_per_round, timer)
         self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds,
                   round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round),
@@ -459,10 +460,11 @@ class Measurer:
         untimed steps: a process that sat idle while another ran starts cold (its caches evicted, its
         OpenMP threads asleep), which would slow the first steps of its round."""
         s, timer = self.settings, self.backend.timer
-        for _ in range(rewarm_steps):
-            self.timed_step()
+        with spent("warm-up", self.baseline):
+            for _ in range(rewarm_steps):
+                self.timed_step()
         before = self._wait_s
-        with phase(f"{self.result.recipe}'s timed rounds"):
+        with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
             start, cpu_start = timer(), self.backend.cpu_clock()
             for _ in range(s.steps_per_round):
                 self.timed_step()
@@ -492,10 +494,8 @@ class Measurer:
             self._note("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are invisible "
                        "to dispatch modes); allocator peaks are the first GPU's")
         for name, run in passes:
-            started = time.perf_counter()
-            with phase(f"{self.result.recipe}'s {name} pass"):
+            with phase(f"{self.result.recipe}'s {name} pass"), spent(name, self.baseline):
                 run()
-            self._set(phase_seconds={**self.result.phase_seconds, name: time.perf_counter() - started})
 
     # -- 3. memory ----------------------------------------------------------------
     def measure_peaks(self) -> None:
@@ -695,8 +695,9 @@ class Measurer:
 
     def rewarm(self) -> None:
         """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
-        for _ in range(self.settings.min_warmup_steps):
-            self.timed_step()
+        with spent("warm-up", self.baseline):
+            for _ in range(self.settings.min_warmup_steps):
+                self.timed_step()
 
     # The fields the memory and work passes fill: exact functions of code and shapes (allocator
     # peaks nearly so), the same whenever the same setup is measured in one process.

@@ -70,7 +70,8 @@ class Result:
     notes: list[str] = field(default_factory=list)
     # Other processes' CPU use and the load average while the case was measured (trainbench.devices.host.LoadMeter).
     machine_load: dict | None = None
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of the method's untimed passes
+    # Where the case's wall time went, by phase (trainbench.core.costs.PHASES; "baseline <phase>": its baseline's share)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     # DDP: world size, launcher, each rank's rounds and memory, the gradients' spread between ranks, the ideal speed-up
     ranks: dict | None = None
 
@@ -333,6 +334,8 @@ _FIELDS = (
     ("ladder", lambda v: isinstance(v, dict), "a dict"),
     ("ranks", lambda v: isinstance(v, dict), "a dict"),
     ("notes", lambda v: isinstance(v, list), "a list of notes"),
+    ("phase_seconds", lambda v: isinstance(v, dict) and all(_finite(x) and x >= 0 for x in v.values()),
+     "a dict of seconds >= 0 by phase"),
     ("budget", lambda v: isinstance(v, dict) and (v.get("checks") is None or _rows_of(v.get("checks"))),
      "a dict whose checks are a list of dicts"),
     ("guard", lambda v: isinstance(v, dict) and (v.get("checks") is None or _rows_of(v.get("checks"))),
@@ -439,6 +442,11 @@ class CaseRecord:
     def relaunches(self) -> list[str]:
         """Notes of a job run again from the start after a crash below Python."""
         return [note for note in self.raw.get("notes") or [] if str(note).startswith(RELAUNCH_NOTE)]
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """Where the case's wall time went (``trainbench.core.costs``); {} where not recorded."""
+        return self.raw.get("phase_seconds") or {}
 
     @property
     def machine_load(self) -> dict | None:

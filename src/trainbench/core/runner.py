@@ -17,9 +17,11 @@ and returns a ``CaseOutcome`` whose ``record()`` is the one serialized form of t
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from trainbench.core.budgets import Budgets
 from trainbench.core.cases import Case
+from trainbench.core.costs import case_ledger
 from trainbench.core.eligibility import why_not
 from trainbench.core.execute import Executor
 from trainbench.core.judge import InconclusiveComparisons, Judge
@@ -72,11 +74,20 @@ class Runner:
         a gate's timed comparisons that cannot be judged yet (the case is measured again while there are any).
         An override that contradicts the recipe raises ``recipes.ConfigError``.
         """
-        plan = self.planner.plan(recipe, spec, baseline=baseline, budgets=budgets, case=case, overrides=overrides,
-                                 ladder=ladder, gpu_recipe=gpu_recipe, measured=self.results.__contains__)
-        outcome = plan.outcome()
-        if plan.skipped:
-            return outcome
+        with case_ledger() as ledger:
+            plan = self.planner.plan(recipe, spec, baseline=baseline, budgets=budgets, case=case, overrides=overrides,
+                                     ladder=ladder, gpu_recipe=gpu_recipe, measured=self.results.__contains__)
+            outcome = plan.outcome()
+            if plan.skipped:
+                return outcome
+            outcome = self._executed(plan, outcome, inconclusive_comparisons)
+            if outcome.result is None:
+                return outcome
+            # where the case's wall time went (trainbench.core.costs), its baseline's share included
+            return replace(outcome, result=outcome.result.replace(phase_seconds=ledger.closed()))
+
+    def _executed(self, plan: CasePlan, outcome: CaseOutcome,
+                  inconclusive_comparisons: InconclusiveComparisons | None) -> CaseOutcome:
         outcome = self.executor.execute(plan, outcome)
         if outcome.skipped or outcome.error:
             return outcome

@@ -52,6 +52,10 @@ def add_options(parser) -> None:
                     help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
                          "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
                          "cannot say where")
+    group.addoption("--trainbench-costs", action="store_true",
+                    help="after the summary, each case's wall seconds by phase (setup, warm-up, timed rounds, the "
+                         "memory and work passes, guard, prediction; its baseline's share included) and how much of "
+                         "the session the timed rounds were")
     group.addoption("--trainbench-simulate-gpu", default=None, metavar="NAME_OR_SPEC",
                     help="plan every case for a simulated GPU instead of measuring here: a fleet GPU's name or key "
                          "(\"NVIDIA L40S\", 2xh100-sxm) or an explicit spec (name=...,memory_gib=...,capability=8.9,"
@@ -168,6 +172,7 @@ class Options:
     pair_baselines: bool = False  # every case timed interleaved with its baseline, budget or not
     simulate_gpu: object = None  # trainbench.devices.fleet.Gpu from --trainbench-simulate-gpu: cases planned for it, not run
     ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
+    costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -183,6 +188,7 @@ class Options:
             predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY",
                                                                                       default=True),
             ignore_doctor=_switch("TRAINBENCH_IGNORE_DOCTOR"),
+            costs=config.getoption("--trainbench-costs"),
             require_budgets=config.getoption("--trainbench-require-budgets"),
             strict_timing=config.getoption("--trainbench-strict-timing"),
             settings_overrides=_settings_overrides(config),

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,7 @@ class TrainbenchSession:
     saved: Path | None = None  # the run --benchmark-save wrote (or tried to: ``save_problem`` says why not)
     save_problem: str | None = None
     late_sigterms: int = 0  # SIGTERMs after the last case: the first waits for the save and the summary
+    started_s: float = field(default_factory=time.monotonic)  # the session's start (its wall time for --trainbench-costs)
     _finishing: bool = False  # the last case has ended: nothing is left to measure
     _backend: object = None
     _runner: object = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def write_summary(terminalreporter, state) -> None:
@@ -43,6 +44,12 @@ def write_summary(terminalreporter, state) -> None:
             ", ".join(trace["files"]) if "files" in trace else
             f"not written: {trace['error']}" if "error" in trace else f"not taken: {trace['skipped']}"),
             yellow="error" in trace)
+    if state.options.costs:
+        from trainbench.verdicts.present import costs_lines
+
+        terminalreporter.write_sep("-", "trainbench costs: each case's wall seconds by phase (docs/method.md)")
+        for line in costs_lines(records, time.monotonic() - state.started_s):
+            terminalreporter.write_line(line)
     if state.comparison is not None and not state.comparison.nothing_compared:
         _write_comparison(terminalreporter, state)
 

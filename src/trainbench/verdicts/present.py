@@ -315,3 +315,36 @@ def _predicted_cell(record: CaseRecord) -> str:
         return NOT_PREDICTED
     return number(record.metrics.get("predicted_gpu_peak_mib"), ".0f") + ("" if record.prediction_matches is not False
                                                                           else "!")
+
+
+def costs_lines(records: list[CaseRecord], session_s: float | None = None) -> list[str]:
+    """``--trainbench-costs``: each case's wall seconds by phase (``trainbench.core.costs.PHASES``, its baseline's share
+    added in), a row of their sums, and how much of it the timed rounds were: what the summary's figures cost."""
+    from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
+
+    costed = [r for r in records if r.phase_seconds]
+    if not costed:
+        return ["costs: no case recorded its phases"]
+    phases = [name for name in [*PHASES, OTHER] if any(by_phase(r.phase_seconds)[name] >= 0.005 for r in costed)]
+    columns = (Column("case", left=True), Column("total s"), Column("rounds"), *(Column(name) for name in phases))
+    sums = dict.fromkeys([TOTAL, *phases], 0.0)
+    rows = []
+    for record in costed:
+        seconds = {**by_phase(record.phase_seconds), TOTAL: record.phase_seconds.get(TOTAL, 0.0)}
+        for name in sums:
+            sums[name] += seconds[name]
+        rows.append((record.case, *_cost_cells(seconds, timed_rounds_s(record.phase_seconds), phases)))
+    rounds = sum(timed_rounds_s(r.phase_seconds) for r in costed)
+    rows.append(("all cases", *_cost_cells(sums, rounds, phases)))
+    top = sorted(((sums[name], name) for name in phases if name != "rounds"), reverse=True)[:3]
+    wall = session_s if session_s else sums[TOTAL]
+    lines = Table(columns, tuple(rows)).terminal()
+    lines.append(f"timed rounds: {rounds:.1f} s of {wall:.1f} s " + ("of the session" if session_s else "of the cases")
+                 + f" ({rounds / wall:.0%}); the most beside them: "
+                 + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in top))
+    return lines
+
+
+def _cost_cells(seconds: dict[str, float], rounds_s: float, phases: list[str]) -> tuple[str, ...]:
+    total = seconds["total"]
+    return (f"{total:.1f}", f"{rounds_s / total:.0%}" if total else "-", *(f"{seconds[name]:.1f}" for name in phases))

@@ -1,0 +1,75 @@
+"""Where a case's wall time goes: the ledger's arithmetic on a virtual clock, a case's phases, the summary's table."""
+
+import pytest
+
+from trainbench.core import costs
+from trainbench.core.costs import BASELINE, OTHER, PHASES, TOTAL, by_phase, case_ledger, in_child_process, spent
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_nested_phases_count_once_in_the_innermost_and_the_rest_is_other():
+    clock = Clock()
+    with case_ledger(clock) as ledger:
+        clock.now += 1  # planning: no phase
+        with spent("setup"):
+            clock.now += 2
+            with spent("warm-up"):
+                clock.now += 3
+        with spent("rounds", baseline=True):
+            clock.now += 4
+        with spent("rounds"):
+            clock.now += 5
+    closed = ledger.closed()
+    assert closed == {"setup": 2, "warm-up": 3, BASELINE + "rounds": 4, "rounds": 5, OTHER: 1, TOTAL: 15}
+    assert costs.timed_rounds_s(closed) == 9 and by_phase(closed)["rounds"] == 9
+    assert list(by_phase(closed)) == [*PHASES, OTHER]
+
+
+def test_a_child_process_s_phases_are_its_own_and_its_start_is_setup():
+    clock = Clock()
+    with case_ledger(clock) as ledger:
+        with in_child_process(baseline=True) as child:
+            clock.now += 10  # the whole wait for the child
+            child.phase_seconds = {"warm-up": 3, "rounds": 4, "setup": 1}
+    assert ledger.closed() == {BASELINE + "setup": 3, BASELINE + "warm-up": 3, BASELINE + "rounds": 4, OTHER: 0,
+                               TOTAL: 10}
+
+
+def test_no_ledger_no_cost_and_an_unknown_phase_is_a_bug():
+    with spent("rounds"):  # asv, a rank process: nothing records
+        pass
+    with pytest.raises(AssertionError):
+        with spent("lunch"):
+            pass
+
+
+def test_a_case_records_its_phases_and_its_baseline_s_share(cpu, profile, quick):
+    from trainbench.core.predict import PredictionCache
+    from trainbench.core.runner import Runner
+
+    runner = Runner(cpu, profile, quick, predictions=PredictionCache(cpu), pair_baselines=True)
+    outcome = runner.run("set_to_none", "mlp")
+    seconds = outcome.result.phase_seconds
+    assert {"setup", "warm-up", "rounds", "peaks", "calls", "memory", "work", "guard", TOTAL} <= set(seconds)
+    assert {BASELINE + "setup", BASELINE + "rounds"} <= set(seconds)  # paired: the baseline's share is the case's
+    assert abs(sum(v for k, v in seconds.items() if k != TOTAL) - seconds[TOTAL]) < 1e-6
+
+
+def test_the_costs_option_prints_each_case_s_phases_and_the_rounds_share(pytester, quick_options):
+    pytester.makepyfile(test_costs_here="""
+        def test_one(train_bench):
+            train_bench("set_to_none", "mlp")
+    """)
+    result = pytester.runpytest(*quick_options, "--trainbench-costs")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    costs_part = out.split("trainbench costs", 1)[1]
+    assert "mlp-set_to_none" in costs_part and "all cases" in costs_part
+    assert "timed rounds:" in costs_part and "of the session" in costs_part
