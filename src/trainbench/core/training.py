@@ -130,6 +130,13 @@ CANCELLING_NORMS = ("BatchNorm or InstanceNorm normalizing with the input's own 
                     "with one channel per group")
 
 
+def batch_statistics_norms(model: torch.nn.Module) -> list[str]:
+    """The BatchNorms of ``model`` that normalize with the statistics of the batch they see (in training, or without
+    running statistics), by name: their output depends on which samples share a batch."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)]
+
+
 def cancels_channel_bias(norm: torch.nn.Module, channels: int, training: bool) -> bool:
     """Whether ``norm``, reading ``channels`` channels, cancels any constant added to each channel (a convolution's bias).
 
@@ -453,8 +460,13 @@ class TrainingSetup:
 
     notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
 
-    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None):
+    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None,
+                 micro_batches_are_shards: bool = False):
+        """``micro_batches_are_shards``: the accumulated micro-batches stand for the shards of data-parallel ranks (the
+        one-process reference of a DDP case), which each normalize their own samples as the micro-batches do; any
+        other accumulation over a BatchNorm that uses batch statistics trains differently and is ``NotApplicable``."""
         self.config = config = config.validate()
+        self.micro_batches_are_shards = micro_batches_are_shards
         reason = spec_unmet(spec, config)
         if reason:
             raise NotApplicable(reason)
@@ -547,6 +559,12 @@ class TrainingSetup:
         if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
             raise NotApplicable("the model has no module with a `pointwise` function to fuse")
         model.train(config.eval_mode is None)
+        if config.accumulation_steps > 1 and not self.micro_batches_are_shards:
+            norms = batch_statistics_norms(model)
+            if norms:
+                raise NotApplicable(f"the model's BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}) "
+                                    "normalizes each micro-batch by its own statistics: accumulated micro-batches do "
+                                    "not train as the whole batch does")
         return model
 
     def _parallel(self, model: torch.nn.Module, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
