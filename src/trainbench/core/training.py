@@ -412,7 +412,8 @@ class StepContext:
     - ``ctx.generator``: a generator on the device, seeded as the setup is, for the step's own random numbers
       (noise): a recipe and its baseline draw the same, whatever else draws from the global generator.
 
-    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``.
+    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``; with one optimizer, no name is
+    needed: ``ctx.zero_grad()``, ``ctx.step()``.
     """
 
     def __init__(self, training: TrainingSetup):
@@ -423,15 +424,18 @@ class StepContext:
         self._names = {id(optimizer): name for name, optimizer in self.optimizers.items()}
 
     def optimizer(self, name: str | int | None = None) -> torch.optim.Optimizer:
-        if name is None and len(self.optimizers) == 1:
-            return next(iter(self.optimizers.values()))
+        if name is None:
+            if len(self.optimizers) == 1:
+                return next(iter(self.optimizers.values()))
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step named no optimizer and it has "
+                            f"{len(self.optimizers)}, {sorted(self.optimizers)}: name one (ctx.step(\"name\"))")
         try:
             return self.optimizers[str(name)]
         except KeyError:
             raise SpecError(f"training spec {self._training.spec.name!r}: the step asked for optimizer {name!r}; "
                             f"its optimizers are {sorted(self.optimizers)}") from None
 
-    def _resolve(self, optimizer: torch.optim.Optimizer | str | int) -> tuple[str, torch.optim.Optimizer]:
+    def _resolve(self, optimizer: torch.optim.Optimizer | str | int | None) -> tuple[str, torch.optim.Optimizer]:
         if not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = self.optimizer(optimizer)
         name = self._names.get(id(optimizer))
@@ -447,10 +451,10 @@ class StepContext:
         scaler = self._training.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         self._training.zero_grad(self._resolve(optimizer)[1])
 
-    def step(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+    def step(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         name, optimizer = self._resolve(optimizer)
         self._training.step_optimizer(optimizer, name)
 
