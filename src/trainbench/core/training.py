@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
 from trainbench.core.recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
-from trainbench.core.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
+from trainbench.core.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
 from trainbench.core.watchdog import beat
 from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
 
@@ -81,6 +81,10 @@ class SyntheticBatches:
             # so the rest of the global batch is freed at once).
             step = self.batch_size * self.micro_batches
             whole = self.make(step * self.world_size, self.generator)
+            reason = unsplittable(whole, step * self.world_size)
+            if reason:
+                raise NotApplicable(f"a step's batch is split into {self.micro_batches * self.world_size} micro-batches "
+                                    f"or ranks' shares, and the spec's batches hold {reason}")
             start = self.rank * step
             self._pending = [map_tensors(lambda t, i=i: t[start + i * self.batch_size:
                                                           start + (i + 1) * self.batch_size].clone(), whole)
