@@ -135,9 +135,9 @@ def test_optimizers_may_be_one_a_list_or_a_dict(config, cpu):
     def single_step(model, batch, ctx):
         with ctx.autocast():
             loss = bce(model.D(batch), 1.0)
-        ctx.zero_grad(ctx.optimizer())
+        ctx.zero_grad()  # no name: the only one
         ctx.backward(loss)
-        ctx.step("0")
+        ctx.step()
         return loss
 
     for optimizers in (lambda m: torch.optim.SGD(m.D.parameters(), lr=0.1),
@@ -159,6 +159,12 @@ def test_a_step_that_asks_for_an_unknown_optimizer_or_returns_no_loss_says_so(co
     with TrainingSetup(config(), gan_spec(asks_for_c), cpu) as training, pytest.raises(SpecError) as error:
         training.step(training.fetch(training.batches()))
     assert "the step asked for optimizer 'C'; its optimizers are ['D', 'G']" in str(error.value)
+    for unnamed in (lambda ctx: ctx.step(), lambda ctx: ctx.zero_grad(), lambda ctx: ctx.optimizer()):
+        with TrainingSetup(config(), gan_spec(lambda m, b, ctx, call=unnamed: call(ctx)), cpu) as training:
+            with pytest.raises(SpecError) as error:
+                training.step(training.fetch(training.batches()))
+        assert str(error.value) == ("training spec 'gan': the step named no optimizer and it has 2, ['D', 'G']: name one "
+                                    '(ctx.step("name"))')
 
     with TrainingSetup(config(), gan_spec(lambda m, b, ctx: None), cpu) as training, pytest.raises(SpecError) as error:
         training.step(training.fetch(training.batches()))

@@ -291,7 +291,7 @@ def test_batchnorm_ranks_pass_the_guard_against_one_process_that_splits_the_batc
     _, grads = measure_ddp(config, BATCHNORM_MLP, cpu, profile, quick, "batchnorm_mlp-ddp_gloo", recipe.name,
                            want_grads=True)
     one_process = get_recipe("one_process").config(profile, synthetic="device")
-    per_rank = first_step_gradients(one_process.one_process_equivalent(2), BATCHNORM_MLP, cpu)
+    per_rank = first_step_gradients(one_process.one_process_equivalent(2), BATCHNORM_MLP, cpu, micro_batches_are_shards=True)
     verdict = compare_gradients(grads, per_rank, recipe.grad_rtol)
     assert verdict.ok, verdict.message
     # The fault the reference avoids: one pass over the global batch normalizes over both ranks' samples.

@@ -21,6 +21,8 @@ BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
     ("gan", 6 if BF16 else 5, 1 if BF16 else 2, None),  # grad_accumulation: a custom step's updates cannot be accumulated
     ("hf_causal_lm", 5 if BF16 else 4, 0 if BF16 else 1, "transformers"),
     ("timm_classifier", 4, 0, "timm"),
+    ("packed_rnn", 3, 0, None),
+    ("detection", 3, 0, None),
 ])
 def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options):
     if library:
@@ -35,7 +37,7 @@ def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, 
 
 
 @pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan", "hf_causal_lm",
-                                     "timm_classifier"])
+                                     "timm_classifier", "packed_rnn", "detection"])
 def test_example_is_short_and_uses_the_public_api_only(example):
     [test_file] = (EXAMPLES / example).glob("test_*.py")
     source = test_file.read_text()

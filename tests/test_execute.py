@@ -296,9 +296,9 @@ def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_on
     built = []
     real = TrainingSetup.__init__
 
-    def counted(self, config, spec, backend, fault=None):
+    def counted(self, config, spec, backend, fault=None, **kwargs):
         built.append(config)
-        real(self, config, spec, backend, fault)
+        real(self, config, spec, backend, fault, **kwargs)
 
     monkeypatch.setattr(TrainingSetup, "__init__", counted)
     budgets = Budgets.from_text('[cpu."mlp-grad_accumulation"]\nmin_speedup = 0.01\n', source="<test>")

@@ -376,12 +376,14 @@ class Executor:
             if key not in self._trajectories:
                 wants.setdefault(base_config, set()).add("losses")
             wants.setdefault(config, set()).add("losses")
+        shards_reference = None
         if recipe.grad_rtol is not None:
+            shards_reference = base_config.one_process_equivalent(config.shards) if config.shards > 1 else None
             wants.setdefault(base_config.one_process_equivalent(config.shards), set()).add("gradients")
             if not config.rank_processes:
                 wants.setdefault(config, set()).add("gradients")
-        return {c: guards.seeded_run(c, plan.spec, self.backend, losses="losses" in want,
-                                     gradients="gradients" in want) for c, want in wants.items()}
+        return {c: guards.seeded_run(c, plan.spec, self.backend, losses="losses" in want, gradients="gradients" in want,
+                                     micro_batches_are_shards=c == shards_reference) for c, want in wants.items()}
 
     def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
         """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:

@@ -53,9 +53,11 @@ class GuardCheck:
     baseline_losses: list[float] | None = None
 
 
-def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = GUARD_STEPS) -> list[float]:
-    """Losses of the first ``steps`` steps from seeded weights on seeded batches."""
-    with TrainingSetup(config, spec, backend) as training:
+def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = GUARD_STEPS,
+                    micro_batches_are_shards: bool = False) -> list[float]:
+    """Losses of the first ``steps`` steps from seeded weights on seeded batches (``micro_batches_are_shards``: as
+    ``TrainingSetup`` takes it)."""
+    with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards) as training:
         batches = training.batches()
         losses = [training.step(training.fetch(batches)) for _ in range(steps)]
         return [float(loss) for loss in losses]  # syncs once per step, after the steps ran
@@ -70,16 +72,17 @@ class SeededRun:
 
 
 def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses: bool = True, gradients: bool = False,
-               steps: int = GUARD_STEPS) -> SeededRun:
+               steps: int = GUARD_STEPS, micro_batches_are_shards: bool = False) -> SeededRun:
     """The losses of the first ``steps`` steps and the first step's gradients, as ``loss_trajectory`` and
     ``first_step_gradients`` give them, from one setup where both are asked for: the first step's gradients are
     read before its update, its loss is the trajectory's first. A first step whose gradients overflowed under a
     GradScaler (the scaler skips it) leaves the gradients to ``first_step_gradients``, which builds it again."""
+    shards = micro_batches_are_shards
     if not gradients:
-        return SeededRun(losses=loss_trajectory(config, spec, backend, steps) if losses else None)
+        return SeededRun(losses=loss_trajectory(config, spec, backend, steps, shards) if losses else None)
     if not losses:
-        return SeededRun(gradients=first_step_gradients(config, spec, backend))
-    with TrainingSetup(config, spec, backend) as training:
+        return SeededRun(gradients=first_step_gradients(config, spec, backend, shards))
+    with TrainingSetup(config, spec, backend, micro_batches_are_shards=shards) as training:
         grads, first = _first_step(training)
         if training.context is None:
             training.optimizer_step()  # the plain step's update, once its gradients are read
@@ -87,7 +90,7 @@ def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses
         trajectory = [float(loss) for loss in [first, *(training.step(training.fetch(batches))
                                                         for _ in range(steps - 1))]]
         overflowed = training.scaler is not None and not all(bool(g.isfinite().all()) for g in grads.values())
-    return SeededRun(trajectory, first_step_gradients(config, spec, backend) if overflowed else grads)
+    return SeededRun(trajectory, first_step_gradients(config, spec, backend, shards) if overflowed else grads)
 
 
 def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardCheck:
@@ -103,7 +106,8 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
     return GuardCheck(worst <= rtol, "loss", worst, message, losses, baseline)
 
 
-def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> dict[str, torch.Tensor]:
+def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend,
+                         micro_batches_are_shards: bool = False) -> dict[str, torch.Tensor]:
     """Gradients of the first step (before any update), by parameter name, in fp32 on the host; of a custom step,
     those each optimizer stepped on, by ``"optimizer:parameter"`` (``"D#2:..."`` for its second update in the step).
 
@@ -113,7 +117,7 @@ def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backe
     gradients are returned, and fail the comparison)."""
     scale = None
     for _ in range(MAX_SKIPPED_STEPS + 1):
-        with TrainingSetup(config, spec, backend) as training:
+        with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards) as training:
             if training.scaler is not None and scale is not None:
                 training.scaler = _scaler_at(training.scaler, training.device.type, scale)
             grads, _ = _first_step(training)
@@ -149,20 +153,14 @@ def _scaler_at(scaler: torch.amp.GradScaler, device_type: str, scale: float) -> 
 
 def with_likely_cause(verdict: GuardCheck, config: TrainConfig, spec: TrainingSpec) -> GuardCheck:
     """A failed gradient guard's message with what the setup tells of its likely cause (accumulation: an item-weighted
-    mean averaged as a sample mean, or BatchNorm's per-micro-batch statistics)."""
-    if verdict.ok or verdict.kind != "gradients" or config.accumulation_steps == 1:
+    mean averaged as a sample mean; a BatchNorm's per-micro-batch statistics never get here: ``TrainingSetup`` skips
+    such a case)."""
+    if verdict.ok or verdict.kind != "gradients" or config.accumulation_steps == 1 or spec.items is not None:
         return verdict
-    causes = []
-    if spec.items is None:
-        causes.append("the micro-batch losses are averaged equally (loss / k), which gives the whole batch's "
-                      "gradients only if loss_fn is a mean over samples; a mean over a count that differs between "
-                      "micro-batches (non-padding tokens) needs TrainingSpec.items, so each is weighted by its count")
-    model = spec.model()
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) and model.training:
-        causes.append("the model has BatchNorm, whose statistics are computed per micro-batch")
-    if not causes:
-        return verdict
-    return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {'; '.join(causes)}")
+    cause = ("the micro-batch losses are averaged equally (loss / k), which gives the whole batch's gradients only if "
+             "loss_fn is a mean over samples; a mean over a count that differs between micro-batches (non-padding "
+             "tokens) needs TrainingSpec.items, so each is weighted by its count")
+    return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {cause}")
 
 
 def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float,

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import gc
 import os
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from trainbench.core.costs import spent
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import Result
 from trainbench.core.training import TrainingSetup
-from trainbench.core.watchdog import phase
+from trainbench.core.watchdog import NoProgress, phase
 
 
 @dataclass(frozen=True)
@@ -562,15 +563,22 @@ class Measurer:
 
         Steps trainbench runs around a ``loss_fn``: PyTorch's ``MemTracker``. It follows the model
         module by module and cannot follow a loss that calls a submodule twice outside the root's
-        forward (a GAN's ``model.D(real)``, ``model.D(fake)``); such a loss, and every custom step, is
-        tracked by storage identity instead (``_StepMemory``), which no calling pattern can confuse.
+        forward (a GAN's ``model.D(real)``, ``model.D(fake)``), nor a module fed a structure its hooks
+        cannot rebuild (they unflatten each module's inputs and outputs through pytree, which fails on a
+        ``PackedSequence``); such a step, and every custom step, is tracked by storage identity instead
+        (``_StepMemory``), which no calling pattern can confuse. An error of the step itself recurs there.
         """
         if self.training.context is None:
             try:
                 return self._memtracker_breakdown()
+            except (NotApplicable, NoProgress):
+                raise
             except NotImplementedError:  # "MemTracker does not support memory tracking for multiple iterative calls"
                 self._note("memory breakdown tracked by storage identity: the loss calls a module again outside the "
                            "root module's forward, which MemTracker cannot follow")
+            except Exception as e:  # noqa: BLE001 - the hooks' own failure; the step's own recurs below
+                self._note(f"memory breakdown tracked by storage identity: MemTracker's module hooks failed "
+                           f"({failure_line(e)})")
         return self._storage_breakdown()
 
     def _memtracker_breakdown(self) -> dict[str, int]:
@@ -594,7 +602,10 @@ class Measurer:
         try:
             # One step only: the tracker's hooks keep graphs that see no backward alive, and over
             # several steps those would pile up in the peak.
-            with tracker:
+            with tracker, warnings.catch_warnings():
+                # A hook's failure is raised (and handled by the caller); torch also warns that it silenced the
+                # forward hook that would have run after it.
+                warnings.filterwarnings("ignore", message="global module forward hook with ``always_call=True``")
                 self._last_loss = training.step(micro_batches)
                 self.backend.synchronize()
         finally:
@@ -750,3 +761,19 @@ def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
 
 def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:
     return replace(settings, **{k: v for k, v in changes.items() if v is not None})
+
+
+def failure_line(error: BaseException, limit: int = 300) -> str:
+    """One line for a summary: the exception's type, its message's first line, and the last frame outside torch
+    (the model's, the spec's or trainbench's code that called the op), e.g. ``TypeError: Multiple dispatch failed
+    for 'torch._ops.aten.stack.default'; all __torch_dispatch__ handlers returned NotImplemented: (at
+    trainbench/predict.py:146)``."""
+    import traceback
+    from pathlib import Path
+
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(torch_dir)]
+    where = f" (at {'/'.join(Path(frames[-1].filename).parts[-3:])}:{frames[-1].lineno})" if frames else ""
+    text = str(error).strip()
+    message = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {message[:limit]}{where}"

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from trainbench.core.files import write_text_atomic
+from trainbench.core.measure import failure_line
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec, map_tensors
 from trainbench.core.training import TrainingSetup
@@ -326,22 +327,6 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
         return {"reason": f"FakeTensorMode could not run the step: {failure_line(e)}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}
-
-
-def failure_line(error: BaseException, limit: int = 300) -> str:
-    """One line for a summary: the exception's type, its message's first line, and the last frame outside torch
-    (the model's, the spec's or trainbench's code that called the op), e.g. ``TypeError: Multiple dispatch failed
-    for 'torch._ops.aten.stack.default'; all __torch_dispatch__ handlers returned NotImplemented: (at
-    trainbench/predict.py:146)``."""
-    import traceback
-    from pathlib import Path
-
-    torch_dir = str(Path(torch.__file__).parent)
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(torch_dir)]
-    where = f" (at {'/'.join(Path(frames[-1].filename).parts[-3:])}:{frames[-1].lineno})" if frames else ""
-    text = str(error).strip()
-    message = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {message[:limit]}{where}"
 
 
 class PredictionCache:

@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
-from trainbench.core.predict import SharedPredictions, failure_line, fake_training, unpredictable, without_unpredictable
+from trainbench.core.measure import failure_line
+from trainbench.core.predict import SharedPredictions, fake_training, unpredictable, without_unpredictable
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
 from trainbench.devices.device import Backend

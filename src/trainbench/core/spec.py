@@ -10,11 +10,14 @@ recipe's config. The built-in workloads (``trainbench.core.workloads``) are spec
 user's.
 
 Batches are any nest of tuples, lists, dicts and tensors: they move to the device
-leaf by leaf, and every tensor in them counts towards the bytes a step copies.
+leaf by leaf, and every tensor in them counts towards the bytes a step copies. A leaf that is an
+object with a ``.to(device)`` method (PyG's ``Batch``, HF's ``BatchEncoding``, a dataclass of one's
+own) moves itself; the tensors it holds (mapping values, dataclass fields, attributes) count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +29,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.data import Dataset
 
-Batch = Any  # a tensor, or any nest of tuples, lists and dicts of tensors (and other leaves)
+Batch = Any  # a tensor, or any nest of tuples, lists and dicts of tensors and objects with .to(device)
 # What ``TrainingSpec.optimizers`` may return: one optimizer, a list of them, or a dict by name.
 Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | Mapping[str, torch.optim.Optimizer]
 PIXEL_FORMATS = ("uint8", "uint8_hwc")
@@ -181,8 +184,39 @@ def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 # -- batches of any structure ---------------------------------------------------------------
 
+def movable(leaf: Any) -> bool:
+    """Whether a batch's leaf is an object that moves itself with ``.to(device)`` (PyG's ``Batch``, HF's
+    ``BatchEncoding``, a user's dataclass): not a tensor, not a module, not a class."""
+    return (not isinstance(leaf, (torch.Tensor, nn.Module, type))
+            and callable(getattr(leaf, "to", None)))
+
+
+def _contents(obj: Any) -> list:
+    """What an object that moves itself holds: a mapping's values, a dataclass's fields, else its attributes."""
+    if isinstance(obj, Mapping):
+        return list(obj.values())
+    if dataclasses.is_dataclass(obj):
+        return [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    slots = [name for cls in type(obj).__mro__ for name in getattr(cls, "__slots__", ())]
+    return [*getattr(obj, "__dict__", {}).values(), *(getattr(obj, name, None) for name in slots)]
+
+
 def tensors_of(batch: Batch) -> list[torch.Tensor]:
-    return [leaf for leaf in tree_flatten(batch)[0] if isinstance(leaf, torch.Tensor)]
+    """Every tensor of ``batch``: its pytree leaves, and inside each object that moves itself (``movable``) what it
+    holds, walked the same way (an object that holds itself, as a parent link may, is not walked again)."""
+    found, inside = [], []
+
+    def walk(value):
+        for leaf in tree_flatten(value)[0]:
+            if isinstance(leaf, torch.Tensor):
+                found.append(leaf)
+            elif movable(leaf) and id(leaf) not in inside:
+                inside.append(id(leaf))
+                walk(_contents(leaf))
+                inside.pop()
+
+    walk(batch)
+    return found
 
 
 def batch_nbytes(batch: Batch) -> int:
@@ -191,9 +225,34 @@ def batch_nbytes(batch: Batch) -> int:
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
-    """``batch`` with ``fn`` applied to every tensor, structure kept (dicts, tuples, lists, namedtuples)."""
+    """``batch`` with ``fn`` applied to every tensor, structure kept (dicts, tuples, lists, namedtuples); objects that
+    move themselves are left as they are."""
     return tree_map(lambda leaf: fn(leaf) if isinstance(leaf, torch.Tensor) else leaf, batch)
 
 
 def batch_to_device(batch: Batch, device: torch.device, non_blocking: bool = False) -> Batch:
-    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
+    """``batch`` on ``device``: each tensor, and each object that moves itself (``movable``) by its own
+    ``.to(device)`` (with ``non_blocking=`` where it takes it; one that moves in place and returns None is kept)."""
+    def move(leaf):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.to(device, non_blocking=non_blocking)
+        if not movable(leaf):
+            return leaf
+        moved = (leaf.to(device, non_blocking=True) if non_blocking and accepts_keyword(leaf.to, "non_blocking")
+                 else leaf.to(device))
+        return leaf if moved is None else moved
+
+    return tree_map(move, batch)
+
+
+def unsplittable(batch: Batch, samples: int) -> str | None:
+    """Why ``batch`` of ``samples`` samples cannot be sliced into micro-batches or ranks' shares along the first
+    dimension of every tensor (None where it can): an object that moves itself, or a tensor of other rows (a graph's
+    edge list)."""
+    for leaf in tree_flatten(batch)[0]:
+        if movable(leaf):
+            return f"a {type(leaf).__name__} (an object with .to()), which cannot be sliced by sample"
+        if isinstance(leaf, torch.Tensor) and (leaf.dim() == 0 or leaf.shape[0] != samples):
+            return (f"a tensor of shape {tuple(leaf.shape)}, where every tensor's first dimension must be the batch's "
+                    f"{samples} samples to slice it by sample")
+    return None

@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
 from trainbench.core.recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
-from trainbench.core.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors
+from trainbench.core.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
 from trainbench.core.watchdog import beat
 from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
 
@@ -81,6 +81,10 @@ class SyntheticBatches:
             # so the rest of the global batch is freed at once).
             step = self.batch_size * self.micro_batches
             whole = self.make(step * self.world_size, self.generator)
+            reason = unsplittable(whole, step * self.world_size)
+            if reason:
+                raise NotApplicable(f"a step's batch is split into {self.micro_batches * self.world_size} micro-batches "
+                                    f"or ranks' shares, and the spec's batches hold {reason}")
             start = self.rank * step
             self._pending = [map_tensors(lambda t, i=i: t[start + i * self.batch_size:
                                                           start + (i + 1) * self.batch_size].clone(), whole)
@@ -128,6 +132,13 @@ _BatchNorm = torch.nn.modules.batchnorm._BatchNorm
 _InstanceNorm = torch.nn.modules.instancenorm._InstanceNorm
 CANCELLING_NORMS = ("BatchNorm or InstanceNorm normalizing with the input's own statistics, as in training; GroupNorm "
                     "with one channel per group")
+
+
+def batch_statistics_norms(model: torch.nn.Module) -> list[str]:
+    """The BatchNorms of ``model`` that normalize with the statistics of the batch they see (in training, or without
+    running statistics), by name: their output depends on which samples share a batch."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)]
 
 
 def cancels_channel_bias(norm: torch.nn.Module, channels: int, training: bool) -> bool:
@@ -405,7 +416,8 @@ class StepContext:
     - ``ctx.generator``: a generator on the device, seeded as the setup is, for the step's own random numbers
       (noise): a recipe and its baseline draw the same, whatever else draws from the global generator.
 
-    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``.
+    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``; with one optimizer, no name is
+    needed: ``ctx.zero_grad()``, ``ctx.step()``.
     """
 
     def __init__(self, training: TrainingSetup):
@@ -416,15 +428,18 @@ class StepContext:
         self._names = {id(optimizer): name for name, optimizer in self.optimizers.items()}
 
     def optimizer(self, name: str | int | None = None) -> torch.optim.Optimizer:
-        if name is None and len(self.optimizers) == 1:
-            return next(iter(self.optimizers.values()))
+        if name is None:
+            if len(self.optimizers) == 1:
+                return next(iter(self.optimizers.values()))
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step named no optimizer and it has "
+                            f"{len(self.optimizers)}, {sorted(self.optimizers)}: name one (ctx.step(\"name\"))")
         try:
             return self.optimizers[str(name)]
         except KeyError:
             raise SpecError(f"training spec {self._training.spec.name!r}: the step asked for optimizer {name!r}; "
                             f"its optimizers are {sorted(self.optimizers)}") from None
 
-    def _resolve(self, optimizer: torch.optim.Optimizer | str | int) -> tuple[str, torch.optim.Optimizer]:
+    def _resolve(self, optimizer: torch.optim.Optimizer | str | int | None) -> tuple[str, torch.optim.Optimizer]:
         if not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = self.optimizer(optimizer)
         name = self._names.get(id(optimizer))
@@ -440,10 +455,10 @@ class StepContext:
         scaler = self._training.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         self._training.zero_grad(self._resolve(optimizer)[1])
 
-    def step(self, optimizer: torch.optim.Optimizer | str | int) -> None:
+    def step(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         name, optimizer = self._resolve(optimizer)
         self._training.step_optimizer(optimizer, name)
 
@@ -453,8 +468,13 @@ class TrainingSetup:
 
     notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
 
-    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None):
+    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None,
+                 micro_batches_are_shards: bool = False):
+        """``micro_batches_are_shards``: the accumulated micro-batches stand for the shards of data-parallel ranks (the
+        one-process reference of a DDP case), which each normalize their own samples as the micro-batches do; any
+        other accumulation over a BatchNorm that uses batch statistics trains differently and is ``NotApplicable``."""
         self.config = config = config.validate()
+        self.micro_batches_are_shards = micro_batches_are_shards
         reason = spec_unmet(spec, config)
         if reason:
             raise NotApplicable(reason)
@@ -547,6 +567,12 @@ class TrainingSetup:
         if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
             raise NotApplicable("the model has no module with a `pointwise` function to fuse")
         model.train(config.eval_mode is None)
+        if config.accumulation_steps > 1 and not self.micro_batches_are_shards:
+            norms = batch_statistics_norms(model)
+            if norms:
+                raise NotApplicable(f"the model's BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}) "
+                                    "normalizes each micro-batch by its own statistics: accumulated micro-batches do "
+                                    "not train as the whole batch does")
         return model
 
     def _parallel(self, model: torch.nn.Module, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:

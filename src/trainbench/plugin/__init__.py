@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainbench.plugin.fixture import SESSION, InconclusiveTimingWarning, NoBudgetWarning, train_bench  # noqa: F401  (the fixture)
+from trainbench.plugin.fixture import (  # noqa: F401  (the fixtures)
+    SESSION, InconclusiveTimingWarning, NoBudgetWarning, _trainbench_unbudgeted, train_bench)
 from trainbench.plugin.options import Options, add_options
 from trainbench.plugin.session import TrainbenchSession
 

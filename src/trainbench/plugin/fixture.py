@@ -3,7 +3,9 @@ synchronized rounds to pytest-benchmark, record it for the summary and the gate,
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 
 import pytest
 
@@ -14,8 +16,13 @@ from trainbench.verdicts.store import record_case
 SESSION = pytest.StashKey[TrainbenchSession]()
 
 
+def skip(reason: str):
+    """Skip the running test, the skip located at the user's test (``pytest -rs`` names it, not this module)."""
+    raise pytest.skip.Exception(reason, _use_item_location=True)
+
+
 class NoBudgetWarning(UserWarning):
-    """A case ran with no budget for this device: nothing was checked."""
+    """Cases ran with no budget for this device: nothing was checked (one warning per test file, naming its cases)."""
 
 
 class InconclusiveTimingWarning(UserWarning):
@@ -26,11 +33,12 @@ class InconclusiveTimingWarning(UserWarning):
 class TrainBench:
     """Callable behind the ``train_bench`` fixture: run one case, hand its rounds to pytest-benchmark, check it."""
 
-    def __init__(self, benchmark, session, budgets, config):
+    def __init__(self, benchmark, session, budgets, config, unbudgeted: Callable[[str, str | None], None]):
         self.benchmark = benchmark
         self.session = session
         self.budgets = budgets
         self.config = config
+        self.unbudgeted = unbudgeted  # (case, why no budget applies): said at the end of the test file
 
     def _inconclusive_comparisons(self):
         return self.session.inconclusive_comparisons(self.config, self.benchmark.fullname, self.budgets)
@@ -69,7 +77,7 @@ class TrainBench:
 
             skipped = why_not(case, self.session.runner.caps, self.session.runner.profile, context=Context(ab=True))
             if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
-                pytest.skip(skipped)
+                skip(skipped)
             return self._ab(case.recipe_name, case.workload, overrides)
         return self._finish(self.session.runner.run_case(case, self.budgets, self._inconclusive_comparisons(), **overrides))
 
@@ -80,7 +88,7 @@ class TrainBench:
         if action == "fail":
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             pytest.fail(f"trainbench: {why}", pytrace=False)
-        pytest.skip(why)
+        skip(why)
 
     def _ab(self, recipe, spec, overrides: dict):
         """Measure the case in both environments, rounds alternating, and compare them (``trainbench.verdicts.ab``)."""
@@ -95,7 +103,7 @@ class TrainBench:
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
             raise pytest.fail.Exception(f"trainbench: {e}", pytrace=False) from None
         if plan.skipped:
-            pytest.skip(plan.skipped)
+            skip(plan.skipped)
         case = plan.case.case
         thresholds = ab_thresholds(options.compare_fail, self.budgets.compare_thresholds(runner.caps, case))
         try:
@@ -130,7 +138,7 @@ class TrainBench:
 
     def _finish(self, outcome):
         if outcome.skipped:
-            pytest.skip(outcome.skipped)
+            skip(outcome.skipped)
         if outcome.error is not None:  # no result to time or store: listed in the summary and the saved run
             self.session.record(outcome, self.benchmark.fullname, self.budgets)
             benchmark_adapter.mark_untimed(self.benchmark, "failed before measuring")
@@ -140,15 +148,48 @@ class TrainBench:
         for line in outcome.inconclusive:
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
         if outcome.budget is None and not self.session.options.require_budgets:
-            warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),
-                          stacklevel=3)
+            self.unbudgeted(outcome.case, outcome.budget_missing)
         if outcome.failures:
             pytest.fail("trainbench checks failed:\n" + "\n".join(outcome.failures), pytrace=False)
         return outcome.result
 
 
+class UnbudgetedCases:
+    """The cases of one test file that ran with no budget, said in one ``NoBudgetWarning`` when the file's last test
+    ends (``-W error::trainbench.plugin.NoBudgetWarning`` then fails that test's teardown)."""
+
+    def __init__(self, path):
+        self.path, self.line = str(path), 1  # where the warning points: the first such case's test
+        self.reasons: dict[str, list[str]] = {}  # why no budget applies -> its cases, in the order they ran
+
+    def add(self, case: str, reason: str | None, line: int) -> None:
+        if not self.reasons:
+            self.line = line
+        cases = self.reasons.setdefault(reason or "no budget", [])
+        if case not in cases:
+            cases.append(case)
+
+    def warn(self) -> None:
+        if not self.reasons:
+            return
+        count = sum(len(cases) for cases in self.reasons.values())
+        lines = [f"{', '.join(cases)}: {reason}" for reason, cases in self.reasons.items()]
+        text = f"{count} case{'s' if count > 1 else ''} ran with no budget; nothing was checked:\n  " + "\n  ".join(lines)
+        warnings.warn_explicit(NoBudgetWarning(text), NoBudgetWarning, self.path, self.line)
+
+
+@pytest.fixture(scope="module")
+def _trainbench_unbudgeted(request):
+    """One list of unbudgeted cases per test file, warned once at its end."""
+    unbudgeted = UnbudgetedCases(request.path)
+    yield unbudgeted
+    unbudgeted.warn()
+
+
 @pytest.fixture
-def train_bench(request, benchmark) -> TrainBench:
+def train_bench(request, benchmark, _trainbench_unbudgeted) -> TrainBench:
     """Measure a recipe on a training spec: ``result = train_bench("amp_bf16", SPEC)``."""
     session = request.config.stash[SESSION]
-    return TrainBench(benchmark, session, session.budgets_of(request.node), request.config)
+    line = (request.node.reportinfo()[1] or 0) + 1  # pytest counts lines from 0
+    return TrainBench(benchmark, session, session.budgets_of(request.node), request.config,
+                      functools.partial(_trainbench_unbudgeted.add, line=line))
