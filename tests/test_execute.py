@@ -19,6 +19,8 @@ from trainbench.devices.device import CpuBackend, PeakMemory
 
 
 class LoggingBackend(CpuBackend):
+    has_allocator_peaks = True  # as a GPU's: the peaks pass runs (and releases cached memory first)
+
     def __init__(self, log):
         super().__init__(torch.device("cpu"))
         self.log = log
@@ -247,6 +249,7 @@ class _CachingBackend(CpuBackend):
     """A CPU backend that says it caches freed blocks, logging releases, peak resets and reads in order."""
 
     caching_allocator = True
+    has_allocator_peaks = True
 
     def __init__(self):
         super().__init__(torch.device("cpu"))

@@ -163,7 +163,7 @@ class Executor:
     def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """``outcome`` with the case and its baseline measured once more (raises ``NoProgress`` on a hang)."""
         with watch(self.settings.no_progress_s):
-            return self._measure_loaded(plan, outcome)
+            return self._measure_loaded(plan, outcome, again=True)
 
     def trace(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """A profile trace of the case where one is asked for, outside its timed rounds (``trainbench.core.trace``)."""
@@ -183,11 +183,11 @@ class Executor:
         return replace(outcome, trace={"files": [str(f) for f in files]})
 
     # -- measuring -----------------------------------------------------------------------------
-    def _measure_loaded(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+    def _measure_loaded(self, plan: CasePlan, outcome: CaseOutcome, again: bool = False) -> CaseOutcome:
         """``outcome`` with the case and its baseline measured, and what other processes used of the machine
         meanwhile; what this session keeps of them for later cases is stored by setup key."""
         meter = LoadMeter().start()
-        outcome, kept = self._measure(plan, outcome)
+        outcome, kept = self._measure(plan, outcome, outcome if again else None)
         load = meter.stop()
         loaded = {side: result.replace(machine_load=load) for side, result in
                   (("result", outcome.result), ("baseline", outcome.baseline))
@@ -205,26 +205,31 @@ class Executor:
             self.results[self._key(plan, plan.recipe)] = outcome.result
         return outcome
 
-    def _measure(self, plan: CasePlan, outcome: CaseOutcome) -> tuple[CaseOutcome, dict[tuple, str]]:
+    def _measure(self, plan: CasePlan, outcome: CaseOutcome, earlier: CaseOutcome | None = None
+                 ) -> tuple[CaseOutcome, dict[tuple, str]]:
         """The case and its baseline, the way the plan says (``plan`` lists the ways and why each), and which of the
-        two this session keeps as later cases' baselines: {setup key: "result" or "baseline"}."""
+        two this session keeps as later cases' baselines: {setup key: "result" or "baseline"}.
+
+        ``earlier``: this case's first measurement, when it is measured again for its timing: the memory and work
+        passes (exact functions of code and shapes) are taken from it, not run again."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         self.backend.release_cache()  # what earlier cases left cached is not this case's to reserve
         kept: dict[tuple, str] = {}
         if plan.measuring == FRESH_PROCESSES:
             outcome = self._measure_fresh(plan, outcome)
         elif plan.measuring == PAIRED:
-            result, baseline = self._measure_paired(plan)
+            result, baseline = self._measure_paired(plan, earlier)
             outcome = replace(outcome, result=result, baseline=baseline, paired=True)
             if self._key(plan, base) not in self.results:  # one measured earlier stays the reference
                 kept[self._key(plan, base)] = "baseline"
         else:
             result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
-                                         want_grads=recipe.grad_rtol is not None)
+                                         want_grads=recipe.grad_rtol is not None,
+                                         passes_from=earlier.result if earlier else None)
             baseline = outcome.baseline
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
                 baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name),
-                                               baseline=True)
+                                               baseline=True, passes_from=earlier.baseline if earlier else None)
                 kept[self._key(plan, base)] = "baseline"
                 result = result.with_note(f"baseline {base.name} measured right after, not interleaved "
                                           f"({plan.why_measuring})")
@@ -235,7 +240,7 @@ class Executor:
             kept[self._key(plan, recipe)] = "result"
         return outcome, kept
 
-    def _measure_paired(self, plan: CasePlan) -> tuple[Result, Result]:
+    def _measure_paired(self, plan: CasePlan, first: CaseOutcome | None = None) -> tuple[Result, Result]:
         """Both setups alive while their rounds alternate; each one's memory and work measured with it alone.
 
         The baseline's passes run before the case is built (or come from its earlier measurement in
@@ -265,7 +270,10 @@ class Executor:
                 tb.close()
                 tb = mb = None  # the baseline's tensors go before the case's memory is measured
                 self.backend.release_memory()
-                mc.measure_after_timing()
+                if first is not None:  # measured again for its timing: the first measurement's passes stand
+                    mc.reuse_passes(first.result)
+                else:
+                    mc.measure_after_timing()
                 result = mc.finish()
         finally:
             if tb is not None:
@@ -296,8 +304,10 @@ class Executor:
         return outcome
 
     def _measure_setup(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
-                       fault: InjectedFault | None = None, want_grads: bool = False, baseline: bool = False) -> Result:
-        """One setup alone: in this process, or in its rank processes."""
+                       fault: InjectedFault | None = None, want_grads: bool = False, baseline: bool = False,
+                       passes_from: Result | None = None) -> Result:
+        """One setup alone: in this process, or in its rank processes (``passes_from``: a measurement of the same
+        setup whose memory and work figures stand, ``_measure``)."""
         if config.rank_processes:
             with in_child_process(baseline) as child:
                 result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
@@ -312,7 +322,7 @@ class Executor:
         with training:
             m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name,
                          baseline=baseline)
-            return m.run(_rounds_checking_loss(training))
+            return m.run(_rounds_checking_loss(training), passes_from)
 
     @staticmethod
     def _key(plan: CasePlan, recipe: Recipe) -> tuple:

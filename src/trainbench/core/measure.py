@@ -502,6 +502,8 @@ class Measurer:
     def measure_peaks(self) -> None:
         """Allocator peaks of a few steps as timed (CUDA; the CPU backend reports none)."""
         backend = self.backend
+        if not backend.has_allocator_peaks:  # the CPU: no allocator to ask, so no steps to run for it
+            return
         backend.synchronize()
         # What earlier cases (and dropped objects awaiting the collector) left in the cache would
         # otherwise be part of this case's reserved peak, which would then depend on the order of cases.
@@ -728,10 +730,14 @@ class Measurer:
             self._set(final_loss=float(self._last_loss))  # one sync, after all timing
         return self.result
 
-    def run(self, runner: RoundRunner = run_rounds) -> Result:
+    def run(self, runner: RoundRunner = run_rounds, passes_from: Result | None = None) -> Result:
+        """The whole method (``passes_from``: an earlier measurement of this setup whose passes stand)."""
         self.warm_up()
         self.time_rounds(runner)
-        self.measure_after_timing()
+        if passes_from is not None:
+            self.reuse_passes(passes_from)
+        else:
+            self.measure_after_timing()
         return self.finish()
 
 

@@ -153,6 +153,7 @@ class Backend:
 
     kind: str = "abstract"
     counts_kernels = False  # the profiler sees this device's kernels
+    has_allocator_peaks = False  # a caching allocator records peaks (the peaks pass measures something)
     default_dist_backend = "gloo"  # torch.distributed backend for ranks on this device kind
     profiler_sort_key = "self_cpu_time_total"  # the operators' table of a profile trace, heaviest first
 
@@ -368,6 +369,7 @@ class CpuBackend(Backend):
 class CudaBackend(Backend):
     kind = "cuda"
     counts_kernels = True
+    has_allocator_peaks = True
     default_dist_backend = "nccl"
     profiler_sort_key = "self_device_time_total"
     caching_allocator = True

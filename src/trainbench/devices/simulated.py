@@ -49,6 +49,7 @@ class SimulatedGpu(Backend):
 
     kind = "cuda"
     counts_kernels = True
+    has_allocator_peaks = True
     default_dist_backend = "nccl"
     profiler_sort_key = "self_device_time_total"
 
