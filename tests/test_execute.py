@@ -311,3 +311,15 @@ def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_on
     # The case and its baseline measured (both alive while their rounds alternate), then each built again from its
     # seeds for the guards: its first losses and first gradients from one setup (each guard built its own: six).
     assert len(built) == 4 and len(set(built)) == 2
+
+
+def test_a_case_measured_again_for_its_timing_keeps_its_first_passes(log, ratio_budgets, profile, quick):
+    runner = Runner(LoggingBackend(log), profile, quick)
+    plan = runner.planner.plan("set_to_none", "mlp", budgets=ratio_budgets)
+    first = runner.executor.execute(plan, plan.outcome())
+    log.clear()
+    again = runner.executor.measure_again(plan, first)
+    assert not [entry for entry in log if entry.startswith("passes")]  # rounds only: the passes are exact
+    assert again.result.ops_per_step == first.result.ops_per_step and again.result.round_step_times_s
+    assert again.result.round_step_times_s != first.result.round_step_times_s
+    assert any("earlier measurement" in note for note in again.result.notes)
