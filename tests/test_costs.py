@@ -73,3 +73,27 @@ def test_the_costs_option_prints_each_case_s_phases_and_the_rounds_share(pyteste
     costs_part = out.split("trainbench costs", 1)[1]
     assert "mlp-set_to_none" in costs_part and "all cases" in costs_part
     assert "timed rounds:" in costs_part and "of the session" in costs_part
+
+
+def test_a_quick_run_keeps_the_rounds_and_the_passes_its_budget_needs_and_says_what_it_skipped(pytester, quick_options):
+    pytester.makefile(".toml", budgets='[cpu."mlp-set_to_none"]\nmax_ops_per_step = 1e9\nmin_samples_per_s = 1\n')
+    pytester.makepyfile(test_quick="""
+        def test_one(train_bench):
+            result = train_bench("set_to_none", "mlp")
+            assert result.ops_per_step > 0 and result.round_step_times_s  # what the budget names
+            assert result.memory_breakdown_bytes == {} and result.aten_calls_per_step is None  # not asked for
+            assert any("quick run: the peaks, calls, memory passes skipped" in note for note in result.notes), result.notes
+            assert any("correctness guard" in note and "skipped" in note for note in result.notes), result.notes
+            seconds = result.phase_seconds
+            assert "rounds" in seconds and "work" in seconds and not {"memory", "calls", "guard"} & set(seconds)
+    """)
+    result = pytester.runpytest(*quick_options, "--trainbench-quick")
+    result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("option", ["--benchmark-save=x", "--benchmark-autosave", "--trainbench-ab=python3"])
+def test_a_quick_run_is_refused_where_it_would_be_compared_or_kept(pytester, quick_options, option):
+    pytester.makepyfile(test_quick="def test_one(train_bench):\n    train_bench('baseline', 'mlp')\n")
+    result = pytester.runpytest(*quick_options, "--trainbench-quick", option)
+    assert result.ret == 4  # a usage error, before any case
+    result.stderr.fnmatch_lines([f"*--trainbench-quick with {option.split('=')[0]}*"])

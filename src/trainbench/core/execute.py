@@ -20,6 +20,7 @@ from trainbench.core.costs import in_child_process, spent
 from trainbench.core.distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from trainbench.core.eligibility import Context, why_not
 from trainbench.core.measure import Measurer, MeasureSettings, interleave_rounds, run_rounds
+from trainbench.core.metrics import passes_measuring
 from trainbench.core.outcome import CaseOutcome, case_id, failed_without_result
 from trainbench.core.plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
 from trainbench.core.predict import PredictionCache
@@ -109,7 +110,7 @@ class Executor:
 
     def __init__(self, backend: Backend, caps: DeviceCaps, profile: Profile, settings: MeasureSettings,
                  predictions: PredictionCache, fault: InjectedFault | None = None, predict: bool = False,
-                 trace: TraceRequest | None = None):
+                 trace: TraceRequest | None = None, quick: bool = False):
         self.backend = backend
         self.caps = caps
         self.profile = profile
@@ -118,6 +119,8 @@ class Executor:
         self.fault = fault
         self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.core.predict)
         self.trace_request = trace  # profile traces of the cases it wants, taken after their measurement
+        # --trainbench-quick: the timed rounds and only the passes the case's budget needs (quick_passes)
+        self.quick = quick
         self.results: dict[tuple, Result] = {}  # same-session baselines, by setup
         self._trajectories: dict[tuple, list[float]] = {}  # baseline losses for the loss guard
         self._ddp_grads: dict | None = None  # first-step gradients rank 0 recorded for the guard
@@ -131,7 +134,7 @@ class Executor:
             with watch(self.settings.no_progress_s):
                 outcome = self._measure_loaded(plan, outcome)
                 outcome = outcome.failing(*_rank_failures(outcome))
-                if plan.baseline is not None:
+                if plan.baseline is not None and not self.quick:
                     outcome = self._guard(plan, outcome)
         except NoProgress as e:  # a hung dataset, lock or wait: this case fails alone, the session goes on
             return failed_without_result(outcome, f"{outcome.case}: {e} (--trainbench-timeout sets the limit)")
@@ -154,11 +157,30 @@ class Executor:
         except Exception as e:  # the spec's code or a library it calls: its own traceback, with what likely fixes it
             _add_hint(plan, e)
             raise
-        if self.predict:  # DDP and the other setups fake tensors cannot run say why (predict.unpredictable)
+        if self.predict and "predict" in self._passes(plan):  # fake tensors' limits are said (predict.unpredictable)
             with spent("predict"):
                 predicted = self._predicted_memory(plan, outcome.result)
             outcome = self._revised(plan, outcome, predicted_memory=predicted)
-        return self._revised(plan, outcome, notes=[*outcome.result.notes, *plan.notes])
+        return self._revised(plan, outcome, notes=[*outcome.result.notes, *plan.notes, *self._quick_notes(plan)])
+
+    def _passes(self, plan: CasePlan) -> tuple[str, ...] | None:
+        """The passes after the timed rounds this case runs (None: all): a quick run's are those measuring what its
+        budget names (``metrics.passes_measuring``), no others."""
+        if not self.quick:
+            return None
+        return tuple(sorted(passes_measuring(b.metric for b in (plan.budget.bounds if plan.budget else ()))))
+
+    def _settings(self, plan: CasePlan) -> MeasureSettings:
+        passes = self._passes(plan)
+        return self.settings if passes is None else replace(self.settings, passes=passes, attribution=False)
+
+    def _quick_notes(self, plan: CasePlan) -> list[str]:
+        if not self.quick:
+            return []
+        skipped = [what for what, ran in (("the correctness guard", plan.baseline is None),
+                                          ("the GPU memory prediction", not self.predict or "predict" in self._passes(plan)))
+                   if not ran]
+        return [f"quick run (--trainbench-quick): {' and '.join(skipped)} skipped"] if skipped else []
 
     def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
         """``outcome`` with the case and its baseline measured once more (raises ``NoProgress`` on a hang)."""
@@ -212,23 +234,23 @@ class Executor:
 
         ``earlier``: this case's first measurement, when it is measured again for its timing: the memory and work
         passes (exact functions of code and shapes) are taken from it, not run again."""
-        recipe, base, spec = plan.recipe, plan.baseline, plan.spec
+        recipe, base, spec, settings = plan.recipe, plan.baseline, plan.spec, self._settings(plan)
         self.backend.release_cache()  # what earlier cases left cached is not this case's to reserve
         kept: dict[tuple, str] = {}
         if plan.measuring == FRESH_PROCESSES:
-            outcome = self._measure_fresh(plan, outcome)
+            outcome = self._measure_fresh(plan, outcome, settings)
         elif plan.measuring == PAIRED:
-            result, baseline = self._measure_paired(plan, earlier)
+            result, baseline = self._measure_paired(plan, settings, earlier)
             outcome = replace(outcome, result=result, baseline=baseline, paired=True)
             if self._key(plan, base) not in self.results:  # one measured earlier stays the reference
                 kept[self._key(plan, base)] = "baseline"
         else:
-            result = self._measure_setup(recipe, spec, plan.config, plan.case, fault=self.fault,
+            result = self._measure_setup(recipe, spec, plan.config, plan.case, settings, fault=self.fault,
                                          want_grads=recipe.grad_rtol is not None,
                                          passes_from=earlier.result if earlier else None)
             baseline = outcome.baseline
             if plan.measuring == BASELINE_AFTER:  # a fresh baseline: one from minutes ago carries the drift since
-                baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name),
+                baseline = self._measure_setup(base, spec, plan.baseline_config, case_id(spec.name, base.name), settings,
                                                baseline=True, passes_from=earlier.baseline if earlier else None)
                 kept[self._key(plan, base)] = "baseline"
                 result = result.with_note(f"baseline {base.name} measured right after, not interleaved "
@@ -240,13 +262,14 @@ class Executor:
             kept[self._key(plan, recipe)] = "result"
         return outcome, kept
 
-    def _measure_paired(self, plan: CasePlan, first: CaseOutcome | None = None) -> tuple[Result, Result]:
+    def _measure_paired(self, plan: CasePlan, settings: MeasureSettings, first: CaseOutcome | None = None
+                        ) -> tuple[Result, Result]:
         """Both setups alive while their rounds alternate; each one's memory and work measured with it alone.
 
         The baseline's passes run before the case is built (or come from its earlier measurement in
         this session), the case's after the baseline is freed: a CUDA allocator peak is one setup's own.
         """
-        recipe, base, spec, settings = plan.recipe, plan.baseline, plan.spec, self.settings
+        recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         earlier = self.results.get(self._key(plan, base))
         with spent("setup", baseline=True):
             tb = TrainingSetup(plan.baseline_config, spec, self.backend)
@@ -255,7 +278,7 @@ class Executor:
                           self.profile.name, baseline=True)
             mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
             tb.check_loss("the end of warm-up")
-            if earlier is not None:
+            if earlier is not None and not self.quick:  # a quick run's passes are its case's own choice
                 mb.reuse_passes(earlier)
             else:
                 mb.measure_after_timing()
@@ -281,21 +304,21 @@ class Executor:
         why = plan.why_measuring or "for its ratio budgets"
         return result.with_note(f"rounds interleaved with {base.name}'s (ABBA): {why}"), baseline
 
-    def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:
+    def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome, settings: MeasureSettings) -> CaseOutcome:
         """``outcome`` with the case and its baseline, each measured in a new process (``Backend.fresh_process_reason``
         says why)."""
         recipe, base, spec = plan.recipe, plan.baseline, plan.spec
         want_losses = base is not None and recipe.loss_rtol is not None
         with in_child_process() as child:
             result, losses = measure_in_fresh_process(
-                plan.config, spec, self.backend, self.profile, self.settings, plan.case, recipe.name,
+                plan.config, spec, self.backend, self.profile, settings, plan.case, recipe.name,
                 recipe.extra_warmup_steps, env=self.backend.fresh_process_env(plan.config), want_losses=want_losses)
             child.phase_seconds = result.phase_seconds
         outcome = replace(outcome, result=result.with_note(f"why a fresh process: {plan.why_measuring}"))
         if base is not None:
             with in_child_process(baseline=True) as child:
                 baseline, base_losses = measure_in_fresh_process(
-                    plan.baseline_config, spec, self.backend, self.profile, self.settings, case_id(spec.name, base.name),
+                    plan.baseline_config, spec, self.backend, self.profile, settings, case_id(spec.name, base.name),
                     base.name, base.extra_warmup_steps, env=self.backend.fresh_process_env(plan.baseline_config),
                     want_losses=want_losses)
                 child.phase_seconds = baseline.phase_seconds
@@ -304,13 +327,13 @@ class Executor:
         return outcome
 
     def _measure_setup(self, recipe: Recipe, spec: TrainingSpec, config: TrainConfig, case: str,
-                       fault: InjectedFault | None = None, want_grads: bool = False, baseline: bool = False,
+                       settings: MeasureSettings, fault: InjectedFault | None = None, want_grads: bool = False, baseline: bool = False,
                        passes_from: Result | None = None) -> Result:
         """One setup alone: in this process, or in its rank processes (``passes_from``: a measurement of the same
         setup whose memory and work figures stand, ``_measure``)."""
         if config.rank_processes:
             with in_child_process(baseline) as child:
-                result, grads = measure_ddp(config, spec, self.backend, self.profile, self.settings, case, recipe.name,
+                result, grads = measure_ddp(config, spec, self.backend, self.profile, settings, case, recipe.name,
                                             recipe.extra_warmup_steps, want_grads=want_grads)
                 child.phase_seconds = result.phase_seconds
             if grads is not None:
@@ -320,7 +343,7 @@ class Executor:
         with spent("setup", baseline):
             training = TrainingSetup(config, spec, self.backend, fault)
         with training:
-            m = Measurer(training, case, recipe.name, self.settings, recipe.extra_warmup_steps, self.profile.name,
+            m = Measurer(training, case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name,
                          baseline=baseline)
             return m.run(_rounds_checking_loss(training), passes_from)
 

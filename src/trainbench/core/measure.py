@@ -67,6 +67,9 @@ class MeasureSettings:
     # A case that makes no progress (no step, no batch) for this long fails alone (trainbench.core.watchdog);
     # 0: no limit. Generous: torch.compile's first step and cuDNN autotuning are progress-free minutes.
     no_progress_s: float = 600.0
+    # The passes after the timed rounds to run ("peaks", "calls", "memory", "work"; None: all): a quick run
+    # (--trainbench-quick) runs only those whose metrics its budgets name (metrics.passes_measuring)
+    passes: tuple[str, ...] | None = None
 
 
 DEFAULT_SETTINGS = {
@@ -494,6 +497,12 @@ class Measurer:
             passes = passes[:2]
             self._note("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are invisible "
                        "to dispatch modes); allocator peaks are the first GPU's")
+        if self.settings.passes is not None:
+            skipped = [name for name, _ in passes if name not in self.settings.passes]
+            passes = [(name, run) for name, run in passes if name in self.settings.passes]
+            if skipped:
+                self._note(f"quick run: the {', '.join(skipped)} pass{'es' if len(skipped) > 1 else ''} skipped "
+                           "(no budget names what they measure)")
         for name, run in passes:
             with phase(f"{self.result.recipe}'s {name} pass"), spent(name, self.baseline):
                 run()

@@ -24,6 +24,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from trainbench.core.costs import PHASES
+
 TIMED = "timed"
 TIMED_ONCE = "timed_once"
 ALLOCATOR = "allocator"
@@ -45,10 +47,20 @@ class Metric:
     # The attribution tables that explain a change of it (trainbench.verdicts.explain.TABLES): "where" under its verdict
     where: tuple[str, ...] = ()
     signed: bool = False  # may be below zero (a growth per step: memory freed); every other metric is >= 0
+    # The phases of the method that measure it (trainbench.core.costs.PHASES; default: its group's, _GROUP_PASSES):
+    # what --trainbench-quick runs for a budget that names it
+    passes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
             raise ValueError(f"metric kind {self.kind!r} / group {self.group!r}: expected one of {KINDS} / {GROUPS}")
+        if not set(self.measured_by) <= set(PHASES):
+            raise ValueError(f"metric passes {self.passes}: expected phases of {tuple(PHASES)}")
+
+    @property
+    def measured_by(self) -> tuple[str, ...]:
+        """The phases of the method that measure it."""
+        return self.passes if self.passes is not None else _GROUP_PASSES[self.group]
         if (self.group == "speed") != self.timed:
             raise ValueError(f"a {self.kind} metric in group {self.group!r}: speed metrics are the timed ones")
 
@@ -66,6 +78,8 @@ class Metric:
         """Repeatable on one GPU with one software stack: calibrated there."""
         return self.kind in (ALLOCATOR, DEVICE_CHOICE)
 
+
+_GROUP_PASSES = {"speed": ("rounds",), "memory": ("memory",), "work": ("work",)}
 
 # The attribution tables (trainbench.verdicts.explain.TABLES) that say where each kind of change comes from.
 TIME = ("time.ops_ms", "time.kernels_ms")
@@ -87,16 +101,19 @@ METRICS: dict[str, Metric] = {
     "data_wait_fraction": Metric("", False, TIMED_ONCE, "share of timed wall time blocked in next(loader)"),
     "first_step_s": Metric("s", False, TIMED_ONCE, "the first step: compilation, autotuning, worker start-up"),
     "warmup_s": Metric("s", False, TIMED_ONCE, "all warm-up steps until step times settled"),
-    "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time", where=TIME + FLOPS),
-    "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU", where=TIME + FLOPS),
+    "achieved_tflops": Metric("TFLOP/s", True, TIMED, "FLOPs per step / median step time", where=TIME + FLOPS,
+                                passes=("rounds", "work")),
+    "mfu": Metric("", True, TIMED, "achieved / peak FLOP/s of a known GPU", where=TIME + FLOPS,
+                    passes=("rounds", "work")),
     "peak_memory_mib": Metric("MiB", False, ALLOCATOR, "device allocator peak (CUDA), tracked tensor peak (CPU)",
-                              group="memory", where=ALLOCATOR_PEAK),
+                              group="memory", where=ALLOCATOR_PEAK, passes=("peaks", "memory")),
     "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory",
-                                where=ALLOCATOR_PEAK),
+                                where=ALLOCATOR_PEAK, passes=("peaks",)),
     "reserved_between_steps_mib": Metric("MiB", False, ALLOCATOR, "CUDA allocator reserved memory after a step (what "
-                                         "other processes cannot use between steps)", group="memory", where=ALLOCATOR_PEAK),
+                                         "other processes cannot use between steps)", group="memory", where=ALLOCATOR_PEAK,
+                                         passes=("peaks",)),
     "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
-                            "pass", group="memory", where=ALLOCATOR_PEAK),
+                            "pass", group="memory", where=ALLOCATOR_PEAK, passes=("peaks",)),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
                                group="memory", where=PEAK),
     "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PARAMS),
@@ -107,9 +124,10 @@ METRICS: dict[str, Metric] = {
                              group="memory", where=PEAK),
     "temporary_mib": Metric("MiB", False, DETERMINISTIC, "temporaries at the tracked peak", group="memory", where=PEAK),
     "predicted_gpu_peak_mib": Metric("MiB", False, DETERMINISTIC, "tracked tensor peak of the GPU profile's setup, "
-                                     "predicted under FakeTensorMode (no compute)", group="memory"),
+                                     "predicted under FakeTensorMode (no compute)", group="memory",
+                                     passes=("predict",)),
     "predicted_gpu_activation_mib": Metric("MiB", False, DETERMINISTIC, "activations at the predicted GPU-profile peak",
-                                           group="memory"),
+                                           group="memory", passes=("predict",)),
     "memory_growth_mib_per_step": Metric("MiB", False, DETERMINISTIC, "live tensor memory added per step (a leak if "
                                          "> 0)", group="memory", where=KEPT, signed=True),
     "graph_nodes_growth_per_step": Metric("", False, DETERMINISTIC, "autograd nodes kept alive per step by a running "
@@ -123,10 +141,18 @@ METRICS: dict[str, Metric] = {
     "ops_per_step": Metric("", False, DETERMINISTIC, "aten ops dispatched per step (eager view, below autograd)",
                            group="work", where=OPS),
     "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "
-                                  "included)", group="work", where=("time.calls",)),
+                                  "included)", group="work", where=("time.calls",), passes=("calls",)),
     "kernels_per_step": Metric("", False, DEVICE_CHOICE, "device kernels launched per step (CUDA profiler): "
-                               "cuDNN autotuning and library updates change which kernels run", group="work", where=("time.kernel_calls",)),
+                               "cuDNN autotuning and library updates change which kernels run", group="work", where=("time.kernel_calls",),
+                               passes=("calls",)),
 }
+
+
+
+def passes_measuring(metrics) -> frozenset[str]:
+    """The phases of the method that measure ``metrics`` (names in ``METRICS``): what a quick run keeps."""
+    return frozenset(phase for name in metrics for phase in METRICS[name].measured_by)
+
 
 # Short names a gate specification or a budget key may use. "memory" is the device's peak, as in the summary's
 # "peak MiB", asv's track_peak_memory and the budget key max_memory_ratio.

@@ -52,6 +52,10 @@ def add_options(parser) -> None:
                     help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
                          "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
                          "cannot say where")
+    group.addoption("--trainbench-quick", action="store_true",
+                    help="a smoke run for big models: warm-up, the timed rounds and only the passes the budgets' metrics "
+                         "need; the correctness guard, attribution, the GPU prediction and every other pass are skipped "
+                         "and each case says so. Not for a gate, an A/B run or a saved baseline")
     group.addoption("--trainbench-costs", action="store_true",
                     help="after the summary, each case's wall seconds by phase (setup, warm-up, timed rounds, the "
                          "memory and work passes, guard, prediction; its baseline's share included) and how much of "
@@ -173,6 +177,7 @@ class Options:
     simulate_gpu: object = None  # trainbench.devices.fleet.Gpu from --trainbench-simulate-gpu: cases planned for it, not run
     ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
     costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
+    quick: bool = False  # --trainbench-quick: the timed rounds and the passes the budgets need, nothing else
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -189,6 +194,7 @@ class Options:
                                                                                       default=True),
             ignore_doctor=_switch("TRAINBENCH_IGNORE_DOCTOR"),
             costs=config.getoption("--trainbench-costs"),
+            quick=_quick(config),
             require_budgets=config.getoption("--trainbench-require-budgets"),
             strict_timing=config.getoption("--trainbench-strict-timing"),
             settings_overrides=_settings_overrides(config),
@@ -266,6 +272,18 @@ def _xdist_worker(config) -> tuple[int, int]:
         return 1, 0
     return (int(workerinput.get("workercount", 1)),
             int(str(workerinput.get("workerid", "gw0")).removeprefix("gw") or 0))
+
+
+def _quick(config) -> bool:
+    """--trainbench-quick, refused where what it skips would be compared or kept as a baseline."""
+    if not config.getoption("--trainbench-quick"):
+        return False
+    for option, key in (("--trainbench-compare-fail", "--trainbench-compare-fail"), ("--trainbench-ab", "--trainbench-ab"),
+                        ("--benchmark-save", "benchmark_save"), ("--benchmark-autosave", "benchmark_autosave")):
+        if config.getoption(key, None):
+            raise usage_error(f"--trainbench-quick with {option}: a quick run measures only what its budgets name, "
+                              "so it can be neither gated, nor A/B-compared, nor kept as a baseline")
+    return True
 
 
 def _ab_options(config) -> ABOptions | None:

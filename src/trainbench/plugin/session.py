@@ -258,7 +258,8 @@ class TrainbenchSession:
                 predictions = PredictionCache(prediction_backend())
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
                                   predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
-                                  remeasure_s=o.remeasure_s, predictions=predictions, pair_baselines=o.pair_baselines)
+                                  remeasure_s=o.remeasure_s, predictions=predictions, pair_baselines=o.pair_baselines,
+                                  quick=o.quick)
         return self._runner
 
     def budgets(self, path: Path | None):
