@@ -157,7 +157,7 @@ class Executor:
         except Exception as e:  # the spec's code or a library it calls: its own traceback, with what likely fixes it
             _add_hint(plan, e)
             raise
-        if self.predict and "predict" in self._passes(plan):  # fake tensors' limits are said (predict.unpredictable)
+        if self.predict and self._runs(plan, "predict"):  # fake tensors' limits are said (predict.unpredictable)
             with spent("predict"):
                 predicted = self._predicted_memory(plan, outcome.result)
             outcome = self._revised(plan, outcome, predicted_memory=predicted)
@@ -170,6 +170,10 @@ class Executor:
             return None
         return tuple(sorted(passes_measuring(b.metric for b in (plan.budget.bounds if plan.budget else ()))))
 
+    def _runs(self, plan: CasePlan, phase: str) -> bool:
+        passes = self._passes(plan)
+        return passes is None or phase in passes
+
     def _settings(self, plan: CasePlan) -> MeasureSettings:
         passes = self._passes(plan)
         return self.settings if passes is None else replace(self.settings, passes=passes, attribution=False)
@@ -178,7 +182,7 @@ class Executor:
         if not self.quick:
             return []
         skipped = [what for what, ran in (("the correctness guard", plan.baseline is None),
-                                          ("the GPU memory prediction", not self.predict or "predict" in self._passes(plan)))
+                                          ("the GPU memory prediction", not self.predict or self._runs(plan, "predict")))
                    if not ran]
         return [f"quick run (--trainbench-quick): {' and '.join(skipped)} skipped"] if skipped else []
 
