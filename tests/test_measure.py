@@ -415,3 +415,34 @@ def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
         measurer.count_work()
     assert measurer.result.peak_tflops is None and measurer.result.metrics()["mfu"] is None
     assert any("MIG slice" in note and "MFU not computed" in note for note in measurer.result.notes)
+
+
+@pytest.mark.parametrize("step_times, settings, steps, steady", [
+    # steady from the second step: 1 + two windows of 3 (the minimum's steps count towards them)
+    ([5.0] + [1.0] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 7, True),
+    # the GPU profile's: 10 minimum steps, windows of 5
+    ([5.0] + [1.0] * 40, dict(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05), 11,
+     True),
+    # slowing down step after step never settles: the limit ends it
+    ([1.0 + 0.5 * i for i in range(40)], dict(min_warmup_steps=3, max_warmup_steps=12, steady_window=3), 12, False),
+    # a compile-like spell of slow steps after the first: settled two windows after it ends
+    ([9.0, 4.0, 4.0, 4.0] + [1.0] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 10, True),
+])
+def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock(training, step_times, settings, steps,
+                                                                                 steady):
+    clock = {"now": 0.0, "step": 0}
+
+    class VirtualClock:
+        def timer(self):
+            return clock["now"]
+
+    def virtual_step():
+        clock["now"] += step_times[clock["step"]]
+        clock["step"] += 1
+
+    with training() as setup:
+        m = Measurer(setup, "c", "r", MeasureSettings(**settings))
+        m.backend, m.timed_step = VirtualClock(), virtual_step
+        m.warm_up()
+    assert (m.result.warmup_steps, m.result.warmup_steady) == (steps, steady)
+    assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]

@@ -332,6 +332,14 @@ def _storages(t: torch.Tensor) -> list:
         return []
 
 
+def _settled(step_times: list[float], window: int, tolerance: float) -> bool:
+    """The last ``window`` steps took within ``tolerance`` of the ``window`` steps before them."""
+    if len(step_times) < 2 * window:
+        return False
+    last, before = sum(step_times[-window:]), sum(step_times[-2 * window:-window])
+    return before > 0 and abs(last / before - 1.0) <= tolerance
+
+
 class Measurer:
     """Measures one training setup; ``run()`` returns a ``Result``.
 
@@ -389,21 +397,23 @@ class Measurer:
         start = timer()
         self.timed_step()
         self._set(first_step_s=timer() - start)
-        done = 1
-        while done < s.min_warmup_steps + self.extra_warmup_steps:
-            self.timed_step()
-            done += 1
-        previous, steady = None, False
-        while settle and not s.fixed_warmup and done + s.steady_window <= max(s.max_warmup_steps, done):
-            t0 = timer()
-            for _ in range(s.steady_window):
-                self.timed_step()
-            window = timer() - t0
-            done += s.steady_window
-            if previous is not None and abs(window / previous - 1.0) <= s.steady_tolerance:
+        done, times, window = 1, [], s.steady_window
+        minimum = s.min_warmup_steps + self.extra_warmup_steps
+        # Settled when the last window of steps took within the tolerance of the window before it, checked after
+        # every step from the minimum on: the minimum's steps after the first count towards the windows, so a
+        # setup that is steady from its second step stops after 1 + 2 windows (or the minimum), not after the
+        # minimum and two more windows. A limit that leaves no room past the minimum judges nothing.
+        settling = settle and not s.fixed_warmup and s.max_warmup_steps > minimum
+        steady = False
+        while done < minimum or (settling and done < s.max_warmup_steps):
+            if done >= minimum and _settled(times, window, s.steady_tolerance):
                 steady = True
                 break
-            previous = window
+            t0 = timer()
+            self.timed_step()
+            times.append(timer() - t0)
+            done += 1
+        steady = steady or (settling and _settled(times, window, s.steady_tolerance))  # the last step's window
         self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
         if s.fixed_warmup:
             self._note(f"fixed warm-up of {done} steps (ranks step in lockstep)")
