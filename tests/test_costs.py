@@ -97,3 +97,25 @@ def test_a_quick_run_is_refused_where_it_would_be_compared_or_kept(pytester, qui
     result = pytester.runpytest(*quick_options, "--trainbench-quick", option)
     assert result.ret == 4  # a usage error, before any case
     result.stderr.fnmatch_lines([f"*--trainbench-quick with {option.split('=')[0]}*"])
+
+
+def test_a_long_session_forecasts_its_cost_after_the_first_case():
+    assert costs.cost_forecast("a", 10.0, 5) is None  # 50 s: not long
+    line = costs.cost_forecast("gpt-baseline", 40.0, 8)
+    assert line.startswith("trainbench: gpt-baseline took 40 s; the 8 other cases collected will take about 5 min")
+    assert costs.cost_forecast("a", 1000.0, 0) is None  # the last case: nothing to forecast
+
+
+def test_the_forecast_line_appears_after_the_first_case(pytester, quick_options, monkeypatch):
+    monkeypatch.setattr(costs, "FORECAST_AFTER_S", 0.0)  # every session is long
+    pytester.makepyfile(test_two="""
+        import pytest
+
+        @pytest.mark.parametrize("recipe", ["baseline", "set_to_none"])
+        def test_one(train_bench, recipe):
+            train_bench(recipe, "mlp")
+    """)
+    result = pytester.runpytest(*quick_options)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["trainbench: mlp-baseline took * s; the 1 other case collected will take about *"])
+    assert result.stdout.str().count("other case collected") == 1

@@ -126,3 +126,17 @@ def by_phase(phase_seconds: dict[str, float]) -> dict[str, float]:
     """Seconds per phase with the baseline's share added in, in the table's order, then ``other``."""
     return {name: phase_seconds.get(name, 0.0) + phase_seconds.get(BASELINE + name, 0.0)
             for name in [*PHASES, OTHER]}
+
+
+# A session whose cases will take longer than this, at its first case's pace, says so after that case.
+FORECAST_AFTER_S = 120.0
+
+
+def cost_forecast(case: str, seconds: float, remaining: int) -> str | None:
+    """After the first case of a long session: what the others will cost at its pace (None: not long)."""
+    if remaining < 1 or seconds * remaining < FORECAST_AFTER_S:
+        return None
+    minutes = seconds * remaining / 60
+    return (f"trainbench: {case} took {seconds:.0f} s; the {remaining} other case{'s' if remaining > 1 else ''} "
+            f"collected will take about {minutes:.0f} min at that pace (--trainbench-costs: where it goes; "
+            "--trainbench-quick: the rounds and what the budgets need only)")

@@ -145,6 +145,7 @@ class TrainBench:
             pytest.fail(f"trainbench: {outcome.error}", pytrace=False)
         benchmark_adapter.replay_rounds(self.benchmark, outcome.result.round_step_times_s, outcome.result.steps_per_round)
         record_case(self.benchmark, self.session.record(outcome, self.benchmark.fullname, self.budgets))
+        self.session.forecast(outcome, self.config)
         for line in outcome.inconclusive:
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
         if outcome.budget is None and not self.session.options.require_budgets:

@@ -107,6 +107,19 @@ class TrainbenchSession:
                                           inconclusive=tuple(outcome.inconclusive)))
         return record
 
+    def forecast(self, outcome, config) -> None:
+        """After the first measured case of a long session, what the rest will cost at its pace
+        (``costs.cost_forecast``)."""
+        from trainbench.core.costs import TOTAL, cost_forecast
+
+        if len(self.recorded) != 1 or outcome.result is None:
+            return
+        line = cost_forecast(outcome.case, outcome.result.phase_seconds.get(TOTAL, 0.0), self.collected - 1)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if line and reporter is not None:
+            reporter.write_line("")
+            reporter.write_line(line, yellow=True)
+
     @property
     def cases(self) -> list:
         """The ``MeasuredCase`` of each case that has a result, for the summary and the gate."""
