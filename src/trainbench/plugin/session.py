@@ -327,6 +327,7 @@ class TrainbenchSession:
                 raise usage_error(self.unusable_baseline)
             self.pin_gpu()  # before the doctor's CUDA queries
             self._check_runner()
+            self._start_ab()
             self._stop_cleanly_on_sigterm()
             saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
             storage = config.getoption("benchmark_storage", None)
@@ -379,6 +380,18 @@ class TrainbenchSession:
         if blockers and not self.options.ignore_doctor:
             raise usage_error("the runner is not ready (python -m trainbench doctor shows every check; "
                               "TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
+
+    def _start_ab(self) -> None:
+        """Both A/B sides started and their handshake checked before the first case: a side whose Python cannot
+        import trainbench, or speaks another protocol, stops the session in one line (it failed every case alike)."""
+        if self.ab is None:
+            return
+        from trainbench.verdicts.ab import SideError
+
+        try:
+            self.ab.start(self.runner.settings.no_progress_s)
+        except SideError as e:
+            raise usage_error(f"--trainbench-ab: the A/B sides could not start: {e}") from None
 
     def _marker_skip_reason(self, item) -> str | None:
         """Why the trainbench markers on ``item`` rule it out on this session's device (``eligibility.why_not``)."""
