@@ -100,7 +100,15 @@ def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
         ('[cpu\n', r"not valid TOML"),
         ('[cpu."mlp-x"]\nnote = 3\n', r"note = 3: expected a string"),
         ('[cpuu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[cpuu\].*did you mean \[cpu\]\?"),
-        ('[gpu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[gpu\]: expected cpu, cuda, sm_"),
+        ('[gpu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[gpu\] \(.*\): expected cpu, cuda, sm_"),
+        # the name a CPU run's "no section for ..." line shows: accepted, it never applied (a CPU answers to [cpu])
+        ('["AMD EPYC 7B13"."mlp-x"]\nmax_ops_per_step = 3\n',
+         r"unknown device section \[AMD EPYC 7B13\] \(a CPU's name: a CPU answers to \[cpu\] only\)"),
+        ('["Intel(R) Xeon(R) CPU @ 2.20GHz"."mlp-x"]\nmax_ops_per_step = 3\n', r"\(a CPU's name: a CPU answers to"),
+        ('["nvidia l4"."mlp-x"]\nmax_ops_per_step = 3\n', r"\[nvidia l4\] \(a GPU's name written otherwise: sections "
+                                                          r"match it exactly\).*did you mean \[NVIDIA L4\]\?"),
+        ('[" NVIDIA L4"."mlp-x"]\nmax_ops_per_step = 3\n', r"did you mean \[NVIDIA L4\]\?"),
+        ('["cuda:0"."mlp-x"]\nmax_ops_per_step = 3\n', r"\[cuda:0\] \(neither a device class .*did you mean \[cuda\]\?"),
         ('[cpu."mlp-x"]\nmax_peak_memory_mib = -5\n', r"max_peak_memory_mib = -5: expected a value >= 0"),
         ('[cpu."mlp-x"]\nmin_ops_per_step = -100\n', r"min_ops_per_step = -100: expected a value >= 0"),
     ],
@@ -157,6 +165,25 @@ def test_gpu_names_capabilities_and_cuda_are_device_sections(tmp_path):
     path = write(tmp_path, '["NVIDIA H100 80GB HBM3"."mlp-x"]\nmax_ops_per_step = 3\n[sm_120."mlp-x"]\n'
                            'max_ops_per_step = 3\n[cuda."mlp-x"]\nmax_ops_per_step = 3\n')
     assert set(Budgets.load(path).sections) == {"NVIDIA H100 80GB HBM3", "sm_120", "cuda"}
+
+
+def test_a_section_is_accepted_exactly_when_some_device_answers_to_it(tmp_path):
+    from trainbench.devices.fleet import FLEET
+
+    # every section a device of the fleet, a GPU beyond it (its name as the driver gives it) or this CPU looks for
+    outside = [DeviceCaps("cuda", name, cuda=True, capability=(8, 6)) for name in ("NVIDIA RTX A6000", "AMD Instinct MI300X")]
+    devices = [DeviceCaps("cuda", gpu.name, cuda=True, capability=gpu.capability) for gpu in FLEET.values()]
+    for caps in [*devices, *outside, CPU]:
+        text = "".join(f'["{key}"."mlp-x"]\nmax_ops_per_step = 3\n' for key in caps.budget_keys)
+        budgets = Budgets.load(write(tmp_path, text))
+        assert budgets.device_keys(caps) == caps.budget_keys and caps.budget_keys[0] in (caps.name, "cpu")
+    # a GPU whose name can be no section (one word, as some drivers give) looks for none by its name
+    assert DeviceCaps("cuda", "gfx90a", cuda=True, capability=(9, 0)).budget_keys == ["sm_90", "cuda"]
+    with pytest.raises(BudgetError, match=r"\[gfx90a\] \(neither a device class nor a GPU's full name"):
+        Budgets.load(write(tmp_path, '[gfx90a."mlp-x"]\nmax_ops_per_step = 3\n'))
+    # this machine's CPU by its own name (what its "no section for ..." line shows): refused, whatever words it has
+    with pytest.raises(BudgetError, match=r"unknown device section"):
+        Budgets.load(write(tmp_path, f'["{CPU.name}"."mlp-x"]\nmax_ops_per_step = 3\n'))
 
 
 def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_path):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trainbench.core.metrics import ALIASES, METRICS, ThresholdError, parse_thresholds, resolve
 from trainbench.core.result import Result
-from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
+from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, budget_section_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -234,13 +234,19 @@ class Budgets:
 
 
 def _check_device_key(key: str, path: Path) -> None:
-    """A section is ``cpu``, ``cuda``, ``sm_<XY>`` or a GPU's full name; a typo is an error, not a silent skip."""
-    if is_budget_section(key):
+    """A section is one some device answers to (``device.budget_section_problem``: ``cpu``, ``cuda``, ``sm_<XY>`` or a
+    GPU's full name); any other is an error, since it could never apply: a typo or a CPU's name, never a silent skip."""
+    from trainbench.devices.fleet import FLEET
+
+    names = [gpu.name for gpu in FLEET.values()]
+    why = budget_section_problem(key, names)
+    if why is None:
         return
-    close = difflib.get_close_matches(key, BUDGET_SECTION_EXAMPLES, n=1, cutoff=0.6)
-    hint = f"; did you mean [{close[0]}]?" if close else ""
-    raise BudgetError(f"{path}: unknown device section [{key}]: expected cpu, cuda, sm_<major><minor> or a GPU's full "
-                      f"name as PyTorch reports it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
+    known = {name.lower(): name for name in [*BUDGET_SECTION_EXAMPLES, *names]}
+    close = difflib.get_close_matches(key.strip().lower(), known, n=1, cutoff=0.6)
+    hint = f"; did you mean [{known[close[0]]}]?" if close else ""
+    raise BudgetError(f"{path}: unknown device section [{key}] ({why}): expected cpu, cuda, sm_<major><minor> or a "
+                      f"GPU's full name as PyTorch reports it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
 
 
 def _check_consistent(bounds: list[Bound], where: str) -> None:
