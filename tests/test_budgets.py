@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainbench.core.budgets import BudgetError, Budgets, evaluate
+from trainbench.core.budgets import BudgetError, Budgets, evaluate, typo_edits
 from trainbench.core.result import Result
 from trainbench.devices.device import CpuBackend, DeviceCaps
 
@@ -196,9 +196,40 @@ def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_pa
         typo.check_case_ids(known)
     fine = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\n[cpu."gelu_mlp-baseline"]\n'
                                         'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'
-                                        '[cpu."timm_resnet18-uint8_transfer"]\nmax_ops_per_step = 3\n'))
-    # the suite's, the wildcard, and users' own cases (known only when they run), one named after a built-in workload
+                                        '[cpu."timm_resnet18-uint8_transfer"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."resnet50-baseline"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."gpt2-amp_bf16"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."mlp-baslin"]\nmax_ops_per_step = 3\n'))
+    # the suite's, the wildcard, and users' own cases (known only when they run), one named after a built-in workload,
+    # others a number away from a built-in one (another model, not a typo), and one two edits away: it stands until
+    # the case it nearly names runs (test_an_entry_two_edits_from_a_case_that_runs_without_a_budget_fails_it)
     fine.check_case_ids(known)
+
+
+@pytest.mark.parametrize(("written", "meant", "edits"), [
+    ("gelu_mlp-basline", "gelu_mlp-baseline", 1), ("mlp-baesline", "mlp-baseline", 1),  # a letter lost, two swapped
+    ("mlp-bsaelnie", "mlp-baseline", 2), ("mlp-baslin", "mlp-baseline", 2), ("mlp-amp_fp16", "mlp-amp_bf16", 2),
+    ("mlp-basln", "mlp-baseline", None),  # three edits: another name
+    ("resnet50-baseline", "resnet18-baseline", None), ("gpt2-baseline", "gpt-baseline", None),  # a number: a model
+    ("mlp-amp_bf61", "mlp-amp_bf16", None), ("mlp-baseline", "mlp-baseline", None),
+])
+def test_a_typo_is_at_most_two_edits_of_letters_or_punctuation(written, meant, edits):
+    assert typo_edits(written, meant) == edits
+    assert typo_edits(meant, written) == edits
+
+
+def test_an_entry_two_edits_from_a_case_that_runs_without_a_budget_fails_it(tmp_path):
+    from trainbench.core.cases import known_case_ids
+
+    budgets = Budgets.load(write(tmp_path, '[cpu."mlp-baslin"]\nmax_ops_per_step = 3\n[cpu."resnet50-baseline"]\n'
+                                           'max_ops_per_step = 3\n[cpu."mlp-amp_bf16"]\nmax_ops_per_step = 3\n'))
+    known = known_case_ids()
+    assert budgets.misspelling(CPU, "mlp-baseline", known) == (
+        f'no budget for mlp-baseline, and [cpu."mlp-baslin"] of {budgets.path} is 2 edits from its id and names no '
+        "case: a typo? Correct the entry's id, or give mlp-baseline an entry of its own")
+    assert budgets.misspelling(CPU, "resnet18-baseline", known) is None  # resnet50's entry is another model's
+    assert budgets.misspelling(CPU, "mlp-amp_fp16", known) is None  # amp_bf16's is a case's own
+    assert budgets.misspelling(H100, "mlp-baseline", known) is None  # a GPU looks in no [cpu] entry
 
 
 def test_a_bound_under_the_wildcard_entry_is_refused_not_silently_unapplied(tmp_path):

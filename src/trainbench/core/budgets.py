@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,21 +183,34 @@ class Budgets:
         return sections
 
     def check_case_ids(self, known: set[str]) -> None:
-        """A case id that is no case but one edit away from a known one is a typo: ``BudgetError`` with "did you
-        mean". ``known``: every case id this session could produce that is knowable before it runs (the suite's,
-        the built-in workload x recipe pairs, the collected parameter ids). Other ids stand: a user's own spec or
-        recipe names its case only when it runs, and gets "no budget for ..." then if nothing matches."""
+        """A case id that is no case but one edit of a letter or punctuation from a known one is a typo:
+        ``BudgetError`` with "did you mean" (``typo_edits``). ``known``: every case id this session could produce
+        that is knowable before it runs (the suite's, the built-in workload x recipe pairs, the collected parameter
+        ids). Other ids stand: a user's own spec or recipe names its case only when it runs, and an entry two edits
+        from it fails that case then (``misspelling``)."""
+        candidates = sorted(known)
         for device_key, cases in self.sections.items():
             for case in cases:
                 if case == "*" or case in known:
                     continue
-                # A name longer or shorter by more than a letter is another spec's ("timm_resnet18" is not
-                # "resnet18" mistyped), however alike the two read.
-                close = [k for k in difflib.get_close_matches(case, known, n=3, cutoff=0.9) if abs(len(k) - len(case)) <= 1]
+                close = next((k for k in candidates if typo_edits(case, k) == 1), None)
                 if close:
                     raise BudgetError(f"{self.path}: [{device_key}.\"{case}\"] names no case; did you mean "
-                                      f"\"{close[0]}\"? (case ids are <workload>-<recipe> or a ladder rung's id, as "
-                                      "the summary table lists them)")
+                                      f"\"{close}\"? (one edit away; case ids are <workload>-<recipe> or a ladder "
+                                      "rung's id, as the summary table lists them)")
+
+    def misspelling(self, caps: DeviceCaps, case: str, known: Collection[str] = ()) -> str | None:
+        """Why ``case``, which has no entry on this device, fails for want of one: an entry of the sections it looks
+        in that names no known case (``known``) is at most ``TYPO_EDITS`` edits from its id (``typo_edits``), so the
+        budget meant for it checks nothing. None where there is no such entry."""
+        for key in self.device_keys(caps):
+            for entry in self.sections[key]:
+                edits = typo_edits(entry, case) if entry != "*" and entry not in known else None
+                if edits:
+                    return (f"no budget for {case}, and [{key}.\"{entry}\"] of {self.path} is {edits} edit"
+                            f"{'s' if edits > 1 else ''} from its id and names no case: a typo? Correct the entry's id, "
+                            f"or give {case} an entry of its own")
+        return None
 
     def device_keys(self, caps: DeviceCaps) -> list[str]:
         """The device's classes this file has a section for, most specific first."""
@@ -231,6 +245,36 @@ class Budgets:
             for entry in (self.sections[key].get("*"), self.sections[key].get(case)):
                 thresholds.update((entry.compare_fail or {}) if entry else {})
         return thresholds
+
+
+# Edits of a letter or punctuation that make a budgets entry's case id a typo of a case's (``typo_edits``).
+TYPO_EDITS = 2
+
+
+def typo_edits(written: str, meant: str) -> int | None:
+    """How many edits of a letter or punctuation turn ``written`` into ``meant`` (insert, delete or replace one, or
+    swap two neighbours), from 1 to ``TYPO_EDITS``; None where they are equal, further apart, or differ in a digit: a
+    number names another model (resnet50 and resnet18 are two cases, as are amp_bf16 and amp_bf61), never a typo."""
+    if written == meant or abs(len(written) - len(meant)) > TYPO_EDITS:
+        return None
+    if [c for c in written if c.isdigit()] != [c for c in meant if c.isdigit()]:
+        return None
+    far = TYPO_EDITS + 1  # a digit's edit costs this: never within reach
+
+    def cost(*chars: str) -> int:
+        return far if any(c.isdigit() for c in chars) else 1
+
+    # the optimal string alignment distance, row by row
+    before, row = None, [min(far, sum(cost(c) for c in meant[:j])) for j in range(len(meant) + 1)]
+    for i, a in enumerate(written, 1):
+        current = [min(far, row[0] + cost(a))]
+        for j, b in enumerate(meant, 1):
+            best = min(row[j] + cost(a), current[j - 1] + cost(b), row[j - 1] + (0 if a == b else cost(a, b)))
+            if before is not None and j > 1 and a == meant[j - 2] and written[i - 2] == b and a != b:
+                best = min(best, before[j - 2] + cost(a, b))
+            current.append(min(far, best))
+        before, row = row, current
+    return row[-1] if row[-1] <= TYPO_EDITS else None
 
 
 def _check_device_key(key: str, path: Path) -> None:

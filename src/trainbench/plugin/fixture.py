@@ -139,7 +139,7 @@ class TrainBench:
         record_case(self.benchmark, self.session.record(outcome, self.benchmark.fullname, self.budgets))
         for line in outcome.inconclusive:
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
-        if outcome.budget is None and not self.session.options.require_budgets:
+        if outcome.budget is None and not (self.session.options.require_budgets or outcome.budget_required):
             warnings.warn(NoBudgetWarning(f"{outcome.case}: {outcome.budget_missing}; nothing was checked"),
                           stacklevel=3)
         if outcome.failures:
