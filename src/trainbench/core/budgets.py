@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,8 @@ class Budgets:
     @classmethod
     def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
+        if any(unicodedata.category(c) == "Cc" for c in str(path)):  # every message names the file, in one line
+            raise BudgetError(f"{str(path)!r}: not a file path (a control character in it); expected a TOML budgets file")
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -117,6 +120,8 @@ class Budgets:
             raise BudgetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a TOML budgets file") from None
         except OSError as e:
             raise BudgetError(f"{path}: cannot read it ({e.strerror or e}); expected a TOML budgets file") from None
+        except ValueError as e:  # a name the file system cannot encode
+            raise BudgetError(f"{str(path)!r}: not a file path ({e}); expected a TOML budgets file") from None
         return cls.from_text(text, path)
 
     @classmethod

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from trainbench.devices.host import is_device_spec
+
 # Dense peak tensor/vector throughput in TFLOP/s per GPU model and form factor, from NVIDIA's
 # data sheets (halved where a sheet quotes 2:4 sparsity). A GPU is matched by the whole name
 # torch.cuda.get_device_name() gives, most specific pattern first: "L4" must not match
@@ -807,6 +809,8 @@ def get_backend(spec: str | None = None) -> Backend:
     """
     if spec in (None, "", "auto"):
         spec = "cuda" if cuda_available() else "cpu"
+    if not is_device_spec(spec):  # torch.device's own errors are many and may span lines ("x\ny")
+        raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     device = torch.device(spec)
     if device.type == "cpu":
         return CpuBackend(device)
@@ -816,7 +820,7 @@ def get_backend(spec: str | None = None) -> Backend:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
         return CudaBackend(device)
-    raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    raise ValueError(f"unsupported device {spec!r}: no backend serves it")  # a kind is_device_spec admits, none here
 
 
 @functools.lru_cache(maxsize=1)  # read once: every measurement records the device identity

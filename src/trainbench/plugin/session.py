@@ -18,7 +18,7 @@ import pytest
 
 from trainbench.core.files import cannot_write, write_json_atomic
 from trainbench.plugin import benchmark_adapter
-from trainbench.plugin.options import Options, discover_budgets, usage_error
+from trainbench.plugin.options import Options, discover_budgets, shown, usage_error
 from trainbench.plugin.summary import write_ab, write_nothing_compared, write_summary
 from trainbench.verdicts.store import (
     ENVIRONMENT_KEY,
@@ -130,11 +130,7 @@ class TrainbenchSession:
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
         """Checks that need more than the options: the device named, the one budgets file, the baseline."""
-        if self.options.device_spec not in ("", "auto") or self.options.simulate_gpu is not None:
-            try:  # an explicit device that is not there (or a GPU this torch has no kernels for) is a set-up error
-                self.backend  # noqa: B018
-            except (RuntimeError, ValueError) as e:
-                raise usage_error(str(e)) from None
+        self._check_device()
         if self.options.budgets_override is not None:
             self.budgets(self.options.budgets_override)  # a malformed file stops the session here
         if self.options.ab is not None:
@@ -148,6 +144,17 @@ class TrainbenchSession:
                                   ("--trainbench-attribution-json", self.options.attribution_json)])
         self._check_writable([("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)])
 
+    def _check_device(self) -> None:
+        """An explicit device that is not there, or no device (``cuda:x``), or a GPU this torch has no kernels for, is a
+        set-up error naming --trainbench-device; "auto" is left to the first case (no torch for a session without)."""
+        spec = self.options.device_spec
+        if spec in ("", "auto") and self.options.simulate_gpu is None:
+            return
+        try:
+            self.backend  # noqa: B018
+        except (RuntimeError, ValueError) as e:
+            raise usage_error(f"--trainbench-device={shown(spec)}: {e}" if spec not in ("", "auto") else str(e)) from None
+
     @staticmethod
     def _check_writable(outputs: list[tuple[str, Path | None]]) -> None:
         """Every folder the session will write into takes a file now: found after the whole run, an unwritable one
@@ -155,7 +162,7 @@ class TrainbenchSession:
         for option, folder in outputs:
             problem = folder is not None and cannot_write(folder)
             if problem:
-                raise usage_error(f"{option}: cannot write into {folder} ({problem}); expected a writable folder")
+                raise usage_error(f"{option}: cannot write into {shown(folder)} ({problem}); expected a writable folder")
 
     @classmethod
     def _check_output_files(cls, outputs: list[tuple[str, Path | None]]) -> None:
@@ -166,7 +173,8 @@ class TrainbenchSession:
                 continue
             path = Path(path)
             if path.is_dir():
-                raise usage_error(f"{option}={path}: is a folder; expected a file path (e.g. {path / 'out.json'})")
+                raise usage_error(f"{option}={shown(path)}: is a folder; expected a file path (e.g. "
+                                  f"{shown(path / 'out.json')})")
             cls._check_writable([(option, path.parent)])
 
     @staticmethod
