@@ -29,6 +29,7 @@ from pathlib import Path
 from trainbench.core.metrics import ALIASES, METRICS, ThresholdError, parse_thresholds, resolve
 from trainbench.core.result import Result
 from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, budget_section_problem
+from trainbench.devices.fleet import FLEET
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -285,8 +286,6 @@ def typo_edits(written: str, meant: str) -> int | None:
 def _check_device_key(key: str, path: Path) -> None:
     """A section is one some device answers to (``device.budget_section_problem``: ``cpu``, ``cuda``, ``sm_<XY>`` or a
     GPU's full name); any other is an error, since it could never apply: a typo or a CPU's name, never a silent skip."""
-    from trainbench.devices.fleet import FLEET
-
     names = [gpu.name for gpu in FLEET.values()]
     why = budget_section_problem(key, names)
     if why is None:

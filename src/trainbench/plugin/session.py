@@ -335,7 +335,6 @@ class TrainbenchSession:
                 raise usage_error(self.unusable_baseline)
             self.pin_gpu()  # before the doctor's CUDA queries
             self._check_runner()
-            self._start_ab()
             self._stop_cleanly_on_sigterm()
             saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
             storage = config.getoption("benchmark_storage", None)
@@ -356,6 +355,8 @@ class TrainbenchSession:
                 paths.add(path)
         if any(path is not None for path in paths):
             self._check_budget_case_ids(paths, items)
+        if self.collected:
+            self._start_ab()  # last: the other checks take no seconds
 
     def _check_budget_case_ids(self, paths: set, items) -> None:
         """A budgets entry one typo away from a case id fails the session at start-up, not silently at the end."""
