@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import trainbench
+
 from trainbench.core.metrics import is_timed
 from trainbench.core.recipes import get_recipe
 from trainbench.core.result import Result
 from trainbench.core.workloads import PROFILES, resolve_spec
 from trainbench.verdicts.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
+from trainbench.verdicts.ab_worker import PROTOCOL
 from trainbench.verdicts.present import verdict_table, where_lines
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
@@ -151,11 +154,62 @@ def test_two_environments_that_differ_in_one_package_name_that_package(tmp_path)
         head.close()
 
 
-def test_a_side_whose_worker_cannot_start_names_the_side_and_why(tmp_path):
-    broken = _wrapper(tmp_path, "raise SystemExit('No module named trainbench')")
-    with pytest.raises(SideError, match=r"(?s)head side \(.*python-wrapper\): the worker ended during 'hello'.*"
-                                         "No module named trainbench"):
-        start(sys.executable, broken)
+def _script(tmp_path, name: str, text: str) -> str:
+    script = tmp_path / name
+    script.write_text(text)
+    script.chmod(0o755)
+    return str(script)
+
+
+def _speaking(tmp_path, protocol: int, version: str = trainbench.__version__) -> str:
+    """A 'Python' whose worker answers hello as a trainbench speaking ``protocol`` would, and nothing else (no torch:
+    it answers at once)."""
+    worker = tmp_path / f"worker{protocol}.py"
+    worker.write_text("import json, sys\n"
+                      "for line in sys.stdin:\n"
+                      "    if json.loads(line)['command'] != 'hello':\n"
+                      "        break\n"
+                      f"    print(json.dumps({{'protocol': {protocol}, 'trainbench': {version!r}, "
+                      "'python': sys.executable, 'identity': {}, 'packages': {}}), flush=True)\n")
+    return _script(tmp_path, f"python-protocol{protocol}", f"#!/bin/sh\nexec {sys.executable} {worker}\n")
+
+
+def _without_trainbench(tmp_path) -> str:
+    """A Python whose environment has no trainbench (nor torch): -I -S drops site-packages and PYTHONPATH."""
+    return _script(tmp_path, "python-without-trainbench", f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+
+
+def test_a_side_whose_python_cannot_import_trainbench_is_said_in_one_line(tmp_path):
+    bare = _without_trainbench(tmp_path)
+    with pytest.raises(SideError) as raised:
+        start(_speaking(tmp_path, PROTOCOL), bare)
+    assert str(raised.value) == (f"head side ({bare}): cannot import trainbench: ModuleNotFoundError: No module named "
+                                 "'trainbench'; expected a Python whose environment has trainbench installed")
+
+
+def test_a_side_speaking_another_protocol_is_said_in_one_line(tmp_path):
+    older = _speaking(tmp_path, PROTOCOL - 1, "0.0.9")
+    with pytest.raises(SideError) as raised:
+        start(_speaking(tmp_path, PROTOCOL), older)
+    assert str(raised.value) == (f"head side ({older}): its trainbench (0.0.9) speaks A/B protocol {PROTOCOL - 1}, "
+                                 f"this one ({trainbench.__version__}) speaks {PROTOCOL}; install the same trainbench "
+                                 "in both environments")
+
+
+def test_a_side_that_ends_or_prints_before_its_worker_answers_is_said_in_one_line(tmp_path):
+    current = _speaking(tmp_path, PROTOCOL)
+    broken = _wrapper(tmp_path, "import sys; print('a', file=sys.stderr); raise SystemExit('libcudart.so.13: cannot open')")
+    with pytest.raises(SideError) as raised:
+        start(current, broken)
+    assert str(raised.value) == (f"head side ({broken}): the worker ended before answering hello: libcudart.so.13: "
+                                 "cannot open")
+    # a wrapper that prints on stdout before it execs the worker: its line is no answer (it was a JSONDecodeError)
+    chatty = _script(tmp_path, "chatty-python", f"#!/bin/sh\necho activating the venv\nexec {current}\n")
+    with pytest.raises(SideError) as raised:
+        start(current, chatty)
+    assert str(raised.value) == (f"head side ({chatty}): answered 'hello' with 'activating the venv', not a line of "
+                                 "trainbench's A/B protocol (does a wrapper script print on stdout?); the side was "
+                                 "stopped")
 
 
 CASES = """
@@ -216,6 +270,18 @@ def test_ab_options_that_contradict_each_other_are_usage_errors(pytester, ab_opt
     missing = pytester.runpytest("--trainbench-ab=/nonexistent/python", *ab_options)
     assert missing.ret == pytest.ExitCode.USAGE_ERROR
     missing.stderr.fnmatch_lines(["*--trainbench-ab=/nonexistent/python: no such executable*"])
+
+
+def test_an_ab_head_without_trainbench_stops_the_session_before_its_first_case(pytester, ab_options, tmp_path):
+    pytester.makepyfile(test_cases=CASES)
+    bare = _without_trainbench(tmp_path)
+    result = pytester.runpytest(f"--trainbench-ab={bare}", f"--trainbench-ab-base={_speaking(tmp_path, PROTOCOL)}",
+                                *ab_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*trainbench: --trainbench-ab: the A/B sides could not start: head side ({bare}): "
+                                 "cannot import trainbench: ModuleNotFoundError: No module named 'trainbench'; "
+                                 "expected a Python whose environment has trainbench installed"])
+    result.stdout.no_fnmatch_line("*test_mlp*")  # no case ran, none failed with it
 
 
 class _Stuck(torch.utils.data.Dataset):

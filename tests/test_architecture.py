@@ -396,15 +396,49 @@ def test_every_module_is_read_in_units_of_at_most_60_lines(name):
     assert not long, f"{name}.py: split {long}"
 
 
-def test_trainbench_switches_are_read_only_through_the_switch_table():
-    # "0" means off and "maybe" is refused only where every reader asks host.env_switch
-    from trainbench.devices.host import SWITCHES
+def _environment_reads(tree: ast.AST) -> list[str]:
+    """The TRAINBENCH_* variables a module reads from the environment itself: ``os.environ.get(X)``,
+    ``os.environ[X]``, ``os.getenv(X)`` (or an ``environ`` mapping's), X a string or a name the module binds to one."""
+    constants = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                constants[getattr(target, "id", None) or getattr(target, "attr", None)] = node.value.value
+
+    def environ(node) -> bool:
+        return getattr(node, "attr", None) == "environ" or getattr(node, "id", None) == "environ"
+
+    read = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and (
+                node.func.attr == "getenv" or node.func.attr in ("get", "pop", "setdefault") and environ(node.func.value)):
+            key = node.args[0]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and environ(node.value):
+            key = node.slice
+        value = key.value if isinstance(key, ast.Constant) else constants.get(getattr(key, "id", None)
+                                                                               or getattr(key, "attr", None))
+        if isinstance(value, str) and value.startswith("TRAINBENCH_"):
+            read.append(value)
+    return read
+
+
+def test_trainbench_variables_are_read_only_through_the_environment_table():
+    # "0" means off, and a value a variable cannot take is refused in one line, only where every reader asks
+    # host.env_value (host.env_switch): its table lists each variable with its kind and default
+    from trainbench.devices.host import ENVIRONMENT
 
     for name, path in MODULES.items():
         source = path.read_text()
-        for switch in SWITCHES:
-            assert not re.search(rf"""(?:environ|getenv)\s*(?:\.get\(|\[|\()\s*["']{switch}["']""", source), \
-                f"{name}.py reads {switch} itself: ask host.env_switch"
+        if name != "devices.host":
+            assert not _environment_reads(ast.parse(source)), f"{name}.py reads a TRAINBENCH_ variable itself: ask host.env_value"
+        unlisted = set(re.findall(r"""["'](TRAINBENCH_[A-Z0-9_]+)["']""", source)) - set(ENVIRONMENT)
+        assert not unlisted, f"{name}.py names {sorted(unlisted)}: list each in host.ENVIRONMENT"
+    # the rule sees each way of reading one
+    for read in ('os.environ.get("TRAINBENCH_X")', 'os.environ["TRAINBENCH_X"]', 'os.getenv("TRAINBENCH_X", "1")',
+                 'ENV = "TRAINBENCH_X"\nos.environ.get(ENV)', 'class A:\n    ENV = "TRAINBENCH_X"\nos.environ.get(A.ENV)'):
+        assert _environment_reads(ast.parse(read)) == ["TRAINBENCH_X"], read
+    assert not _environment_reads(ast.parse('env = {**os.environ, "TRAINBENCH_X": "1"}\nos.environ.get("HOME")'))
 
 
 # Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.core.stats's: a second

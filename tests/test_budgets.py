@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainbench.core.budgets import BudgetError, Budgets, evaluate
+from trainbench.core.budgets import BudgetError, Budgets, evaluate, typo_edits
 from trainbench.core.result import Result
 from trainbench.devices.device import CpuBackend, DeviceCaps
 
@@ -100,7 +100,15 @@ def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
         ('[cpu\n', r"not valid TOML"),
         ('[cpu."mlp-x"]\nnote = 3\n', r"note = 3: expected a string"),
         ('[cpuu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[cpuu\].*did you mean \[cpu\]\?"),
-        ('[gpu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[gpu\]: expected cpu, cuda, sm_"),
+        ('[gpu."mlp-x"]\nmax_ops_per_step = 3\n', r"unknown device section \[gpu\] \(.*\): expected cpu, cuda, sm_"),
+        # the name a CPU run's "no section for ..." line shows: accepted, it never applied (a CPU answers to [cpu])
+        ('["AMD EPYC 7B13"."mlp-x"]\nmax_ops_per_step = 3\n',
+         r"unknown device section \[AMD EPYC 7B13\] \(a CPU's name: a CPU answers to \[cpu\] only\)"),
+        ('["Intel(R) Xeon(R) CPU @ 2.20GHz"."mlp-x"]\nmax_ops_per_step = 3\n', r"\(a CPU's name: a CPU answers to"),
+        ('["nvidia l4"."mlp-x"]\nmax_ops_per_step = 3\n', r"\[nvidia l4\] \(a GPU's name written otherwise: sections "
+                                                          r"match it exactly\).*did you mean \[NVIDIA L4\]\?"),
+        ('[" NVIDIA L4"."mlp-x"]\nmax_ops_per_step = 3\n', r"did you mean \[NVIDIA L4\]\?"),
+        ('["cuda:0"."mlp-x"]\nmax_ops_per_step = 3\n', r"\[cuda:0\] \(neither a device class .*did you mean \[cuda\]\?"),
         ('[cpu."mlp-x"]\nmax_peak_memory_mib = -5\n', r"max_peak_memory_mib = -5: expected a value >= 0"),
         ('[cpu."mlp-x"]\nmin_ops_per_step = -100\n', r"min_ops_per_step = -100: expected a value >= 0"),
     ],
@@ -159,6 +167,25 @@ def test_gpu_names_capabilities_and_cuda_are_device_sections(tmp_path):
     assert set(Budgets.load(path).sections) == {"NVIDIA H100 80GB HBM3", "sm_120", "cuda"}
 
 
+def test_a_section_is_accepted_exactly_when_some_device_answers_to_it(tmp_path):
+    from trainbench.devices.fleet import FLEET
+
+    # every section a device of the fleet, a GPU beyond it (its name as the driver gives it) or this CPU looks for
+    outside = [DeviceCaps("cuda", name, cuda=True, capability=(8, 6)) for name in ("NVIDIA RTX A6000", "AMD Instinct MI300X")]
+    devices = [DeviceCaps("cuda", gpu.name, cuda=True, capability=gpu.capability) for gpu in FLEET.values()]
+    for caps in [*devices, *outside, CPU]:
+        text = "".join(f'["{key}"."mlp-x"]\nmax_ops_per_step = 3\n' for key in caps.budget_keys)
+        budgets = Budgets.load(write(tmp_path, text))
+        assert budgets.device_keys(caps) == caps.budget_keys and caps.budget_keys[0] in (caps.name, "cpu")
+    # a GPU whose name can be no section (one word, as some drivers give) looks for none by its name
+    assert DeviceCaps("cuda", "gfx90a", cuda=True, capability=(9, 0)).budget_keys == ["sm_90", "cuda"]
+    with pytest.raises(BudgetError, match=r"\[gfx90a\] \(neither a device class nor a GPU's full name"):
+        Budgets.load(write(tmp_path, '[gfx90a."mlp-x"]\nmax_ops_per_step = 3\n'))
+    # this machine's CPU by its own name (what its "no section for ..." line shows): refused, whatever words it has
+    with pytest.raises(BudgetError, match=r"unknown device section"):
+        Budgets.load(write(tmp_path, f'["{CPU.name}"."mlp-x"]\nmax_ops_per_step = 3\n'))
+
+
 def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_path):
     from trainbench.core.cases import known_case_ids
 
@@ -169,9 +196,40 @@ def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_pa
         typo.check_case_ids(known)
     fine = Budgets.load(write(tmp_path, '[cpu."*"]\ncompare_fail = "samples_per_s:50%"\n[cpu."gelu_mlp-baseline"]\n'
                                         'max_ops_per_step = 3\n[cpu."my_model-my_recipe"]\nmax_ops_per_step = 3\n'
-                                        '[cpu."timm_resnet18-uint8_transfer"]\nmax_ops_per_step = 3\n'))
-    # the suite's, the wildcard, and users' own cases (known only when they run), one named after a built-in workload
+                                        '[cpu."timm_resnet18-uint8_transfer"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."resnet50-baseline"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."gpt2-amp_bf16"]\nmax_ops_per_step = 3\n'
+                                        '[cpu."mlp-baslin"]\nmax_ops_per_step = 3\n'))
+    # the suite's, the wildcard, and users' own cases (known only when they run), one named after a built-in workload,
+    # others a number away from a built-in one (another model, not a typo), and one two edits away: it stands until
+    # the case it nearly names runs (test_an_entry_two_edits_from_a_case_that_runs_without_a_budget_fails_it)
     fine.check_case_ids(known)
+
+
+@pytest.mark.parametrize(("written", "meant", "edits"), [
+    ("gelu_mlp-basline", "gelu_mlp-baseline", 1), ("mlp-baesline", "mlp-baseline", 1),  # a letter lost, two swapped
+    ("mlp-bsaelnie", "mlp-baseline", 2), ("mlp-baslin", "mlp-baseline", 2), ("mlp-amp_fp16", "mlp-amp_bf16", 2),
+    ("mlp-basln", "mlp-baseline", None),  # three edits: another name
+    ("resnet50-baseline", "resnet18-baseline", None), ("gpt2-baseline", "gpt-baseline", None),  # a number: a model
+    ("mlp-amp_bf61", "mlp-amp_bf16", None), ("mlp-baseline", "mlp-baseline", None),
+])
+def test_a_typo_is_at_most_two_edits_of_letters_or_punctuation(written, meant, edits):
+    assert typo_edits(written, meant) == edits
+    assert typo_edits(meant, written) == edits
+
+
+def test_an_entry_two_edits_from_a_case_that_runs_without_a_budget_fails_it(tmp_path):
+    from trainbench.core.cases import known_case_ids
+
+    budgets = Budgets.load(write(tmp_path, '[cpu."mlp-baslin"]\nmax_ops_per_step = 3\n[cpu."resnet50-baseline"]\n'
+                                           'max_ops_per_step = 3\n[cpu."mlp-amp_bf16"]\nmax_ops_per_step = 3\n'))
+    known = known_case_ids()
+    assert budgets.misspelling(CPU, "mlp-baseline", known) == (
+        f'no budget for mlp-baseline, and [cpu."mlp-baslin"] of {budgets.path} is 2 edits from its id and names no '
+        "case: a typo? Correct the entry's id, or give mlp-baseline an entry of its own")
+    assert budgets.misspelling(CPU, "resnet18-baseline", known) is None  # resnet50's entry is another model's
+    assert budgets.misspelling(CPU, "mlp-amp_fp16", known) is None  # amp_bf16's is a case's own
+    assert budgets.misspelling(H100, "mlp-baseline", known) is None  # a GPU looks in no [cpu] entry
 
 
 def test_a_bound_under_the_wildcard_entry_is_refused_not_silently_unapplied(tmp_path):

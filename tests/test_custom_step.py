@@ -176,6 +176,53 @@ def test_a_step_that_asks_for_an_unknown_optimizer_or_returns_no_loss_says_so(co
         TrainingSetup(config(), gan_spec(optimizers=lambda m: ([torch.optim.SGD(m.parameters(), lr=0.1)], [])), cpu)
 
 
+def around_ctx(model, real, ctx, how):
+    """The GAN's generator update gone around the recipe: ``how`` is "own_step" (g.step()), "own_backward"
+    (g_loss.backward()) or "no_step" (no update at all)."""
+    z = torch.randn(real.shape[0], NOISE, device=real.device, generator=ctx.generator)
+    g = ctx.optimizer("G")
+    with ctx.autocast():
+        g_loss = bce(model.D(model.G(z)), 1.0)
+    ctx.zero_grad(g)
+    g_loss.backward() if how == "own_backward" else ctx.backward(g_loss)
+    if how == "own_step":
+        g.step()
+    elif how != "no_step":
+        ctx.step(g)
+    return g_loss.detach()
+
+
+@pytest.mark.parametrize(("how", "recipe", "message"), [
+    ("own_step", {}, "the step called optimizer 'G''s step() itself, outside ctx.step: the recipe's optimizer step (its "
+                     "GradScaler, the guards' view of the update) never applied to it; call ctx.step('G') instead"),
+    ("own_backward", {"amp": "fp16", "grad_scaler": True},
+     "the step ran a backward outside ctx.backward (loss.backward()?) under a recipe with a GradScaler: that loss was "
+     "never scaled, yet ctx.step unscales its gradients; call ctx.backward(loss) instead"),
+    ("no_step", {}, "the step never called ctx.step: no optimizer was updated through the recipe, so what it measures "
+                    "is no training step; update each optimizer with ctx.step(optimizer)"),
+])
+def test_a_step_that_goes_around_ctx_fails_at_its_first_step_saying_what_it_must_do(config, cpu, how, recipe, message):
+    with TrainingSetup(config(**recipe), gan_spec(functools.partial(around_ctx, how=how)), cpu) as training, \
+            pytest.raises(SpecError) as error:
+        training.step(training.fetch(training.batches()))
+    assert str(error.value) == f"training spec 'gan': {message}"
+
+
+def test_a_step_through_ctx_is_watched_at_its_first_step_only(config, cpu):
+    # its own backward is the recipe's where no GradScaler scales it: the baseline takes it
+    with TrainingSetup(config(), gan_spec(functools.partial(around_ctx, how="own_backward")), cpu) as training:
+        training.step(training.fetch(training.batches()))
+    with TrainingSetup(config(amp="fp16", grad_scaler=True), GAN_SPEC, cpu) as training:
+        hooked = [p for p in training.model.parameters() if p._post_accumulate_grad_hooks]
+        assert hooked and all(o._optimizer_step_pre_hooks for o in training.optimizers.values())
+        batches = training.batches()
+        training.step(training.fetch(batches))
+        # the timed steps pay for no hook
+        assert not any(p._post_accumulate_grad_hooks for p in training.model.parameters())
+        assert not any(o._optimizer_step_pre_hooks for o in training.optimizers.values())
+        training.step(training.fetch(batches))
+
+
 def test_the_loss_guard_of_the_gan_against_itself_is_exact(config, cpu):
     # torch.manual_seed at setup, the batches' generator and ctx.generator: both sides draw the same numbers
     first = loss_trajectory(config(), GAN_SPEC, cpu)

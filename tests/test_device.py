@@ -250,7 +250,9 @@ def test_caps_from_a_recorded_gpu_identity_name_its_budget_sections_most_specifi
 
 @pytest.mark.parametrize(("key", "section"), [("cpu", True), ("cuda", True), ("sm_90", True), ("sm_100", True),
                                              ("NVIDIA L4", True), ("sm_9", False), ("mlp-baseline", False),
-                                             ("gpu", False)])
+                                             ("gpu", False), ("NVIDIA RTX A6000", True), ("AMD EPYC 7B13", False),
+                                             ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", False),
+                                             (" NVIDIA L4", False)])
 def test_a_budget_section_is_a_key_some_device_answers_to(key, section):
     assert device.is_budget_section(key) is section
 

@@ -230,7 +230,13 @@ def test_any_gpu_by_name_or_explicit_spec_is_planned():
                       ("name=X,memory_gib=8,capability=8.9", "sms missing: expected a whole number > 0"),
                       ("name=X,memory_gib=8,capability=8.9,sms=1,speed=9", "'speed=9' is not a field"),
                       ("name=X,memory_gib=8,capability=8.9,sms=1,count=0", "count='0': expected a whole number > 0"),
-                      ("NVIDIA B300", "unknown GPU 'NVIDIA B300'")):
+                      ("NVIDIA B300", "unknown GPU 'NVIDIA B300'"),
+                      # what the options' property test found: a machine of no GPU, a count int() cannot read, a
+                      # size 0 bytes or past a float (OverflowError)
+                      ("0xl4", "'0xl4': a machine has 1 or more GPUs, got 0"), ("²xl4", "unknown GPU '²xl4'"),
+                      ("name=X,memory_gib=1e-300,capability=8.9,sms=1", "memory_gib='1e-300': expected GiB > 0, from 1 "
+                                                                        "byte to under 2**63 bytes"),
+                      ("name=X,memory_gib=1e308,capability=8.9,sms=1", "memory_gib='1e308': expected GiB > 0")):
         with pytest.raises(GpuSpecError) as raised:
             parse_gpu(bad)
         assert said in str(raised.value) and "\n" not in str(raised.value)

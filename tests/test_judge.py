@@ -49,6 +49,9 @@ def test_a_case_without_a_budget_fails_only_where_budgets_are_required(result):
     required = Judge(require_budgets=True).judge(_outcome(result), _never)
     assert required.failures == ("mlp-baseline: no budget: no budgets file configured (--trainbench-require-budgets)",)
     assert required.budget_status == "FAIL"
+    # an entry two edits from its id (Budgets.misspelling): it fails without --trainbench-require-budgets
+    typo = dataclasses.replace(_outcome(result), budget_required=True, budget_missing="no budget for mlp-baseline, and ...")
+    assert Judge().judge(typo, _never).failures == ("mlp-baseline: no budget for mlp-baseline, and ...",)
 
 
 def test_a_missed_timed_bound_on_a_busy_machine_is_measured_again_as_often_as_allowed_then_inconclusive(result):

@@ -49,6 +49,17 @@ def test_without_a_ratio_budget_the_case_is_measured_alone(cpu, profile, budgets
     assert absolute.budget is not None and absolute.measuring == ALONE  # no ratio: its baseline is not needed
 
 
+def test_a_case_an_entry_nearly_names_must_have_a_budget(cpu, profile, tmp_path):
+    path = tmp_path / "budgets.toml"
+    path.write_text('[cpu."mlp-set_to_nnoe"]\nmax_ops_per_step = 3\n[cpu."mlp-optimzer_forech"]\nmax_ops_per_step = 3\n')
+    planner = _planner(cpu, profile)
+    typo = planner.plan("optimizer_foreach", "mlp", budgets=Budgets.load(path))
+    assert typo.budget is None and typo.budget_required and typo.outcome().budget_required
+    assert typo.budget_missing.startswith('no budget for mlp-optimizer_foreach, and [cpu."mlp-optimzer_forech"] of ')
+    unrelated = planner.plan("baseline", "mlp", budgets=Budgets.load(path))  # no entry near its id: it runs unbudgeted
+    assert unrelated.budget is None and not unrelated.budget_required
+
+
 def test_a_ratio_budget_pairs_the_case_with_its_baseline(cpu, profile, budgets):
     plan = _planner(cpu, profile).plan("set_to_none", "mlp", budgets=budgets)
     assert plan.measuring == PAIRED and plan.why_measuring is None

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from trainbench.core.files import write_json_atomic
-from trainbench.devices.host import SwitchError
+from trainbench.devices.host import EnvError
 
 from .shared import gpu_to_simulate
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             checks = run_checks(args.device, args.expect_cuda)
-        except SwitchError as e:
+        except EnvError as e:
             print(f"trainbench doctor: {e}", file=sys.stderr)
             return 2
     for line in format_checks(checks):

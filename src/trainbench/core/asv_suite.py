@@ -8,43 +8,33 @@ budgets file, so asv gets the same interleaved ratios and correctness guards.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from trainbench.core.cases import Case, all_cases
 from trainbench.core.eligibility import Context, why_not
-from trainbench.devices.host import env_switch
+from trainbench.devices.host import ASV_TIMEOUT_S, env_switch, env_value
 
-# Environment knobs for asv runs (asv passes no arguments to benchmarks):
+# Environment knobs for asv runs (asv passes no arguments to benchmarks), read as host.ENVIRONMENT says:
 CASES_ENV = "TRAINBENCH_ASV_CASES"  # regex: measure only matching case ids (e.g. a quick CI pass)
 SLOW_ENV = "TRAINBENCH_ASV_SLOW"  # "1": also the slow cases (torch.compile)
 DEVICE_ENV = "TRAINBENCH_ASV_DEVICE"  # auto | cpu | cuda | cuda:N
 TIMEOUT_ENV = "TRAINBENCH_ASV_TIMEOUT"  # seconds for the one setup_cache that measures every case
-# A GPU suite at full sizes takes well over an hour: 75 cases, paired baselines, fresh processes and torchrun ranks
-# that each start CUDA, and torch.compile warm-ups of minutes each. Two hours still leave the nightly job
-# (300 minutes) time for its gated pytest pass, so a timed-out asv pass is reported rather than the job killed.
-DEFAULT_TIMEOUT_S = 7200
+DEFAULT_TIMEOUT_S = ASV_TIMEOUT_S
 
 
 def cache_timeout_s() -> float:
-    """How long asv lets the whole suite's measurement run: $TRAINBENCH_ASV_TIMEOUT seconds, else two hours."""
-    value = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not value:
-        return DEFAULT_TIMEOUT_S
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")  # refused below, in the same one line
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV}={value!r}: the asv cache timeout must be a positive number of seconds "
-                         f"(unset: {DEFAULT_TIMEOUT_S})")
-    return seconds
+    """How long asv lets the whole suite's measurement run: $TRAINBENCH_ASV_TIMEOUT seconds, else two hours. A value
+    that is no positive number of seconds is refused in one line (``host.EnvError``)."""
+    return env_value(TIMEOUT_ENV)
 
 
 def case_ids() -> list[str]:
-    """The asv parameter list: every case id, or those matching $TRAINBENCH_ASV_CASES when it is set."""
-    pattern = os.environ.get(CASES_ENV)
+    """The asv parameter list: every case id, or those matching $TRAINBENCH_ASV_CASES when it is set. Every asv
+    variable is read here, as the suite loads: one that cannot be used stops it then, in one line."""
+    env_switch(SLOW_ENV)
+    env_value(DEVICE_ENV)
+    pattern = env_value(CASES_ENV)
     return [case.id for case in all_cases() if not pattern or re.search(pattern, case.id)]
 
 
@@ -72,8 +62,8 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     from trainbench.core.workloads import PROFILES
     from trainbench.devices.device import get_backend
 
-    pattern = pattern if pattern is not None else os.environ.get(CASES_ENV)
-    backend = get_backend(os.environ.get(DEVICE_ENV, "auto"))
+    pattern = pattern if pattern is not None else env_value(CASES_ENV)
+    backend = get_backend(env_value(DEVICE_ENV))
     profile = PROFILES[backend.profile_name]
     budgets = Budgets.load(budgets_path) if budgets_path else Budgets.empty()
     selected = re.compile(pattern) if pattern else None

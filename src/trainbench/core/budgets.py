@@ -21,12 +21,15 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainbench.core.metrics import ALIASES, METRICS, ThresholdError, parse_thresholds, resolve
 from trainbench.core.result import Result
-from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, is_budget_section
+from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, budget_section_problem
+from trainbench.devices.fleet import FLEET
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -108,6 +111,8 @@ class Budgets:
     @classmethod
     def load(cls, path: str | Path) -> Budgets:
         path = Path(path)
+        if any(unicodedata.category(c) == "Cc" for c in str(path)):  # every message names the file, in one line
+            raise BudgetError(f"{str(path)!r}: not a file path (a control character in it); expected a TOML budgets file")
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -116,6 +121,8 @@ class Budgets:
             raise BudgetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a TOML budgets file") from None
         except OSError as e:
             raise BudgetError(f"{path}: cannot read it ({e.strerror or e}); expected a TOML budgets file") from None
+        except ValueError as e:  # a name the file system cannot encode
+            raise BudgetError(f"{str(path)!r}: not a file path ({e}); expected a TOML budgets file") from None
         return cls.from_text(text, path)
 
     @classmethod
@@ -182,21 +189,34 @@ class Budgets:
         return sections
 
     def check_case_ids(self, known: set[str]) -> None:
-        """A case id that is no case but one edit away from a known one is a typo: ``BudgetError`` with "did you
-        mean". ``known``: every case id this session could produce that is knowable before it runs (the suite's,
-        the built-in workload x recipe pairs, the collected parameter ids). Other ids stand: a user's own spec or
-        recipe names its case only when it runs, and gets "no budget for ..." then if nothing matches."""
+        """A case id that is no case but one edit of a letter or punctuation from a known one is a typo:
+        ``BudgetError`` with "did you mean" (``typo_edits``). ``known``: every case id this session could produce
+        that is knowable before it runs (the suite's, the built-in workload x recipe pairs, the collected parameter
+        ids). Other ids stand: a user's own spec or recipe names its case only when it runs, and an entry two edits
+        from it fails that case then (``misspelling``)."""
+        candidates = sorted(known)
         for device_key, cases in self.sections.items():
             for case in cases:
                 if case == "*" or case in known:
                     continue
-                # A name longer or shorter by more than a letter is another spec's ("timm_resnet18" is not
-                # "resnet18" mistyped), however alike the two read.
-                close = [k for k in difflib.get_close_matches(case, known, n=3, cutoff=0.9) if abs(len(k) - len(case)) <= 1]
+                close = next((k for k in candidates if typo_edits(case, k) == 1), None)
                 if close:
                     raise BudgetError(f"{self.path}: [{device_key}.\"{case}\"] names no case; did you mean "
-                                      f"\"{close[0]}\"? (case ids are <workload>-<recipe> or a ladder rung's id, as "
-                                      "the summary table lists them)")
+                                      f"\"{close}\"? (one edit away; case ids are <workload>-<recipe> or a ladder "
+                                      "rung's id, as the summary table lists them)")
+
+    def misspelling(self, caps: DeviceCaps, case: str, known: Collection[str] = ()) -> str | None:
+        """Why ``case``, which has no entry on this device, fails for want of one: an entry of the sections it looks
+        in that names no known case (``known``) is at most ``TYPO_EDITS`` edits from its id (``typo_edits``), so the
+        budget meant for it checks nothing. None where there is no such entry."""
+        for key in self.device_keys(caps):
+            for entry in self.sections[key]:
+                edits = typo_edits(entry, case) if entry != "*" and entry not in known else None
+                if edits:
+                    return (f"no budget for {case}, and [{key}.\"{entry}\"] of {self.path} is {edits} edit"
+                            f"{'s' if edits > 1 else ''} from its id and names no case: a typo? Correct the entry's id, "
+                            f"or give {case} an entry of its own")
+        return None
 
     def device_keys(self, caps: DeviceCaps) -> list[str]:
         """The device's classes this file has a section for, most specific first."""
@@ -233,14 +253,48 @@ class Budgets:
         return thresholds
 
 
+# Edits of a letter or punctuation that make a budgets entry's case id a typo of a case's (``typo_edits``).
+TYPO_EDITS = 2
+
+
+def typo_edits(written: str, meant: str) -> int | None:
+    """How many edits of a letter or punctuation turn ``written`` into ``meant`` (insert, delete or replace one, or
+    swap two neighbours), from 1 to ``TYPO_EDITS``; None where they are equal, further apart, or differ in a digit: a
+    number names another model (resnet50 and resnet18 are two cases, as are amp_bf16 and amp_bf61), never a typo."""
+    if written == meant or abs(len(written) - len(meant)) > TYPO_EDITS:
+        return None
+    if [c for c in written if c.isdigit()] != [c for c in meant if c.isdigit()]:
+        return None
+    far = TYPO_EDITS + 1  # a digit's edit costs this: never within reach
+
+    def cost(*chars: str) -> int:
+        return far if any(c.isdigit() for c in chars) else 1
+
+    # the optimal string alignment distance, row by row
+    before, row = None, [min(far, sum(cost(c) for c in meant[:j])) for j in range(len(meant) + 1)]
+    for i, a in enumerate(written, 1):
+        current = [min(far, row[0] + cost(a))]
+        for j, b in enumerate(meant, 1):
+            best = min(row[j] + cost(a), current[j - 1] + cost(b), row[j - 1] + (0 if a == b else cost(a, b)))
+            if before is not None and j > 1 and a == meant[j - 2] and written[i - 2] == b and a != b:
+                best = min(best, before[j - 2] + cost(a, b))
+            current.append(min(far, best))
+        before, row = row, current
+    return row[-1] if row[-1] <= TYPO_EDITS else None
+
+
 def _check_device_key(key: str, path: Path) -> None:
-    """A section is ``cpu``, ``cuda``, ``sm_<XY>`` or a GPU's full name; a typo is an error, not a silent skip."""
-    if is_budget_section(key):
+    """A section is one some device answers to (``device.budget_section_problem``: ``cpu``, ``cuda``, ``sm_<XY>`` or a
+    GPU's full name); any other is an error, since it could never apply: a typo or a CPU's name, never a silent skip."""
+    names = [gpu.name for gpu in FLEET.values()]
+    why = budget_section_problem(key, names)
+    if why is None:
         return
-    close = difflib.get_close_matches(key, BUDGET_SECTION_EXAMPLES, n=1, cutoff=0.6)
-    hint = f"; did you mean [{close[0]}]?" if close else ""
-    raise BudgetError(f"{path}: unknown device section [{key}]: expected cpu, cuda, sm_<major><minor> or a GPU's full "
-                      f"name as PyTorch reports it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
+    known = {name.lower(): name for name in [*BUDGET_SECTION_EXAMPLES, *names]}
+    close = difflib.get_close_matches(key.strip().lower(), known, n=1, cutoff=0.6)
+    hint = f"; did you mean [{known[close[0]]}]?" if close else ""
+    raise BudgetError(f"{path}: unknown device section [{key}] ({why}): expected cpu, cuda, sm_<major><minor> or a "
+                      f"GPU's full name as PyTorch reports it (e.g. \"NVIDIA H100 80GB HBM3\"){hint}")
 
 
 def _check_consistent(bounds: list[Bound], where: str) -> None:

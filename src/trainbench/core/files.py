@@ -72,3 +72,5 @@ def cannot_write(folder: Path) -> str | None:
             return None
     except OSError as e:
         return e.strerror or str(e)
+    except ValueError as e:  # a NUL in the path: no file system takes it
+        return str(e)

@@ -73,6 +73,8 @@ class Judge:
     def check_budget(self, outcome: CaseOutcome, untimed: str | None = None) -> CaseOutcome:
         """``outcome`` with its budget verdicts, and a failure line for each bound it missed."""
         if outcome.budget is None:
+            if outcome.budget_required:  # an entry that nearly names the case (a typo) must not leave it unchecked
+                return outcome.failing(f"{outcome.case}: {outcome.budget_missing}")
             if not self.require_budgets:
                 return outcome
             return replace(outcome, budget_required=True).failing(

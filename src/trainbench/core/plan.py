@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from trainbench.core.budgets import Budgets, CaseBudget
+from trainbench.core.cases import known_case_ids
 from trainbench.core.eligibility import Context, MemoryLimit, does_not_fit, why_not
 from trainbench.core.outcome import CaseOutcome, case_id
 from trainbench.core.predict import PredictionCache
@@ -69,6 +70,7 @@ class CasePlan:
     skipped: str | None = None  # why the case cannot run here (eligibility.why_not)
     budget: CaseBudget | None = None
     budget_missing: str | None = None  # why no budget applies
+    budget_required: bool = False  # a missing budget fails the case: an entry nearly names it (Budgets.misspelling)
     measuring: str = ALONE  # FRESH_PROCESSES, PAIRED, BASELINE_AFTER or ALONE
     # Why a fresh process, why the baseline is not interleaved, or why it is where no ratio budget asks for it.
     why_measuring: str | None = None
@@ -95,7 +97,8 @@ class CasePlan:
     def outcome(self) -> CaseOutcome:
         """The outcome a measurement starts from (only the skip reason, for a case that cannot run)."""
         return CaseOutcome(self.case, self.recipe, skipped=self.skipped, baseline_recipe=self.baseline,
-                           budget=self.budget, budget_missing=self.budget_missing, ladder=self.ladder)
+                           budget=self.budget, budget_missing=self.budget_missing,
+                           budget_required=self.budget_required, ladder=self.ladder)
 
 
 class Planner:
@@ -133,14 +136,15 @@ class Planner:
         if skipped:
             return replace(plan, skipped=skipped)
         budget, missing = (budgets or Budgets.empty()).lookup(self.caps, plan.case)
+        misspelt = budgets.misspelling(self.caps, plan.case, known_case_ids()) if budget is None and budgets else None
         measuring, why = self._measuring(plan, budget, measured)
         notes = ()
         if judged_on:
             note = (f"judged against {base.name} with both on {judged_on['synthetic']}-side synthetic batches: the "
                     "loader-bound baseline's data path would hide (or fake) a compute change")
             notes = (note,)
-        return replace(plan, budget=budget, budget_missing=missing, measuring=measuring, why_measuring=why,
-                       notes=notes)
+        return replace(plan, budget=budget, budget_missing=misspelt or missing, budget_required=misspelt is not None,
+                       measuring=measuring, why_measuring=why, notes=notes)
 
     def why_skipped(self, plan: CasePlan) -> str | None:
         """Why the case cannot run here: the case, then its baseline, then whether each fits the device's memory

@@ -373,9 +373,9 @@ class SharedPredictions:
 
     @classmethod
     def from_environment(cls, backend: Backend, what: str = "memory") -> SharedPredictions:
-        import os
+        from trainbench.devices.host import env_value
 
-        return cls(os.environ.get(cls.ENV), backend, what)
+        return cls(env_value(cls.ENV), backend, what)
 
     def _key(self, key: tuple) -> str:
         return self.prefix + repr(key)

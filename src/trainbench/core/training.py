@@ -453,14 +453,76 @@ class StepContext:
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         scaler = self._training.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
+        with self._training.through_context("backward"):
+            (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         self._training.zero_grad(self._resolve(optimizer)[1])
 
     def step(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         name, optimizer = self._resolve(optimizer)
-        self._training.step_optimizer(optimizer, name)
+        with self._training.through_context("step"):
+            self._training.step_optimizer(optimizer, name)
+
+
+class FirstStepWatch:
+    """What a custom step does beside its ``ctx`` at its first step, where the recipe works through ``ctx.step`` and
+    ``ctx.backward``: an optimizer's ``step()`` called outside ``ctx.step`` (optimizer step pre-hooks), a backward
+    outside ``ctx.backward`` where the recipe's GradScaler must scale it (hooks after each parameter's gradient
+    accumulates), or no ``ctx.step`` at all. ``problem`` says which, once; its hooks are then removed, so no timed
+    step pays for them."""
+
+    def __init__(self, spec_name: str, optimizers: Mapping[str, torch.optim.Optimizer], parameters, scaled: bool):
+        self.spec_name = spec_name
+        self.inside: set[str] = set()  # the ctx calls running now ("step", "backward")
+        self.ctx_steps = 0
+        self.stray_steps: list[str] = []  # optimizers stepped outside ctx.step, by name
+        self.stray_backward = False
+        self._handles = [optimizer.register_step_pre_hook(functools.partial(self._stepped, name))
+                         for name, optimizer in optimizers.items()]
+        if scaled:  # only a GradScaler changes what ctx.backward does
+            self._handles += [p.register_post_accumulate_grad_hook(self._accumulated)
+                              for p in parameters if p.requires_grad]
+
+    @contextlib.contextmanager
+    def through(self, call: str) -> Iterator[None]:
+        if call == "step" and self.stray_backward:  # before the GradScaler unscales what it never scaled (or asserts)
+            raise SpecError(self.problem())
+        self.inside.add(call)
+        try:
+            yield
+        finally:
+            self.inside.discard(call)
+            self.ctx_steps += call == "step"
+
+    def _stepped(self, name: str, optimizer, args, kwargs) -> None:
+        if "step" not in self.inside and name not in self.stray_steps:
+            self.stray_steps.append(name)
+
+    def _accumulated(self, parameter: torch.Tensor) -> None:
+        if "backward" not in self.inside:
+            self.stray_backward = True
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def problem(self) -> str | None:
+        """What the first step did beside the recipe, and what it must do instead; None where it went through ctx."""
+        where = f"training spec {self.spec_name!r}: the step"
+        if self.stray_steps:
+            name = self.stray_steps[0]
+            return (f"{where} called optimizer {name!r}'s step() itself, outside ctx.step: the recipe's optimizer step "
+                    f"(its GradScaler, the guards' view of the update) never applied to it; call ctx.step({name!r}) "
+                    "instead")
+        if self.stray_backward:
+            return (f"{where} ran a backward outside ctx.backward (loss.backward()?) under a recipe with a GradScaler: "
+                    "that loss was never scaled, yet ctx.step unscales its gradients; call ctx.backward(loss) instead")
+        if not self.ctx_steps:
+            return (f"{where} never called ctx.step: no optimizer was updated through the recipe, so what it measures "
+                    "is no training step; update each optimizer with ctx.step(optimizer)")
+        return None
 
 
 class TrainingSetup:
@@ -498,6 +560,11 @@ class TrainingSetup:
         self.optimizers = build_optimizers(spec, self.model, config.optimizer_impl)
         self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
         self.context = StepContext(self) if spec.custom_step else None
+        # A custom step's first step is watched for what it does beside ctx (custom_step checks it)
+        self._watch = FirstStepWatch(spec.name, self.optimizers, self.model.parameters(), self.scaler is not None) \
+            if spec.custom_step else None
+        if self._watch is not None:
+            self._closers.callback(self._watch.remove)
         # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
         self.stepped_gradients: dict[str, torch.Tensor] | None = None
         self._times_stepped: Counter[str] = Counter()
@@ -799,8 +866,18 @@ class TrainingSetup:
         if not self._loss_checked:
             self._check_loss_returned(loss, "step")
             self._loss_checked = True
+        if self._watch is not None:  # the first step: did the recipe apply?
+            watch, self._watch = self._watch, None
+            watch.remove()
+            problem = watch.problem()
+            if problem:
+                raise SpecError(problem)
         self.update_scaler()
         return loss
+
+    def through_context(self, call: str) -> contextlib.AbstractContextManager[None]:
+        """Around ``ctx.step`` and ``ctx.backward``: what the first step's watch counts as done through the recipe."""
+        return self._watch.through(call) if self._watch is not None else contextlib.nullcontext()
 
     def optimizer_step(self) -> None:
         """The update of every optimizer, through the GradScaler where there is one (it skips a step whose gradients

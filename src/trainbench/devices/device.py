@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from trainbench.devices.host import is_device_spec
+
 # Dense peak tensor/vector throughput in TFLOP/s per GPU model and form factor, from NVIDIA's
 # data sheets (halved where a sheet quotes 2:4 sparsity). A GPU is matched by the whole name
 # torch.cuda.get_device_name() gives, most specific pattern first: "L4" must not match
@@ -123,7 +125,7 @@ class DeviceCaps:
         """Budget-file sections to try for this device, most specific first."""
         if not self.cuda:
             return ["cpu"]
-        keys = [self.name]
+        keys = [self.name] if gpu_name_problem(self.name) is None else []  # a section so named is refused: none applies
         if self.capability:
             keys.append(f"sm_{self.capability[0]}{self.capability[1]}")
         return keys + ["cuda"]
@@ -132,11 +134,41 @@ class DeviceCaps:
 # Budget-file sections a typo is most likely meant for ("did you mean").
 BUDGET_SECTION_EXAMPLES = ["cpu", "cuda", "sm_70", "sm_80", "sm_90"]
 
+# What a CPU's model name has (/proc/cpuinfo's "model name": a CPU backend's name) and no GPU's name (get_device_name)
+# has: a budgets section named after the CPU ("AMD EPYC 7B13", the name a "no section for ..." line shows) can
+# never apply, since a CPU answers to [cpu] only.
+_CPU_NAME = re.compile(r"\b(?:CPU|Processor|EPYC|Xeon|Ryzen|Threadripper|Opteron|Core\(TM\)|Pentium|Celeron|Atom|"
+                       r"Neoverse|Graviton|Altra|Kunpeng)\b|\d\s*GHz\b|^Apple M\d", re.IGNORECASE)
+
+
+def gpu_name_problem(name: str) -> str | None:
+    """Why no GPU's full name as the driver gives it (``get_device_name``) can be ``name``, or None where one may be:
+    several words ("Tesla T4", "NVIDIA L4"), no space around them, and no CPU's name. A GPU's name is a budgets
+    section exactly when this says None (``DeviceCaps.budget_keys``): real GPUs beyond ``fleet.FLEET`` included."""
+    if " " not in name.strip():
+        return "neither a device class nor a GPU's full name, which has several words"
+    if name != name.strip():
+        return "spaces around a name: a GPU's has none, and sections match it exactly"
+    if _CPU_NAME.search(name) or name == _cpu_model():
+        return "a CPU's name: a CPU answers to [cpu] only"
+    return None
+
+
+def budget_section_problem(key: str, gpu_names=()) -> str | None:
+    """Why no device answers to budgets section ``key`` (``DeviceCaps.budget_keys``), or None where some device does:
+    ``cpu`` (every CPU), ``cuda`` (every GPU), ``sm_<major><minor>`` (a GPU of that capability) or a GPU's full name
+    (``gpu_name_problem``). ``gpu_names``: GPU names known here (the fleet's): one written in other letter case
+    never matches it, and no other GPU has it."""
+    if key in ("cpu", "cuda") or re.fullmatch(r"sm_\d{2,3}", key):
+        return None
+    if any(name.lower() == key.strip().lower() and name != key for name in gpu_names):
+        return "a GPU's name written otherwise: sections match it exactly"
+    return gpu_name_problem(key)
+
 
 def is_budget_section(key: str) -> bool:
-    """A budgets-file section some device answers to (``DeviceCaps.budget_keys``): ``cpu``, ``cuda``,
-    ``sm_<major><minor>``, or a GPU's full name (which always has a space, "Tesla T4", "NVIDIA L4")."""
-    return key in ("cpu", "cuda") or re.fullmatch(r"sm_\d{2,3}", key) is not None or " " in key.strip()
+    """A budgets-file section some device answers to (``budget_section_problem``)."""
+    return budget_section_problem(key) is None
 
 
 @dataclass(frozen=True)
@@ -779,6 +811,8 @@ def get_backend(spec: str | None = None) -> Backend:
     """
     if spec in (None, "", "auto"):
         spec = "cuda" if cuda_available() else "cpu"
+    if not is_device_spec(spec):  # torch.device's own errors are many and may span lines ("x\ny")
+        raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
     device = torch.device(spec)
     if device.type == "cpu":
         return CpuBackend(device)
@@ -788,7 +822,7 @@ def get_backend(spec: str | None = None) -> Backend:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
         return CudaBackend(device)
-    raise ValueError(f"unsupported device {spec!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    raise ValueError(f"unsupported device {spec!r}: no backend serves it")  # a kind is_device_spec admits, none here
 
 
 @functools.lru_cache(maxsize=1)  # read once: every measurement records the device identity

@@ -89,7 +89,9 @@ def find_gpu(model: str) -> Gpu:
     if model in FLEET:
         return FLEET[model]
     count, _, rest = model.partition("x")
-    name, times = (rest, int(count)) if count.isdigit() and rest else (model, 1)
+    name, times = (rest, int(count)) if count.isascii() and count.isdigit() and rest else (model, 1)
+    if times < 1:
+        raise KeyError(f"{model!r}: a machine has 1 or more GPUs, got {times}")
     for gpu in FLEET.values():
         if gpu.count == 1 and name in (gpu.name, gpu.key):
             return gpu if times == 1 else gpu.times(times)
@@ -133,8 +135,12 @@ def parse_gpu(text: str) -> Gpu:
     capability = _capability(fields["capability"])
     peaks = tuple((p, _number(fields, f"tflops_{p}")) for p in PRECISIONS if f"tflops_{p}" in fields)
     count = int(_number(fields, "count", whole=True)) if "count" in fields else 1
+    memory_bytes = _number(fields, "memory_gib") * GiB
+    if not 1 <= memory_bytes < 2**63:  # 0 bytes, or more than any size a device reports (float("inf") among them)
+        raise GpuSpecError(f"GPU spec: memory_gib={fields['memory_gib']!r}: expected {_SPEC_FIELDS['memory_gib']}, "
+                           "from 1 byte to under 2**63 bytes")
     gpu = Gpu(key=fields["name"], name=fields["name"], capability=capability,
-              memory_bytes=_gib(_number(fields, "memory_gib")), multiprocessors=int(_number(fields, "sms", whole=True)),
+              memory_bytes=int(memory_bytes), multiprocessors=int(_number(fields, "sms", whole=True)),
               bf16=_flag(fields["bf16"]) if "bf16" in fields else capability >= (8, 0),
               bandwidth_gbs=_number(fields, "bandwidth_gbs") if "bandwidth_gbs" in fields else None, peaks=peaks)
     return gpu if count == 1 else gpu.times(count)

@@ -11,6 +11,7 @@ import shutil
 import sys
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 # Environment variables that change what a timing measures, and why. A variable counts when set
@@ -34,32 +35,112 @@ LOG_LEVEL_ENV = ("CUBLASLT_LOG_LEVEL",)
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n"}
 
-# trainbench's own switches in the environment, and what "on" means: every reader asks ``env_switch``, so "0" is
-# off everywhere and a value that is neither on nor off is refused in one line, never read as on (or off).
-SWITCHES: dict[str, str] = {
-    "TRAINBENCH_EXPECT_CUDA": "a GPU must be usable, as --trainbench-expect-cuda and doctor --expect-cuda",
-    "TRAINBENCH_IGNORE_DOCTOR": "a session runs past the doctor's blockers",
-    "TRAINBENCH_PREDICT_MEMORY": "memory is predicted under fake tensors (default on; off as --trainbench-no-predict)",
-    "TRAINBENCH_ASV_SLOW": "asv measures the slow cases (torch.compile) too",
+@dataclass(frozen=True)
+class Variable:
+    """One of trainbench's own environment variables: what it sets, how its value reads, and its value where unset
+    or blank."""
+
+    what: str
+    kind: str  # "switch" (on/off), "seconds" (> 0), "device" (auto, cpu, cuda, cuda:N), "pattern" (a regex), "path"
+    default: object = None
+
+
+# A GPU suite at full sizes takes well over an hour: 75 cases, paired baselines, fresh processes and torchrun ranks
+# that each start CUDA, and torch.compile warm-ups of minutes each. Two hours still leave the nightly job
+# (300 minutes) time for its gated pytest pass, so a timed-out asv pass is reported rather than the job killed.
+ASV_TIMEOUT_S = 7200
+
+# Every TRAINBENCH_* variable the package reads, and the one reader (``env_value``): "0" is off everywhere, and a value
+# a variable cannot take is refused in one line, never read as something else (tests/test_architecture.py keeps every
+# read of one here).
+ENVIRONMENT: dict[str, Variable] = {
+    "TRAINBENCH_EXPECT_CUDA": Variable("a GPU must be usable, as --trainbench-expect-cuda and doctor --expect-cuda",
+                                       "switch", False),
+    "TRAINBENCH_IGNORE_DOCTOR": Variable("a session runs past the doctor's blockers", "switch", False),
+    "TRAINBENCH_PREDICT_MEMORY": Variable("memory is predicted under fake tensors (default on; off as "
+                                          "--trainbench-no-predict)", "switch", True),
+    "TRAINBENCH_ASV_SLOW": Variable("asv measures the slow cases (torch.compile) too", "switch", False),
+    "TRAINBENCH_ASV_CASES": Variable("asv measures only the case ids this regular expression matches", "pattern"),
+    "TRAINBENCH_ASV_DEVICE": Variable("the device asv measures on", "device", "auto"),
+    "TRAINBENCH_ASV_TIMEOUT": Variable("the asv cache timeout", "seconds", ASV_TIMEOUT_S),
+    "TRAINBENCH_PREDICTIONS_FILE": Variable("the JSON file one job's processes share their predictions in", "path"),
+    # set by trainbench for the processes it starts: an A/B side's worker, the pytest that reads a user's project
+    "TRAINBENCH_AB_DEVICE": Variable("the device an A/B side measures on", "device", "auto"),
+    "TRAINBENCH_PROJECT_PROBE": Variable("where a probed project's pytest writes what it resolved", "path"),
 }
+# The on/off ones: every reader asks ``env_switch``.
+SWITCHES: dict[str, str] = {name: v.what for name, v in ENVIRONMENT.items() if v.kind == "switch"}
 
 
-class SwitchError(ValueError):
-    """A switch set to a value that is neither on nor off; the message names it."""
+class EnvError(ValueError):
+    """A trainbench variable set to a value it cannot take; the message, one line, names it and what is expected."""
 
 
-def env_switch(name: str, environ: Mapping[str, str] | None = None, default: bool = False) -> bool:
-    """Whether switch ``name`` (a ``SWITCHES`` entry) is on: 1/true/yes/on, or 0/false/no/off; unset or empty:
-    ``default``. Anything else raises ``SwitchError``."""
-    if name not in SWITCHES:
-        raise KeyError(f"{name}: not a trainbench switch; add it to host.SWITCHES")
+def env_value(name: str, environ: Mapping[str, str] | None = None):
+    """The value of trainbench's variable ``name`` (an ``ENVIRONMENT`` entry) in ``environ`` (default: this process's),
+    read as its kind says: a bool, seconds (a float > 0), a device ("auto", "cpu", "cuda", "cuda:N"), a regular
+    expression or a path (a string); its default where unset or blank. Anything else raises ``EnvError``."""
+    if name not in ENVIRONMENT:
+        raise KeyError(f"{name}: not a trainbench variable; add it to host.ENVIRONMENT")
+    variable = ENVIRONMENT[name]
     value = (os.environ if environ is None else environ).get(name)
-    said = (value or "").strip().lower()
+    said = (value or "").strip()
     if not said:
-        return default
-    if said in _TRUE or said in _FALSE:
-        return said in _TRUE
-    raise SwitchError(f"{name}={value!r}: expected 1 or 0 (or true/false, yes/no, on/off): {SWITCHES[name]}")
+        return variable.default
+    reader = {"switch": _switch, "seconds": _seconds, "device": _device, "pattern": _pattern, "path": _path}
+    return reader[variable.kind](name, value, said, variable)
+
+
+def env_switch(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether switch ``name`` (a ``SWITCHES`` entry) is on: 1/true/yes/on, or 0/false/no/off; unset or empty: its
+    default (``ENVIRONMENT``). Anything else raises ``EnvError``."""
+    if name not in SWITCHES:
+        raise KeyError(f"{name}: not a trainbench switch; add it to host.ENVIRONMENT")
+    return env_value(name, environ)
+
+
+def _switch(name: str, value: str, said: str, variable: Variable) -> bool:
+    if said.lower() in _TRUE or said.lower() in _FALSE:
+        return said.lower() in _TRUE
+    raise EnvError(f"{name}={value!r}: expected 1 or 0 (or true/false, yes/no, on/off): {variable.what}")
+
+
+def _seconds(name: str, value: str, said: str, variable: Variable) -> float:
+    try:
+        seconds = float(said)
+    except ValueError:
+        seconds = float("nan")  # refused below, in the same one line
+    if not 0 < seconds < float("inf"):
+        raise EnvError(f"{name}={value!r}: {variable.what} must be a positive number of seconds "
+                       f"(unset: {variable.default})")
+    return seconds
+
+
+def is_device_spec(text: str) -> bool:
+    """Whether ``text`` names a device trainbench trains on: auto, cpu, cuda or cuda:N (N a GPU's index)."""
+    return text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit())
+
+
+def _device(name: str, value: str, said: str, variable: Variable) -> str:
+    if is_device_spec(said):
+        return said
+    raise EnvError(f"{name}={value!r}: expected auto, cpu, cuda or cuda:N: {variable.what}")
+
+
+def _pattern(name: str, value: str, said: str, variable: Variable) -> str:
+    import re
+
+    try:
+        re.compile(value)
+    except (re.error, OverflowError, RecursionError, ValueError) as e:
+        raise EnvError(f"{name}={value!r}: not a regular expression ({e}): {variable.what}") from None
+    return value
+
+
+def _path(name: str, value: str, said: str, variable: Variable) -> str:
+    if "\0" in value:
+        raise EnvError(f"{name}={value!r}: expected a file path (no NUL character): {variable.what}")
+    return value
 
 
 def _is_true(value: str | None) -> bool:

@@ -148,7 +148,7 @@ class TrainBench:
         self.session.forecast(outcome, self.config)
         for line in outcome.inconclusive:
             warnings.warn(InconclusiveTimingWarning(line), stacklevel=3)
-        if outcome.budget is None and not self.session.options.require_budgets:
+        if outcome.budget is None and not (self.session.options.require_budgets or outcome.budget_required):
             self.unbudgeted(outcome.case, outcome.budget_missing)
         if outcome.failures:
             pytest.fail("trainbench checks failed:\n" + "\n".join(outcome.failures), pytrace=False)

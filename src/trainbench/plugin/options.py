@@ -124,18 +124,24 @@ AB_PAIRS = 12
 DEFAULT_REMEASURE_S = 120.0
 
 
-def _switch(name: str, default: bool = False) -> bool:
+def _switch(name: str) -> bool:
     """A ``host.SWITCHES`` environment switch, read once here: a value neither on nor off stops the session."""
-    from trainbench.devices.host import SwitchError, env_switch
+    from trainbench.devices.host import EnvError, env_switch
 
     try:
-        return env_switch(name, default=default)
-    except SwitchError as e:
+        return env_switch(name)
+    except EnvError as e:
         raise usage_error(str(e)) from None
 
 
 def usage_error(message: str) -> pytest.UsageError:
     return pytest.UsageError(f"trainbench: {message}")
+
+
+def shown(value) -> str:
+    """A value as a one-line message shows it: as given, or quoted where it holds what a line cannot (a newline)."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
 
 
 @dataclass(frozen=True)
@@ -190,8 +196,7 @@ class Options:
             profile_name=config.getoption("--trainbench-profile"),
             expect_cuda=config.getoption("--trainbench-expect-cuda"),
             run_slow=config.getoption("--trainbench-slow"),
-            predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY",
-                                                                                      default=True),
+            predict_memory=not config.getoption("--trainbench-no-predict") and _switch("TRAINBENCH_PREDICT_MEMORY"),
             ignore_doctor=_switch("TRAINBENCH_IGNORE_DOCTOR"),
             costs=config.getoption("--trainbench-costs"),
             quick=_quick(config),
@@ -251,7 +256,7 @@ def _simulated_gpu(config, ab: bool, gated: bool):
     except GpuSpecError as e:
         raise usage_error(f"--trainbench-simulate-gpu: {e}") from None
     device = config.getoption("--trainbench-device")
-    conflicting = ((f"--trainbench-device={device}" if device not in ("", "auto") else None)
+    conflicting = ((f"--trainbench-device={shown(device)}" if device not in ("", "auto") else None)
                    or ("--trainbench-ab" if ab else None) or ("--trainbench-compare-fail" if gated else None))
     if conflicting:
         raise usage_error(f"--trainbench-simulate-gpu with {conflicting}: a simulated GPU runs and measures nothing; "
@@ -320,9 +325,9 @@ def _check_python(option: str, python: str) -> None:
         return
     path = Path(python)
     if path.is_file() or path.is_dir():
-        raise usage_error(f"{option}={python}: not an executable Python (expected a python interpreter, or a script "
+        raise usage_error(f"{option}={shown(python)}: not an executable Python (expected a python interpreter, or a script "
                           "that execs one, with its executable bit set)")
-    raise usage_error(f"{option}={python}: no such executable" + ("" if os.sep in python else " on PATH"))
+    raise usage_error(f"{option}={shown(python)}: no such executable" + ("" if os.sep in python else " on PATH"))
 
 
 def _trace_request(config):

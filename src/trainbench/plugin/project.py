@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from trainbench.devices.host import env_value
 from trainbench.plugin.fixture import SESSION
 from trainbench.plugin.options import BUDGETS_FILE, discover_budgets
 from trainbench.verdicts.store import matching_runs, storage_folder
@@ -125,7 +126,7 @@ def measure_run(project: Project, pytest_args: list[str] | tuple[str, ...] = (),
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session):
     """Write what this pytest resolved, then collect nothing (no test module is imported)."""
-    out = os.environ.get(PROBE_ENV)
+    out = env_value(PROBE_ENV)
     if not out:
         return None
     config = session.config

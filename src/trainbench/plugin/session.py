@@ -19,7 +19,7 @@ import pytest
 
 from trainbench.core.files import cannot_write, write_json_atomic
 from trainbench.plugin import benchmark_adapter
-from trainbench.plugin.options import Options, discover_budgets, usage_error
+from trainbench.plugin.options import Options, discover_budgets, shown, usage_error
 from trainbench.plugin.summary import write_ab, write_nothing_compared, write_summary
 from trainbench.verdicts.store import (
     ENVIRONMENT_KEY,
@@ -145,11 +145,7 @@ class TrainbenchSession:
     # -- set-up ---------------------------------------------------------------------------------------
     def start(self, config) -> None:
         """Checks that need more than the options: the device named, the one budgets file, the baseline."""
-        if self.options.device_spec not in ("", "auto") or self.options.simulate_gpu is not None:
-            try:  # an explicit device that is not there (or a GPU this torch has no kernels for) is a set-up error
-                self.backend  # noqa: B018
-            except (RuntimeError, ValueError) as e:
-                raise usage_error(str(e)) from None
+        self._check_device()
         if self.options.budgets_override is not None:
             self.budgets(self.options.budgets_override)  # a malformed file stops the session here
         if self.options.ab is not None:
@@ -163,6 +159,17 @@ class TrainbenchSession:
                                   ("--trainbench-attribution-json", self.options.attribution_json)])
         self._check_writable([("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)])
 
+    def _check_device(self) -> None:
+        """An explicit device that is not there, or no device (``cuda:x``), or a GPU this torch has no kernels for, is a
+        set-up error naming --trainbench-device; "auto" is left to the first case (no torch for a session without)."""
+        spec = self.options.device_spec
+        if spec in ("", "auto") and self.options.simulate_gpu is None:
+            return
+        try:
+            self.backend  # noqa: B018
+        except (RuntimeError, ValueError) as e:
+            raise usage_error(f"--trainbench-device={shown(spec)}: {e}" if spec not in ("", "auto") else str(e)) from None
+
     @staticmethod
     def _check_writable(outputs: list[tuple[str, Path | None]]) -> None:
         """Every folder the session will write into takes a file now: found after the whole run, an unwritable one
@@ -170,7 +177,7 @@ class TrainbenchSession:
         for option, folder in outputs:
             problem = folder is not None and cannot_write(folder)
             if problem:
-                raise usage_error(f"{option}: cannot write into {folder} ({problem}); expected a writable folder")
+                raise usage_error(f"{option}: cannot write into {shown(folder)} ({problem}); expected a writable folder")
 
     @classmethod
     def _check_output_files(cls, outputs: list[tuple[str, Path | None]]) -> None:
@@ -181,7 +188,8 @@ class TrainbenchSession:
                 continue
             path = Path(path)
             if path.is_dir():
-                raise usage_error(f"{option}={path}: is a folder; expected a file path (e.g. {path / 'out.json'})")
+                raise usage_error(f"{option}={shown(path)}: is a folder; expected a file path (e.g. "
+                                  f"{shown(path / 'out.json')})")
             cls._check_writable([(option, path.parent)])
 
     @staticmethod
@@ -363,6 +371,8 @@ class TrainbenchSession:
                 paths.add(path)
         if any(path is not None for path in paths):
             self._check_budget_case_ids(paths, items)
+        if self.collected:
+            self._start_ab()  # last: the other checks take no seconds
 
     def _check_budget_case_ids(self, paths: set, items) -> None:
         """A budgets entry one typo away from a case id fails the session at start-up, not silently at the end."""
@@ -395,6 +405,18 @@ class TrainbenchSession:
         if blockers and not self.options.ignore_doctor:
             raise usage_error("the runner is not ready (python -m trainbench doctor shows every check; "
                               "TRAINBENCH_IGNORE_DOCTOR=1 runs anyway):\n" + "\n".join(blockers))
+
+    def _start_ab(self) -> None:
+        """Both A/B sides started and their handshake checked before the first case: a side whose Python cannot
+        import trainbench, or speaks another protocol, stops the session in one line (it failed every case alike)."""
+        if self.ab is None:
+            return
+        from trainbench.verdicts.ab import SideError
+
+        try:
+            self.ab.start(self.runner.settings.no_progress_s)
+        except SideError as e:
+            raise usage_error(f"--trainbench-ab: the A/B sides could not start: {e}") from None
 
     def _marker_skip_reason(self, item) -> str | None:
         """Why the trainbench markers on ``item`` rule it out on this session's device (``eligibility.why_not``)."""

@@ -324,19 +324,25 @@ class ABSession:
 
     def run(self, case: ABCase, thresholds: dict[str, float], head_slowdown: float = 0.0,
             alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
-        if self.start_failed is not None:  # once: a side that could not start is not waited for again each case
-            raise SideError(self.start_failed)
-        if self.sides is None:  # a side silent past the case's no-progress limit is stopped, naming its Python
-            try:
-                base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env,
-                                                    limit_s=case.settings.get("no_progress_s"))
-            except SideError as e:
-                self.start_failed = str(e)
-                raise
-            self.sides = (base, head)
+        self.start(case.settings.get("no_progress_s"))
         outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol, self.remeasure_s)
         self.outcomes.append(outcome)
         return outcome
+
+    def start(self, limit_s: float | None) -> None:
+        """Both sides started and their handshake checked (``ab_transport.start``), once: the session does it before
+        its first case, so a side without trainbench, or with another protocol, stops it in one line. A side silent
+        past ``limit_s`` (the no-progress limit) is stopped, naming its Python."""
+        if self.start_failed is not None:  # once: a side that could not start is not waited for again each case
+            raise SideError(self.start_failed)
+        if self.sides is not None:
+            return
+        try:
+            base, head, self.identities = start(self.base_python, self.head_python, self.env, self.env, limit_s=limit_s)
+        except SideError as e:
+            self.start_failed = str(e)
+            raise
+        self.sides = (base, head)
 
     def verdict(self, gated: bool, allow_inconclusive: bool = False) -> Verdict:
         return verdict(self.outcomes, self.identities, gated, allow_inconclusive)

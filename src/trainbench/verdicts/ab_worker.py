@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import trainbench
 from trainbench.core.watchdog import watch
 from trainbench.devices.environment import installed_packages
+from trainbench.devices.host import env_value
 
 PROTOCOL = 5  # 2: round takes rewarm_steps; 3: round answers cpu_time_s, snapshot; 4: profile; 5: progress lines
 
@@ -33,7 +34,7 @@ class _Worker:
     def hello(self) -> dict:
         from trainbench.devices.device import get_backend
 
-        self.backend = get_backend(os.environ.get("TRAINBENCH_AB_DEVICE", "auto"))
+        self.backend = get_backend(env_value("TRAINBENCH_AB_DEVICE"))
         # the side's installed packages: the verdict names those that differ between the sides
         return {"protocol": PROTOCOL, "trainbench": trainbench.__version__, "python": sys.executable,
                 "identity": self.backend.identity(), "packages": installed_packages()}

@@ -59,11 +59,11 @@ class Calibration:
 
 
 def device_key_of(device: dict) -> str:
-    """The budgets section a run's device belongs to: ``cpu``, or the GPU's full name."""
+    """The budgets section a run's device belongs to, its most specific: ``cpu``, or the GPU's full name."""
     caps = DeviceCaps.from_identity(device)
     if not device.get("kind") or caps.cuda and not device.get("name"):
         raise CalibrationError("the run names no device (machine_info['trainbench'] is missing)")
-    return caps.name if caps.cuda else caps.budget_keys[0]
+    return caps.budget_keys[0]
 
 
 def _round_up(value: float) -> float | int:
