@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import pytest
 import torch
 
 from trainbench.core.budgets import Budgets
@@ -140,3 +141,67 @@ def test_a_case_that_fits_runs(profile, quick, device_of_memory):
     assert runner.planner.plan(larger_batch, mlp).skipped is None
     outcome = runner.run("larger_batch", "mlp")
     assert outcome.skipped is None and outcome.result.batch_size == 4 * profile.batch_size
+
+
+# -- batches whose shapes vary: work and memory from a fixed window of the seeded stream ---------------------------
+
+VOCAB = 50
+
+
+def _padded(rows: list[torch.Tensor]) -> dict:
+    """Rows padded (0) to the longest of the batch, as a collate that pads per batch does."""
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    return {"ids": ids, "labels": ids.masked_fill(ids == 0, -100)}
+
+
+class _Texts(torch.utils.data.Dataset):
+    """Token rows of seeded random lengths."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(0)
+        self.rows = [torch.randint(1, VOCAB, (int(n),), generator=gen) for n in torch.randint(2, 24, (64,), generator=gen)]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def _lengths_from_the_generator(batch_size: int, gen: torch.Generator) -> dict:
+    return _padded([torch.randint(1, VOCAB, (int(n),), generator=gen)
+                    for n in torch.randint(2, 24, (batch_size,), generator=gen)])
+
+
+def _padded_lm(data: str):
+    import functools
+
+    from trainbench.core.spec import TrainingSpec
+
+    def loss(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["ids"]).flatten(0, 1), batch["labels"].flatten())
+
+    source = ({"batches": _lengths_from_the_generator} if data == "factory" else
+              {"dataset": _Texts, "collate_fn": _padded})
+    return TrainingSpec(f"padded_{data}", lambda: torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16),
+                                                                      torch.nn.Linear(16, VOCAB)),
+                        loss_fn=loss, optimizer=functools.partial(torch.optim.Adam, lr=1e-3), batch_size=4, **source)
+
+
+@pytest.mark.parametrize("data", ["factory", "collate"])
+def test_with_varying_batch_shapes_work_and_memory_count_the_same_batches_whatever_the_recipe_and_settings(
+        cpu, profile, quick, data):
+    spec = _padded_lm(data)
+    runner = Runner(cpu, profile, quick)
+    results = [runner.run(recipe, spec).result for recipe in ("baseline", "set_to_none", "optimizer_fused")]
+    for settings in (dataclasses.replace(quick, steps_per_round=4, min_warmup_steps=3),
+                     dataclasses.replace(quick, rounds=5, steps_per_round=3, max_warmup_steps=12)):
+        results.append(Runner(cpu, profile, settings).run("baseline", spec).result)
+    assert len({(r.rounds, r.steps_per_round) for r in results}) == 3  # the settings did differ
+    assert len({r.flops_per_step for r in results}) == 1
+    assert len({r.metrics()["gflops_per_sample"] for r in results}) == 1
+    assert len({r.memory_breakdown_bytes["activations"] for r in results}) == 1
+    assert len({r.h2d_bytes_per_sample for r in results}) == 1
+    for result in results:
+        [note] = [n for n in result.notes if n.startswith("batch shapes vary (")]
+        assert "work and memory from batches 0..2 of the seeded stream" in note

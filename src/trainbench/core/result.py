@@ -16,6 +16,10 @@ from trainbench.core.metrics import METRICS, TIMED, per_round, rounds_of, timed_
 # the summary shows it beside the case.
 RELAUNCH_NOTE = "relaunched from the start after a crash below Python"
 
+# The note of a Result whose spec's batch shapes vary across the batches the memory and work passes read
+# (measure.Measurer.window_shapes_note); the summary shows it beside the case.
+VARYING_SHAPES_NOTE = "batch shapes vary"
+
 MIB = 2**20
 
 
@@ -439,6 +443,12 @@ class CaseRecord:
     def relaunches(self) -> list[str]:
         """Notes of a job run again from the start after a crash below Python."""
         return [note for note in self.raw.get("notes") or [] if str(note).startswith(RELAUNCH_NOTE)]
+
+    @property
+    def varying_shapes(self) -> str | None:
+        """The note of a spec whose batch shapes vary across the batches work and memory were measured on, or None."""
+        return next((str(note) for note in self.raw.get("notes") or [] if str(note).startswith(VARYING_SHAPES_NOTE)),
+                    None)
 
     @property
     def machine_load(self) -> dict | None:

@@ -7,7 +7,8 @@ import os
 
 def write_summary(terminalreporter, state) -> None:
     """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
-    unpaired ratios, predictions, ranks, relaunches, traces, and the comparison with the baseline."""
+    unpaired ratios, predictions, ranks, relaunches, batch shapes that vary, traces, and
+    the comparison with the baseline."""
     from trainbench.verdicts.present import INCONCLUSIVE, summary_table
 
     terminalreporter.write_sep("=", "trainbench summary")
@@ -38,6 +39,8 @@ def write_summary(terminalreporter, state) -> None:
             terminalreporter.write_line(_ranks_line(r.case, r.ranks))
         for note in r.relaunches:  # measured whole by the relaunch; the crash is shown, not hidden
             terminalreporter.write_line(f"{r.case}: {note}", yellow=True)
+        if r.varying_shapes:  # its GFLOP/sample and memory are those of a fixed window of batches, not of every batch
+            terminalreporter.write_line(f"{r.case}: {r.varying_shapes}")
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else
