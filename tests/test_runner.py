@@ -45,9 +45,35 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
     assert any(n.startswith("measured again (attempt 2, rounds now 6): timed checks were inconclusive (")
                for n in outcome.result.notes)
     assert outcome.result.machine_load == HOG
+    assert outcome.paired and outcome.speedup_doubt == ("paired, but busy machine: other processes used 1.05 of 2 CPUs "
+                                                        "while it ran, load average 3.80 -> 4.10")  # interleaved, busy
     check = next(c for c in outcome.record()["budget"]["checks"] if c["key"] == "min_speedup")
     assert not check["ok"] and check["inconclusive"].startswith("busy machine")
     assert outcome.record()["budget"]["status"] == "inconclusive"
+
+
+def test_a_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_with_the_reason(machine_load, cpu, profile, quick):
+    from trainbench.core.result import CaseRecord
+    from trainbench.verdicts.present import Section, summary_table, terminal_lines, vs_base_lines
+
+    runner = Runner(cpu, profile, quick)
+    machine_load({**HOG, "other_cpus": 0.02})  # the baseline on a quiet machine
+    runner.run("baseline", "mlp")
+    quiet = runner.run("param_grad_none", "mlp")
+    machine_load(HOG)  # then another process takes a core
+    busy = runner.run("set_to_none", "mlp")
+    assert quiet.speedup_doubt is None and not busy.paired
+    assert busy.speedup_doubt == ("unpaired; the case's rounds: busy machine: other processes used 1.05 of 2 CPUs while "
+                                  "it ran, load average 3.80 -> 4.10")
+    records = [CaseRecord.read(outcome.record(), outcome.case) for outcome in (quiet, busy)]
+    cells = [row.split()[-2] for row in summary_table(records)[2:]]
+    assert cells[0].endswith("x~") and cells[1].endswith("x?")
+    assert terminal_lines([Section(lines=tuple(vs_base_lines(records)))]) == [
+        "? vs base timed on a busy machine: no finding, whatever its size; measure on a quiet machine "
+        "(--trainbench-pair-baselines interleaves every case with its baseline)",
+        f"    mlp-set_to_none: {busy.speedup_doubt}",
+        "~ vs base unpaired: the baseline's rounds were timed apart from the case's (no ratio budget asked for "
+        "interleaving), so machine drift is in the ratio"]
 
 
 # -- how cases are judged on a GPU, checked on the CPU ----------------------------------------------------

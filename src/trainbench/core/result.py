@@ -333,6 +333,7 @@ _FIELDS = (
     ("items_per_step", lambda v: _finite(v) and v >= 0, "a finite count >= 0"),
     ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
     ("paired", lambda v: isinstance(v, bool), "true or false"),
+    ("speedup_doubt", lambda v: isinstance(v, str), "why the speed-up is no finding"),
     ("device", lambda v: isinstance(v, dict), "a device identity (dict)"),
     ("ladder", lambda v: isinstance(v, dict), "a dict"),
     ("ranks", lambda v: isinstance(v, dict), "a dict"),
@@ -443,6 +444,12 @@ class CaseRecord:
     def relaunches(self) -> list[str]:
         """Notes of a job run again from the start after a crash below Python."""
         return [note for note in self.raw.get("notes") or [] if str(note).startswith(RELAUNCH_NOTE)]
+
+    @property
+    def speedup_doubt(self) -> str | None:
+        """Why ``speedup_vs_baseline`` is no finding (a busy machine while either side was timed), or None."""
+        doubt = self.raw.get("speedup_doubt")
+        return str(doubt) if doubt and self.speedup_vs_baseline is not None else None
 
     @property
     def varying_shapes(self) -> str | None:
