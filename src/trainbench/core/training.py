@@ -609,22 +609,24 @@ class TrainingSetup:
         return self._stream(live=False)
 
     def _stream(self, live: bool) -> Iterator:
-        """The batch stream: batch i is a function of the seed and i alone, whatever ran before (another setup, the
-        steps before it) and whatever the recipe, save its batch size.
+        """The batch stream: batch i is a function of the seed and i alone, whatever the recipe, save its batch size.
 
-        The spec's factory on a generator seeded afresh, or the loader's seeded sampler and collate; torch's and
-        Python's global generators are seeded too while a batch is made in this process (a dataset or collate that
-        draws from them), and loader workers are seeded from the seed. A recipe with another batch size draws
-        batches of its own size from the same seed: from a dataset, its batch i holds the samples the seeded order
-        puts there (a 4x batch: the baseline's batches 4i..4i+3), from a factory what it makes at that size."""
+        The spec's factory on a generator seeded afresh, or the loader's seeded sampler and collate, its workers
+        seeded from the seed. The window (``live=False``) also seeds torch's and Python's global generators while
+        each of its batches is made (a dataset or collate that draws from them, which the steps draw from too); the
+        live stream leaves them alone, as the cost of switching them (~0.1 ms a batch) would be in the timed rounds.
+        A recipe with another batch size draws batches of its own size from the same seed: from a dataset, its batch
+        i holds the samples the seeded order puts there (a 4x batch: the baseline's batches 4i..4i+3), from a factory
+        what it makes at that size."""
         if self.synthetic:
-            return SeededStream(self._synthetic_batches(), self.config.seed)
-        if live and self.loader.num_workers:  # its iterator kept as it is: ``close`` shuts its workers down
-            return iter(self.loader)
-        loader = self.loader if live else DataLoader(
-            self.loader.dataset, batch_size=self.loader.batch_size, sampler=self.loader.sampler,
-            collate_fn=self.loader.collate_fn, pin_memory=self.loader.pin_memory, drop_last=True)
-        return SeededStream(iter(loader), self.config.seed)
+            stream = self._synthetic_batches()
+        elif live:
+            stream = iter(self.loader)
+        else:  # read in this process, apart from the live loader and its workers
+            stream = iter(DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=self.loader.sampler,
+                                     collate_fn=self.loader.collate_fn, pin_memory=self.loader.pin_memory,
+                                     drop_last=True))
+        return stream if live else SeededStream(stream, self.config.seed)
 
     def _synthetic_batches(self) -> SyntheticBatches:
         return SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device", self.config.seed,
