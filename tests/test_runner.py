@@ -12,12 +12,10 @@ from trainbench.core.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 
-def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):
-    runner = Runner(cpu, profile, quick)
-    runner.run("baseline", "mlp")
-    outcome = runner.run("set_to_none", "mlp")
-    assert not outcome.paired and outcome.speedup is not None
-    assert outcome.budget is None and "no budgets file configured" in outcome.budget_missing
+@pytest.fixture
+def quick(quick):
+    """The shared settings without attribution: nothing here reads where a step's time, ops or memory go."""
+    return dataclasses.replace(quick, attribution=False)
 
 
 def test_a_case_whose_baseline_cannot_apply_is_skipped_with_that_reason(profile, quick):
@@ -52,19 +50,20 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
     assert outcome.record()["budget"]["status"] == "inconclusive"
 
 
-def test_a_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_with_the_reason(machine_load, cpu, profile, quick):
+def test_an_unpaired_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_with_the_reason(machine_load, cpu, profile, quick):
     from trainbench.core.result import CaseRecord
     from trainbench.verdicts.present import Section, summary_table, terminal_lines, vs_base_lines
 
     runner = Runner(cpu, profile, quick)
     machine_load({**HOG, "other_cpus": 0.02})  # the baseline on a quiet machine
-    runner.run("baseline", "mlp")
-    quiet = runner.run("param_grad_none", "mlp")
+    baseline = runner.run("baseline", "mlp")
     machine_load(HOG)  # then another process takes a core
     busy = runner.run("set_to_none", "mlp")
-    assert quiet.speedup_doubt is None and not busy.paired
-    assert busy.speedup_doubt == ("unpaired; the case's rounds: busy machine: other processes used 1.05 of 2 CPUs while "
-                                  "it ran, load average 3.80 -> 4.10")
+    assert busy.budget is None and "no budgets file configured" in busy.budget_missing  # nothing asks for pairing
+    assert not busy.paired and busy.speedup_doubt == ("unpaired; the case's rounds: busy machine: other processes used "
+                                                      "1.05 of 2 CPUs while it ran, load average 3.80 -> 4.10")
+    quiet = dataclasses.replace(busy, result=busy.result.replace(machine_load=baseline.result.machine_load))
+    assert quiet.speedup_doubt is None  # the same ratio timed on a quiet machine: unpaired, no more
     records = [CaseRecord.read(outcome.record(), outcome.case) for outcome in (quiet, busy)]
     cells = [row.split()[-2] for row in summary_table(records)[2:]]
     assert cells[0].endswith("x~") and cells[1].endswith("x?")
