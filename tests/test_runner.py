@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainbench.core.budgets import Budgets
+from trainbench.core.result import CaseRecord, case_record
 from trainbench.core.recipes import get_recipe
 from trainbench.core.runner import Runner
 from trainbench.core.workloads import resolve_spec
@@ -51,7 +52,6 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
 
 
 def test_an_unpaired_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_with_the_reason(machine_load, cpu, profile, quick):
-    from trainbench.core.result import CaseRecord
     from trainbench.verdicts.present import Section, summary_table, terminal_lines, vs_base_lines
 
     runner = Runner(cpu, profile, quick)
@@ -230,3 +230,4 @@ def test_with_varying_batch_shapes_work_and_memory_count_the_same_batches_whatev
     for result in results:
         [note] = [n for n in result.notes if n.startswith("batch shapes vary (")]
         assert "work and memory from batches 0..2 of the seeded stream" in note
+        assert CaseRecord.read(case_record(result), result.case).varying_shapes == note  # what the summary shows
