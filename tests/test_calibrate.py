@@ -19,7 +19,7 @@ min_speedup = 1.3   # a GPU's entry: never touched
 """
 
 
-def make_run(tmp_path, kind="cpu", name="AMD EPYC"):
+def make_run(tmp_path, kind="cpu", name="AMD EPYC", **baseline_metrics):
     def bench(case, **metrics):
         info = {"case": case, "batch_size": 16, "samples_per_s": 1000.0, "round_step_times_s": [0.016] * 3,
                 "activation_mib": 0.75, "ops_per_step": 55,
@@ -28,7 +28,8 @@ def make_run(tmp_path, kind="cpu", name="AMD EPYC"):
         return {"name": case, "fullname": case, "extra_info": info}
 
     run = {"machine_info": {"trainbench": {"kind": kind, "name": name, "torch": "2.14.1"}},
-           "benchmarks": [bench("mlp-baseline"), bench("mlp-set_to_none", ops_per_step=49, speedup_vs_baseline=1.4)]}
+           "benchmarks": [bench("mlp-baseline", **baseline_metrics),
+                          bench("mlp-set_to_none", ops_per_step=49, speedup_vs_baseline=1.4)]}
     path = tmp_path / "0001_run.json"
     path.write_text(json.dumps(run))
     return path
@@ -40,7 +41,7 @@ def test_calibration_updates_only_this_devices_section_with_the_margin(tmp_path)
     result = calibrate(make_run(tmp_path), budgets, margin=0.10, speed_margin=0.30)
     assert result.device_key == "cpu" and result.cases == 2
     assert budgets.read_text() == EXISTING  # nothing written without write()
-    assert "-max_ops_per_step = 40" in result.diff and "+max_ops_per_step = 60.5" in result.diff
+    assert "-max_ops_per_step = 40" in result.diff and "+max_ops_per_step = 61" in result.diff  # 60.5 ops: 61
     write(result)
     text = budgets.read_text()
     assert '[sm_70."mlp-baseline"]\nmin_speedup = 1.3   # a GPU\'s entry: never touched' in text
@@ -52,8 +53,8 @@ def test_calibration_updates_only_this_devices_section_with_the_margin(tmp_path)
     assert "max_peak_memory_mib" not in base  # on the CPU the allocator peak is not a calibrated signal
     assert loaded["mlp-baseline"].compare_fail == {"samples_per_s": pytest.approx(0.3)}  # kept
     new = {b.key: b.limit for b in loaded["mlp-set_to_none"].bounds}
-    assert new["min_speedup"] == pytest.approx(0.98) and new["max_ops_per_step"] == pytest.approx(53.9)
-    assert calibrate(make_run(tmp_path), budgets).diff == ""  # idempotent
+    assert new["min_speedup"] == pytest.approx(0.98) and new["max_ops_per_step"] == 54  # 53.9, a whole count up
+    assert calibrate(make_run(tmp_path), budgets, margin=0.10).diff == ""  # idempotent
 
 
 def test_a_gpu_run_gets_its_own_section_by_name_with_allocator_peaks(tmp_path):
@@ -89,10 +90,62 @@ def test_cli_shows_the_diff_and_writes_only_when_asked(tmp_path, capsys):
     run = str(make_run(tmp_path))
     assert main(["calibrate", run, "--budgets", str(budgets)]) == 0
     out = capsys.readouterr().out
-    assert "+max_activation_mib = 0.825" in out and "dry run: [cpu] would be calibrated" in out
+    assert "+max_activation_mib = 0.75" in out and "dry run: [cpu] would be calibrated" in out  # exact by default
+    assert ("margins: deterministic 0% (bounds at what was measured), allocator 10%, device_choice 10%"
+            in out.splitlines())
     assert budgets.read_text() == EXISTING
     assert main(["calibrate", run, "--budgets", str(budgets), "--write", "--margin", "20%"]) == 0
     assert "max_activation_mib = 0.9" in budgets.read_text()
+
+
+def test_counted_signals_get_exact_whole_bounds_and_only_the_kinds_that_vary_a_margin(tmp_path):
+    budgets = tmp_path / "budgets.toml"
+    run = make_run(tmp_path, ops_per_step=122, gflops_per_sample=0.018874368)
+    cpu = calibrate(run, budgets)
+    assert "+max_ops_per_step = 122\n" in cpu.diff and "+max_gflops_per_sample = 0.018874368\n" in cpu.diff
+    assert "+max_activation_mib = 0.75\n" in cpu.diff and "+max_syncs_per_step = 0\n" in cpu.diff
+    assert "+max_ops_per_step = 135\n" in calibrate(run, budgets, margin=0.10).diff  # 134.2 ops: a whole count up
+    gpu = calibrate(make_run(tmp_path, "cuda", "NVIDIA H100 80GB HBM3", ops_per_step=122, kernels_per_step=40),
+                    budgets)
+    assert "+max_peak_memory_mib = 13.75\n" in gpu.diff  # the allocator's 10%
+    assert "+max_kernels_per_step = 44\n" in gpu.diff and "+max_ops_per_step = 122\n" in gpu.diff
+
+
+def test_calibrated_budgets_fail_a_layer_added_to_the_model(cpu, profile, quick, tmp_path):
+    # The promise of a calibrated budget: what the model computes and holds cannot grow past what was measured (a
+    # 10% margin let an added layer's +6.8% parameters pass).
+    import functools
+
+    import torch
+
+    from trainbench.core.budgets import evaluate
+    from trainbench.core.measure import measure
+    from trainbench.core.recipes import get_recipe
+    from trainbench.core.result import case_record
+    from trainbench.core.spec import TrainingSpec
+    from trainbench.core.training import TrainingSetup
+
+    def measured(extra_layer: bool):
+        def model():  # the added layer: +6.3% parameters
+            extra = [torch.nn.Linear(64, 64), torch.nn.ReLU()] if extra_layer else []
+            return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64),
+                                       torch.nn.ReLU(), *extra, torch.nn.Linear(64, 1))
+
+        spec = TrainingSpec("tiny", model, loss_fn=lambda m, b: m(b).pow(2).mean(), batch_size=8,
+                            optimizer=functools.partial(torch.optim.SGD, lr=0.01),
+                            batches=lambda n, gen: torch.randn(n, 64, generator=gen))
+        with TrainingSetup(get_recipe("baseline").config(profile), spec, cpu) as training:
+            return measure(training, "tiny-baseline", "baseline", quick, profile_name=profile.name)
+
+    as_calibrated = measured(extra_layer=False)
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"machine_info": {"trainbench": cpu.identity()}, "benchmarks": [
+        {"name": "tiny-baseline", "fullname": "tiny-baseline", "extra_info": case_record(as_calibrated)}]}))
+    write(calibrate(run, tmp_path / "budgets.toml"))  # each kind its margin: none for these
+    budget = Budgets.load(tmp_path / "budgets.toml").sections["cpu"]["tiny-baseline"]
+    assert all(check.ok for check in evaluate(budget, as_calibrated, None))
+    grown = {check.bound.metric for check in evaluate(budget, measured(extra_layer=True), None) if not check.ok}
+    assert {"param_mib", "grad_mib", "gflops_per_sample", "ops_per_step"} <= grown
 
 
 def test_bad_inputs_name_the_file(tmp_path, capsys):

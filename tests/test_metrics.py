@@ -55,6 +55,16 @@ def test_calibration_takes_allocator_peaks_and_kernel_choice_on_a_gpu_only():
     assert calibrated_metrics(gpu=True) == deterministic_metrics() + allocator_metrics() + device_choice_metrics()
 
 
+def test_every_calibrated_metric_takes_its_kinds_margin_from_the_table_and_exact_signals_none():
+    # a margin over an exact signal lets a change through: +6.8% parameters passed a 10% one
+    assert all(METRICS[name].calibration_margin == 0 for name in deterministic_metrics())
+    assert all(METRICS[name].calibration_margin > 0 for name in allocator_metrics() + device_choice_metrics())
+    assert all(METRICS[name].calibration_margin is not None for name in calibrated_metrics(gpu=True))
+    assert METRICS["samples_per_s"].calibration_margin is None  # never calibrated: a speed-up is, as a ratio
+    counts = {name for name, metric in METRICS.items() if metric.count}
+    assert counts == {"ops_per_step", "syncs_per_step", "aten_calls_per_step", "kernels_per_step", "alloc_retries"}
+
+
 def test_kernel_counts_are_the_libraries_choice_not_part_of_the_deterministic_gate():
     # cuDNN autotuning and a driver/cuDNN/cuBLAS update change which kernels run: same code, other count
     assert device_choice_metrics() == ["kernels_per_step"] and METRICS["kernels_per_step"].kind == DEVICE_CHOICE

@@ -2,21 +2,21 @@
 
 import dataclasses
 
+import pytest
 import torch
 
 from trainbench.core.budgets import Budgets
+from trainbench.core.result import CaseRecord, case_record
 from trainbench.core.recipes import get_recipe
 from trainbench.core.runner import Runner
 from trainbench.core.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 
-def test_without_a_ratio_budget_the_speed_up_is_unpaired(cpu, profile, quick):
-    runner = Runner(cpu, profile, quick)
-    runner.run("baseline", "mlp")
-    outcome = runner.run("set_to_none", "mlp")
-    assert not outcome.paired and outcome.speedup is not None
-    assert outcome.budget is None and "no budgets file configured" in outcome.budget_missing
+@pytest.fixture
+def quick(quick):
+    """The shared settings without attribution: nothing here reads where a step's time, ops or memory go."""
+    return dataclasses.replace(quick, attribution=False)
 
 
 def test_a_case_whose_baseline_cannot_apply_is_skipped_with_that_reason(profile, quick):
@@ -44,9 +44,35 @@ def test_a_speed_budget_missed_on_a_busy_machine_is_measured_again_then_inconclu
     assert any(n.startswith("measured again (attempt 2, rounds now 6): timed checks were inconclusive (")
                for n in outcome.result.notes)
     assert outcome.result.machine_load == HOG
+    assert outcome.paired and outcome.speedup_doubt == ("paired, but busy machine: other processes used 1.05 of 2 CPUs "
+                                                        "while it ran, load average 3.80 -> 4.10")  # interleaved, busy
     check = next(c for c in outcome.record()["budget"]["checks"] if c["key"] == "min_speedup")
     assert not check["ok"] and check["inconclusive"].startswith("busy machine")
     assert outcome.record()["budget"]["status"] == "inconclusive"
+
+
+def test_an_unpaired_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_with_the_reason(machine_load, cpu, profile, quick):
+    from trainbench.verdicts.present import Section, summary_table, terminal_lines, vs_base_lines
+
+    runner = Runner(cpu, profile, quick)
+    machine_load({**HOG, "other_cpus": 0.02})  # the baseline on a quiet machine
+    baseline = runner.run("baseline", "mlp")
+    machine_load(HOG)  # then another process takes a core
+    busy = runner.run("set_to_none", "mlp")
+    assert busy.budget is None and "no budgets file configured" in busy.budget_missing  # nothing asks for pairing
+    assert not busy.paired and busy.speedup_doubt == ("unpaired; the case's rounds: busy machine: other processes used "
+                                                      "1.05 of 2 CPUs while it ran, load average 3.80 -> 4.10")
+    quiet = dataclasses.replace(busy, result=busy.result.replace(machine_load=baseline.result.machine_load))
+    assert quiet.speedup_doubt is None  # the same ratio timed on a quiet machine: unpaired, no more
+    records = [CaseRecord.read(outcome.record(), outcome.case) for outcome in (quiet, busy)]
+    cells = [row.split()[-2] for row in summary_table(records)[2:]]
+    assert cells[0].endswith("x~") and cells[1].endswith("x?")
+    assert terminal_lines([Section(lines=tuple(vs_base_lines(records)))]) == [
+        "? vs base timed on a busy machine: no finding, whatever its size; measure on a quiet machine "
+        "(--trainbench-pair-baselines interleaves every case with its baseline)",
+        f"    mlp-set_to_none: {busy.speedup_doubt}",
+        "~ vs base unpaired: the baseline's rounds were timed apart from the case's (no ratio budget asked for "
+        "interleaving), so machine drift is in the ratio"]
 
 
 # -- how cases are judged on a GPU, checked on the CPU ----------------------------------------------------
@@ -140,3 +166,68 @@ def test_a_case_that_fits_runs(profile, quick, device_of_memory):
     assert runner.planner.plan(larger_batch, mlp).skipped is None
     outcome = runner.run("larger_batch", "mlp")
     assert outcome.skipped is None and outcome.result.batch_size == 4 * profile.batch_size
+
+
+# -- batches whose shapes vary: work and memory from a fixed window of the seeded stream ---------------------------
+
+VOCAB = 50
+
+
+def _padded(rows: list[torch.Tensor]) -> dict:
+    """Rows padded (0) to the longest of the batch, as a collate that pads per batch does."""
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    return {"ids": ids, "labels": ids.masked_fill(ids == 0, -100)}
+
+
+class _Texts(torch.utils.data.Dataset):
+    """Token rows of seeded random lengths."""
+
+    def __init__(self):
+        gen = torch.Generator().manual_seed(0)
+        self.rows = [torch.randint(1, VOCAB, (int(n),), generator=gen) for n in torch.randint(2, 24, (64,), generator=gen)]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def _lengths_from_the_generator(batch_size: int, gen: torch.Generator) -> dict:
+    return _padded([torch.randint(1, VOCAB, (int(n),), generator=gen)
+                    for n in torch.randint(2, 24, (batch_size,), generator=gen)])
+
+
+def _padded_lm(data: str):
+    import functools
+
+    from trainbench.core.spec import TrainingSpec
+
+    def loss(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["ids"]).flatten(0, 1), batch["labels"].flatten())
+
+    source = ({"batches": _lengths_from_the_generator} if data == "factory" else
+              {"dataset": _Texts, "collate_fn": _padded})
+    return TrainingSpec(f"padded_{data}", lambda: torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16),
+                                                                      torch.nn.Linear(16, VOCAB)),
+                        loss_fn=loss, optimizer=functools.partial(torch.optim.Adam, lr=1e-3), batch_size=4, **source)
+
+
+@pytest.mark.parametrize("data", ["factory", "collate"])
+def test_with_varying_batch_shapes_work_and_memory_count_the_same_batches_whatever_the_recipe_and_settings(
+        cpu, profile, quick, data):
+    spec = _padded_lm(data)
+    runner = Runner(cpu, profile, quick)
+    results = [runner.run(recipe, spec).result for recipe in ("baseline", "set_to_none", "optimizer_fused")]
+    for settings in (dataclasses.replace(quick, steps_per_round=4, min_warmup_steps=3),
+                     dataclasses.replace(quick, rounds=5, steps_per_round=3, max_warmup_steps=12)):
+        results.append(Runner(cpu, profile, settings).run("baseline", spec).result)
+    assert len({(r.rounds, r.steps_per_round) for r in results}) == 3  # the settings did differ
+    assert len({r.flops_per_step for r in results}) == 1
+    assert len({r.metrics()["gflops_per_sample"] for r in results}) == 1
+    assert len({r.memory_breakdown_bytes["activations"] for r in results}) == 1
+    assert len({r.h2d_bytes_per_sample for r in results}) == 1
+    for result in results:
+        [note] = [n for n in result.notes if n.startswith("batch shapes vary (")]
+        assert "work and memory from batches 0..2 of the seeded stream" in note
+        assert CaseRecord.read(case_record(result), result.case).varying_shapes == note  # what the summary shows

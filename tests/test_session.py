@@ -367,8 +367,9 @@ def test_a_recipe_whose_baseline_was_not_listed_is_compared_with_it_measured_onc
     pytester.makepyfile(test_case=UNLISTED_BASELINE)
     result = pytester.runpytest("--benchmark-json=out.json", *quick_options)
     result.assert_outcomes(passed=2, warnings=1)  # one NoBudgetWarning for the file
-    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-optimizer_foreach * [0-9]*.[0-9][0-9]x~ *",
-                                 "tiny-optimizer_fused * [0-9]*.[0-9][0-9]x~ *"])
+    # unpaired (~), or timed on a busy machine (?) where the machine running the tests is loaded
+    result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-optimizer_foreach * [0-9]*.[0-9][0-9]x[~?] *",
+                                 "tiny-optimizer_fused * [0-9]*.[0-9][0-9]x[~?] *"])
     records = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())
                ["benchmarks"]}
     foreach, fused = records["tiny-optimizer_foreach"], records["tiny-optimizer_fused"]

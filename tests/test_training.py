@@ -501,3 +501,34 @@ def test_what_building_the_setup_changed_is_a_note_of_its_measured_result(cpu, q
         assert Measurer(setup, "convs-no_conv_bias", "no_conv_bias", quick).result.notes == list(setup.notes)
     with TrainingSetup(TrainConfig(), _conv_spec(_ConvsBeforeNorms), cpu) as setup:
         assert setup.notes == ()
+
+
+def test_the_window_of_batches_is_the_seeds_whatever_drew_from_the_global_generators_before(cpu, profile):
+    # A collate that draws each batch's length from torch's and Python's global generators, which the model's
+    # initialization, dropout and the steps before also draw from.
+    import random
+
+    def truncated(samples):
+        keep = int(torch.randint(2, 9, ())) + random.randrange(2)
+        return torch.stack(samples)[:, :keep]
+
+    spec = TrainingSpec(name="truncated", model=lambda: nn.Linear(1, 1),
+                        loss_fn=lambda model, batch: model(batch.unsqueeze(-1)).mean(),
+                        optimizer=functools.partial(torch.optim.SGD, lr=0.1), batch_size=2,
+                        dataset=lambda: torch.arange(160.0).reshape(20, 8), collate_fn=truncated)
+
+    def window(setup, steps_before):
+        for _ in range(steps_before):  # the live stream moves on; the window starts again at batch 0
+            setup.step(setup.fetch(setup.batches()))
+        batches, stream = [], setup.batches_from_start()
+        for _ in range(4):
+            torch.rand(7), random.random()  # what ran between two batches (a step's dropout) drew from both
+            batches.append(setup.fetch(stream)[0])
+        return batches
+
+    with TrainingSetup(get_recipe("baseline").config(profile), spec, cpu) as setup:
+        first = window(setup, steps_before=0)
+    with TrainingSetup(get_recipe("set_to_none").config(profile), spec, cpu) as setup:
+        again = window(setup, steps_before=3)
+    assert len({b.shape for b in first}) > 1  # the lengths do vary
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))

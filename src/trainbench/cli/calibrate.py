@@ -12,9 +12,11 @@ from trainbench.verdicts.store import RunFileError, latest_run
 
 NAME = "calibrate"
 HELP = "write this device's budgets from a saved run, with a margin"
-DESCRIPTION = ("Budgets for the run's device from its measured cases: max_<deterministic metric> = measured "
-               "x (1 + margin), min_speedup = measured x (1 - speed margin) where the case was timed interleaved "
-               "with its baseline. Reads the run from the project's pytest-benchmark storage and writes each "
+DESCRIPTION = ("Budgets for the run's device from its measured cases: max_<metric> = measured x (1 + margin), "
+               "each kind's margin from the metric table (deterministic signals none: the bound is what was "
+               "measured; GPU allocator peaks and kernel counts 10%), counts of ops, syncs, calls and kernels "
+               "rounded up to whole numbers; min_speedup = measured x (1 - speed margin) where the case was timed "
+               "interleaved with its baseline. Reads the run from the project's pytest-benchmark storage and writes each "
                "case's budgets into the file the plugin finds for its test file (a new budgets.toml beside the "
                "tests where there is none), as the project's pytest configuration says. A case whose "
                "correctness guard failed gives no budget. Shows the diff; other devices' sections are never "
@@ -34,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", default=None, metavar="FILE",
                         help="write every case into this budgets file (default: the one the plugin finds beside each "
                              "case's tests)")
-    parser.add_argument("--margin", default="10%", help="headroom over deterministic signals (default 10%%)")
+    parser.add_argument("--margin", default=None,
+                        help="one headroom over every calibrated signal (default: each kind's from the metric table: "
+                             "none over deterministic signals, 10%% over GPU allocator peaks and kernel counts)")
     parser.add_argument("--speed-margin", default="30%", help="headroom under measured speed-ups (default 30%%)")
     parser.add_argument("--metrics", default=None, metavar="LIST",
                         help="calibrate only these metrics' keys, comma-separated ('speedup' for min_speedup), "
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     chosen: dict = {}  # test file -> (budgets file, how it was chosen)
     try:
-        margin = parse_fraction(args.margin, "--margin")
+        margin = None if args.margin is None else parse_fraction(args.margin, "--margin")
         speed_margin = parse_fraction(args.speed_margin, "--speed-margin")
         only = tuple(m.strip() for m in args.metrics.split(",") if m.strip()) if args.metrics else None
         pytest_args = shlex.split(args.pytest_args)
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         how = ({how for f, (path, how) in chosen.items() if path == change.path} or {"named by --budgets"}).pop()
         print(f"budgets: {_shown(change.path)} ({how}{' for ' + ', '.join(tests) if tests else ''}): "
               f"{_count(len(change.cases), 'case')}")
+    print(f"margins: {result.margins}")
     for line in result.left_out:
         print(f"left out: {line}")
     if result.unpaired:

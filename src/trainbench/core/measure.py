@@ -13,6 +13,11 @@
    tensor peak into parameters, gradients, optimizer state and activations.
 4. Work: one step under ``FlopCounterMode`` and an op counter (FLOPs, ops, syncs),
    plus the bytes each step copies to the device.
+
+Each pass of 3 and 4 reads its batches from the start of the seeded stream, made again
+(``Measurer._window``), never from where the warm-up and the rounds left the live one: with
+batches whose shapes vary (padding to each batch's longest sequence) their figures would
+otherwise move with the rounds, the warm-up and what ran before.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import os
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
@@ -41,7 +47,8 @@ from trainbench.devices.device import Backend, no_peak_reason
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 from trainbench.core.costs import spent
 from trainbench.core.recipes import NotApplicable
-from trainbench.core.result import Result
+from trainbench.core.result import VARYING_SHAPES_NOTE, Result
+from trainbench.core.spec import batch_shapes
 from trainbench.core.training import TrainingSetup
 from trainbench.core.watchdog import NoProgress, phase
 
@@ -355,6 +362,7 @@ class Measurer:
         self.settings = settings
         self.extra_warmup_steps = extra_warmup_steps
         self._batches = training.batches()
+        self._window_shapes: dict[int, tuple] = {}  # the shapes of each window batch the passes read, by index
         self._wait_s = 0.0
         self._last_loss: torch.Tensor | None = None
         self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
@@ -386,6 +394,30 @@ class Measurer:
         micro_batches = self.training.fetch(self._batches)
         self._wait_s += self.backend.clock() - t0
         self._last_loss = self.training.step(micro_batches)
+
+    def _window(self) -> Iterator:
+        """Batches 0, 1, ... of the seeded stream, made again (``TrainingSetup.batches_from_start``): the fixed window
+        every memory and work pass reads from its start, so their figures do not move with the warm-up, the rounds or
+        what ran before, and every recipe counts the same batches. Each batch's shapes are kept
+        (``window_shapes_note``). A ``map``, not a generator: a generator's frame would keep the last batch alive,
+        which the growth pass would count as memory a step keeps."""
+        return map(self._shapes_kept, itertools.count(), self.training.batches_from_start())
+
+    def _shapes_kept(self, index: int, batch):
+        self._window_shapes.setdefault(index, batch_shapes(batch))
+        return batch
+
+    def _window_step(self, window: Iterator) -> None:
+        self._last_loss = self.training.step(self.training.fetch(window))
+
+    def window_shapes_note(self) -> str | None:
+        """The note of a spec whose batch shapes vary across the window the passes read, or None."""
+        shapes = self._window_shapes
+        if len(set(shapes.values())) < 2:
+            return None
+        return (f"{VARYING_SHAPES_NOTE} ({len(set(shapes.values()))} shapes among batches 0..{len(shapes) - 1}): work "
+                f"and memory from batches 0..{len(shapes) - 1} of the seeded stream, the same for every recipe, "
+                "number of rounds and warm-up")
 
     def warm_up(self, settle: bool = True) -> None:
         """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
@@ -516,6 +548,9 @@ class Measurer:
         for name, run in passes:
             with phase(f"{self.result.recipe}'s {name} pass"), spent(name, self.baseline):
                 run()
+        varying = self.window_shapes_note()
+        if varying:
+            self._note(varying)
 
     # -- 3. memory ----------------------------------------------------------------
     def measure_peaks(self) -> None:
@@ -528,8 +563,9 @@ class Measurer:
         # otherwise be part of this case's reserved peak, which would then depend on the order of cases.
         backend.release_memory()
         backend.reset_peak_memory()
+        window = self._window()
         for _ in range(self.settings.memory_steps):
-            self.timed_step()
+            self._window_step(window)
         backend.synchronize()
         peak = backend.peak_memory()
         # Reserved between steps: what the step leaves for the next one, the figure empty_cache lowers (its in-step
@@ -537,7 +573,7 @@ class Measurer:
         self._set(peak_allocated_bytes=peak.allocated_bytes, peak_reserved_bytes=peak.reserved_bytes,
                   alloc_retries=peak.alloc_retries, reserved_between_steps_bytes=backend.reserved_bytes())
         if self.settings.attribution:  # one more step, with the allocator's history on (CUDA; None elsewhere)
-            history = backend.allocator_history(self.timed_step)
+            history = backend.allocator_history(lambda: self._window_step(window))
             if history is not None:
                 self._attribute(allocator_peak_bytes=allocator_sites(history))
 
@@ -556,7 +592,8 @@ class Measurer:
         steps = -(-GROWTH_STEPS // n) * n  # GROWTH_STEPS, rounded up to whole cycles
         # Batches are fetched outside the counter: loader internals are not the step's memory.
         # Each is dropped after its step, so only what the step itself keeps can grow.
-        pending = [training.fetch(self._batches) for _ in range(steps + 1)]
+        window = self._window()
+        pending = [training.fetch(window) for _ in range(steps + 1)]
         live_after, nodes_after, sites_after = [], [], []  # after the first step and after the last
         with self._sites(backward=False) as sites, _LiveStorages(self.backend.device, sites) as live:
             for i in range(steps + 1):
@@ -616,7 +653,7 @@ class Measurer:
 
             tracker = MemTracker()
             tracker.track_external(training.model, *optimizers)
-        micro_batches = training.fetch(self._batches)  # outside the tracker: loader transforms are modules too
+        micro_batches = training.fetch(self._window())  # outside the tracker: loader transforms are modules too
         # MemTracker follows one forward of the root module per iteration and raises on a second;
         # its per-module stats are not read here (only its global peak), so clear them before each.
         training.before_forward = tracker.reset_mod_stats
@@ -641,7 +678,7 @@ class Measurer:
 
     def _storage_breakdown(self) -> dict[str, int]:
         training = self.training
-        micro_batches = training.fetch(self._batches)
+        micro_batches = training.fetch(self._window())
         with _StepMemory(self.backend.device, training.model, training.optimizers.values()) as tracker:
             self._last_loss = training.step(micro_batches)
             self.backend.synchronize()
@@ -652,26 +689,29 @@ class Measurer:
 
     # -- 4. work ------------------------------------------------------------------
     def count_work(self) -> None:
+        """FLOPs of the window's first step; ops and syncs per step over its first N steps (N: ``log_every``, the
+        cycle of a loss synced every N steps), so every recipe's FLOPs count the same batch."""
         training = self.training
-        # Steps that sync every N (loss_history="item", log_every=N) are counted over N steps.
         n = training.config.log_every
-        steps = [training.fetch(self._batches) for _ in range(n)]
+        window = self._window()
+        steps = [training.fetch(window) for _ in range(n)]
         self._set(h2d_bytes_per_sample=training.h2d_bytes(steps[0]) / training.samples_per_step)
         if not self.settings.work:
             return
         flops = FlopCounterMode(display=False)
-        with self._sites() as sites, flops, _OpCounter(self.backend, sites) as counter:
-            for micro_batches in steps:
-                self._last_loss = training.step(micro_batches)
+        with self._sites() as sites, _OpCounter(self.backend, sites) as counter:
+            for i, micro_batches in enumerate(steps):
+                with flops if i == 0 else contextlib.nullcontext():
+                    self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
         flops_by_op = flops.get_flop_counts().get("Global", {})
         precision, peak_tflops = self.backend.mfu_peak(self.training.config.amp, convolution_share(flops_by_op))
         no_peak = no_peak_reason(self.backend.name)
         if no_peak and not any(no_peak in note for note in self.result.notes):
             self._note(f"{self.backend.name}: {no_peak}")
-        self._set(flops_per_step=int(flops.get_total_flops()) // n, ops_per_step=sum(counter.ops.values()) / n,
+        self._set(flops_per_step=int(flops.get_total_flops()), ops_per_step=sum(counter.ops.values()) / n,
                   syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
-        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, n))
+        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, 1))
         if sites is not None:
             self._attribute(ops_by_site=per_step(counter.ops_by_site, n))
 
@@ -702,7 +742,8 @@ class Measurer:
         if self.training.config.runs_a_profiler or torch.autograd.profiler._is_profiler_enabled:
             return None
         # Batches fetched before profiling: the loader's work is not the step's.
-        pending = [self.training.fetch(self._batches) for _ in range(steps)]
+        window = self._window()
+        pending = [self.training.fetch(window) for _ in range(steps)]
 
         def step():
             self._last_loss = self.training.step(pending.pop(0))
@@ -743,6 +784,9 @@ class Measurer:
         """Take the memory and work figures of an earlier measurement of the same setup instead of re-running them."""
         self._set(**{name: getattr(earlier, name) for name in self.PASS_FIELDS})
         self._note("memory and work figures from this setup's earlier measurement in the session")
+        for note in earlier.notes:
+            if note.startswith(VARYING_SHAPES_NOTE):
+                self._note(note)
 
     def finish(self) -> Result:
         if self._last_loss is not None:

@@ -34,6 +34,12 @@ DEVICE_CHOICE = "device_choice"
 DETERMINISTIC = "deterministic"
 KINDS = (TIMED, TIMED_ONCE, ALLOCATOR, ALLOCATOR_EVENTS, DEVICE_CHOICE, DETERMINISTIC)
 GROUPS = ("speed", "memory", "work")  # what a metric tells; asv's Speed, Memory and Work classes follow it
+# The headroom calibration gives a metric of each kind it calibrates over what was measured (``calibrated_metrics``).
+# 0 for a deterministic metric: an exact function of the code and the shapes, so any change of it is a change of
+# the code or the data, and its bound is what was measured (a 10% margin let an added layer's +6.8% parameters
+# through). An allocator peak moves with the caching allocator's rounding and fragmentation, a kernel count with the
+# libraries' heuristics, between runs of the same code on one GPU.
+CALIBRATION_MARGINS = {DETERMINISTIC: 0.0, ALLOCATOR: 0.10, DEVICE_CHOICE: 0.10}
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class Metric:
     # The phases of the method that measure it (trainbench.core.costs.PHASES; default: its group's, _GROUP_PASSES):
     # what --trainbench-quick runs for a budget that names it
     passes: tuple[str, ...] | None = None
+    count: bool = False  # a whole number of things per step (ops, syncs, calls, kernels): a bound of it is a whole number
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
@@ -72,6 +79,11 @@ class Metric:
     @property
     def deterministic(self) -> bool:
         return self.kind == DETERMINISTIC
+
+    @property
+    def calibration_margin(self) -> float | None:
+        """The headroom calibration gives it over what was measured (``CALIBRATION_MARGINS``), None: not calibrated."""
+        return CALIBRATION_MARGINS.get(self.kind)
 
     @property
     def stable_on_gpu(self) -> bool:
@@ -113,7 +125,7 @@ METRICS: dict[str, Metric] = {
                                          "other processes cannot use between steps)", group="memory", where=ALLOCATOR_PEAK,
                                          passes=("peaks",)),
     "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
-                            "pass", group="memory", where=ALLOCATOR_PEAK, passes=("peaks",)),
+                            "pass", group="memory", where=ALLOCATOR_PEAK, passes=("peaks",), count=True),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
                                group="memory", where=PEAK),
     "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PARAMS),
@@ -137,14 +149,14 @@ METRICS: dict[str, Metric] = {
     "h2d_bytes_per_sample": Metric("B", False, DETERMINISTIC, "bytes a step copies to the device per sample",
                                    group="work", where=OPS),
     "syncs_per_step": Metric("", False, DETERMINISTIC, "host-device syncs (aten._local_scalar_dense) per step",
-                             group="work", where=OPS),
+                             group="work", where=OPS, count=True),
     "ops_per_step": Metric("", False, DETERMINISTIC, "aten ops dispatched per step (eager view, below autograd)",
-                           group="work", where=OPS),
+                           group="work", where=OPS, count=True),
     "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "
-                                  "included)", group="work", where=("time.calls",), passes=("calls",)),
+                                  "included)", group="work", where=("time.calls",), passes=("calls",), count=True),
     "kernels_per_step": Metric("", False, DEVICE_CHOICE, "device kernels launched per step (CUDA profiler): "
-                               "cuDNN autotuning and library updates change which kernels run", group="work", where=("time.kernel_calls",),
-                               passes=("calls",)),
+                               "cuDNN autotuning and library updates change which kernels run", group="work",
+                               where=("time.kernel_calls",), passes=("calls",), count=True),
 }
 
 
@@ -190,7 +202,8 @@ def device_choice_metrics() -> list[str]:
 
 def calibrated_metrics(gpu: bool) -> list[str]:
     """The metrics calibration writes budgets for: the deterministic ones, and on a GPU the allocator peaks and
-    the libraries' kernel choice (repeatable on that GPU and software stack)."""
+    the libraries' kernel choice (repeatable on that GPU and software stack); each with its kind's margin
+    (``Metric.calibration_margin``)."""
     return deterministic_metrics() + (allocator_metrics() + device_choice_metrics() if gpu else [])
 
 

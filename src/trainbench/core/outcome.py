@@ -13,6 +13,7 @@ from trainbench.core.budgets import BoundCheck, CaseBudget
 from trainbench.core.guards import GuardCheck
 from trainbench.core.recipes import Recipe
 from trainbench.core.result import Result, budget_status, case_record
+from trainbench.core.stats import busy_reason
 
 
 def case_id(workload: str, recipe: str) -> str:
@@ -53,6 +54,21 @@ class CaseOutcome:
         return self.result.samples_per_s / self.baseline.samples_per_s
 
     @property
+    def speedup_doubt(self) -> str | None:
+        """Why ``speedup`` is no finding, or None: a busy machine while the case's rounds or its baseline's ran
+        (``stats.busy_reason``), which slows whatever it times. Interleaved rounds share the load; an unpaired
+        baseline timed at another moment carries its own."""
+        if self.speedup is None:
+            return None
+        if self.paired:
+            reason = busy_reason(self.result.machine_load)
+            return f"paired, but {reason}" if reason else None
+        reasons = [f"{side}: {reason}" for side, reason in (("the case's rounds", busy_reason(self.result.machine_load)),
+                                                            ("its baseline's", busy_reason(self.baseline.machine_load)))
+                   if reason]
+        return "unpaired; " + "; ".join(reasons) if reasons else None
+
+    @property
     def budget_status(self) -> str:
         return budget_status(self._budget_field())
 
@@ -82,7 +98,8 @@ class CaseOutcome:
     def record(self) -> dict:
         """The case's serialized form (the saved run, asv, the gate, the report)."""
         fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
-                        "speedup_vs_baseline": self.speedup, "paired": self.paired}
+                        "speedup_vs_baseline": self.speedup, "paired": self.paired,
+                        "speedup_doubt": self.speedup_doubt}
         fields["budget"] = self._budget_field()
         if self.guard_checks:
             fields["guard"] = {

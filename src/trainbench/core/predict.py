@@ -273,10 +273,12 @@ class _PredictedTraining(TrainingSetup):
 
     def batches(self) -> Iterator:
         if self._iterator is None:
-            if self.synthetic:
-                return super().batches()
-            self._iterator = _OneSampleBatches(self.loader)
+            self._iterator = self.batches_from_start()
         return self._iterator
+
+    def batches_from_start(self) -> Iterator:
+        # Fake tensors have no values to draw: no global generator to seed around them.
+        return self._synthetic_batches() if self.synthetic else _OneSampleBatches(self.loader)
 
     def _apply_step(self, optimizer) -> None:
         # GradScaler.step asks whether any gradient overflowed (a host sync on a value fake tensors do

@@ -16,6 +16,10 @@ from trainbench.core.metrics import METRICS, TIMED, per_round, rounds_of, timed_
 # the summary shows it beside the case.
 RELAUNCH_NOTE = "relaunched from the start after a crash below Python"
 
+# The note of a Result whose spec's batch shapes vary across the batches the memory and work passes read
+# (measure.Measurer.window_shapes_note); the summary shows it beside the case.
+VARYING_SHAPES_NOTE = "batch shapes vary"
+
 MIB = 2**20
 
 
@@ -330,6 +334,7 @@ _FIELDS = (
     ("items_per_step", lambda v: _finite(v) and v >= 0, "a finite count >= 0"),
     ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
     ("paired", lambda v: isinstance(v, bool), "true or false"),
+    ("speedup_doubt", lambda v: isinstance(v, str), "why the speed-up is no finding"),
     ("device", lambda v: isinstance(v, dict), "a device identity (dict)"),
     ("ladder", lambda v: isinstance(v, dict), "a dict"),
     ("ranks", lambda v: isinstance(v, dict), "a dict"),
@@ -447,6 +452,18 @@ class CaseRecord:
     def phase_seconds(self) -> dict[str, float]:
         """Where the case's wall time went (``trainbench.core.costs``); {} where not recorded."""
         return self.raw.get("phase_seconds") or {}
+
+    @property
+    def speedup_doubt(self) -> str | None:
+        """Why ``speedup_vs_baseline`` is no finding (a busy machine while either side was timed), or None."""
+        doubt = self.raw.get("speedup_doubt")
+        return str(doubt) if doubt and self.speedup_vs_baseline is not None else None
+
+    @property
+    def varying_shapes(self) -> str | None:
+        """The note of a spec whose batch shapes vary across the batches work and memory were measured on, or None."""
+        return next((str(note) for note in self.raw.get("notes") or [] if str(note).startswith(VARYING_SHAPES_NOTE)),
+                    None)
 
     @property
     def machine_load(self) -> dict | None:

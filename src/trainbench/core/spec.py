@@ -224,6 +224,11 @@ def batch_nbytes(batch: Batch) -> int:
     return sum(t.nbytes for t in tensors_of(batch))
 
 
+def batch_shapes(batch: Batch) -> tuple[tuple[int, ...], ...]:
+    """The shape of every tensor in ``batch``, in order: two batches of one shape compute alike."""
+    return tuple(tuple(t.shape) for t in tensors_of(batch))
+
+
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
     """``batch`` with ``fn`` applied to every tensor, structure kept (dicts, tuples, lists, namedtuples); objects that
     move themselves are left as they are."""

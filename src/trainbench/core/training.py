@@ -18,6 +18,7 @@ import difflib
 import functools
 import inspect
 import math
+import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,31 @@ class SyntheticBatches:
                                                           start + (i + 1) * self.batch_size].clone(), whole)
                              for i in range(self.micro_batches)]
         return self._pending.pop(0)
+
+
+class SeededStream:
+    """``batches`` with torch's and Python's global random generators on states of their own, seeded with ``seed``,
+    while each batch is made (and restored after): what a dataset or collate draws from them is the same for batch i
+    whatever else drew from them before."""
+
+    def __init__(self, batches: Iterator, seed: int):
+        self.batches = batches
+        self._torch_state = torch.Generator().manual_seed(seed).get_state()
+        self._python_state = random.Random(seed).getstate()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        torch_state, python_state = torch.random.get_rng_state(), random.getstate()
+        torch.random.set_rng_state(self._torch_state)
+        random.setstate(self._python_state)
+        try:
+            return next(self.batches)
+        finally:
+            self._torch_state, self._python_state = torch.random.get_rng_state(), random.getstate()
+            torch.random.set_rng_state(torch_state)
+            random.setstate(python_state)
 
 
 class RankSampler(Sampler[int]):
@@ -615,6 +641,7 @@ class TrainingSetup:
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
                           num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
                           persistent_workers=config.num_workers > 0, collate_fn=spec.collate_fn,
+                          generator=torch.Generator().manual_seed(config.seed),  # the workers' seeds: the seed's
                           timeout=config.loader_timeout_s if config.num_workers else 0)
 
     def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
@@ -666,12 +693,37 @@ class TrainingSetup:
     def batches(self) -> Iterator:
         """The live, endless batch iterator (created once; workers persist)."""
         if self._iterator is None:
-            if self.synthetic:
-                self._iterator = SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device",
-                                                  self.config.seed, *self._rank(), self.config.accumulation_steps)
-            else:
-                self._iterator = iter(self.loader)
+            self._iterator = self._stream(live=True)
         return self._iterator
+
+    def batches_from_start(self) -> Iterator:
+        """The batch stream again from its first batch, apart from the live one (which the warm-up and the rounds
+        have moved on): the fixed window the measurement's memory and work passes read."""
+        return self._stream(live=False)
+
+    def _stream(self, live: bool) -> Iterator:
+        """The batch stream: batch i is a function of the seed and i alone, whatever the recipe, save its batch size.
+
+        The spec's factory on a generator seeded afresh, or the loader's seeded sampler and collate, its workers
+        seeded from the seed. The window (``live=False``) also seeds torch's and Python's global generators while
+        each of its batches is made (a dataset or collate that draws from them, which the steps draw from too); the
+        live stream leaves them alone, as the cost of switching them (~0.1 ms a batch) would be in the timed rounds.
+        A recipe with another batch size draws batches of its own size from the same seed: from a dataset, its batch
+        i holds the samples the seeded order puts there (a 4x batch: the baseline's batches 4i..4i+3), from a factory
+        what it makes at that size."""
+        if self.synthetic:
+            stream = self._synthetic_batches()
+        elif live:
+            stream = iter(self.loader)
+        else:  # read in this process, apart from the live loader and its workers
+            stream = iter(DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=self.loader.sampler,
+                                     collate_fn=self.loader.collate_fn, pin_memory=self.loader.pin_memory,
+                                     drop_last=True))
+        return stream if live else SeededStream(stream, self.config.seed)
+
+    def _synthetic_batches(self) -> SyntheticBatches:
+        return SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device", self.config.seed,
+                                *self._rank(), self.config.accumulation_steps)
 
     def fetch(self, batches: Iterator) -> list:
         """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""

@@ -8,8 +8,9 @@ import time
 
 def write_summary(terminalreporter, state) -> None:
     """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
-    unpaired ratios, predictions, ranks, relaunches, traces, and the comparison with the baseline."""
-    from trainbench.verdicts.present import INCONCLUSIVE, summary_table
+    ratios timed on a busy machine or unpaired, predictions, ranks, relaunches, batch shapes that vary, traces, and
+    the comparison with the baseline."""
+    from trainbench.verdicts.present import INCONCLUSIVE, Section, summary_table, vs_base_lines, write_terminal
 
     terminalreporter.write_sep("=", "trainbench summary")
     backend = state.backend
@@ -29,9 +30,7 @@ def write_summary(terminalreporter, state) -> None:
     for line in state.inconclusive:  # a budget's timing not judged reads as a comparison's does
         terminalreporter.write_line(f"{INCONCLUSIVE} {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
-    if any(r.speedup_vs_baseline is not None and not r.paired for r in records):
-        terminalreporter.write_line("~ vs base unpaired: the baseline's rounds were timed apart from the case's "
-                                    "(no ratio budget asked for interleaving), so machine drift is in the ratio")
+    write_terminal(terminalreporter, [Section(lines=tuple(vs_base_lines(records)))])
     for line, failed in _prediction_lines(records):
         terminalreporter.write_line(line, yellow=failed)
     for r in records:
@@ -39,6 +38,8 @@ def write_summary(terminalreporter, state) -> None:
             terminalreporter.write_line(_ranks_line(r.case, r.ranks))
         for note in r.relaunches:  # measured whole by the relaunch; the crash is shown, not hidden
             terminalreporter.write_line(f"{r.case}: {note}", yellow=True)
+        if r.varying_shapes:  # its GFLOP/sample and memory are those of a fixed window of batches, not of every batch
+            terminalreporter.write_line(f"{r.case}: {r.varying_shapes}")
     for case, trace in state.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else

@@ -1,9 +1,11 @@
 """Calibration: budgets for this device from a measured run, with a stated margin.
 
 ``python -m trainbench calibrate [RUN_JSON]`` turns every case of a saved run into budget keys for the run's device
-section (``cpu``, or the GPU's name): deterministic signals get ``max_<metric> = measured x (1 + margin)``, the GPU
-allocator peaks the same, and the same-session speed-up, where it was paired (the case's rounds interleaved with
-its baseline's), ``min_speedup = measured x (1 - speed_margin)``. A case whose correctness guard failed gives no
+section (``cpu``, or the GPU's name): each calibrated signal gets ``max_<metric> = measured x (1 + margin)`` with its
+kind's margin from the metric table (``Metric.calibration_margin``: deterministic signals none, so their bound is what
+was measured; GPU allocator peaks and kernel counts 10%) unless the caller names one margin for all, a count of
+things (ops, syncs, calls, kernels) rounded up to a whole number; and the same-session speed-up, where it was paired
+(the case's rounds interleaved with its baseline's), ``min_speedup = measured x (1 - speed_margin)``. A case whose correctness guard failed gives no
 budget: it did not train what its baseline trains, so its numbers promise nothing. Keys it does not calibrate
 (notes, hand-written ratios, ``compare_fail``) are kept; other devices' sections are never touched. Each case goes
 to the budgets file the caller names for it (the command line: the one the plugin finds for the case's test
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from trainbench.core.budgets import BudgetError, Budgets, tomllib
 from trainbench.core.files import write_text_atomic
-from trainbench.core.metrics import calibrated_metrics
+from trainbench.core.metrics import CALIBRATION_MARGINS, METRICS, calibrated_metrics
 from trainbench.core.result import CaseRecord, RecordError
 from trainbench.devices.device import DeviceCaps
 from trainbench.verdicts.store import RunFileError, SavedRun
@@ -48,6 +50,15 @@ class Calibration:
     files: tuple[FileChange, ...]
     left_out: tuple[str, ...] = ()  # cases of the run that gave no budget, and why
     unpaired: tuple[str, ...] = ()  # cases whose speed-up was timed apart from their baseline: no min_speedup
+    margin: float | None = None  # the caller's one margin for every signal; None: each kind's (CALIBRATION_MARGINS)
+
+    @property
+    def margins(self) -> str:
+        """The headroom each kind of signal got, as the command line says it."""
+        if self.margin is not None:
+            return f"{self.margin:.0%} over every calibrated signal (--margin)"
+        return ", ".join(f"{kind} {margin:.0%}" + (" (bounds at what was measured)" if margin == 0 else "")
+                         for kind, margin in CALIBRATION_MARGINS.items())
 
     @property
     def cases(self) -> int:
@@ -81,17 +92,30 @@ def _round_down(value: float) -> float:
     return math.floor(value * 100 + 1e-9) / 100  # 1.4 x 0.7 is 0.97999...: not a reason to drop a step
 
 
-def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float,
+def max_bound(metric: str, value: float, margin: float) -> float | int:
+    """The ceiling calibration writes for ``metric`` measured at ``value`` with ``margin``: a count of things rounded
+    up to a whole number; with no margin the value itself (rounding would let a change below it through); else
+    rounded up to 4 significant digits. A value <= 0 (memory freed per step) gives 0, never a negative bound."""
+    bound = max(0.0, value * (1 + margin))
+    if METRICS[metric].count:
+        return math.ceil(round(bound, 6))  # 50 x 1.1 is 55.00000000000001: still 55
+    if margin == 0:
+        return int(bound) if bound.is_integer() else bound
+    return _round_up(bound)
+
+
+def bounds_for(record: CaseRecord, gpu: bool, margin: float | None, speed_margin: float,
                only: tuple[str, ...] | None = None) -> dict[str, float | int]:
-    """The calibrated budget keys of one case from its stored record (``only``: these metrics, "speedup" for
-    min_speedup)."""
+    """The calibrated budget keys of one case from its stored record (``margin``: one for every signal, None: each
+    kind's; ``only``: these metrics, "speedup" for min_speedup)."""
     keys: dict[str, float | int] = {}
     for metric in calibrated_metrics(gpu):
         if only is not None and metric not in only:
             continue
         value = record.metrics.get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            keys[f"max_{metric}"] = _round_up(max(0.0, value * (1 + margin)))  # <= 0 measured: budget 0
+            headroom = METRICS[metric].calibration_margin if margin is None else margin
+            keys[f"max_{metric}"] = max_bound(metric, float(value), headroom)
     speedup = record.speedup_vs_baseline
     # Only a paired speed-up (rounds interleaved with the baseline's; records from before pairing was
     # recorded count as paired) is free of the drift between two cases measured minutes apart.
@@ -103,9 +127,12 @@ def bounds_for(record: CaseRecord, gpu: bool, margin: float, speed_margin: float
 BudgetsTargets = Callable[[list[str]], dict[str, Path]]  # the fullnames of a run's cases -> each one's budgets file
 
 
-def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin: float = 0.10,
+def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin: float | None = None,
               speed_margin: float = 0.30, only: tuple[str, ...] | None = None) -> Calibration:
     """What calibration would change in the budgets files for the device of ``run_path`` (nothing is written).
+
+    ``margin``: one headroom for every calibrated signal; None (the default): each kind's from the metric table
+    (``Metric.calibration_margin``).
 
     ``budgets``: one file for every case, or a function from the pytest-benchmark fullnames of the run's cases to
     each one's file. ``only``: calibrate just these metrics' keys (and ``min_speedup`` if it names "speedup"),
@@ -151,7 +178,7 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         files.append(_calibrate_file(Path(path), key, cases, Path(run_path).name))
     if not callable(budgets) and not files:  # nothing to calibrate: the named file, unchanged
         files.append(_calibrate_file(Path(budgets), key, [], Path(run_path).name))
-    return Calibration(key, tuple(files), tuple(left_out), tuple(unpaired))
+    return Calibration(key, tuple(files), tuple(left_out), tuple(unpaired), margin)
 
 
 def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, dict]], run_name: str) -> FileChange:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, fails_gate
-from trainbench.verdicts.render import NOT_PREDICTED, Column, Table, change, interval, listed, number
+from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
 if TYPE_CHECKING:
     from trainbench.core.result import CaseRecord
@@ -273,6 +273,10 @@ def last_line(verdict: dict, exit_status: int) -> str:
 
 # -- the session's table ----------------------------------------------------------------------------------------------
 
+# The marks of a "vs base" cell: a ratio timed on a busy machine (no finding, whatever its size), and one timed apart
+# from its baseline's rounds (drift is in it).
+DOUBTED, UNPAIRED = "?", "~"
+
 _SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step ms (IQR)"), Column("peak MiB"),
                    Column("act MiB"), Column("GPU pred MiB"), Column("GFLOP/sample"), Column("vs base"),
                    Column("budget"))
@@ -288,7 +292,6 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
     body = []
     for record in records:
         m = record.metrics
-        speedup = record.speedup_vs_baseline
         row = [
             record.case,
             number(m["samples_per_s"], ".1f"),
@@ -297,7 +300,7 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
             number(m["activation_mib"], ".1f"),
             _predicted_cell(record),
             number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
-            number(speedup, ".2f", "x") + ("" if speedup is None or record.paired else "~"),
+            _vs_base_cell(record),
             record.budget_status,
         ]
         if len(columns) > len(_SUMMARY_COLUMNS):
@@ -306,6 +309,30 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
                                                  else f" {record.raw.get('items_unit')}"))
         body.append(tuple(row))
     return Table(tuple(columns), tuple(body)).terminal()
+
+
+def _vs_base_cell(record: CaseRecord) -> str:
+    """The speed-up over the case's baseline, marked ``DOUBTED`` where a busy machine timed it, ``UNPAIRED`` where its
+    rounds were not interleaved with the baseline's."""
+    speedup = record.speedup_vs_baseline
+    if speedup is None:
+        return MISSING
+    return number(speedup, ".2f", "x") + (DOUBTED if record.speedup_doubt else "" if record.paired else UNPAIRED)
+
+
+def vs_base_lines(records: list[CaseRecord]) -> list[Line]:
+    """What the marks of the "vs base" column say, for those the table shows: each ratio timed on a busy machine with
+    its reason, beneath one line saying it is no finding; then what an unpaired ratio carries."""
+    lines = []
+    doubted = [record for record in records if record.speedup_doubt]
+    if doubted:
+        lines.append(Line("vs base timed on a busy machine: no finding, whatever its size; measure on a quiet machine "
+                          "(--trainbench-pair-baselines interleaves every case with its baseline)", DOUBTED, "warn",
+                          tuple(f"{record.case}: {record.speedup_doubt}" for record in doubted)))
+    if any(r.speedup_vs_baseline is not None and not r.paired and not r.speedup_doubt for r in records):
+        lines.append(Line("vs base unpaired: the baseline's rounds were timed apart from the case's (no ratio budget "
+                          "asked for interleaving), so machine drift is in the ratio", UNPAIRED))
+    return lines
 
 
 def _predicted_cell(record: CaseRecord) -> str:
