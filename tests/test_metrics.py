@@ -131,3 +131,15 @@ def test_a_metric_twice_in_a_gate_spec_is_refused_and_one_beside_deterministic_k
     for spec in ("deterministic:0%,gflops_per_sample:1%", "gflops_per_sample:1%,deterministic:0%"):
         parsed = parse_thresholds(spec)
         assert parsed["gflops_per_sample"] == 0.01 and parsed["ops_per_step"] == 0.0
+
+
+def test_every_metric_is_measured_by_phases_of_the_cost_table():
+    from trainbench.core.costs import PHASES
+    from trainbench.core.metrics import METRICS, passes_measuring
+
+    assert all(set(m.measured_by) <= set(PHASES) for m in METRICS.values())
+    assert passes_measuring(["samples_per_s"]) == {"rounds"}
+    assert passes_measuring(["ops_per_step", "aten_calls_per_step"]) == {"work", "calls"}
+    assert passes_measuring(["predicted_gpu_peak_mib"]) == {"predict"}
+    with pytest.raises(ValueError, match="expected phases"):
+        Metric("", False, "deterministic", "a metric", group="work", passes=("lunch",))

@@ -61,6 +61,8 @@ class Metric:
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
             raise ValueError(f"metric kind {self.kind!r} / group {self.group!r}: expected one of {KINDS} / {GROUPS}")
+        if (self.group == "speed") != self.timed:
+            raise ValueError(f"a {self.kind} metric in group {self.group!r}: speed metrics are the timed ones")
         if not set(self.measured_by) <= set(PHASES):
             raise ValueError(f"metric passes {self.passes}: expected phases of {tuple(PHASES)}")
 
@@ -68,8 +70,6 @@ class Metric:
     def measured_by(self) -> tuple[str, ...]:
         """The phases of the method that measure it."""
         return self.passes if self.passes is not None else _GROUP_PASSES[self.group]
-        if (self.group == "speed") != self.timed:
-            raise ValueError(f"a {self.kind} metric in group {self.group!r}: speed metrics are the timed ones")
 
     @property
     def timed(self) -> bool:
