@@ -10,6 +10,7 @@ import torch
 
 from trainbench.core.budgets import Budgets
 from trainbench.core.measure import Measurer
+from trainbench.core.recipes import get_recipe
 from trainbench.core.result import CaseRecord
 from trainbench.core.runner import Runner
 from trainbench.core.spec import TrainingSpec, classification_loss
@@ -323,3 +324,42 @@ def test_a_case_measured_again_for_its_timing_keeps_its_first_passes(log, ratio_
     assert again.result.ops_per_step == first.result.ops_per_step and again.result.round_step_times_s
     assert again.result.round_step_times_s != first.result.round_step_times_s
     assert any("earlier measurement" in note for note in again.result.notes)
+
+
+@pytest.mark.parametrize("workload, recipe", [("mlp", "baseline"), ("mlp", "set_to_none"), ("mlp", "loss_item_every_n"),
+                                              ("convnet", "channels_last"), ("mlp", "optimizer_foreach"),
+                                              ("mlp", "multiprocess_loading")])
+def test_a_fresh_setups_first_warm_up_steps_are_the_seeded_trajectory(cpu, profile, quick, workload, recipe):
+    from trainbench.core.guards import GUARD_STEPS, loss_trajectory
+    from trainbench.core.training import TrainingSetup
+
+    spec, config = resolve_spec(workload, profile), get_recipe(recipe).config(profile)
+    settings = dataclasses.replace(quick, min_warmup_steps=GUARD_STEPS)
+    with TrainingSetup(config, spec, cpu) as training:
+        m = Measurer(training, "c", recipe, settings)
+        m.warm_up()
+    assert m.result.seeded_losses == loss_trajectory(config, spec, cpu)  # exactly: the same seeds, batches and steps
+
+
+def test_the_loss_guard_takes_the_measured_setups_trajectories_and_builds_none(cpu, profile, quick, monkeypatch):
+    from trainbench.core import guards
+
+    built = []
+    monkeypatch.setattr(guards, "loss_trajectory", lambda *a, **k: built.append(a[0]) or [])
+    settings = dataclasses.replace(quick, min_warmup_steps=guards.GUARD_STEPS)
+    budgets = Budgets.from_text('[cpu."mlp-set_to_none"]\nmin_speedup = 0.01\n', source="<test>")
+    outcome = Runner(cpu, profile, settings, predict=False).run("set_to_none", "mlp", budgets=budgets)
+    assert built == [] and outcome.paired
+    assert [c.kind for c in outcome.guard_checks] == ["loss"] and outcome.guard_checks[0].ok
+    assert len(outcome.result.seeded_losses) == len(outcome.baseline.seeded_losses) == guards.GUARD_STEPS
+
+
+def test_a_setup_that_stepped_before_its_measurement_gives_no_trajectory(cpu, profile, quick, mlp):
+    from trainbench.core.guards import GUARD_STEPS
+    from trainbench.core.training import TrainingSetup
+
+    with TrainingSetup(get_recipe("baseline").config(profile), mlp, cpu) as training:
+        training.step(training.fetch(training.batches()))  # e.g. a DDP rank's first-step gradients
+        m = Measurer(training, "c", "baseline", dataclasses.replace(quick, min_warmup_steps=GUARD_STEPS))
+        m.warm_up()
+    assert m.result.seeded_losses is None

@@ -92,7 +92,10 @@ def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches
     outcome = Runner(cpu, device_side, quick, predict=False).run("set_to_none", "mlp")
     assert outcome.skipped is None and not outcome.failures
     assert outcome.result.config["synthetic"] == "device" and outcome.result.h2d_bytes_per_sample == 0
-    assert guarded == ["device", "device"]  # the baseline's trajectory and the case's
+    # each trajectory a guard built is device-side; a side whose warm-up ran the guard's steps gave its own instead
+    assert set(guarded) <= {"device"} and len(guarded) + sum(
+        bool(r is not None and r.seeded_losses) for r in (outcome.result, outcome.baseline)) >= 2
+    assert [check.kind for check in outcome.guard_checks] == ["loss"] and outcome.guard_checks[0].ok
     assert [v.kind for v in outcome.guard_checks] == ["loss"] and outcome.guard_checks[0].ok
     assert any(note.startswith("judged against baseline with both on device-side synthetic batches")
                for note in outcome.result.notes)

@@ -403,10 +403,12 @@ class Executor:
         """What the case's guards need of setups trained from their seeds, each config built once for the case (the
         losses and the first gradients of one config come from one setup: ``guards.seeded_run``), by config.
 
-        The setups the case and its baseline were measured with are not reused: they trained through warm-up and
-        timed rounds, so their weights, optimizer state, loss scale and place in the data are no longer the seeds';
-        a guard's numbers are those of a setup built from the seeds, the same in every session. Nothing built here
-        outlives the case (the baseline's losses are kept, as numbers, for later cases of the same baseline)."""
+        A guard's numbers are those of setups trained from their seeds, the same in every session. The setups the
+        case and its baseline were measured with were such setups for their first steps: the losses of their warm-up's
+        first steps (``Result.seeded_losses``) are the loss guard's trajectory, and no setup is built for them. What
+        else the guards need (first-step gradients, a setup the measurement did not start from its seeds) is built
+        here and does not outlive the case (the baseline's losses are kept, as numbers, for later cases of the same
+        baseline)."""
         recipe, config, base_config = plan.recipe, plan.config, plan.baseline_config
         wants: dict = {}  # config -> what the guards take of it
         if recipe.loss_rtol is not None and outcome.fresh_losses is None:
@@ -419,8 +421,17 @@ class Executor:
             wants.setdefault(base_config.one_process_equivalent(config.shards), set()).add("gradients")
             if not config.rank_processes:
                 wants.setdefault(config, set()).add("gradients")
-        return {c: guards.seeded_run(c, plan.spec, self.backend, losses="losses" in want, gradients="gradients" in want,
-                                     micro_batches_are_shards=c == shards_reference) for c, want in wants.items()}
+        measured = {c: r.seeded_losses for c, r in ((base_config, outcome.baseline), (config, outcome.result))
+                    if r is not None and r.seeded_losses and c != shards_reference}
+        runs = {}
+        for c, want in wants.items():
+            losses = measured.get(c) if "losses" in want else None
+            build = want - {"losses"} if losses is not None else want
+            run = (guards.seeded_run(c, plan.spec, self.backend, losses="losses" in build,
+                                     gradients="gradients" in build, micro_batches_are_shards=c == shards_reference)
+                   if build else guards.SeededRun())
+            runs[c] = run if losses is None else replace(run, losses=losses)
+        return runs
 
     def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
         """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:

@@ -46,6 +46,7 @@ from trainbench.devices.device import Backend, no_peak_reason
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 from trainbench.core.costs import spent
+from trainbench.core.guards import GUARD_STEPS
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import VARYING_SHAPES_NOTE, Result
 from trainbench.core.spec import batch_shapes
@@ -366,6 +367,9 @@ class Measurer:
         self._wait_s = 0.0
         self._last_loss: torch.Tensor | None = None
         self._timed_items: list[torch.Tensor] = []  # each timed step's items (TrainingSpec.items), summed after timing
+        # A setup fresh from its seeds: its first warm-up steps are the loss guard's seeded trajectory (kept as
+        # tensors, read after the warm-up)
+        self._seeded: list[torch.Tensor] | None = [] if training.steps_run == 0 else None
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -429,6 +433,7 @@ class Measurer:
         start = timer()
         self.timed_step()
         self._set(first_step_s=timer() - start)
+        self._keep_seeded_loss()
         done, times, window = 1, [], s.steady_window
         minimum = s.min_warmup_steps + self.extra_warmup_steps
         # Settled when the last window of steps took within the tolerance of the window before it, checked after
@@ -445,14 +450,22 @@ class Measurer:
             self.timed_step()
             times.append(timer() - t0)
             done += 1
+            self._keep_seeded_loss()
         steady = steady or (settling and _settled(times, window, s.steady_tolerance))  # the last step's window
         self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
+        if self._seeded is not None and len(self._seeded) == GUARD_STEPS:  # one sync per loss, after the warm-up
+            self._set(seeded_losses=[float(loss) for loss in self._seeded])
+        self._seeded = None
         if s.fixed_warmup:
             self._note(f"fixed warm-up of {done} steps (ranks step in lockstep)")
         elif not settle:
             self._note(f"warm-up of {done} steps: this setup settled when measured earlier in the session")
         elif not steady:
             self._note(f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})")
+
+    def _keep_seeded_loss(self) -> None:
+        if self._seeded is not None and len(self._seeded) < GUARD_STEPS and self._last_loss is not None:
+            self._seeded.append(self._last_loss)
 
     # -- 2. timing ----------------------------------------------------------------
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:

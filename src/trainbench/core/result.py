@@ -71,6 +71,9 @@ class Result:
     peak_tflops: float | None = None
     peak_precision: str | None = None  # the precision whose peak MFU divides by (tf32 where fp32 may use it)
     final_loss: float | None = None
+    # The losses of the setup's first steps from its seeds (its warm-up's first guards.GUARD_STEPS), where the
+    # measurement started on a setup fresh from its seeds: the loss guard's trajectory, with no setup built for it
+    seeded_losses: list[float] | None = None
     notes: list[str] = field(default_factory=list)
     # Other processes' CPU use and the load average while the case was measured (trainbench.devices.host.LoadMeter).
     machine_load: dict | None = None

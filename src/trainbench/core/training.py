@@ -569,6 +569,9 @@ class TrainingSetup:
         self.spec = spec
         self.fault = fault
         self._leaked: list[torch.Tensor] = []
+        # Steps (and forward-backward passes) run since the seeds: a measurement that starts at 0 sees the seeded
+        # trajectory in its first steps (Measurer.seeded_losses), the loss guard's reference
+        self.steps_run = 0
         self.backend = backend
         self.device = backend.device
         self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
@@ -820,6 +823,7 @@ class TrainingSetup:
         step's items where the spec counts them), so the summed gradients equal those of the whole batch.
         Returns the step's (mean) loss with its graph, as a training loop sees it.
         """
+        self.steps_run += 1
         items_weighted = len(micro_batches) > 1 and self.spec.items is not None
         if items_weighted:
             # Every micro-batch on the device first and its items counted there: counts made on the host would each
@@ -868,6 +872,7 @@ class TrainingSetup:
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
         try:
+            self.steps_run += 1
             loss = self._step(micro_batches)
             beat()
             return loss
