@@ -119,7 +119,7 @@ class Executor:
         self.fault = fault
         self.predict = predict  # predict each case's GPU-profile memory under FakeTensorMode (trainbench.core.predict)
         self.trace_request = trace  # profile traces of the cases it wants, taken after their measurement
-        # --trainbench-quick: the timed rounds and only the passes the case's budget needs (quick_passes)
+        # --trainbench-quick: the timed rounds and only the passes the case's budget needs (_passes)
         self.quick = quick
         self.results: dict[tuple, Result] = {}  # same-session baselines, by setup
         self._trajectories: dict[tuple, list[float]] = {}  # baseline losses for the loss guard
