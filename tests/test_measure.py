@@ -446,3 +446,11 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
         m.warm_up()
     assert (m.result.warmup_steps, m.result.warmup_steady) == (steps, steady)
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
+
+
+def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured):
+    # inference_mode lets composite ops (linear) reach the counters whole; the FLOP counter, entered outside the op
+    # counter, must not decompose them before it counts
+    no_grad, inference = measured("eval_no_grad", "mlp"), measured("eval_inference_mode", "mlp")
+    assert inference.ops_per_step < no_grad.ops_per_step and inference.flops_per_step == no_grad.flops_per_step
+    assert "aten.linear" in inference.attribution["ops"] and "aten.linear" not in no_grad.attribution["ops"]

@@ -712,9 +712,13 @@ class Measurer:
         if not self.settings.work:
             return
         flops = FlopCounterMode(display=False)
-        with self._sites() as sites, _OpCounter(self.backend, sites) as counter:
+        with self._sites() as sites:
+            counter = _OpCounter(self.backend, sites)
             for i, micro_batches in enumerate(steps):
-                with flops if i == 0 else contextlib.nullcontext():
+                # The op counter inside the FLOP counter, as ever: FlopCounterMode decomposes the composite ops it
+                # sees first (under inference_mode, conv2d and linear reach the modes whole), so a counter outside
+                # it would count their pieces and an inference-mode step as many ops as a no_grad one.
+                with flops if i == 0 else contextlib.nullcontext(), counter:
                     self._last_loss = training.step(micro_batches)
         self.backend.synchronize()
         flops_by_op = flops.get_flop_counts().get("Global", {})
