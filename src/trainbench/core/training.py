@@ -556,6 +556,10 @@ class TrainingSetup:
 
     notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
 
+    # Steps (and forward-backward passes) run since the seeds: a measurement that starts at 0 sees the seeded
+    # trajectory in its first steps (Measurer.seeded_losses), the loss guard's reference
+    steps_run = 0
+
     def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None,
                  micro_batches_are_shards: bool = False):
         """``micro_batches_are_shards``: the accumulated micro-batches stand for the shards of data-parallel ranks (the
@@ -569,9 +573,6 @@ class TrainingSetup:
         self.spec = spec
         self.fault = fault
         self._leaked: list[torch.Tensor] = []
-        # Steps (and forward-backward passes) run since the seeds: a measurement that starts at 0 sees the seeded
-        # trajectory in its first steps (Measurer.seeded_losses), the loss guard's reference
-        self.steps_run = 0
         self.backend = backend
         self.device = backend.device
         self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
