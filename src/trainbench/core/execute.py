@@ -181,9 +181,9 @@ class Executor:
     def _quick_notes(self, plan: CasePlan) -> list[str]:
         if not self.quick:
             return []
-        skipped = [what for what, ran in (("the correctness guard", plan.baseline is None),
-                                          ("the GPU memory prediction", not self.predict or self._runs(plan, "predict")))
-                   if not ran]
+        skipped = ["the correctness guard"] if plan.baseline is not None else []
+        if self.predict and not self._runs(plan, "predict"):
+            skipped.append("the GPU memory prediction")
         return [f"quick run (--trainbench-quick): {' and '.join(skipped)} skipped"] if skipped else []
 
     def measure_again(self, plan: CasePlan, outcome: CaseOutcome) -> CaseOutcome:

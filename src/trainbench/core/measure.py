@@ -442,16 +442,13 @@ class Measurer:
         # minimum and two more windows. A limit that leaves no room past the minimum judges nothing.
         settling = settle and not s.fixed_warmup and s.max_warmup_steps > minimum
         steady = False
-        while done < minimum or (settling and done < s.max_warmup_steps):
-            if done >= minimum and _settled(times, window, s.steady_tolerance):
-                steady = True
-                break
+        while done < minimum or (settling and not steady and done < s.max_warmup_steps):
             t0 = timer()
             self.timed_step()
             times.append(timer() - t0)
             done += 1
             self._keep_seeded_loss()
-        steady = steady or (settling and _settled(times, window, s.steady_tolerance))  # the last step's window
+            steady = settling and done >= minimum and _settled(times, window, s.steady_tolerance)
         self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
         if self._seeded is not None and len(self._seeded) == GUARD_STEPS:  # one sync per loss, after the warm-up
             self._set(seeded_losses=[float(loss) for loss in self._seeded])
