@@ -89,6 +89,35 @@ def test_passes_that_run_the_step_as_timed_come_before_any_dispatch_mode(mlp, qu
     assert m.result.aten_calls_per_step and m.result.flops_per_step and m.result.memory_breakdown_bytes
 
 
+def test_the_passes_after_timing_step_with_the_heap_frozen_and_leave_the_collector_as_they_found_it(mlp, quick, cpu):
+    import gc
+
+    from trainbench.core.measure import heap_frozen
+
+    log = []
+    gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
+    try:
+        with TrainingSetup(TrainConfig(), mlp, cpu) as training:
+            _log_each_step(training, log, gc.get_freeze_count)
+            m = Measurer(training, "mlp-baseline", "baseline", quick)
+            m.warm_up()
+            m.time_rounds()
+            timed = list(log)
+            m.measure_after_timing()
+            after = log[len(timed):]
+            assert gc.get_freeze_count() == 0  # unfrozen again once the passes end
+        assert timed and not any(timed)  # warm-up and rounds step as the user's loop would
+        assert after and all(after)  # the profiler's, growth's, MemTracker's and the counters' steps
+        # Objects someone else froze stay frozen, and nothing more is frozen or unfrozen.
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        with heap_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.freeze()
+
+
 def test_a_setup_running_a_profiler_of_its_own_gets_no_call_or_kernel_count(mlp, quick, cpu, monkeypatch):
     # NVTX needs CUDA: a stand-in keeps the setup's debug mode while starting nothing, so the skip
     # must come from the mode itself.

@@ -279,6 +279,8 @@ def typo_edits(written: str, meant: str) -> int | None:
             if before is not None and j > 1 and a == meant[j - 2] and written[i - 2] == b and a != b:
                 best = min(best, before[j - 2] + cost(a, b))
             current.append(min(far, best))
+        if min(current) > TYPO_EDITS and (before is None or min(row) > TYPO_EDITS):
+            return None  # no later row can come back within reach (a swap looks back one row only)
         before, row = row, current
     return row[-1] if row[-1] <= TYPO_EDITS else None
 

@@ -348,6 +348,25 @@ def _settled(step_times: list[float], window: int, tolerance: float) -> bool:
     return before > 0 and abs(last / before - 1.0) <= tolerance
 
 
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """The passes after timing walk only the objects they make. Collections those passes trigger (the profiler's
+    event tables, MemTracker's snapshots and fake tensors make tens of thousands of objects) and growth's own
+    ``gc.collect`` would otherwise walk everything alive: torch, pytest and the user's model, ~350k objects and
+    0.1-0.3 s a collection on two cores, often more than the steps they follow. ``gc.freeze`` moves what is alive now
+    out of the collector's reach until the passes end (refcounting still frees it; cycles that are already garbage
+    wait until then, and hold the same bytes before and after the steps, so growth is unchanged). Where someone
+    else froze objects (a test suite, a server), the state is theirs: left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class Measurer:
     """Measures one training setup; ``run()`` returns a ``Result``.
 
@@ -556,7 +575,9 @@ class Measurer:
                 self._note(f"quick run: the {', '.join(skipped)} pass{'es' if len(skipped) > 1 else ''} skipped "
                            "(no budget names what they measure)")
         for name, run in passes:
-            with phase(f"{self.result.recipe}'s {name} pass"), spent(name, self.baseline):
+            # After the peaks pass (whose release_memory collects what earlier cases dropped), the heap is frozen.
+            with phase(f"{self.result.recipe}'s {name} pass"), spent(name, self.baseline), \
+                    (contextlib.nullcontext() if name == "peaks" else heap_frozen()):
                 run()
         varying = self.window_shapes_note()
         if varying:
