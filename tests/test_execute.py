@@ -21,6 +21,7 @@ from trainbench.devices.device import CpuBackend, PeakMemory
 
 class LoggingBackend(CpuBackend):
     has_allocator_peaks = True  # as a GPU's: the peaks pass runs (and releases cached memory first)
+    caching_allocator = True  # as a GPU's: what a freed setup leaves cached is given back before the next
 
     def __init__(self, log):
         super().__init__(torch.device("cpu"))
@@ -57,11 +58,21 @@ def test_a_ratio_budget_pairs_the_rounds_and_measures_each_setups_memory_alone(l
     outcome = runner.run("set_to_none", "mlp", budgets=ratio_budgets)
     assert outcome.paired and outcome.speedup is not None and not outcome.failures
     assert len(outcome.result.round_step_times_s) == len(outcome.baseline.round_step_times_s) == quick.rounds
-    # the baseline's passes before the case is built, the case's after the baseline is freed (each pass set
-    # releases cached memory itself before its allocator peaks)
-    assert log == ["passes baseline", "release", "release", "passes set_to_none", "release"]
+    # what earlier setups left cached goes before the first is built; the baseline's passes before the case is built,
+    # the case's after the baseline is freed (each pass set releases cached memory itself before its allocator peaks)
+    assert log == ["release", "passes baseline", "release", "release", "passes set_to_none", "release"]
     record = CaseRecord.read(outcome.record(), "mlp-set_to_none")
     assert record.paired and record.speedup_vs_baseline == pytest.approx(outcome.speedup)
+
+
+def test_on_a_device_without_a_caching_allocator_a_paired_case_runs_no_full_collection(log, ratio_budgets, profile,
+                                                                                        quick):
+    class CpuLog(LoggingBackend):  # the CPU: no allocator peaks, nothing cached; a collection walks the whole heap
+        has_allocator_peaks = caching_allocator = False
+
+    outcome = Runner(CpuLog(log), profile, quick).run("set_to_none", "mlp", budgets=ratio_budgets)
+    assert outcome.paired and not outcome.failures
+    assert log == ["passes baseline", "passes set_to_none"]
 
 
 def test_a_baseline_measured_earlier_in_the_session_lends_its_memory_and_work(log, ratio_budgets, profile, quick):
@@ -69,7 +80,8 @@ def test_a_baseline_measured_earlier_in_the_session_lends_its_memory_and_work(lo
     runner.run("baseline", "mlp")
     log.clear()
     outcome = runner.run("set_to_none", "mlp", budgets=ratio_budgets)
-    assert log == ["release", "passes set_to_none", "release"]  # the baseline's own rounds, its earlier passes
+    # the baseline's own rounds, its earlier passes: nothing cached before its setup, nothing after it, the peaks'
+    assert log == ["release", "release", "passes set_to_none", "release"]
     assert outcome.baseline.ops_per_step == runner.results[("mlp", "baseline", ())].ops_per_step
     assert any("earlier measurement" in note for note in outcome.baseline.notes)
 
@@ -363,3 +375,20 @@ def test_a_setup_that_stepped_before_its_measurement_gives_no_trajectory(cpu, pr
         m = Measurer(training, "c", "baseline", dataclasses.replace(quick, min_warmup_steps=GUARD_STEPS))
         m.warm_up()
     assert m.result.seeded_losses is None
+
+
+def test_the_gpu_prediction_runs_with_the_heap_frozen_and_unfreezes_it(cpu, profile, quick, monkeypatch):
+    import gc
+
+    from trainbench.core.execute import Executor
+
+    seen = []
+    monkeypatch.setattr(Executor, "_predicted_memory", lambda self, plan, result: seen.append(gc.get_freeze_count())
+                        or {"profile": "gpu", "reason": "not predicted in this test"})
+    gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
+    try:
+        outcome = Runner(cpu, profile, quick, predict=True).run("baseline", "mlp")
+        assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
+        assert not outcome.failures
+    finally:
+        gc.freeze()
