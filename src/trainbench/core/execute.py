@@ -296,8 +296,9 @@ class Executor:
                 baseline = mb.finish()
                 tb.close()
                 tb = mb = None  # the baseline's tensors go before the case's memory is measured
-                self.backend.release_cache()  # a caching allocator's blocks (and the cycles holding them); on the
-                # CPU nothing: its passes track what the case's own steps make, and a full collection costs 0.1-0.3 s
+                # A caching allocator's blocks (and the cycles holding them) go back; on the CPU nothing does: its
+                # passes track what the case's own steps make, and a full collection there costs 0.1-0.3 s.
+                self.backend.release_cache()
                 if first is not None:  # measured again for its timing: the first measurement's passes stand
                     mc.reuse_passes(first.result)
                 else:
