@@ -1,7 +1,10 @@
+import copy
+import functools
 import gc
 import os
 
 import pytest
+import pytest_benchmark.plugin
 import torch
 
 # pytester's in-process runs restore sys.modules afterwards; torch modules that register
@@ -14,6 +17,12 @@ import torchvision.transforms  # noqa: F401
 from trainbench.core.measure import MeasureSettings
 from trainbench.core.workloads import PROFILES
 from trainbench.devices.device import CpuBackend
+
+# pytest-benchmark asks py-cpuinfo for the machine's CPU in each session that saves or compares a run: ~0.2 s and a
+# Python process each time (cpuinfo runs CPUID in a child), ~80 times in this suite's inner sessions. The answer
+# cannot change within a test process: asked once, each session gets its own copy.
+_cpu_info = functools.lru_cache(maxsize=1)(pytest_benchmark.plugin.get_cpu_info)
+pytest_benchmark.plugin.get_cpu_info = lambda: copy.deepcopy(_cpu_info())
 
 # The plugin's inner sessions skip the FakeTensorMode memory prediction (seconds per case); the tests
 # of the prediction turn it on themselves.
