@@ -419,8 +419,9 @@ class Executor:
             wants.setdefault(config, set()).add("losses")
         shards_reference = None
         if recipe.grad_rtol is not None:
-            shards_reference = base_config.one_process_equivalent(config.shards) if config.shards > 1 else None
-            wants.setdefault(base_config.one_process_equivalent(config.shards), set()).add("gradients")
+            reference = base_config.one_process_equivalent(config.shards)
+            shards_reference = reference if config.shards > 1 else None
+            wants.setdefault(reference, set()).add("gradients")
             if not config.rank_processes:
                 wants.setdefault(config, set()).add("gradients")
         measured = {c: r.seeded_losses for c, r in ((base_config, outcome.baseline), (config, outcome.result))

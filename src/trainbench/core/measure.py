@@ -352,8 +352,8 @@ def _settled(step_times: list[float], window: int, tolerance: float) -> bool:
 def heap_frozen() -> Iterator[None]:
     """The passes after timing (and the GPU prediction) walk only the objects they make. The collections they set off
     (the profiler's event tables, MemTracker's snapshots and fake tensors make tens of thousands of objects) and
-    growth's own ``gc.collect`` would otherwise walk everything alive: torch, pytest and the user's model, ~350k objects and
-    0.1-0.3 s a collection on two cores, often more than the steps they follow. ``gc.freeze`` moves what is alive now
+    growth's own ``gc.collect`` would otherwise walk everything alive: torch, pytest and the user's model, ~350k
+    objects and 0.1-0.3 s a collection on two cores, often more than the steps they follow. ``gc.freeze`` moves what is alive now
     out of the collector's reach until the passes end (refcounting still frees it; cycles that are already garbage
     wait until then, and hold the same bytes before and after the steps, so growth is unchanged). Where someone
     else froze objects (a test suite, a server), the state is theirs: left as it is."""

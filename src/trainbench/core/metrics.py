@@ -160,7 +160,6 @@ METRICS: dict[str, Metric] = {
 }
 
 
-
 def passes_measuring(metrics) -> frozenset[str]:
     """The phases of the method that measure ``metrics`` (names in ``METRICS``): what a quick run keeps."""
     return frozenset(phase for name in metrics for phase in METRICS[name].measured_by)

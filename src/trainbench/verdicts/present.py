@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, fails_gate
 from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
@@ -347,8 +348,6 @@ def _predicted_cell(record: CaseRecord) -> str:
 def costs_lines(records: list[CaseRecord], session_s: float | None = None) -> list[str]:
     """``--trainbench-costs``: each case's wall seconds by phase (``trainbench.core.costs.PHASES``, its baseline's share
     added in), a row of their sums, and how much of it the timed rounds were: what the summary's figures cost."""
-    from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
-
     costed = [r for r in records if r.phase_seconds]
     if not costed:
         return ["costs: no case recorded its phases"]
@@ -373,5 +372,5 @@ def costs_lines(records: list[CaseRecord], session_s: float | None = None) -> li
 
 
 def _cost_cells(seconds: dict[str, float], rounds_s: float, phases: list[str]) -> tuple[str, ...]:
-    total = seconds["total"]
+    total = seconds[TOTAL]
     return (f"{total:.1f}", f"{rounds_s / total:.0%}" if total else "-", *(f"{seconds[name]:.1f}" for name in phases))
