@@ -79,11 +79,16 @@ ABORTS_ALWAYS = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="
                                     model=lambda: _model_that_aborts(first_only=False))
 
 
+# The relaunch tests run their ranks without the work passes (work=False: no profiler): gloo ranks stopping the
+# profiler crash below Python (rarely, at random: distributed.NATIVE_CRASH_RELAUNCHES), and such a crash of their own
+# would be one more than the one planted, or the one these tests say never happened.
+
+
 def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_noted(cpu, profile, quick, tmp_path,
                                                                                      monkeypatch):
     monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
-    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ONCE, cpu, profile, quick,
-                            "x-ddp_gloo", "ddp_gloo")
+    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ONCE, cpu, profile,
+                            dataclasses.replace(quick, work=False), "x-ddp_gloo", "ddp_gloo")
     assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds  # measured whole by the relaunch
     [note] = [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]
     assert "Fatal Python error: Aborted" in note and "local rank" in note
@@ -101,8 +106,8 @@ def test_a_rank_that_crashes_below_python_twice_fails_with_both_crashes(cpu, pro
 
 
 def test_a_finished_rank_leaves_without_the_native_teardown_that_can_abort_it(cpu, profile, quick):
-    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_AT_EXIT, cpu, profile, quick,
-                            "x-ddp_gloo", "ddp_gloo")
+    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_AT_EXIT, cpu, profile,
+                            dataclasses.replace(quick, work=False), "x-ddp_gloo", "ddp_gloo")
     assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds
     assert not [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]  # no rank crashed on its way out
 
