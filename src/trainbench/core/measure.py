@@ -203,6 +203,7 @@ class _OpCounter(TorchDispatchMode):
         return self.ops["aten._local_scalar_dense"] + self.blocking_copies
 
 
+_MEMTRACKER_TOTAL = "Total"  # the key of a device snapshot's sum over its categories
 _MEMTRACKER_CATEGORIES = {
     "PARAM": "params",
     "BUFFER": "buffers",
@@ -365,6 +366,27 @@ def heap_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def global_peak_only(tracker) -> bool:
+    """Make a MemTracker (or FSDPMemTracker) update only its global peak after each op; True if it was changed.
+
+    After every op the stock tracker walks every module it has seen to update the peaks of those running,
+    20-30 times a small model's step on the CPU. Only the global peak is read here (``get_tracker_snapshot("peak")``),
+    which that walk never changes. A torch whose tracker keeps its state under other names keeps the stock update:
+    slower, never wrong.
+    """
+    if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "_curr_mem_snap", "_peak_mem", "_peak_mem_snap")):
+        return False
+
+    def update_peak_stats(peak_state) -> None:
+        for dev, snap in tracker._curr_mem_snap.items():
+            if tracker._peak_mem.get(dev, 0) < snap[_MEMTRACKER_TOTAL]:
+                tracker._peak_mem[dev] = snap[_MEMTRACKER_TOTAL]
+                tracker._peak_mem_snap[dev] = dict(snap)
+
+    tracker._update_peak_stats = update_peak_stats
+    return True
 
 
 class Measurer:
@@ -684,6 +706,7 @@ class Measurer:
 
             tracker = MemTracker()
             tracker.track_external(training.model, *optimizers)
+        global_peak_only(tracker)
         micro_batches = training.fetch(self._window())  # outside the tracker: loader transforms are modules too
         # MemTracker follows one forward of the root module per iteration and raises on a second;
         # its per-module stats are not read here (only its global peak), so clear them before each.
@@ -700,7 +723,7 @@ class Measurer:
         finally:
             training.before_forward = None
         per_device = self._device_stats(tracker.get_tracker_snapshot("peak"))
-        breakdown = {"total": int(per_device.get("Total", 0))}
+        breakdown = {"total": int(per_device.get(_MEMTRACKER_TOTAL, 0))}
         for ref_type, nbytes in per_device.items():
             key = _MEMTRACKER_CATEGORIES.get(getattr(ref_type, "name", str(ref_type)).split(".")[-1])
             if key:
