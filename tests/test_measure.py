@@ -221,7 +221,7 @@ def test_memtracker_updating_only_its_global_peak_gives_the_stock_trackers_break
 def test_a_tracker_that_keeps_its_peak_under_other_names_keeps_its_own_update():
     from trainbench.core.measure import global_peak_only
 
-    class Renamed:  # what a torch that renamed the tracker's state would hand over
+    class Renamed:  # what a torch that renamed the tracker's modules would hand over
         def _update_peak_stats(self, peak_state):
             return "stock"
 

@@ -186,35 +186,6 @@ def _made_fake(model: torch.nn.Module, mode) -> torch.nn.Module:
 
 
 @contextlib.contextmanager
-def _global_peak_only():
-    """``MemTracker`` keeps only the global peak up to date, which is all ``Measurer.tracked_breakdown`` reads.
-
-    After every op, MemTracker also walks every module it has seen to update the peak of those being run: for a
-    ResNet-50 that walk is ~400 weak-reference look-ups per op, over half the time of a tracked fake step. The walk
-    is skipped by giving it no module to walk; the global peak is updated by MemTracker's own code as before.
-    """
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    update = getattr(MemTracker, "_update_peak_stats", None)
-    if update is None:  # another torch: leave it as it is
-        yield
-        return
-
-    def global_only(self, peak_state) -> None:
-        modules, self.memory_tracking = self.memory_tracking, {}
-        try:
-            update(self, peak_state)
-        finally:
-            self.memory_tracking = modules
-
-    MemTracker._update_peak_stats = global_only
-    try:
-        yield
-    finally:
-        MemTracker._update_peak_stats = update
-
-
-@contextlib.contextmanager
 def _no_weight_init():
     """``torch.nn.init``'s in-place initializers as no-ops while a fake model is built.
 
@@ -299,7 +270,7 @@ def fake_training(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> 
 
     # A shape environment lets ``.item()`` (a logged loss) return a symbol instead of failing.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    with mode, optimizer_path_of_real_tensors(), _global_peak_only(), contextlib.ExitStack() as stack:
+    with mode, optimizer_path_of_real_tensors(), contextlib.ExitStack() as stack:
         with _no_weight_init(), warnings.catch_warnings():
             # The loader is never iterated here: its worker count suits the GPU runner, not this one.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
