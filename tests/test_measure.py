@@ -307,12 +307,14 @@ def _resnet18_measured():
 
 
 @pytest.fixture
-def resnet18_metrics(metrics_of, _resnet18_measured):
-    """``resnet18_metrics(recipe)``: the metrics of a resnet18 case, measured once for the module (tests only read
-    them; a resnet18 case is most of this module's time)."""
+def resnet18_metrics(metrics_of, _resnet18_measured, quick):
+    """``resnet18_metrics(recipe)``: the memory pass's metrics of a resnet18 case (all these tests read), measured
+    once for the module after one timed step (tests only read them; a resnet18 case is most of this module's time)."""
+    memory_only = dataclasses.replace(quick, passes=("memory",), rounds=1, steps_per_round=1)
+
     def get(recipe):
         if recipe not in _resnet18_measured:
-            _resnet18_measured[recipe] = metrics_of(recipe, "resnet18")
+            _resnet18_measured[recipe] = metrics_of(recipe, "resnet18", settings=memory_only)
         return _resnet18_measured[recipe]
 
     return get
