@@ -468,3 +468,22 @@ def test_ranks_that_fail_alike_show_their_traceback_once(tmp_path):
     assert _errors(tmp_path) == f"rank0 and rank1, the same traceback:\n{spec_error}"
     (tmp_path / "rank2.err").write_text("RuntimeError: another\n")
     assert _errors(tmp_path).count("SpecError") == 1 and _errors(tmp_path).endswith("RuntimeError: another\n")
+
+
+def test_a_finished_child_runs_its_exit_handlers_and_skips_the_interpreters_teardown():
+    # How ranks, fresh processes and A/B sides end (trainbench.core.child_exit): what the exit handlers print is
+    # kept, an object torn down with the interpreter never sees its finalizer run, the exit status is the one given.
+    import subprocess
+    import sys
+
+    script = ("import atexit\n"
+              "from trainbench.core.child_exit import exit_without_teardown\n"
+              "class Teardown:\n"
+              "    def __del__(self):\n"
+              "        print('torn down', flush=True)\n"
+              "kept = Teardown()\n"
+              "atexit.register(lambda: print('exit handler'))\n"
+              "print('buffered', end='')\n"
+              "exit_without_teardown(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and done.stdout == "bufferedexit handler\n", done.stderr

@@ -19,6 +19,7 @@ import traceback
 from contextlib import contextmanager
 
 import trainbench
+from trainbench.core.child_exit import exit_without_teardown
 from trainbench.core.watchdog import watch
 from trainbench.devices.environment import installed_packages
 from trainbench.devices.host import env_value
@@ -134,6 +135,10 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - any failure of the side is reported to the runner, which names the side
             answer = {"error": traceback.format_exc()}
         protocol.write(json.dumps(answer) + "\n")
+    if worker.training is not None:  # closed before its finish: its loader's workers end with it
+        worker.training.close()
+    protocol.close()
+    exit_without_teardown(0)
 
 
 if __name__ == "__main__":
