@@ -18,6 +18,15 @@ from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
 from trainbench.verdicts.night_plan import format_night, plan_night
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_predictions(tmp_path_factory):
+    """The doctors here predict the same built-in GPU-profile setups: one predictions file shares them between
+    runs, as it does between a night's steps (``predict.SharedPredictions``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path_factory.mktemp("fleet") / "predictions.json"))
+        yield
+
 BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
 MiB, GiB = 2**20, 2**30
 GPT_LARGER_BATCH_MIB = 155_000  # the GPU profile's predicted tensor peak of gpt-larger_batch
