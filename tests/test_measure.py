@@ -481,14 +481,21 @@ def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
 
 @pytest.mark.parametrize("step_times, settings, steps, steady", [
     # steady from the second step: 1 + two windows of 3 (the minimum's steps count towards them)
-    ([5.0] + [1.0] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 7, True),
+    ([0.05] + [0.01] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 7, True),
     # the GPU profile's: 10 minimum steps, windows of 5
-    ([5.0] + [1.0] * 40, dict(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05), 11,
+    ([0.05] + [0.01] * 40, dict(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05), 11,
      True),
     # slowing down step after step never settles: the limit ends it
-    ([1.0 + 0.5 * i for i in range(40)], dict(min_warmup_steps=3, max_warmup_steps=12, steady_window=3), 12, False),
+    ([0.01 + 0.005 * i for i in range(40)], dict(min_warmup_steps=3, max_warmup_steps=12, steady_window=3), 12, False),
     # a compile-like spell of slow steps after the first: settled two windows after it ends
-    ([9.0, 4.0, 4.0, 4.0] + [1.0] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 10, True),
+    ([0.09, 0.04, 0.04, 0.04] + [0.01] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 10, True),
+    # 1 s steps: two steps already last STEADY_WINDOW_S, so windows of 2 (1 + 2 windows); 0.5 s steps keep 3
+    ([5.0] + [1.0] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 5, True),
+    ([2.0] + [0.5] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 7, True),
+    # the GPU profile's minimum still holds; a window asked as 1 step stays 1
+    ([5.0] + [1.0] * 40, dict(min_warmup_steps=10, max_warmup_steps=200, steady_window=5, steady_tolerance=0.05), 10,
+     True),
+    ([5.0] + [1.0] * 40, dict(min_warmup_steps=1, max_warmup_steps=30, steady_window=1), 3, True),
 ])
 def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock(training, step_times, settings, steps,
                                                                                  steady):
