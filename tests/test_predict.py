@@ -432,3 +432,14 @@ def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, qui
     assert lines[1] == (f"GPU pred n/a for {records[1].case}: {reason}", True)
     # the method's check ran on the one case predicted, and no more is claimed
     assert lines[0][0].endswith("; each case's own setup predicted exactly as measured") and len(lines) == 2
+
+
+def test_a_model_that_deep_copies_its_layers_is_predicted_without_torchs_fake_data_pointer_warning(cpu, profile):
+    # nn.TransformerEncoder clones its layer with copy.deepcopy, which asks each fake parameter for a data pointer.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predicted = predict_memory(get_recipe("baseline").config(profile), resolve_spec("transformer", profile), cpu)
+    assert "breakdown_bytes" in predicted, predicted.get("reason")
+    assert not [w for w in caught if "data pointer" in str(w.message)]

@@ -274,6 +274,9 @@ def fake_training(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> 
         with _no_weight_init(), warnings.catch_warnings():
             # The loader is never iterated here: its worker count suits the GPU runner, not this one.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
+            # copy.deepcopy of a fake module (nn.TransformerEncoder clones its layer) asks each fake parameter for its
+            # data pointer, which torch warns about, then clones it as a fake tensor: the copies are right.
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             training = _PredictedTraining(config, dataclasses.replace(spec, model=_fake_model(spec.model, mode)),
                                           backend)
         stack.enter_context(training)
