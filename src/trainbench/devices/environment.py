@@ -27,9 +27,10 @@ def installed_packages() -> dict[str, str]:
 
     found: dict[str, str] = {}
     for dist in distributions():
-        name = dist.metadata["Name"] if dist.metadata is not None else None
-        if name and dist.version is not None:
-            found.setdefault(canonical_name(name), str(dist.version))
+        metadata = dist.metadata  # each read parses the distribution's METADATA file again: once, not three times
+        name, version = (metadata["Name"], metadata["Version"]) if metadata is not None else (None, None)
+        if name and version is not None:
+            found.setdefault(canonical_name(name), str(version))
     return dict(sorted(found.items()))
 
 
