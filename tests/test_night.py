@@ -18,7 +18,9 @@ from trainbench.cli.night import (
     NightError,
     StepOutcome,
     child_environment,
+    finish_reserve,
     junit_cases,
+    least_budget_s,
     merge_runs,
     run_night,
 )
@@ -225,13 +227,20 @@ def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NightError, match="--out .*file: not a folder"):
         run_night(tmp_path / "file", 600, None, ROOT, runner=VirtualNight())
-    with pytest.raises(NightError, match="--budget-s 20: too short"):
+    with pytest.raises(NightError, match="--budget-s 20: too short; expected at least 45 s"):
         run_night(tmp_path / "n", 20, None, ROOT, runner=VirtualNight())
+    with pytest.raises(NightError, match="--budget-s 39: too short; expected at least 40 s"):
+        run_night(tmp_path / "n", 39, "NVIDIA L40S", ROOT, runner=VirtualNight())
     with pytest.raises(NightError, match="--simulate-gpu: .*unknown GPU 'NVIDIA L41S'"):
         run_night(tmp_path / "n", 600, "NVIDIA L41S", ROOT, runner=VirtualNight())
     with pytest.raises(NightError, match="benchmarks/test_recipes.py: not found"):
         run_night(tmp_path / "n", 600, None, tmp_path, runner=VirtualNight())
     assert FINISH_RESERVE_S > MIN_STEP_S
+    # The least budget leaves two steps' time to measure in before the finish, and not a second more.
+    for simulated in (False, True):
+        least = least_budget_s(simulated)
+        assert least - finish_reserve(least, simulated) == 2 * MIN_STEP_S
+        assert least - 1 - finish_reserve(least - 1, simulated) < 2 * MIN_STEP_S
 
 
 def test_merging_keeps_every_part_and_names_the_unreadable(tmp_path):
@@ -314,7 +323,7 @@ def bare_box(tmp_path_factory):
 
 def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_filled(bare_box, tmp_path):
     out = tmp_path / "night"
-    budget = 50  # the least a night accepts: the plan is stopped at its deadline, and ends inside the budget
+    budget = least_budget_s(simulated=True)  # the least a rehearsal accepts: the plan is stopped at its deadline
     started = time.monotonic()
     done = subprocess.run([bare_box, "-m", "trainbench", "night", "--simulate-gpu", "NVIDIA L40S",
                            "--budget-s", str(budget), "--out", str(out), "--pytest-arg=-k",
