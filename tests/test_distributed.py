@@ -22,8 +22,13 @@ def _model_that_fails():
 BROKEN = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="broken", model=_model_that_fails)
 
 
+# Where a test plants its fault in the model, its ranks make their batches on the device: no loader, so no
+# torchvision import (1.6 s a rank, most of it torch._dynamo) before the model is built.
+DDP_ON_SYNTHETIC_BATCHES = TrainConfig(parallel="ddp", world_size=2, synthetic="device")
+
+
 def test_a_failing_rank_reports_its_traceback(cpu, profile, quick):
-    config = TrainConfig(parallel="ddp", world_size=2)
+    config = DDP_ON_SYNTHETIC_BATCHES
     with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*no model in this process"):
         measure_ddp(config, BROKEN, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
 
@@ -65,7 +70,7 @@ def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_no
     # The relaunched ranks finish, then leave without the native teardown that would abort them: a second crash
     # would be a second note, or (the one relaunch spent) the case's failure.
     monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
-    result, _ = measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ONCE, cpu, profile,
+    result, _ = measure_ddp(DDP_ON_SYNTHETIC_BATCHES, ABORTS_ONCE, cpu, profile,
                             dataclasses.replace(quick, work=False), "x-ddp_gloo", "ddp_gloo")
     assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds  # measured whole by the relaunch
     [note] = [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]
@@ -75,7 +80,7 @@ def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_no
 def test_a_rank_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
     with pytest.raises(ProcessFailed) as failed:
-        measure_ddp(TrainConfig(parallel="ddp", world_size=2), ABORTS_ALWAYS, cpu, profile, quick,
+        measure_ddp(DDP_ON_SYNTHETIC_BATCHES, ABORTS_ALWAYS, cpu, profile, quick,
                     "x-ddp_gloo", "ddp_gloo")
     message = str(failed.value)
     assert "x-ddp_gloo: a DDP rank failed" in message
