@@ -18,6 +18,10 @@ from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
 from trainbench.verdicts.night_plan import format_night, plan_night
 
+BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
+MiB, GiB = 2**20, 2**30
+GPT_LARGER_BATCH_MIB = 155_000  # the GPU profile's predicted tensor peak of gpt-larger_batch
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_predictions(tmp_path_factory):
@@ -26,10 +30,6 @@ def _shared_predictions(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path_factory.mktemp("fleet") / "predictions.json"))
         yield
-
-BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
-MiB, GiB = 2**20, 2**30
-GPT_LARGER_BATCH_MIB = 155_000  # the GPU profile's predicted tensor peak of gpt-larger_batch
 
 
 class StandInPredictions:

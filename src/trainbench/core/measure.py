@@ -342,7 +342,8 @@ def _storages(t: torch.Tensor) -> list:
 
 
 # Windows this long judge steadiness well enough: a model whose steps take STEADY_WINDOW_S / 2 seconds or more
-# compares windows of 2 steps, not the 3 (5 on GPU) its profile asks for, and warms up for 5 steps, not 7 (11).
+# compares windows of 2 steps, not the 3 (5 on GPU) its profile asks for: a steady one warms up for 5 steps on CPU,
+# not 7 (on GPU for its minimum of 10, not 11).
 STEADY_WINDOW_S = 1.5
 
 
