@@ -359,6 +359,17 @@ def _settled(step_times: list[float], window: int, tolerance: float) -> bool:
     return before > 0 and abs(last / before - 1.0) <= tolerance
 
 
+class _HeapFreeze:
+    """Who holds the collector's permanent generation: this module (for its passes) or someone else."""
+
+    holding = False  # inside heap_frozen's own freeze
+    # Someone else froze the heap (a test suite, a server before it forks). ``gc.get_freeze_count`` walks every frozen
+    # object (30 ms for 350k), and a suite that freezes before each test would pay that at every pass: it is asked
+    # until the answer is yes, then the heap is taken to stay theirs (at worst, passes after they unfreeze run
+    # unfrozen: slower, and their state untouched).
+    elsewhere = False
+
+
 @contextlib.contextmanager
 def heap_frozen() -> Iterator[None]:
     """The passes after timing (and the GPU prediction) walk only the objects they make. The collections they set off
@@ -367,14 +378,18 @@ def heap_frozen() -> Iterator[None]:
     objects and 0.1-0.3 s a collection on two cores, often more than the steps they follow. ``gc.freeze`` moves what is alive now
     out of the collector's reach until the passes end (refcounting still frees it; cycles that are already garbage
     wait until then, and hold the same bytes before and after the steps, so growth is unchanged). Where someone
-    else froze objects (a test suite, a server), the state is theirs: left as it is."""
-    if gc.get_freeze_count():
+    else froze objects, the state is theirs: left as it is."""
+    state = _HeapFreeze
+    if state.holding or state.elsewhere or gc.get_freeze_count():
+        state.elsewhere = state.elsewhere or not state.holding
         yield
         return
     gc.freeze()
+    state.holding = True
     try:
         yield
     finally:
+        state.holding = False
         gc.unfreeze()
 
 
