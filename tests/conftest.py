@@ -65,9 +65,18 @@ def profile():
 
 @pytest.fixture(scope="session")
 def quick():
-    """Just enough measurement to exercise every path (frozen: a module's shared measurement may use it too)."""
+    """Just enough measurement to exercise every path (frozen: a module's shared measurement may use it too), without
+    the attribution pass (its profiled steps and tables are most of a small case's passes): ``attributed`` has it."""
     return MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
-                           memory_steps=1)
+                           memory_steps=1, attribution=False)
+
+
+@pytest.fixture(scope="session")
+def attributed(quick):
+    """``quick`` with the attribution tables: for the tests that read where a step's time, ops or memory go."""
+    import dataclasses
+
+    return dataclasses.replace(quick, attribution=True)
 
 
 @pytest.fixture
@@ -113,9 +122,17 @@ def device_of_memory():
 
 
 @pytest.fixture
-def quick_options():
+def quick_options(attributed_options):
+    """``attributed_options`` without the attribution pass: like the memory prediction (off above), the profiler's
+    per-step op tables are seconds of a small case that only the tests reading them need."""
+    return [*attributed_options, "--trainbench-no-attribution"]
+
+
+@pytest.fixture
+def attributed_options():
     """The command line of an inner pytest session (pytester) that measures on the CPU with just enough rounds and
-    steps to exercise every path. A test that needs other numbers appends its own options: the last one given wins."""
+    steps to exercise every path, attribution included. A test that needs other numbers appends its own options:
+    the last one given wins."""
     return ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
             "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
 

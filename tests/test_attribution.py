@@ -61,6 +61,12 @@ def _spec(model, name="gelu_net") -> TrainingSpec:
                         batch_size=8)
 
 
+@pytest.fixture(scope="session")
+def quick(quick):
+    """This module reads the attribution tables: its quick settings record them."""
+    return dataclasses.replace(quick, attribution=True)
+
+
 @pytest.fixture
 def run_spec(cpu, profile, quick):
     """``run_spec(spec, recipe="baseline", settings=quick)``: the Result of the whole method on a spec."""

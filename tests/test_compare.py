@@ -279,9 +279,10 @@ def test_steady(train_bench):
 
 
 @pytest.fixture
-def gate_options(quick_options):
-    """The quick options with 7 rounds of 5 steps: enough rounds for the gate's statistics."""
-    return [*quick_options, "--trainbench-rounds=7", "--trainbench-steps-per-round=5", "--trainbench-min-warmup=3"]
+def gate_options(attributed_options):
+    """The quick options with 7 rounds of 5 steps (enough rounds for the gate's statistics) and the attribution
+    that says where a regression went."""
+    return [*attributed_options, "--trainbench-rounds=7", "--trainbench-steps-per-round=5", "--trainbench-min-warmup=3"]
 
 
 def _save(pytester, options, *args):

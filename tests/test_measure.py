@@ -271,9 +271,9 @@ def test_a_step_that_runs_the_forward_twice_is_measured_with_the_extra_work(meas
     assert twice.memory_growth_bytes_per_step == 0
 
 
-def test_set_to_none_drops_one_zero_op_per_parameter(measured):
-    zeros = measured("baseline", "mlp")
-    none = measured("set_to_none", "mlp")
+def test_set_to_none_drops_one_zero_op_per_parameter(measured, attributed):
+    zeros = measured("baseline", "mlp", settings=attributed)
+    none = measured("set_to_none", "mlp", settings=attributed)
     assert zeros.attribution["ops"].get("aten.zero_") == 4  # two weights, two biases
     assert "aten.zero_" not in none.attribution["ops"]
     assert none.ops_per_step < zeros.ops_per_step
@@ -525,9 +525,10 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
 
 
-def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured):
+def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured, attributed):
     # inference_mode lets composite ops (linear) reach the counters whole; the FLOP counter, entered outside the op
     # counter, must not decompose them before it counts
-    no_grad, inference = measured("eval_no_grad", "mlp"), measured("eval_inference_mode", "mlp")
+    no_grad, inference = measured("eval_no_grad", "mlp", settings=attributed), \
+        measured("eval_inference_mode", "mlp", settings=attributed)
     assert inference.ops_per_step < no_grad.ops_per_step and inference.flops_per_step == no_grad.flops_per_step
     assert "aten.linear" in inference.attribution["ops"] and "aten.linear" not in no_grad.attribution["ops"]

@@ -174,12 +174,12 @@ def test_benchmark_json_carries_every_metric(baseline_without_budgets):
     assert data["machine_info"]["trainbench"]["kind"] == "cpu"
 
 
-def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(pytester, quick_options):
+def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(pytester, attributed_options):
     from trainbench.core.attribution import compact
 
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("-k", "baseline or set_to_none", "--benchmark-json=out.json",
-                                "--trainbench-attribution-json=where/attribution.json", *quick_options)
+                                "--trainbench-attribution-json=where/attribution.json", *attributed_options)
     result.assert_outcomes(passed=2, deselected=2, warnings=1)  # one NoBudgetWarning for the file, naming both
     result.stdout.fnmatch_lines(["*NoBudgetWarning: 2 cases ran with no budget; nothing was checked:",
                                  "*mlp-baseline, mlp-set_to_none: no budget: no budgets file configured*"])
@@ -189,7 +189,7 @@ def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(py
     saved = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())["benchmarks"]}
     assert saved["mlp-baseline"]["attribution"] == compact(whole)  # the run keeps each table's top rows
     assert len(whole["time"]["ops_ms"]) > len(saved["mlp-baseline"]["attribution"]["time"]["ops_ms"])
-    off = pytester.runpytest("-k", "baseline", "--benchmark-json=off.json", "--trainbench-no-attribution", *quick_options)
+    off = pytester.runpytest("-k", "baseline", "--benchmark-json=off.json", "--trainbench-no-attribution", *attributed_options)
     off.assert_outcomes(passed=1, deselected=3, warnings=1)
     (bench,) = json.loads((pytester.path / "off.json").read_text())["benchmarks"]
     assert bench["extra_info"]["attribution"] is None and bench["extra_info"]["ops_per_step"] > 0

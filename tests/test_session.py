@@ -287,7 +287,7 @@ def test_a_wrong_typed_baseline_record_stops_the_session_before_any_case(pyteste
     def wrong(run):
         info = run["benchmarks"][0]["extra_info"]
         if field.startswith("attribution."):
-            info["attribution"]["ops"] = {"aten.mm": value}
+            info["attribution"] = {"ops": {"aten.mm": value}}  # planted whole: the quick options record none
         else:
             info[field] = value
 
