@@ -361,7 +361,10 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
                     'max_optimizer_state_mib_ratio = 0.55\n')
-    outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path))
+    # Batches made on the device (a rank's own slice): the tensors are the model's, whatever feeds it, and no rank
+    # builds a loader (the loader's DDP is the test above's).
+    outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path),
+                                              overrides={"synthetic": "device"})
     assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
     assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
     fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
