@@ -119,3 +119,18 @@ def test_the_forecast_line_appears_after_the_first_case(pytester, quick_options,
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["trainbench: mlp-baseline took * s; the 1 other case collected will take about *"])
     assert result.stdout.str().count("other case collected") == 1
+
+
+def test_a_process_first_optimizer_imports_nothing_once_the_core_is_loaded():
+    """torch.optim's first optimizer imports torch._dynamo (~1 s, torch._disable_dynamo): the core takes it at import,
+    so that second is the process's start-up, not the first case's setup (this suite's process has it already)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, trainbench.core.training\n"
+            "before = set(sys.modules)\n"
+            "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+            "new = sorted(set(sys.modules) - before)\n"
+            "print(len(new), new[:5])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "0 []", done.stdout  # without it: ~1,000 modules, torch._dynamo's among them

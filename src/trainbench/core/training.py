@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optimizer.__init__ is wrapped by
+# torch._disable_dynamo): ~1 s of one-time start-up, taken here with the core rather than in the first case's setup
 import torch.fx
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
