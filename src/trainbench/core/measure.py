@@ -380,8 +380,9 @@ def heap_frozen() -> Iterator[None]:
     wait until then, and hold the same bytes before and after the steps, so growth is unchanged). Where someone
     else froze objects, the state is theirs: left as it is."""
     state = _HeapFreeze
-    if state.holding or state.elsewhere or gc.get_freeze_count():
-        state.elsewhere = state.elsewhere or not state.holding
+    if not state.holding and not state.elsewhere:
+        state.elsewhere = gc.get_freeze_count() > 0
+    if state.holding or state.elsewhere:  # frozen already: by these passes (a nested call) or by someone else
         yield
         return
     gc.freeze()
