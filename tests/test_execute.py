@@ -86,6 +86,24 @@ def test_a_baseline_measured_earlier_in_the_session_lends_its_memory_and_work(lo
     assert any("earlier measurement" in note for note in outcome.baseline.notes)
 
 
+def test_a_baseline_settled_earlier_in_the_session_warms_up_once_right_before_the_rounds(cpu, ratio_budgets, profile,
+                                                                                          quick, monkeypatch):
+    runner = Runner(cpu, profile, dataclasses.replace(quick, min_warmup_steps=2), predict=False)
+    runner.run("baseline", "mlp")
+    order = []
+    for name in ("warm_up", "rewarm", "time_one_round"):
+        real = getattr(Measurer, name)
+        monkeypatch.setattr(Measurer, name, lambda self, *a, _real=real, _name=name, **k: (
+            order.append((self.result.recipe, _name)), _real(self, *a, **k))[1])
+    outcome = runner.run("set_to_none", "mlp", budgets=ratio_budgets)
+    assert outcome.paired and not outcome.failures
+    # its passes are the earlier measurement's: no steps before the case is built, its minimum after the case's warm-up
+    assert order[:3] == [("set_to_none", "warm_up"), ("baseline", "warm_up"), ("baseline", "time_one_round")]
+    assert ("baseline", "rewarm") not in order
+    assert outcome.baseline.warmup_steps == 2
+    assert any("settled when measured earlier" in note for note in outcome.baseline.notes)
+
+
 def test_a_baseline_that_cannot_share_the_process_is_measured_right_after_and_kept(cpu, ratio_budgets, profile, quick):
     runner = Runner(cpu, profile, quick)
     outcome = runner.run("deterministic", "mlp", budgets=ratio_budgets)

@@ -280,11 +280,13 @@ class Executor:
         try:
             mb = Measurer(tb, case_id(spec.name, base.name), base.name, settings, base.extra_warmup_steps,
                           self.profile.name, baseline=True)
-            mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
-            tb.check_loss("the end of warm-up")
             if earlier is not None and not self.quick:  # a quick run's passes are its case's own choice
+                # Its passes stand, and it settled when measured earlier: its minimum warm-up runs right before the
+                # rounds (``interleave_rounds``), not here and then again after the case's warm-up.
                 mb.reuse_passes(earlier)
             else:
+                mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
+                tb.check_loss("the end of warm-up")
                 mb.measure_after_timing()
             with spent("setup"):
                 tc = TrainingSetup(plan.config, spec, self.backend, self.fault)

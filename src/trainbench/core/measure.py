@@ -440,6 +440,7 @@ class Measurer:
         # A setup fresh from its seeds: its first warm-up steps are the loss guard's seeded trajectory (kept as
         # tensors, read after the warm-up)
         self._seeded: list[torch.Tensor] | None = [] if training.steps_run == 0 else None
+        self.warmed_up = False
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -497,6 +498,7 @@ class Measurer:
         """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
         with phase(f"{self.result.recipe}'s warm-up"), spent("warm-up", self.baseline):
             self._warm_up(settle)
+        self.warmed_up = True
 
     def _warm_up(self, settle: bool) -> None:
         s, timer = self.settings, self.backend.timer
@@ -898,7 +900,8 @@ def measure(training: TrainingSetup, case: str, recipe_name: str, settings: Meas
 
 
 def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
-    """Time a case's and its (already warm) baseline's rounds interleaved, in ABBA order.
+    """Time a case's and its baseline's rounds interleaved, in ABBA order, after the case's warm-up and the baseline's
+    few steps since (its minimum warm-up where it settled when measured earlier in the session and was not warmed yet).
 
     A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
     on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
@@ -907,7 +910,11 @@ def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
     with one setup alive at a time, so allocator peaks are each setup's own.
     """
     case.warm_up()
-    baseline.rewarm()
+    if baseline.warmed_up:
+        baseline.rewarm()
+    else:  # a baseline that settled when measured earlier in the session: its minimum, right before the rounds
+        baseline.warm_up(settle=False)
+        baseline.training.check_loss("the end of warm-up")
     for m in (case, baseline):
         m.start_rounds()
     for r in range(case.settings.rounds):
