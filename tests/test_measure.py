@@ -525,6 +525,54 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
 
 
+@pytest.mark.parametrize("case_rounds, warmup_steps, steady, kept", [
+    # its first two rounds agree: steady from the minimum's 4 steps, every round timed stands
+    ([0.01] * 10, 4, True, [0.01] * 3),
+    # a slow first round (an allocator or cache still growing): that pair is warm-up, the next three stand
+    ([0.02, 0.01, 0.01, 0.01, 0.01], 7, True, [0.01] * 3),
+    # slowing down round after round never settles: the warm-up limit (12 steps) keeps the rounds as they are
+    ([0.01 * 1.5 ** i for i in range(10)], 10, False, [0.01 * 1.5 ** i for i in range(2, 5)]),
+])
+def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_steady(training, case_rounds,
+                                                                                   warmup_steps, steady, kept):
+    from trainbench.core.measure import interleave_rounds
+
+    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, steady_tolerance=0.10,
+                               rounds=3, steps_per_round=3)
+    clock = {"now": 0.0}
+
+    class VirtualClock:
+        def timer(self):
+            return clock["now"]
+
+        def cpu_clock(self):
+            return None
+
+    def stepper(times):
+        def step():
+            clock["now"] += times.pop(0)
+        return step
+
+    # the case: a first step of 0.05 s, three more of 0.01, then its rounds' steps; the baseline: 0.01 s throughout
+    case_steps = [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3]
+    with training() as case_setup, training() as base_setup:
+        case = Measurer(case_setup, "mlp-set_to_none", "set_to_none", settings)
+        base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
+        for m, steps in ((case, case_steps), (base, [0.01] * 60)):
+            m.backend, m.timed_step = VirtualClock(), stepper(list(steps))
+        base.warm_up()
+        interleave_rounds(case, base)
+    assert (case.result.warmup_steps, case.result.warmup_steady) == (warmup_steps, steady)
+    assert case.result.round_step_times_s == pytest.approx(kept)
+    assert case.result.warmup_s == pytest.approx(sum(case_steps[:warmup_steps]))
+    # the baseline's rounds stay paired with the case's: as many, the pairs that were warm-up gone from both
+    assert base.result.rounds == case.result.rounds == 3
+    assert base.result.warmup_steps == 7 + (warmup_steps - 4)  # its own warm-up and its rounds of the pairs dropped
+    dropped = (warmup_steps - 4) // 3
+    assert any(f"first {dropped} timed round" in n for n in case.result.notes) == (steady and dropped > 0)
+    assert any("did not settle within 12 steps" in n for n in case.result.notes) == (not steady)
+
+
 def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured, attributed):
     # inference_mode lets composite ops (linear) reach the counters whole; the FLOP counter, entered outside the op
     # counter, must not decompose them before it counts

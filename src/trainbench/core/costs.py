@@ -97,6 +97,18 @@ def spent(phase: str, baseline: bool = False) -> Iterator[None]:
         yield
 
 
+def recharge(seconds: float, source: str, target: str, baseline: bool = False) -> None:
+    """Move ``seconds`` already timed as ``source`` of the running case to ``target`` (a timed round found to be
+    warm-up after the fact: ``measure.interleave_rounds``)."""
+    assert source in PHASES and target in PHASES, (source, target)
+    if _ledger is None:
+        return
+    prefix = BASELINE if baseline else ""
+    seconds = min(seconds, _ledger.seconds.get(prefix + source, 0.0))
+    _ledger.seconds[prefix + source] = _ledger.seconds.get(prefix + source, 0.0) - seconds
+    _ledger.seconds[prefix + target] = _ledger.seconds.get(prefix + target, 0.0) + seconds
+
+
 class ChildPhases:
     """What a child process measured of its phases (its result's ``phase_seconds``), set by the caller."""
     phase_seconds: dict[str, float] | None = None

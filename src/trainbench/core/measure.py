@@ -46,7 +46,7 @@ from trainbench.devices.device import Backend, no_peak_reason
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
-from trainbench.core.costs import spent
+from trainbench.core.costs import recharge, spent
 from trainbench.core.guards import GUARD_STEPS
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import VARYING_SHAPES_NOTE, Result
@@ -441,6 +441,11 @@ class Measurer:
         # tensors, read after the warm-up)
         self._seeded: list[torch.Tensor] | None = [] if training.steps_run == 0 else None
         self.warmed_up = False
+        # Warmed up to its minimum only, its first interleaved rounds judging whether it is steady (``warm_up``)
+        self._settling_in_rounds = False
+        self._rounds_dropped = 0  # leading rounds found to be warm-up (``drop_first_round``)
+        self._round_waits: list[float] = []  # each timed round's data wait, and how many items it kept
+        self._round_items: list[int] = []
         self.result = Result(
             case=case,
             workload=training.spec.name,
@@ -469,6 +474,7 @@ class Measurer:
         micro_batches = self.training.fetch(self._batches)
         self._wait_s += self.backend.clock() - t0
         self._last_loss = self.training.step(micro_batches)
+        self._keep_seeded_loss()
 
     def _window(self) -> Iterator:
         """Batches 0, 1, ... of the seeded stream, made again (``TrainingSetup.batches_from_start``): the fixed window
@@ -494,18 +500,19 @@ class Measurer:
                 f"and memory from batches 0..{len(shapes) - 1} of the seeded stream, the same for every recipe, "
                 "number of rounds and warm-up")
 
-    def warm_up(self, settle: bool = True) -> None:
-        """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process)."""
+    def warm_up(self, settle: bool = True, in_rounds: bool = False) -> None:
+        """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process).
+        ``in_rounds``: the minimum steps here, and the timed rounds that follow (``time_one_round``) judge whether the
+        setup is steady by the rule that would have judged more warm-up steps (``round_is_warm_up``)."""
         with phase(f"{self.result.recipe}'s warm-up"), spent("warm-up", self.baseline):
-            self._warm_up(settle)
+            self._warm_up(settle, in_rounds)
         self.warmed_up = True
 
-    def _warm_up(self, settle: bool) -> None:
+    def _warm_up(self, settle: bool, in_rounds: bool = False) -> None:
         s, timer = self.settings, self.backend.timer
         start = timer()
         self.timed_step()
         self._set(first_step_s=timer() - start)
-        self._keep_seeded_loss()
         done, times, window = 1, [], s.steady_window
         minimum = s.min_warmup_steps + self.extra_warmup_steps
         # Settled when the last window of steps took within the tolerance of the window before it, checked after
@@ -513,18 +520,23 @@ class Measurer:
         # setup that is steady from its second step stops after 1 + 2 windows (or the minimum), not after the
         # minimum and two more windows. A limit that leaves no room past the minimum judges nothing.
         settling = settle and not s.fixed_warmup and s.max_warmup_steps > minimum
+        if settling and in_rounds:  # its rounds are the windows: a round that disagrees with the next is warm-up
+            self._settling_in_rounds, settling = True, False
+            if self._seeded is not None:
+                # The loss guard's seeded trajectory is the warm-up's first steps, run back to back: in the rounds,
+                # the other setup's steps come between (and draw from the global generator a model may sample from).
+                minimum = max(minimum, GUARD_STEPS)
         steady = False
         while done < minimum or (settling and not steady and done < s.max_warmup_steps):
             t0 = timer()
             self.timed_step()
             times.append(timer() - t0)
             done += 1
-            self._keep_seeded_loss()
             steady = settling and done >= minimum and _settled(times, window, s.steady_tolerance)
         self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
-        if self._seeded is not None and len(self._seeded) == GUARD_STEPS:  # one sync per loss, after the warm-up
-            self._set(seeded_losses=[float(loss) for loss in self._seeded])
-        self._seeded = None
+        self._keep_seeded_losses()
+        if self._settling_in_rounds:
+            return  # its rounds say how it settled
         if s.fixed_warmup:
             self._note(f"fixed warm-up of {done} steps (ranks step in lockstep)")
         elif not settle:
@@ -535,6 +547,55 @@ class Measurer:
     def _keep_seeded_loss(self) -> None:
         if self._seeded is not None and len(self._seeded) < GUARD_STEPS and self._last_loss is not None:
             self._seeded.append(self._last_loss)
+
+    def _keep_seeded_losses(self) -> None:
+        """The warm-up's first steps' losses as the seeded trajectory (``Result.seeded_losses``), one sync each, after
+        the warm-up."""
+        if self._seeded is not None and len(self._seeded) == GUARD_STEPS:
+            self._set(seeded_losses=[float(loss) for loss in self._seeded])
+        self._seeded = None
+
+    def round_is_warm_up(self) -> bool:
+        """Whether the first timed round is warm-up still, for a setup warmed up ``in_rounds``: the warm-up's rule on
+        rounds for windows. Its first two rounds agreeing within the tolerance, it is steady from the first; the
+        first disagreeing, it is warm-up (``drop_first_round``) while the warm-up limit leaves room for another."""
+        s, times = self.settings, self.result.round_step_times_s
+        if not self._settling_in_rounds or len(times) < 2:
+            return False
+        if times[0] > 0 and abs(times[1] / times[0] - 1.0) <= s.steady_tolerance:
+            self._settling_in_rounds = False
+            self._set(warmup_steady=True)
+            return False
+        if self.result.warmup_steps + s.steps_per_round > s.max_warmup_steps:
+            self._settling_in_rounds = False
+            self._note(f"warm-up did not settle within {s.max_warmup_steps} steps (tolerance {s.steady_tolerance:.0%})")
+            return False
+        return True
+
+    def drop_first_round(self) -> None:
+        """The first timed round taken as warm-up: its steps and time join the warm-up's, its timing, data wait and
+        items leave the rounds' (and its seconds the rounds' share of the case's cost)."""
+        s, r = self.settings, self.result
+        first = r.round_step_times_s[0]
+        del self._timed_items[:self._round_items.pop(0)]
+        wait = self._round_waits.pop(0)
+        times = r.round_step_times_s[1:]
+        cpu = r.round_cpu_times_s[1:] if len(r.round_cpu_times_s) == len(r.round_step_times_s) else []
+        self._set(round_step_times_s=times, rounds=len(times), round_cpu_times_s=cpu, data_wait_s=r.data_wait_s - wait,
+                  items_per_step=self._items_per_step(), warmup_steps=r.warmup_steps + s.steps_per_round,
+                  warmup_s=r.warmup_s + first * s.steps_per_round)
+        recharge(first * s.steps_per_round, "rounds", "warm-up", self.baseline)
+        self._rounds_dropped += 1
+
+    def end_rounds(self) -> None:
+        """After the interleaved rounds: how the warm-up ended, said."""
+        if self._settling_in_rounds:  # one round: nothing to judge it by
+            self._settling_in_rounds = False
+            self._note(f"warm-up of {self.result.warmup_steps} steps, not judged steady: one timed round")
+        dropped = self._rounds_dropped
+        if self.result.warmup_steady and dropped and not self.baseline:
+            self._note(f"its first {dropped} timed round{'s' if dropped > 1 else ''} taken as warm-up: each took more "
+                       f"than {self.settings.steady_tolerance:.0%} longer or shorter than the next")
 
     # -- 2. timing ----------------------------------------------------------------
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
@@ -581,6 +642,7 @@ class Measurer:
         """Forget any timed rounds: ``time_one_round`` calls from here on are the case's rounds."""
         self._wait_s = 0.0
         self._timed_items = []
+        self._round_waits, self._round_items = [], []
         self._set(round_step_times_s=[], round_cpu_times_s=[], rounds=0, data_wait_s=0.0, items_per_step=None)
 
     def time_one_round(self, rewarm_steps: int = 0) -> None:
@@ -591,7 +653,7 @@ class Measurer:
         with spent("warm-up", self.baseline):
             for _ in range(rewarm_steps):
                 self.timed_step()
-        before = self._wait_s
+        before, items_before = self._wait_s, len(self._timed_items)
         with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
             start, cpu_start = timer(), self.backend.cpu_clock()
             for _ in range(s.steps_per_round):
@@ -601,6 +663,8 @@ class Measurer:
             cpu_end = self.backend.cpu_clock()
         times = [*self.result.round_step_times_s, round_time]
         cpu = [*self.result.round_cpu_times_s, *_round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round)]
+        self._round_waits.append(self._wait_s - before)
+        self._round_items.append(len(self._timed_items) - items_before)
         self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before,
                   round_cpu_times_s=cpu if len(cpu) == len(times) else [], items_per_step=self._items_per_step())
 
@@ -903,13 +967,17 @@ def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
     """Time a case's and its baseline's rounds interleaved, in ABBA order, after the case's warm-up and the baseline's
     few steps since (its minimum warm-up where it settled when measured earlier in the session and was not warmed yet).
 
+    The case warms up to its minimum, and its rounds are the warm-up rule's windows: while its first round
+    disagrees with its second, that pair of rounds (the case's and the baseline's) is warm-up and another pair
+    is timed, so the rounds that stand are as many as asked and steady, without the windows' steps before them.
+
     A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
     on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
     both sides under the same conditions, so the ratio of the two is what a same-session
     budget should judge. The memory and work passes are not timed: the runner runs them
     with one setup alive at a time, so allocator peaks are each setup's own.
     """
-    case.warm_up()
+    case.warm_up(in_rounds=True)
     if baseline.warmed_up:
         baseline.rewarm()
     else:  # a baseline that settled when measured earlier in the session: its minimum, right before the rounds
@@ -917,9 +985,16 @@ def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
         baseline.training.check_loss("the end of warm-up")
     for m in (case, baseline):
         m.start_rounds()
-    for r in range(case.settings.rounds):
-        for m in ((baseline, case) if r % 2 == 0 else (case, baseline)):
+    timed = 0
+    while len(case.result.round_step_times_s) < case.settings.rounds:
+        for m in ((baseline, case) if timed % 2 == 0 else (case, baseline)):
             m.time_one_round()
+        timed += 1
+        if case.round_is_warm_up():  # the pair goes: the rounds stay paired
+            for m in (case, baseline):
+                m.drop_first_round()
+    for m in (case, baseline):
+        m.end_rounds()
 
 
 def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:
