@@ -573,6 +573,50 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
     assert any("did not settle within 12 steps" in n for n in case.result.notes) == (not steady)
 
 
+@pytest.mark.parametrize("decided_from, asked, rounds, note", [
+    (None, 5, 5, None),  # no sequential stop: the rounds asked
+    (0, 5, 3, "3 rounds, not the 5 asked: they decided every timed verdict asked"),  # decided at once: the minimum
+    (4, 5, 4, "4 rounds, not the 5 asked"),  # decided from the fourth pair on
+    (7, 5, 7, "7 rounds, not the 5 asked: a timed verdict asked was still undecided (sequential stop)"),
+    (99, 5, 10, "10 rounds, not the 5 asked: a timed verdict asked was still undecided (at most 10)"),  # the limit
+    (0, 2, 2, None),  # fewer rounds asked than stats.MIN_ROUNDS: those
+])
+def test_interleaved_rounds_stop_once_decided_and_go_on_while_not(training, decided_from, asked, rounds, note):
+    from trainbench.core.measure import interleave_rounds
+
+    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, rounds=asked, steps_per_round=2)
+    clock = {"now": 0.0}
+
+    class VirtualClock:
+        def timer(self):
+            return clock["now"]
+
+        def cpu_clock(self):
+            return None
+
+    def step():
+        clock["now"] += 0.01
+
+    asked_at = []
+
+    def decided(result, baseline):
+        assert len(result.round_step_times_s) == len(baseline.round_step_times_s)  # asked between pairs only
+        asked_at.append(result.rounds)
+        return result.rounds >= decided_from
+
+    with training() as case_setup, training() as base_setup:
+        case = Measurer(case_setup, "mlp-set_to_none", "set_to_none", settings)
+        base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
+        for m in (case, base):
+            m.backend, m.timed_step = VirtualClock(), step
+        base.warm_up()
+        interleave_rounds(case, base, None if decided_from is None else decided)
+    assert case.result.rounds == base.result.rounds == rounds
+    assert all(n >= min(3, asked) for n in asked_at)  # never asked before stats.MIN_ROUNDS pairs
+    notes = [n for n in case.result.notes if "rounds, not the" in n]
+    assert len(notes) == (note is not None) and all(note in n for n in notes)
+
+
 def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured, attributed):
     # inference_mode lets composite ops (linear) reach the counters whole; the FLOP counter, entered outside the op
     # counter, must not decompose them before it counts
