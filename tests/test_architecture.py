@@ -559,3 +559,24 @@ def test_a_case_outcome_cannot_be_changed():
         outcome.failures = ("changed",)
     assert isinstance(outcome.failures, tuple) and isinstance(outcome.bound_checks, tuple)
     assert dataclasses.fields(RecordedCase) and RecordedCase.__dataclass_params__.frozen
+
+
+def _judges_bounds(source: str) -> bool:
+    """Whether ``source`` names ``judge_bound`` in code (a call or an import; prose in docstrings aside)."""
+    return any(isinstance(node, ast.Name) and node.id == "judge_bound"
+               or isinstance(node, ast.Attribute) and node.attr == "judge_bound"
+               or isinstance(node, ast.ImportFrom) and any(a.name == "judge_bound" for a in node.names)
+               for node in ast.walk(ast.parse(source)))
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats", "core.judge"}))
+def test_only_the_judge_decides_a_timed_bound(name):
+    # One rule says whether rounds keep or miss a timed budget: the verdict and the sequential stop of the rounds
+    # (judge.timed_bounds_decided) both ask the judge, so a round never stops on a verdict the budget would not give.
+    assert not _judges_bounds(MODULES[name].read_text()), f"{name}.py judges a timed bound itself (ask core.judge)"
+
+
+def test_the_bound_check_sees_what_it_forbids():
+    assert _judges_bounds("from trainbench.core.stats import judge_bound")
+    assert _judges_bounds("ok, why = stats.judge_bound('samples_per_s', 'min', 1.0, 1.1, [1], None, True, [])")
+    assert not _judges_bounds('"""rounds judged by ``stats.judge_bound``"""')

@@ -525,20 +525,10 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
 
 
-@pytest.mark.parametrize("case_rounds, warmup_steps, steady, kept", [
-    # its first two rounds agree: steady from the minimum's 4 steps, every round timed stands
-    ([0.01] * 10, 4, True, [0.01] * 3),
-    # a slow first round (an allocator or cache still growing): that pair is warm-up, the next three stand
-    ([0.02, 0.01, 0.01, 0.01, 0.01], 7, True, [0.01] * 3),
-    # slowing down round after round never settles: the warm-up limit (12 steps) keeps the rounds as they are
-    ([0.01 * 1.5 ** i for i in range(10)], 10, False, [0.01 * 1.5 ** i for i in range(2, 5)]),
-])
-def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_steady(training, case_rounds,
-                                                                                   warmup_steps, steady, kept):
+def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, decided=None):
+    """A case and its baseline (warmed up first) interleaved on a clock only their steps move: (case, baseline)."""
     from trainbench.core.measure import interleave_rounds
 
-    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, steady_tolerance=0.10,
-                               rounds=3, steps_per_round=3)
     clock = {"now": 0.0}
 
     class VirtualClock:
@@ -553,15 +543,31 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
             clock["now"] += times.pop(0)
         return step
 
-    # the case: a first step of 0.05 s, three more of 0.01, then its rounds' steps; the baseline: 0.01 s throughout
-    case_steps = [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3]
     with training() as case_setup, training() as base_setup:
         case = Measurer(case_setup, "mlp-set_to_none", "set_to_none", settings)
         base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
-        for m, steps in ((case, case_steps), (base, [0.01] * 60)):
+        for m, steps in ((case, case_steps), (base, base_steps)):
             m.backend, m.timed_step = VirtualClock(), stepper(list(steps))
         base.warm_up()
-        interleave_rounds(case, base)
+        interleave_rounds(case, base, decided)
+    return case, base
+
+
+@pytest.mark.parametrize("case_rounds, warmup_steps, steady, kept", [
+    # its first two rounds agree: steady from the minimum's 4 steps, every round timed stands
+    ([0.01] * 10, 4, True, [0.01] * 3),
+    # a slow first round (an allocator or cache still growing): that pair is warm-up, the next three stand
+    ([0.02, 0.01, 0.01, 0.01, 0.01], 7, True, [0.01] * 3),
+    # slowing down round after round never settles: the warm-up limit (12 steps) keeps the rounds as they are
+    ([0.01 * 1.5 ** i for i in range(10)], 10, False, [0.01 * 1.5 ** i for i in range(2, 5)]),
+])
+def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_steady(training, case_rounds,
+                                                                                   warmup_steps, steady, kept):
+    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, steady_tolerance=0.10,
+                               rounds=3, steps_per_round=3)
+    # the case: a first step of 0.05 s, three more of 0.01, then its rounds' steps; the baseline: 0.01 s throughout
+    case_steps = [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3]
+    case, base = _interleaved_on_a_virtual_clock(training, settings, case_steps, [0.01] * 60)
     assert (case.result.warmup_steps, case.result.warmup_steady) == (warmup_steps, steady)
     assert case.result.round_step_times_s == pytest.approx(kept)
     assert case.result.warmup_s == pytest.approx(sum(case_steps[:warmup_steps]))
@@ -582,21 +588,7 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
     (0, 2, 2, None),  # fewer rounds asked than stats.MIN_ROUNDS: those
 ])
 def test_interleaved_rounds_stop_once_decided_and_go_on_while_not(training, decided_from, asked, rounds, note):
-    from trainbench.core.measure import interleave_rounds
-
     settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, rounds=asked, steps_per_round=2)
-    clock = {"now": 0.0}
-
-    class VirtualClock:
-        def timer(self):
-            return clock["now"]
-
-        def cpu_clock(self):
-            return None
-
-    def step():
-        clock["now"] += 0.01
-
     asked_at = []
 
     def decided(result, baseline):
@@ -604,13 +596,8 @@ def test_interleaved_rounds_stop_once_decided_and_go_on_while_not(training, deci
         asked_at.append(result.rounds)
         return result.rounds >= decided_from
 
-    with training() as case_setup, training() as base_setup:
-        case = Measurer(case_setup, "mlp-set_to_none", "set_to_none", settings)
-        base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
-        for m in (case, base):
-            m.backend, m.timed_step = VirtualClock(), step
-        base.warm_up()
-        interleave_rounds(case, base, None if decided_from is None else decided)
+    case, base = _interleaved_on_a_virtual_clock(training, settings, [0.01] * 60, [0.01] * 60,
+                                                 None if decided_from is None else decided)
     assert case.result.rounds == base.result.rounds == rounds
     assert all(n >= min(3, asked) for n in asked_at)  # never asked before stats.MIN_ROUNDS pairs
     notes = [n for n in case.result.notes if "rounds, not the" in n]
