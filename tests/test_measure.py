@@ -579,6 +579,37 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
     assert any("did not settle within 12 steps" in n for n in case.result.notes) == (not steady)
 
 
+@pytest.mark.parametrize("rounds_asked, case_rounds, warmup_steps, kept", [
+    (3, [0.01] * 5, 4, [0.01] * 3),  # steady from its minimum
+    (3, [0.02, 0.01, 0.01, 0.01], 7, [0.01] * 3),  # a slow first round: warm-up, one more timed
+    (1, [0.01] * 30, 7, [0.01]),  # one round judges nothing: the windows before it do (1 + 2 windows of 3)
+])
+def test_a_case_alone_is_judged_steady_by_its_rounds_too(training, rounds_asked, case_rounds, warmup_steps, kept):
+    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, rounds=rounds_asked,
+                               steps_per_round=3)
+    clock = {"now": 0.0}
+    steps = [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3]
+
+    class VirtualClock:
+        def timer(self):
+            return clock["now"]
+
+        def cpu_clock(self):
+            return clock["now"]
+
+    def step():
+        clock["now"] += steps.pop(0)
+
+    with training() as setup:
+        m = Measurer(setup, "mlp-baseline", "baseline", settings)
+        m.backend, m.timed_step = VirtualClock(), step
+        m.warm_up(in_rounds=True)
+        m.time_rounds()
+    assert m.result.warmup_steps == warmup_steps and m.result.warmup_steady
+    assert m.result.round_step_times_s == pytest.approx(kept) and m.result.rounds == len(kept)
+    assert m.result.round_cpu_times_s == pytest.approx(kept)  # the dropped round's CPU time went with it
+
+
 @pytest.mark.parametrize("decided_from, asked, rounds, note", [
     (None, 5, 5, None),  # no sequential stop: the rounds asked
     (0, 5, 3, "3 rounds, not the 5 asked: they decided every timed verdict asked"),  # decided at once: the minimum

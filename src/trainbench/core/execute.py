@@ -39,8 +39,12 @@ from trainbench.devices.host import LoadMeter
 def _rounds_checking_loss(training: TrainingSetup):
     """The plain round runner, the loss checked finite at the end of warm-up and after the last timed step (each
     check a sync, outside the timing)."""
+    warmed = []
+
     def rounds(step, count: int, steps_per_round: int, timer) -> list[float]:
-        training.check_loss("the end of warm-up")
+        if not warmed:  # a round found to be warm-up is replaced by a further call
+            training.check_loss("the end of warm-up")
+            warmed.append(True)
         times = run_rounds(step, count, steps_per_round, timer)
         training.check_loss("the last timed step")
         return times
@@ -289,7 +293,9 @@ class Executor:
                 # rounds (``interleave_rounds``), not here and then again after the case's warm-up.
                 mb.reuse_passes(earlier)
             else:
-                mb.warm_up(settle=earlier is None)  # one measured earlier already found its steady state
+                # Its minimum here, its rounds beside the case's judging when its warm-up ended (interleave_rounds);
+                # one measured earlier already found its steady state.
+                mb.warm_up(settle=earlier is None, in_rounds=True)
                 tb.check_loss("the end of warm-up")
                 mb.measure_after_timing()
             with spent("setup"):

@@ -521,7 +521,7 @@ class Measurer:
         # setup that is steady from its second step stops after 1 + 2 windows (or the minimum), not after the
         # minimum and two more windows. A limit that leaves no room past the minimum judges nothing.
         settling = settle and not s.fixed_warmup and s.max_warmup_steps > minimum
-        if settling and in_rounds:  # its rounds are the windows: a round that disagrees with the next is warm-up
+        if settling and in_rounds and s.rounds >= 2:  # its rounds are the windows: one disagreeing with the next is warm-up
             self._settling_in_rounds, settling = True, False
             if self._seeded is not None:
                 # The loss guard's seeded trajectory is the warm-up's first steps, run back to back: in the rounds,
@@ -561,6 +561,9 @@ class Measurer:
         rounds for windows. Its first two rounds agreeing within the tolerance, it is steady from the first; the
         first disagreeing, it is warm-up (``drop_first_round``) while the warm-up limit leaves room for another."""
         s, times = self.settings, self.result.round_step_times_s
+        if self._settling_in_rounds and len(self._round_waits) != len(times):  # a runner that reads its timer oddly
+            self._settling_in_rounds = False
+            self._note("warm-up not judged steady: the rounds could not be told apart")
         if not self._settling_in_rounds or len(times) < 2:
             return False
         if times[0] > 0 and abs(times[1] / times[0] - 1.0) <= s.steady_tolerance:
@@ -589,7 +592,7 @@ class Measurer:
         self._rounds_dropped += 1
 
     def end_rounds(self) -> None:
-        """After the interleaved rounds: how the warm-up ended, said."""
+        """After the rounds: how the warm-up ended, said."""
         if self._settling_in_rounds:  # one round: nothing to judge it by
             self._settling_in_rounds = False
             self._note(f"warm-up of {self.result.warmup_steps} steps, not judged steady: one timed round")
@@ -600,33 +603,48 @@ class Measurer:
 
     # -- 2. timing ----------------------------------------------------------------
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
+        """The rounds asked, timed by ``runner``. For a setup warmed up ``in_rounds``, while its first round is warm-up
+        still (``round_is_warm_up``) that round is dropped and ``runner`` times one more."""
         s = self.settings
-        self._wait_s = 0.0
-        self._timed_items = []
-        counted = 0
-        wait_in_rounds = 0.0
+        self.start_rounds()
+        in_round = False
 
         def step():
-            nonlocal counted, wait_in_rounds
-            before = self._wait_s
+            before, items = self._wait_s, len(self._timed_items)
             self.timed_step()
-            if counted < s.rounds * s.steps_per_round:  # runners may add steps after the rounds
-                wait_in_rounds += self._wait_s - before
-                counted += 1
+            if in_round:  # runners may add steps outside their rounds
                 self._count_items()
+                self._round_waits[-1] += self._wait_s - before
+                self._round_items[-1] += len(self._timed_items) - items
 
         cpu_marks: list[float | None] = []
 
         def timer() -> float:  # the runner reads it at each round's start and end: CPU time is read there too
+            nonlocal in_round
             now = self.backend.timer()
             cpu_marks.append(self.backend.cpu_clock())
+            in_round = not in_round
+            if in_round:
+                self._round_waits.append(0.0)
+                self._round_items.append(0)
             return now
 
+        def timed(count: int) -> None:
+            cpu_marks.clear()
+            times = runner(step, count, s.steps_per_round, timer)
+            cpu = _round_cpu_times(cpu_marks, len(times), s.steps_per_round)
+            r = self.result
+            cpu_known = len(r.round_cpu_times_s) == len(r.round_step_times_s) and len(cpu) == len(times)
+            self._set(rounds=r.rounds + len(times), round_step_times_s=[*r.round_step_times_s, *times],
+                      round_cpu_times_s=[*r.round_cpu_times_s, *cpu] if cpu_known else [],
+                      data_wait_s=sum(self._round_waits), items_per_step=self._items_per_step())
+
         with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
-            times = runner(step, s.rounds, s.steps_per_round, timer)
-        self._set(rounds=len(times), round_step_times_s=list(times), data_wait_s=wait_in_rounds,
-                  round_cpu_times_s=_round_cpu_times(cpu_marks, len(times), s.steps_per_round),
-                  items_per_step=self._items_per_step())
+            timed(s.rounds)
+            while self.round_is_warm_up():
+                self.drop_first_round()
+                timed(1)
+        self.end_rounds()
 
     def _count_items(self) -> None:
         """Keep the items of the step just timed (a tensor each: summed, with one sync, after the rounds)."""
@@ -948,8 +966,9 @@ class Measurer:
         return self.result
 
     def run(self, runner: RoundRunner = run_rounds, passes_from: Result | None = None) -> Result:
-        """The whole method (``passes_from``: an earlier measurement of this setup whose passes stand)."""
-        self.warm_up()
+        """The whole method (``passes_from``: an earlier measurement of this setup whose passes stand): warm-up to the
+        minimum, the rounds judging when it ended (``warm_up(in_rounds=True)``), the passes."""
+        self.warm_up(in_rounds=True)
         self.time_rounds(runner)
         if passes_from is not None:
             self.reuse_passes(passes_from)
@@ -1002,7 +1021,7 @@ def interleave_rounds(case: Measurer, baseline: Measurer, decided: Decided | Non
         for m in ((baseline, case) if timed % 2 == 0 else (case, baseline)):
             m.time_one_round()
         timed += 1
-        if case.round_is_warm_up():  # the pair goes: the rounds stay paired
+        if [m.round_is_warm_up() for m in (case, baseline)] != [False, False]:  # the pair goes: rounds stay paired
             for m in (case, baseline):
                 m.drop_first_round()
     for m in (case, baseline):
