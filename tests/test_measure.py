@@ -525,7 +525,7 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
 
 
-def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, decided=None):
+def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, decided=None, base_in_rounds=False):
     """A case and its baseline (warmed up first) interleaved on a clock only their steps move: (case, baseline)."""
     from trainbench.core.measure import interleave_rounds
 
@@ -548,9 +548,20 @@ def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, 
         base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
         for m, steps in ((case, case_steps), (base, base_steps)):
             m.backend, m.timed_step = VirtualClock(), stepper(list(steps))
-        base.warm_up()
+        base.warm_up(in_rounds=base_in_rounds)
         interleave_rounds(case, base, decided)
     return case, base
+
+
+def test_a_first_time_baselines_warm_up_round_takes_the_cases_round_beside_it(training):
+    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, rounds=3, steps_per_round=3)
+    # the baseline: its minimum, 3 rewarm steps, then a slow first round; the case steady throughout
+    base_steps = [0.05, 0.01, 0.01, 0.01] + [0.01] * 3 + [0.02] * 3 + [0.01] * 30
+    case, base = _interleaved_on_a_virtual_clock(training, settings, [0.05] + [0.01] * 40, base_steps,
+                                                 base_in_rounds=True)
+    assert base.result.round_step_times_s == pytest.approx([0.01] * 3) and base.result.warmup_steps == 7
+    assert case.result.rounds == 3 and case.result.warmup_steps == 7  # its minimum and the round dropped beside
+    assert any("1 round dropped beside its baseline's, which were warm-up" in n for n in case.result.notes)
 
 
 @pytest.mark.parametrize("case_rounds, warmup_steps, steady, kept", [
@@ -575,7 +586,8 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
     assert base.result.rounds == case.result.rounds == 3
     assert base.result.warmup_steps == 7 + (warmup_steps - 4)  # its own warm-up and its rounds of the pairs dropped
     dropped = (warmup_steps - 4) // 3
-    assert any(f"first {dropped} timed round" in n for n in case.result.notes) == (steady and dropped > 0)
+    assert any(f"first {dropped} timed round" in n for n in case.result.notes) == (dropped > 0)
+    assert not any("dropped beside its baseline's" in n for n in case.result.notes)  # the case's own rounds were
     assert any("did not settle within 12 steps" in n for n in case.result.notes) == (not steady)
 
 

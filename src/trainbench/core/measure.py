@@ -445,6 +445,7 @@ class Measurer:
         # Warmed up to its minimum only, its first interleaved rounds judging whether it is steady (``warm_up``)
         self._settling_in_rounds = False
         self._rounds_dropped = 0  # leading rounds found to be warm-up (``drop_first_round``)
+        self._rounds_dropped_beside = 0  # rounds dropped with the interleaved setup's rounds that were warm-up
         self._round_waits: list[float] = []  # each timed round's data wait, and how many items it kept
         self._round_items: list[int] = []
         self.result = Result(
@@ -576,9 +577,10 @@ class Measurer:
             return False
         return True
 
-    def drop_first_round(self) -> None:
+    def drop_first_round(self, own: bool = True) -> None:
         """The first timed round taken as warm-up: its steps and time join the warm-up's, its timing, data wait and
-        items leave the rounds' (and its seconds the rounds' share of the case's cost)."""
+        items leave the rounds' (and its seconds the rounds' share of the case's cost). ``own=False``: dropped with
+        the round beside it in interleaved timing, which was the warm-up."""
         s, r = self.settings, self.result
         first = r.round_step_times_s[0]
         del self._timed_items[:self._round_items.pop(0)]
@@ -589,17 +591,25 @@ class Measurer:
                   items_per_step=self._items_per_step(), warmup_steps=r.warmup_steps + s.steps_per_round,
                   warmup_s=r.warmup_s + first * s.steps_per_round)
         recharge(first * s.steps_per_round, "rounds", "warm-up", self.baseline)
-        self._rounds_dropped += 1
+        if own:
+            self._rounds_dropped += 1
+        else:
+            self._rounds_dropped_beside += 1
 
     def end_rounds(self) -> None:
         """After the rounds: how the warm-up ended, said."""
         if self._settling_in_rounds:  # one round: nothing to judge it by
             self._settling_in_rounds = False
             self._note(f"warm-up of {self.result.warmup_steps} steps, not judged steady: one timed round")
-        dropped = self._rounds_dropped
-        if self.result.warmup_steady and dropped and not self.baseline:
+        dropped, beside = self._rounds_dropped, self._rounds_dropped_beside
+        if self.baseline:
+            return  # its case's note says it
+        if dropped:
             self._note(f"its first {dropped} timed round{'s' if dropped > 1 else ''} taken as warm-up: each took more "
                        f"than {self.settings.steady_tolerance:.0%} longer or shorter than the next")
+        if beside:
+            self._note(f"{beside} round{'s' if beside > 1 else ''} dropped beside its baseline's, which were warm-up "
+                       "(the rounds stay paired)")
 
     # -- 2. timing ----------------------------------------------------------------
     def time_rounds(self, runner: RoundRunner = run_rounds) -> None:
@@ -1021,9 +1031,10 @@ def interleave_rounds(case: Measurer, baseline: Measurer, decided: Decided | Non
         for m in ((baseline, case) if timed % 2 == 0 else (case, baseline)):
             m.time_one_round()
         timed += 1
-        if [m.round_is_warm_up() for m in (case, baseline)] != [False, False]:  # the pair goes: rounds stay paired
-            for m in (case, baseline):
-                m.drop_first_round()
+        warm_up = [m.round_is_warm_up() for m in (case, baseline)]
+        if any(warm_up):  # the pair goes: the rounds stay paired
+            for m, own in zip((case, baseline), warm_up):
+                m.drop_first_round(own)
     for m in (case, baseline):
         m.end_rounds()
     if decided is not None and case.result.rounds != asked:
