@@ -571,8 +571,8 @@ def _judges_bounds(source: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats", "core.judge"}))
 def test_only_the_judge_decides_a_timed_bound(name):
-    # One rule says whether rounds keep or miss a timed budget: the verdict and the sequential stop of the rounds
-    # (judge.timed_bounds_decided) both ask the judge, so a round never stops on a verdict the budget would not give.
+    # One rule says whether rounds keep or miss a timed budget (stats.judge_bound), and only the judge asks it: every
+    # reader of a timed verdict (the summary, the gate, a stop of the rounds one day) takes the judge's.
     assert not _judges_bounds(MODULES[name].read_text()), f"{name}.py judges a timed bound itself (ask core.judge)"
 
 

@@ -104,33 +104,6 @@ def test_a_baseline_settled_earlier_in_the_session_warms_up_once_right_before_th
     assert any("settled when measured earlier" in note for note in outcome.baseline.notes)
 
 
-@pytest.mark.parametrize("until_decided, limit, rounds", [
-    (True, 0.01, 3),  # a speed-up limit no round comes near: decided at the minimum of stats.MIN_ROUNDS pairs
-    (False, 0.01, 5),  # the session asks for the rounds as asked (a saved or compared run)
-])
-def test_a_paired_case_times_rounds_until_its_timed_budget_is_decided(cpu, profile, quick, until_decided, limit,
-                                                                      rounds):
-    budgets = Budgets.from_text(f'[cpu."mlp-set_to_none"]\nmin_speedup = {limit}\n', source="<test>")
-    runner = Runner(cpu, profile, dataclasses.replace(quick, rounds=5), predict=False, until_decided=until_decided)
-    outcome = runner.run("set_to_none", "mlp", budgets=budgets)
-    assert outcome.paired and not outcome.failures and all(v.ok for v in outcome.bound_checks)
-    assert outcome.result.rounds == outcome.baseline.rounds == rounds
-    assert any("sequential stop" in note for note in outcome.result.notes) == (rounds != 5)
-
-
-def test_a_timed_budget_the_rounds_cannot_decide_extends_them_to_twice_those_asked(cpu, profile, quick, monkeypatch):
-    from trainbench.core import judge
-
-    monkeypatch.setattr(judge, "judge_bound", lambda *a, **k: (False, "rounds too noisy to judge (planted)"))
-    budgets = Budgets.from_text('[cpu."mlp-set_to_none"]\nmin_speedup = 0.01\n', source="<test>")
-    runner = Runner(cpu, profile, dataclasses.replace(quick, rounds=3), predict=False, until_decided=True)
-    outcome = runner.run("set_to_none", "mlp", budgets=budgets)
-    # six rounds a side in the first measurement, then the judge's one measurement more (three, as asked) added
-    assert outcome.result.rounds == outcome.baseline.rounds == 6 + 3
-    assert any("measured again (attempt 2, rounds now 9)" in note for note in outcome.result.notes)
-    assert all(v.inconclusive for v in outcome.bound_checks)
-
-
 def test_a_baseline_that_cannot_share_the_process_is_measured_right_after_and_kept(cpu, ratio_budgets, profile, quick):
     runner = Runner(cpu, profile, quick)
     outcome = runner.run("deterministic", "mlp", budgets=ratio_budgets)

@@ -525,7 +525,7 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
 
 
-def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, decided=None, base_in_rounds=False):
+def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, base_in_rounds=False):
     """A case and its baseline (warmed up first) interleaved on a clock only their steps move: (case, baseline)."""
     from trainbench.core.measure import interleave_rounds
 
@@ -549,7 +549,7 @@ def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, 
         for m, steps in ((case, case_steps), (base, base_steps)):
             m.backend, m.timed_step = VirtualClock(), stepper(list(steps))
         base.warm_up(in_rounds=base_in_rounds)
-        interleave_rounds(case, base, decided)
+        interleave_rounds(case, base)
     return case, base
 
 
@@ -620,31 +620,6 @@ def test_a_case_alone_is_judged_steady_by_its_rounds_too(training, rounds_asked,
     assert m.result.warmup_steps == warmup_steps and m.result.warmup_steady
     assert m.result.round_step_times_s == pytest.approx(kept) and m.result.rounds == len(kept)
     assert m.result.round_cpu_times_s == pytest.approx(kept)  # the dropped round's CPU time went with it
-
-
-@pytest.mark.parametrize("decided_from, asked, rounds, note", [
-    (None, 5, 5, None),  # no sequential stop: the rounds asked
-    (0, 5, 3, "3 rounds, not the 5 asked: they decided every timed verdict asked"),  # decided at once: the minimum
-    (4, 5, 4, "4 rounds, not the 5 asked"),  # decided from the fourth pair on
-    (7, 5, 7, "7 rounds, not the 5 asked: a timed verdict asked was still undecided (sequential stop)"),
-    (99, 5, 10, "10 rounds, not the 5 asked: a timed verdict asked was still undecided (at most 10)"),  # the limit
-    (0, 2, 2, None),  # fewer rounds asked than stats.MIN_ROUNDS: those
-])
-def test_interleaved_rounds_stop_once_decided_and_go_on_while_not(training, decided_from, asked, rounds, note):
-    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, rounds=asked, steps_per_round=2)
-    asked_at = []
-
-    def decided(result, baseline):
-        assert len(result.round_step_times_s) == len(baseline.round_step_times_s)  # asked between pairs only
-        asked_at.append(result.rounds)
-        return result.rounds >= decided_from
-
-    case, base = _interleaved_on_a_virtual_clock(training, settings, [0.01] * 60, [0.01] * 60,
-                                                 None if decided_from is None else decided)
-    assert case.result.rounds == base.result.rounds == rounds
-    assert all(n >= min(3, asked) for n in asked_at)  # never asked before stats.MIN_ROUNDS pairs
-    notes = [n for n in case.result.notes if "rounds, not the" in n]
-    assert len(notes) == (note is not None) and all(note in n for n in notes)
 
 
 def test_an_inference_mode_step_counts_fewer_ops_than_a_no_grad_one(measured, attributed):

@@ -243,22 +243,3 @@ def test_what_the_properties_found_is_refused_in_one_line(tmp_path):
         TrainbenchSession._check_output_files([("--trainbench-compare-json", tmp_path / "a\0" / "v.json")])
     with pytest.raises(BudgetError, match=r"^'budgets\\ntoml': not a file path \(a control character in it\)"):
         Budgets.load("budgets\ntoml")
-
-
-@pytest.mark.parametrize("given, gated, until_decided", [
-    ({}, False, True),  # make bench: its budgets are all that reads the rounds
-    ({"benchmark_save": "baseline"}, False, False),  # a baseline later gates compare against
-    ({"benchmark_autosave": True}, False, False),
-    ({"benchmark_compare": "0001"}, False, False),
-    ({}, True, False),  # a gate or an A/B judges the rounds against another run's
-    ({"--trainbench-rounds": 7}, False, False),  # rounds asked on the command line are what runs
-    ({"--trainbench-pair-baselines": True}, False, False),  # every ratio for the record (calibration)
-])
-def test_rounds_stop_once_decided_only_where_nothing_else_reads_them(given, gated, until_decided):
-    from trainbench.plugin.options import _until_decided
-
-    class Config:
-        def getoption(self, name, default=None):
-            return given.get(name, None if name == "--trainbench-rounds" else default)
-
-    assert _until_decided(Config(), gated) == until_decided

@@ -19,8 +19,7 @@ from trainbench.core import guards  # by module: tests replace its functions to 
 from trainbench.core.costs import in_child_process, spent
 from trainbench.core.distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from trainbench.core.eligibility import Context, why_not
-from trainbench.core.judge import timed_bounds_decided
-from trainbench.core.measure import Decided, Measurer, MeasureSettings, heap_frozen, interleave_rounds, run_rounds
+from trainbench.core.measure import Measurer, MeasureSettings, heap_frozen, interleave_rounds, run_rounds
 from trainbench.core.metrics import passes_measuring
 from trainbench.core.outcome import CaseOutcome, case_id, failed_without_result
 from trainbench.core.plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan
@@ -115,7 +114,7 @@ class Executor:
 
     def __init__(self, backend: Backend, caps: DeviceCaps, profile: Profile, settings: MeasureSettings,
                  predictions: PredictionCache, fault: InjectedFault | None = None, predict: bool = False,
-                 trace: TraceRequest | None = None, quick: bool = False, until_decided: bool = False):
+                 trace: TraceRequest | None = None, quick: bool = False):
         self.backend = backend
         self.caps = caps
         self.profile = profile
@@ -126,9 +125,6 @@ class Executor:
         self.trace_request = trace  # profile traces of the cases it wants, taken after their measurement
         # --trainbench-quick: the timed rounds and only the passes the case's budget needs (_passes)
         self.quick = quick
-        # A paired case's rounds end once they decide its timed budgets, or go on while they do not (a sequential
-        # stop: ``measure.interleave_rounds``); off, the rounds asked
-        self.until_decided = until_decided
         self.results: dict[tuple, Result] = {}  # same-session baselines, by setup
         self._trajectories: dict[tuple, list[float]] = {}  # baseline losses for the loss guard
         self._ddp_grads: dict | None = None  # first-step gradients rank 0 recorded for the guard
@@ -302,7 +298,7 @@ class Executor:
                 tc = TrainingSetup(plan.config, spec, self.backend, self.fault)
             with tc:
                 mc = Measurer(tc, plan.case, recipe.name, settings, recipe.extra_warmup_steps, self.profile.name)
-                interleave_rounds(mc, mb, self._decided(plan) if first is None else None)
+                interleave_rounds(mc, mb)
                 for training in (tc, tb):
                     training.check_loss("the last timed step")
                 baseline = mb.finish()
@@ -321,15 +317,6 @@ class Executor:
                 tb.close()
         why = plan.why_measuring or "for its ratio budgets"
         return result.with_note(f"rounds interleaved with {base.name}'s (ABBA): {why}"), baseline
-
-    def _decided(self, plan: CasePlan) -> Decided | None:
-        """What a sequential stop of the case's rounds asks: its timed budgets decided (``judge.timed_bounds_decided``);
-        None where the session asks for the rounds as they were asked."""
-        if not self.until_decided:
-            return None
-        start = plan.outcome()
-        return lambda result, baseline: timed_bounds_decided(replace(start, result=result, baseline=baseline,
-                                                                     paired=True))
 
     def _measure_fresh(self, plan: CasePlan, outcome: CaseOutcome, settings: MeasureSettings) -> CaseOutcome:
         """``outcome`` with the case and its baseline, each measured in a new process (``Backend.fresh_process_reason``

@@ -122,15 +122,6 @@ class Judge:
         return replace(again, result=result, baseline=baseline)
 
 
-def timed_bounds_decided(outcome: CaseOutcome) -> bool:
-    """Whether the case's rounds so far decide each timed bound of its budget (kept or missed, none inconclusive, by
-    ``Judge``'s rule): what a sequential stop of its rounds asks (``measure.interleave_rounds``)."""
-    if outcome.budget is None:
-        return True
-    checks = Judge().check_budget(outcome).bound_checks
-    return not any(v.inconclusive for v in checks if is_timed(v.bound.metric))
-
-
 def _with_rounds_of(earlier: Result, later: Result) -> Result:
     """``later`` with ``earlier``'s timed rounds before its own: more rounds of the same setup, a narrower interval.
     (Rounds stay in measuring order, so the rounds of a case and of its interleaved baseline stay paired.)"""

@@ -51,7 +51,6 @@ from trainbench.core.guards import GUARD_STEPS
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import VARYING_SHAPES_NOTE, Result
 from trainbench.core.spec import batch_shapes
-from trainbench.core.stats import MIN_ROUNDS
 from trainbench.core.training import TrainingSetup
 from trainbench.core.watchdog import NoProgress, phase
 
@@ -993,24 +992,13 @@ def measure(training: TrainingSetup, case: str, recipe_name: str, settings: Meas
     return Measurer(training, case, recipe_name, settings, extra_warmup_steps, profile_name).run(runner)
 
 
-# A sequential stop's limit: rounds are added while the verdicts asked stay undecided, up to this many times the
-# rounds asked
-EXTEND_ROUNDS = 2
-# Whether the rounds so far decide every verdict the session asks of them (the case's result, its baseline's)
-Decided = Callable[[Result, Result], bool]
-
-
-def interleave_rounds(case: Measurer, baseline: Measurer, decided: Decided | None = None) -> None:
+def interleave_rounds(case: Measurer, baseline: Measurer) -> None:
     """Time a case's and its baseline's rounds interleaved, in ABBA order, after the case's warm-up and the baseline's
     few steps since (its minimum warm-up where it settled when measured earlier in the session and was not warmed yet).
 
-    The case warms up to its minimum, and its rounds are the warm-up rule's windows: while its first round
-    disagrees with its second, that pair of rounds (the case's and the baseline's) is warm-up and another pair
+    A setup warmed up to its minimum has its rounds for the warm-up rule's windows: while the first round of the
+    case (or of a baseline warmed up so) disagrees with its second, that pair of rounds is warm-up and another pair
     is timed, so the rounds that stand are as many as asked and steady, without the windows' steps before them.
-
-    ``decided`` (a sequential stop): the rounds end once they decide every verdict asked of them (from
-    ``stats.MIN_ROUNDS`` pairs on), before the rounds asked where they do, and go on past them, to
-    ``EXTEND_ROUNDS`` times as many, where they do not. None: the rounds asked.
 
     A shared runner's speed drifts over seconds; timed back to back, a slow spell lands
     on one side of a speed-up and skews it by tens of percent. Alternating rounds puts
@@ -1026,8 +1014,8 @@ def interleave_rounds(case: Measurer, baseline: Measurer, decided: Decided | Non
         baseline.training.check_loss("the end of warm-up")
     for m in (case, baseline):
         m.start_rounds()
-    asked, timed = case.settings.rounds, 0
-    while not _enough_rounds(case, baseline, asked, decided):
+    timed = 0
+    while len(case.result.round_step_times_s) < case.settings.rounds:
         for m in ((baseline, case) if timed % 2 == 0 else (case, baseline)):
             m.time_one_round()
         timed += 1
@@ -1037,21 +1025,6 @@ def interleave_rounds(case: Measurer, baseline: Measurer, decided: Decided | Non
                 m.drop_first_round(own)
     for m in (case, baseline):
         m.end_rounds()
-    if decided is not None and case.result.rounds != asked:
-        why = ("they decided every timed verdict asked" if case.result.rounds < asked else
-               "a timed verdict asked was still undecided" + (f" (at most {EXTEND_ROUNDS * asked})"
-                                                             if case.result.rounds >= EXTEND_ROUNDS * asked else ""))
-        case._note(f"{case.result.rounds} rounds, not the {asked} asked: {why} (sequential stop)")
-
-
-def _enough_rounds(case: Measurer, baseline: Measurer, asked: int, decided: Decided | None) -> bool:
-    """Whether the interleaved rounds timed so far are enough (``interleave_rounds``)."""
-    rounds = len(case.result.round_step_times_s)
-    if decided is None:
-        return rounds >= asked
-    if rounds < min(MIN_ROUNDS, asked) or case._settling_in_rounds:
-        return False
-    return rounds >= EXTEND_ROUNDS * asked or decided(case.result, baseline.result)
 
 
 def with_overrides(settings: MeasureSettings, **changes) -> MeasureSettings:

@@ -44,8 +44,7 @@ class Runner:
     def __init__(self, backend: Backend, profile: Profile, settings: MeasureSettings, fault: InjectedFault | None = None,
                  require_budgets: bool = False, predict: bool = False, strict_timing: bool = False,
                  remeasure_inconclusive: int = 1, trace: TraceRequest | None = None, remeasure_s: float = 0.0,
-                 predictions: PredictionCache | None = None, pair_baselines: bool = False, quick: bool = False,
-                 until_decided: bool = False):
+                 predictions: PredictionCache | None = None, pair_baselines: bool = False, quick: bool = False):
         self.backend = backend
         self.caps = backend.caps()
         self.profile = profile
@@ -56,9 +55,7 @@ class Runner:
         # The memory check before a case and the prediction after it share one cache (several runners may, too).
         predictions = predictions or PredictionCache(backend)
         self.planner = Planner(backend, self.caps, profile, predictions, pair_baselines)
-        # until_decided: a paired case's rounds end once its timed budgets are decided (Executor.until_decided)
-        self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace, quick,
-                                 until_decided)
+        self.executor = Executor(backend, self.caps, profile, settings, predictions, fault, predict, trace, quick)
         self.judge = Judge(require_budgets, strict_timing, remeasure_inconclusive, remeasure_s)
 
     @property

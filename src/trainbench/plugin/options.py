@@ -42,9 +42,7 @@ def add_options(parser) -> None:
     group.addoption("--trainbench-no-predict", action="store_true",
                     help="do not predict each case's GPU-profile memory under FakeTensorMode (also "
                          "TRAINBENCH_PREDICT_MEMORY=0); its budgets then fail as missing metrics")
-    group.addoption("--trainbench-rounds", type=int, default=None,
-                    help="timed rounds per case, exactly (without it, a paired case's rounds stop once its timed "
-                         "budgets are decided, unless the run is saved or compared: docs/method.md)")
+    group.addoption("--trainbench-rounds", type=int, default=None, help="timed rounds per case")
     group.addoption("--trainbench-steps-per-round", type=int, default=None, help="training steps per timed round")
     group.addoption("--trainbench-min-warmup", type=int, default=None, help="minimum warm-up steps")
     group.addoption("--trainbench-timeout", type=float, default=None, metavar="SECONDS",
@@ -186,7 +184,6 @@ class Options:
     ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
     costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
     quick: bool = False  # --trainbench-quick: the timed rounds and the passes the budgets need, nothing else
-    until_decided: bool = False  # a paired case's rounds end once its timed budgets are decided (_until_decided)
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -224,7 +221,6 @@ class Options:
             xdist_index=index,
             pair_baselines=config.getoption("--trainbench-pair-baselines"),
             simulate_gpu=_simulated_gpu(config, ab=ab is not None, gated=compare_fail is not None),
-            until_decided=_until_decided(config, gated=compare_fail is not None or ab is not None),
         )
 
 
@@ -281,16 +277,6 @@ def _xdist_worker(config) -> tuple[int, int]:
         return 1, 0
     return (int(workerinput.get("workercount", 1)),
             int(str(workerinput.get("workerid", "gw0")).removeprefix("gw") or 0))
-
-
-def _until_decided(config, gated: bool) -> bool:
-    """Whether a paired case's rounds end once they decide its timed budgets (a sequential stop,
-    ``measure.interleave_rounds``): only where nothing else reads them. A run saved as a baseline, compared with one
-    (a gate, an A/B), rounds asked on the command line (--trainbench-rounds) and every case paired for its ratio
-    (--trainbench-pair-baselines, which calibration runs) get the rounds asked."""
-    if gated or config.getoption("--trainbench-pair-baselines") or config.getoption("--trainbench-rounds") is not None:
-        return False
-    return not any(config.getoption(key, None) for key in ("benchmark_save", "benchmark_autosave", "benchmark_compare"))
 
 
 def _quick(config) -> bool:

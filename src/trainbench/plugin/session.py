@@ -280,7 +280,7 @@ class TrainbenchSession:
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
                                   predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
                                   remeasure_s=o.remeasure_s, predictions=predictions, pair_baselines=o.pair_baselines,
-                                  quick=o.quick, until_decided=o.until_decided)
+                                  quick=o.quick)
         return self._runner
 
     def budgets(self, path: Path | None):
