@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainbench.core import training as training_module
+from trainbench.core.costs import case_ledger
 from trainbench.core.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
 from trainbench.core.recipes import TrainConfig, get_recipe
 from trainbench.core.result import MIB
@@ -612,12 +613,15 @@ def test_a_case_alone_is_judged_steady_by_its_rounds_too(training, rounds_asked,
     def step():
         clock["now"] += steps.pop(0)
 
-    with training() as setup:
+    with training() as setup, case_ledger(clock=lambda: clock["now"]) as ledger:
         m = Measurer(setup, "mlp-baseline", "baseline", settings)
         m.backend, m.timed_step = VirtualClock(), step
         m.warm_up(in_rounds=True)
         m.time_rounds()
     assert m.result.warmup_steps == warmup_steps and m.result.warmup_steady
+    # the case's cost too: a round taken as warm-up is the warm-up's seconds, not the rounds'
+    assert ledger.seconds["warm-up"] == pytest.approx(m.result.warmup_s)
+    assert ledger.seconds["rounds"] == pytest.approx(sum(kept) * 3)
     assert m.result.round_step_times_s == pytest.approx(kept) and m.result.rounds == len(kept)
     assert m.result.round_cpu_times_s == pytest.approx(kept)  # the dropped round's CPU time went with it
 

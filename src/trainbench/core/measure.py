@@ -648,11 +648,14 @@ class Measurer:
                       round_cpu_times_s=[*r.round_cpu_times_s, *cpu] if cpu_known else [],
                       data_wait_s=sum(self._round_waits), items_per_step=self._items_per_step())
 
-        with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
-            timed(s.rounds)
-            while self.round_is_warm_up():
-                self.drop_first_round()
-                timed(1)
+        def timed_phase(count: int) -> None:  # closed before a round is moved to the warm-up's seconds
+            with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
+                timed(count)
+
+        timed_phase(s.rounds)
+        while self.round_is_warm_up():
+            self.drop_first_round()
+            timed_phase(1)
         self.end_rounds()
 
     def _count_items(self) -> None:
