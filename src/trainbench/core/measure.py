@@ -503,8 +503,8 @@ class Measurer:
 
     def warm_up(self, settle: bool = True, in_rounds: bool = False) -> None:
         """Warm up; ``settle=False``: only the minimum steps (a setup already measured once in this process).
-        ``in_rounds``: the minimum steps here, and the timed rounds that follow (``time_one_round``) judge whether the
-        setup is steady by the rule that would have judged more warm-up steps (``round_is_warm_up``)."""
+        ``in_rounds``: the minimum steps here, and the timed rounds that follow (``time_rounds``, ``interleave_rounds``)
+        judge whether the setup is steady by the rule that would have judged more warm-up steps (``round_is_warm_up``)."""
         with phase(f"{self.result.recipe}'s warm-up"), spent("warm-up", self.baseline):
             self._warm_up(settle, in_rounds)
         self.warmed_up = True
