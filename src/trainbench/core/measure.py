@@ -440,7 +440,6 @@ class Measurer:
         # A setup fresh from its seeds: its first warm-up steps are the loss guard's seeded trajectory (kept as
         # tensors, read after the warm-up)
         self._seeded: list[torch.Tensor] | None = [] if training.steps_run == 0 else None
-        self.warmed_up = False
         # Warmed up to its minimum only, its first interleaved rounds judging whether it is steady (``warm_up``)
         self._settling_in_rounds = False
         self._rounds_dropped = 0  # leading rounds found to be warm-up (``drop_first_round``)
@@ -475,7 +474,6 @@ class Measurer:
         micro_batches = self.training.fetch(self._batches)
         self._wait_s += self.backend.clock() - t0
         self._last_loss = self.training.step(micro_batches)
-        self._keep_seeded_loss()
 
     def _window(self) -> Iterator:
         """Batches 0, 1, ... of the seeded stream, made again (``TrainingSetup.batches_from_start``): the fixed window
@@ -507,13 +505,17 @@ class Measurer:
         judge whether the setup is steady by the rule that would have judged more warm-up steps (``round_is_warm_up``)."""
         with phase(f"{self.result.recipe}'s warm-up"), spent("warm-up", self.baseline):
             self._warm_up(settle, in_rounds)
-        self.warmed_up = True
+
+    @property
+    def warmed_up(self) -> bool:
+        return self.result.warmup_steps > 0
 
     def _warm_up(self, settle: bool, in_rounds: bool = False) -> None:
         s, timer = self.settings, self.backend.timer
         start = timer()
         self.timed_step()
         self._set(first_step_s=timer() - start)
+        self._keep_seeded_loss()
         done, times, window = 1, [], s.steady_window
         minimum = s.min_warmup_steps + self.extra_warmup_steps
         # Settled when the last window of steps took within the tolerance of the window before it, checked after
@@ -533,6 +535,7 @@ class Measurer:
             self.timed_step()
             times.append(timer() - t0)
             done += 1
+            self._keep_seeded_loss()
             steady = settling and done >= minimum and _settled(times, window, s.steady_tolerance)
         self._set(warmup_steps=done, warmup_steady=steady, warmup_s=timer() - start)
         self._keep_seeded_losses()
@@ -641,12 +644,7 @@ class Measurer:
         def timed(count: int) -> None:
             cpu_marks.clear()
             times = runner(step, count, s.steps_per_round, timer)
-            cpu = _round_cpu_times(cpu_marks, len(times), s.steps_per_round)
-            r = self.result
-            cpu_known = len(r.round_cpu_times_s) == len(r.round_step_times_s) and len(cpu) == len(times)
-            self._set(rounds=r.rounds + len(times), round_step_times_s=[*r.round_step_times_s, *times],
-                      round_cpu_times_s=[*r.round_cpu_times_s, *cpu] if cpu_known else [],
-                      data_wait_s=sum(self._round_waits), items_per_step=self._items_per_step())
+            self._add_rounds(times, _round_cpu_times(cpu_marks, len(times), s.steps_per_round))
 
         def timed_phase(count: int) -> None:  # closed before a round is moved to the warm-up's seconds
             with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
@@ -692,12 +690,17 @@ class Measurer:
                 self._count_items()
             round_time = (timer() - start) / s.steps_per_round
             cpu_end = self.backend.cpu_clock()
-        times = [*self.result.round_step_times_s, round_time]
-        cpu = [*self.result.round_cpu_times_s, *_round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round)]
         self._round_waits.append(self._wait_s - before)
         self._round_items.append(len(self._timed_items) - items_before)
-        self._set(round_step_times_s=times, rounds=len(times), data_wait_s=self.result.data_wait_s + self._wait_s - before,
-                  round_cpu_times_s=cpu if len(cpu) == len(times) else [], items_per_step=self._items_per_step())
+        self._add_rounds([round_time], _round_cpu_times([cpu_start, cpu_end], 1, s.steps_per_round))
+
+    def _add_rounds(self, times: list[float], cpu: list[float]) -> None:
+        """Timed rounds (and their CPU seconds per step, [] where unknown) appended to the result's, its data wait and
+        items per step those of every round kept (``_round_waits``, ``_timed_items``)."""
+        r = self.result
+        all_times, all_cpu = [*r.round_step_times_s, *times], [*r.round_cpu_times_s, *cpu]
+        self._set(round_step_times_s=all_times, rounds=len(all_times), data_wait_s=sum(self._round_waits),
+                  round_cpu_times_s=all_cpu if len(all_cpu) == len(all_times) else [], items_per_step=self._items_per_step())
 
     # -- 3 and 4. after timing ---------------------------------------------------------
     def measure_after_timing(self) -> None:
