@@ -488,6 +488,29 @@ def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
     assert any("MIG slice" in note and "MFU not computed" in note for note in measurer.result.notes)
 
 
+class _VirtualClock:
+    """A backend whose clocks only the measurers' steps move (``drive``): step times a test controls, not the machine's.
+    ``cpu``: its CPU clock reads the same time (else it has none)."""
+
+    def __init__(self, cpu: bool = False):
+        self.now, self.cpu = 0.0, cpu
+
+    def timer(self) -> float:
+        return self.now
+
+    def cpu_clock(self) -> float | None:
+        return self.now if self.cpu else None
+
+    def drive(self, measurer: Measurer, step_times) -> None:
+        """``measurer`` timed by this clock, each of its steps taking the next of ``step_times`` seconds."""
+        times = list(step_times)
+
+        def step():
+            self.now += times.pop(0)
+
+        measurer.backend, measurer.timed_step = self, step
+
+
 @pytest.mark.parametrize("step_times, settings, steps, steady", [
     # steady from the second step: 1 + two windows of 3 (the minimum's steps count towards them)
     ([0.05] + [0.01] * 40, dict(min_warmup_steps=3, max_warmup_steps=30, steady_window=3), 7, True),
@@ -508,19 +531,9 @@ def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
 ])
 def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock(training, step_times, settings, steps,
                                                                                  steady):
-    clock = {"now": 0.0, "step": 0}
-
-    class VirtualClock:
-        def timer(self):
-            return clock["now"]
-
-    def virtual_step():
-        clock["now"] += step_times[clock["step"]]
-        clock["step"] += 1
-
     with training() as setup:
         m = Measurer(setup, "c", "r", MeasureSettings(**settings))
-        m.backend, m.timed_step = VirtualClock(), virtual_step
+        _VirtualClock().drive(m, step_times)
         m.warm_up()
     assert (m.result.warmup_steps, m.result.warmup_steady) == (steps, steady)
     assert m.result.warmup_s == sum(step_times[:steps]) and m.result.first_step_s == step_times[0]
@@ -530,25 +543,12 @@ def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, 
     """A case and its baseline (warmed up first) interleaved on a clock only their steps move: (case, baseline)."""
     from trainbench.core.measure import interleave_rounds
 
-    clock = {"now": 0.0}
-
-    class VirtualClock:
-        def timer(self):
-            return clock["now"]
-
-        def cpu_clock(self):
-            return None
-
-    def stepper(times):
-        def step():
-            clock["now"] += times.pop(0)
-        return step
-
+    clock = _VirtualClock()
     with training() as case_setup, training() as base_setup:
         case = Measurer(case_setup, "mlp-set_to_none", "set_to_none", settings)
         base = Measurer(base_setup, "mlp-baseline", "baseline", settings, baseline=True)
         for m, steps in ((case, case_steps), (base, base_steps)):
-            m.backend, m.timed_step = VirtualClock(), stepper(list(steps))
+            clock.drive(m, steps)
         base.warm_up(in_rounds=base_in_rounds)
         interleave_rounds(case, base)
     return case, base
@@ -600,22 +600,10 @@ def test_a_paired_case_warms_up_to_its_minimum_and_its_first_rounds_judge_it_ste
 def test_a_case_alone_is_judged_steady_by_its_rounds_too(training, rounds_asked, case_rounds, warmup_steps, kept):
     settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, rounds=rounds_asked,
                                steps_per_round=3)
-    clock = {"now": 0.0}
-    steps = [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3]
-
-    class VirtualClock:
-        def timer(self):
-            return clock["now"]
-
-        def cpu_clock(self):
-            return clock["now"]
-
-    def step():
-        clock["now"] += steps.pop(0)
-
-    with training() as setup, case_ledger(clock=lambda: clock["now"]) as ledger:
+    clock = _VirtualClock(cpu=True)
+    with training() as setup, case_ledger(clock=clock.timer) as ledger:
         m = Measurer(setup, "mlp-baseline", "baseline", settings)
-        m.backend, m.timed_step = VirtualClock(), step
+        clock.drive(m, [0.05, 0.01, 0.01, 0.01] + [t for r in case_rounds for t in [r] * 3])
         m.warm_up(in_rounds=True)
         m.time_rounds()
     assert m.result.warmup_steps == warmup_steps and m.result.warmup_steady

@@ -63,6 +63,12 @@ class Ledger:
         if self._inner:
             self._inner[-1] += sum(seconds.values())
 
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """``seconds`` already timed as ``source`` counted as ``target`` instead (no more than ``source`` holds)."""
+        seconds = min(seconds, self.seconds.get(source, 0.0))
+        self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+        self.seconds[target] = self.seconds.get(target, 0.0) + seconds
+
     def closed(self) -> dict[str, float]:
         """The phases, what none accounts for (``other``) and the case's whole wall time (``total``)."""
         total = self.clock() - self._started
@@ -104,9 +110,7 @@ def recharge(seconds: float, source: str, target: str, baseline: bool = False) -
     if _ledger is None:
         return
     prefix = BASELINE if baseline else ""
-    seconds = min(seconds, _ledger.seconds.get(prefix + source, 0.0))
-    _ledger.seconds[prefix + source] = _ledger.seconds.get(prefix + source, 0.0) - seconds
-    _ledger.seconds[prefix + target] = _ledger.seconds.get(prefix + target, 0.0) + seconds
+    _ledger.move(seconds, prefix + source, prefix + target)
 
 
 class ChildPhases:

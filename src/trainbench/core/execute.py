@@ -38,12 +38,13 @@ from trainbench.devices.host import LoadMeter
 def _rounds_checking_loss(training: TrainingSetup):
     """The plain round runner, the loss checked finite at the end of warm-up and after the last timed step (each
     check a sync, outside the timing)."""
-    warmed = []
+    warm_up_checked = False
 
     def rounds(step, count: int, steps_per_round: int, timer) -> list[float]:
-        if not warmed:  # a round found to be warm-up is replaced by a further call
+        nonlocal warm_up_checked
+        if not warm_up_checked:  # a round found to be warm-up is replaced by a further call
             training.check_loss("the end of warm-up")
-            warmed.append(True)
+            warm_up_checked = True
         times = run_rounds(step, count, steps_per_round, timer)
         training.check_loss("the last timed step")
         return times
