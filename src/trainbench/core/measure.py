@@ -641,19 +641,16 @@ class Measurer:
                 self._round_items.append(0)
             return now
 
-        def timed(count: int) -> None:
+        def timed(count: int) -> None:  # its phase closed before a round is moved to the warm-up's seconds
             cpu_marks.clear()
-            times = runner(step, count, s.steps_per_round, timer)
-            self._add_rounds(times, _round_cpu_times(cpu_marks, len(times), s.steps_per_round))
-
-        def timed_phase(count: int) -> None:  # closed before a round is moved to the warm-up's seconds
             with phase(f"{self.result.recipe}'s timed rounds"), spent("rounds", self.baseline):
-                timed(count)
+                times = runner(step, count, s.steps_per_round, timer)
+                self._add_rounds(times, _round_cpu_times(cpu_marks, len(times), s.steps_per_round))
 
-        timed_phase(s.rounds)
+        timed(s.rounds)
         while self.round_is_warm_up():
             self.drop_first_round()
-            timed_phase(1)
+            timed(1)
         self.end_rounds()
 
     def _count_items(self) -> None:
