@@ -16,7 +16,11 @@ manifest ``night.json`` is rewritten after every step. Killed at any point, what
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
+import shutil
+import tarfile
 import os
 import signal
 import subprocess
@@ -27,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from trainbench.core.files import cannot_write, write_json_atomic, write_text_atomic
+from trainbench.core.files import cannot_write, write_atomic, write_json_atomic, write_text_atomic
 from trainbench.verdicts.render import Column, Table, number
 from trainbench.verdicts.store import RunFileError, SavedRun, merged_run
 
@@ -61,10 +65,55 @@ CASE_GROUPS: tuple[CaseGroup, ...] = (
     CaseGroup("gpt", "a decoder LM: flash attention and the fused optimizer",
               ("gpt-baseline", "gpt-sdpa_flash", "gpt-optimizer_fused")),
     CaseGroup("vit", "a Vision Transformer under bf16 autocast", ("vit-amp_bf16",)),
-    CaseGroup("ladders", "the seeds' two ladders, rung by rung (torch.compile included)", None, slow=True,
-              ladders=True),
-    CaseGroup("rest", "every other case of the suite", None, slow=True),
+    CaseGroup("rest", "every other case of the suite that compiles nothing", None),
+    CaseGroup("slow", "the cases that compile (torch.compile and the like): minutes of warm-up each", None,
+              slow=True),
+    CaseGroup("ladders", "the seeds' two ladders, rung by rung (torch.compile included): the slowest, last", None,
+              slow=True, ladders=True),
 )
+# The GPU self-checks' share of the window: they come first in their step, the CUDA paths no case of the night
+# measures after them.
+SMOKE_CAP_S = 60.0
+SMOKE_FILE = "smoke/test_gpu_smoke.py"
+# The smoke tests that each run one CUDA path: those the night's own cases measure anyway are left out.
+SMOKE_PATH_TESTS = ("test_cuda_path", "test_multi_gpu_path")
+# Where a budget is shorter than this, the window profile trims what a case times (WindowProfile).
+SHORT_NIGHT_S = 900.0
+
+
+@dataclass(frozen=True)
+class WindowProfile:
+    """How much each case times in this night: fewer steps a round and no attribution where the budget is short
+    (the rounds stay at the number whose 95% intervals keep their claim, ``stats`` and the tests of it)."""
+
+    name: str
+    why: str
+    rounds: int | None = None  # None: the device profile's default
+    steps_per_round: int | None = None
+    min_warmup: int | None = None
+    attribution: bool = True
+
+    def pytest_args(self) -> tuple[str, ...]:
+        args = [f"--trainbench-{flag}={value}" for flag, value in
+                (("rounds", self.rounds), ("steps-per-round", self.steps_per_round),
+                 ("min-warmup", self.min_warmup)) if value is not None]
+        return (*args, *(() if self.attribution else ("--trainbench-no-attribution",)))
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "pytest_args": list(self.pytest_args())}
+
+
+def window_profile(budget_s: float, device: str) -> WindowProfile:
+    """The measuring profile a night of ``budget_s`` seconds on ``device`` (cuda or cpu) uses."""
+    if budget_s >= SHORT_NIGHT_S:
+        return WindowProfile("full", f"a budget of {budget_s:g} s >= {SHORT_NIGHT_S:g} s: the device profile as is")
+    why = f"a budget of {budget_s:g} s < {SHORT_NIGHT_S:g} s"
+    if device == "cpu":  # ~0.1-0.3 s steps: 2 a round serve the interval better than fewer rounds of more
+        return WindowProfile("short", why + ": 5 rounds of 2 steps, no attribution", rounds=5, steps_per_round=2,
+                             attribution=False)
+    # ms steps: the rounds cost little, the passes after them most; warm-up still runs until steady
+    return WindowProfile("short", why + ": 10 rounds of 5 steps, warm-up from 5 steps, no attribution",
+                         rounds=10, steps_per_round=5, min_warmup=5, attribution=False)
 
 
 @dataclass
@@ -90,10 +139,17 @@ class Night:
     steps: list[StepRecord] = field(default_factory=list)
     finished: bool = False
     interrupted: bool = False
+    device: str = "cuda"  # cuda: a GPU night; cpu: the same night on the CPU cases
+    profile: dict | None = None  # WindowProfile.to_json of the measuring steps
+    deselected: dict[str, str] = field(default_factory=dict)  # case -> why the night did not run it
+    verdict: str | None = None  # the last line's verdict, once the night has one
+    archive_left_out: list[str] = field(default_factory=list)  # files the archive had no room for
 
     def to_json(self) -> dict:
         return {"budget_s": self.budget_s, "simulate_gpu": self.simulate_gpu, "python": self.python,
-                "finished": self.finished, "interrupted": self.interrupted,
+                "device": self.device, "profile": self.profile, "deselected": self.deselected,
+                "finished": self.finished, "interrupted": self.interrupted, "verdict": self.verdict,
+                "archive_left_out": self.archive_left_out,
                 "steps": [asdict(step) for step in self.steps]}
 
     def save(self) -> None:
@@ -114,12 +170,18 @@ class NightError(ValueError):
     """A night that cannot start; the message names what is wrong."""
 
 
-def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None) -> None:
-    """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written, a
-    budget too short to measure anything, a GPU to simulate that cannot be."""
+def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None, device: str = "cuda",
+                archive: Path | None = None, plan: Path | None = None) -> None:
+    """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written or
+    holds an earlier night, a budget too short (or not a number) to measure anything, a GPU to simulate that cannot
+    be, an archive that cannot be written, a plan that is not one."""
     from trainbench.devices.fleet import GpuSpecError, parse_gpu
 
+    if device not in ("cuda", "cpu"):
+        raise NightError(f"--device {device}: expected cuda or cpu")
     if simulate_gpu is not None:
+        if device != "cuda":
+            raise NightError("--simulate-gpu rehearses a GPU night: not with --device cpu")
         try:
             parse_gpu(simulate_gpu)
         except GpuSpecError as e:
@@ -130,14 +192,35 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
     if not (root / SUITE_FILE).is_file():
         raise NightError(f"{root / SUITE_FILE}: not found; run the night from a trainbench checkout")
     least = least_budget_s(simulate_gpu is not None)
-    if budget_s < least:
-        raise NightError(f"--budget-s {budget_s:g}: too short; expected at least {least:g} s")
+    if not math.isfinite(budget_s) or budget_s < least:
+        raise NightError(f"--budget-s {budget_s:g}: expected a number of seconds, at least {least:g}")
     if out.exists() and not out.is_dir():
         raise NightError(f"--out {out}: not a folder")
+    if (out / "night.json").exists():
+        raise NightError(f"--out {out}: holds an earlier night (night.json); expected a new or empty folder, so that "
+                         "nothing of that night is read as tonight's")
+    if plan is not None:
+        _check_plan(plan)
     out.mkdir(parents=True, exist_ok=True)
     problem = cannot_write(out)
     if problem:
         raise NightError(f"--out {out}: {problem}")
+    if archive is not None:
+        if not archive.name.endswith(".tar.gz"):
+            raise NightError(f"--archive {archive}: expected a file name ending in .tar.gz")
+        if archive.resolve().is_relative_to(out.resolve()):
+            raise NightError(f"--archive {archive}: inside --out {out}; expected a path outside the night's folder")
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        problem = cannot_write(archive.parent)
+        if problem:
+            raise NightError(f"--archive {archive}: {problem}")
+
+
+def _check_plan(plan: Path) -> None:
+    data = _read_json(plan)
+    if data is None or not isinstance(data.get("cases"), list) or not isinstance(data.get("gpu"), dict):
+        raise NightError(f"--plan {plan}: not a plan; expected the JSON of python -m trainbench plan --simulate-gpu "
+                         "GPU --json PATH")
 
 
 def least_budget_s(simulated: bool) -> float:
@@ -164,18 +247,59 @@ def _plugin_installed() -> bool:
 
 
 def suite_node_ids(group: CaseGroup, taken: set[str]) -> list[str]:
-    """The pytest node ids of ``group``'s cases in its order (``taken``: ids earlier groups ran, updated)."""
+    """The pytest node ids of ``group``'s cases in its order (``taken``: ids earlier groups ran, updated). A group
+    of every case left takes those whose slowness is its own (the cheap ones first, those that compile after)."""
     from trainbench.core.cases import ladder_cases, recipe_cases
 
     if group.ladders:
         ids = [case.id for case in ladder_cases()]
         test = "test_ladder"
     else:
-        ids = list(group.cases) if group.cases is not None else [case.id for case in recipe_cases()]
+        ids = (list(group.cases) if group.cases is not None else
+               [case.id for case in recipe_cases() if case.own_recipe().slow == group.slow])
         test = "test_recipe"
     ids = [i for i in ids if i not in taken]
     taken.update(ids)
     return [f"{SUITE_FILE}::{test}[{case}]" for case in ids]
+
+
+def night_node_ids(deselected: dict[str, str]) -> list[str]:
+    """Every case of the night in its order (``CASE_GROUPS``), less the ``deselected`` ones."""
+    taken: set[str] = set(deselected)
+    return [node for group in CASE_GROUPS for node in suite_node_ids(group, taken)]
+
+
+def smoke_node_ids(root: Path, measured: list[str]) -> list[str]:
+    """The smoke step's tests in their order: the self-checks of the method first (what only they tell), then each
+    CUDA path that none of the night's ``measured`` node ids measures anyway."""
+    import ast
+
+    tree = ast.parse((root / SMOKE_FILE).read_text(encoding="utf-8"))
+    tests = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    paths = {}
+    for node in tree.body:  # CUDA_PATHS = [("resnet18", "baseline"), ...]: literal lists, read without importing
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id.endswith("_PATHS"):
+            paths[node.targets[0].id] = ast.literal_eval(node.value)
+    cases = {node[node.index("[") + 1:-1] for node in measured}
+    checks = [f"{SMOKE_FILE}::{name}" for name in tests if name not in SMOKE_PATH_TESTS]
+    path_ids = [f"{SMOKE_FILE}::{test}[{workload}-{recipe}]"
+                for test, table in (("test_cuda_path", "CUDA_PATHS"), ("test_multi_gpu_path", "MULTI_GPU_PATHS"))
+                for workload, recipe in paths.get(table, ()) if f"{workload}-{recipe}" not in cases]
+    return checks + path_ids
+
+
+def doctor_deselections(doctor_json: Path) -> dict[str, str]:
+    """Cases the doctor's blockers would kill, with why: with too little shared memory (its ``shm`` check FAILs),
+    every case whose DataLoader workers would die of a bus error, ladder rungs included."""
+    record = _read_json(doctor_json) or {}
+    shm = [c for c in record.get("checks", []) if c.get("name") == "shm" and c.get("status") == "FAIL"]
+    if not shm:
+        return {}
+    from trainbench.verdicts.doctor import loader_worker_cases
+
+    why = f"deselected: the doctor's shm check failed ({shm[0].get('message', '')})"
+    return {case: why for case in loader_worker_cases("gpu")}
 
 
 def subprocess_runner(clock: Callable[[], float] = time.monotonic, env: dict[str, str] | None = None) -> StepRunner:
@@ -296,8 +420,12 @@ class NightRun:
     def pytest(self, *args: str) -> list[str]:
         # a GPU night that found no GPU fails rather than measuring the CPU profile
         device = (("--trainbench-simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else
-                  ("--trainbench-device=cuda",))
+                  (f"--trainbench-device={self.night.device}",))
         return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *device, *self.pytest_args, *args)
+
+    @property
+    def what(self) -> str:
+        return "CPU night" if self.night.device == "cpu" else "GPU night"
 
     # -- the night ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -313,47 +441,71 @@ class NightRun:
         except KeyboardInterrupt:
             night.interrupted = True
             self.say("night: interrupted; merging and summarizing what finished")
-        self._finish()
+        try:
+            self._finish()
+        except KeyboardInterrupt:  # a second signal: what is on disk stays, the archive is still written
+            night.interrupted = True
         night.finished = True
-        night.save()
         failed = [s.name for s in night.steps if s.status == "failed"]
         missing = [s.name for s in night.steps if s.status in ("not started", "stopped")]
-        used = self.clock() - night.started
         if night.interrupted:  # the steps after the one it stopped were never tried: not "complete"
             verdict = "INTERRUPTED" + (": " + ", ".join(failed) + " failed" if failed else "")
         elif failed:
             verdict = "FAILED: " + ", ".join(failed)
         else:
             verdict = "PARTIAL: " + ", ".join(missing) + " did not finish in the budget" if missing else "complete"
+        night.verdict = verdict
+        night.save()
+        used = self.clock() - night.started
         self.say(f"night: {verdict}; {used:.0f} s of {night.budget_s:.0f}; {self.out / 'summary.md'}")
         return 1 if failed or night.interrupted else 0
 
     def _measure(self, deadline: float) -> None:
-        simulate = ("--simulate-gpu", self.night.simulate_gpu) if self.night.simulate_gpu else ("--expect-cuda",)
+        night = self.night
+        doctor_args = (("--simulate-gpu", night.simulate_gpu) if night.simulate_gpu else
+                       ("--expect-cuda",) if night.device == "cuda" else ("--device", "cpu"))
         self.run_step("doctor", "this machine before a run (CUDA, driver, memory, timing distortions)",
-                      self.trainbench("doctor", *simulate, "--json", str(self.out / "doctor.json")), deadline)
-        if self.night.simulate_gpu:  # a rehearsal's plan is its measurement, and predicts what its sessions ask
-            self._plan(self.night.simulate_gpu, deadline)
-        why = "self-checks of the measurement on this GPU (make gpu-smoke)"
+                      self.trainbench("doctor", *doctor_args, "--json", str(self.out / "doctor.json")), deadline)
+        if night.simulate_gpu:  # a rehearsal's plan is its measurement, and predicts what its sessions ask
+            self._plan(night.simulate_gpu, deadline)
+        elif night.device == "cuda":
+            night.deselected = doctor_deselections(self.out / "doctor.json")
+            for case, why in night.deselected.items():
+                self.say(f"night: {case}: {why}")
+        node_ids = night_node_ids(night.deselected)
+        self._smoke(node_ids, deadline)
+        self.run_step("cases", f"{len(node_ids)} cases in one session, in the order of what they tell "
+                               f"({', '.join(g.name for g in CASE_GROUPS)})",
+                      self.pytest("--trainbench-slow", "--trainbench-costs", *self.profile.pytest_args(),
+                                  "--trainbench-save-progress", str(self.out / "groups" / "cases.progress.json"),
+                                  "--benchmark-json", str(self.out / "groups" / "cases.json"),
+                                  "--junitxml", str(self.out / "groups" / "cases.xml"), *node_ids), deadline)
+
+    def _smoke(self, measured: list[str], deadline: float) -> None:
+        why = f"self-checks of the measurement on this GPU first, capped at {SMOKE_CAP_S:g} s (make gpu-smoke)"
         if self.night.simulate_gpu:
             self.skip_step("smoke", why, "the self-checks measure: nothing runs on a simulated GPU")
-        else:
-            report = self.out / "groups" / "smoke.xml"
-            step = self.run_step("smoke", why, self.pytest("smoke", "--junitxml", str(report)), deadline)
-            checked = junit_cases(report)
-            if step.status == "ok" and checked and all(c.outcome == "skipped" for c in checked):
-                # pytest passes a session that skipped everything: the night checked nothing, and says so
-                step.status, step.note = "failed", f"every self-check skipped: {checked[0].message}"
-                self.night.save()
-                self.say(f"night: smoke: failed: {step.note}")
-        taken: set[str] = set()
-        for position, group in enumerate(CASE_GROUPS, 1):
-            stem = f"{position:02d}-{group.name}"
-            node_ids = suite_node_ids(group, taken)
-            extra = ("--trainbench-slow",) if group.slow else ()
-            self.run_step(f"cases-{stem}", f"{len(node_ids)} cases: {group.why}",
-                          self.pytest(*extra, "--benchmark-json", str(self.out / "groups" / f"{stem}.json"),
-                                      "--junitxml", str(self.out / "groups" / f"{stem}.xml"), *node_ids), deadline)
+            return
+        if self.night.device != "cuda":
+            self.skip_step("smoke", why, "GPU self-checks: nothing to check on a CPU night")
+            return
+        report = self.out / "groups" / "smoke.xml"
+        step = self.run_step("smoke", why, self.pytest("--junitxml", str(report),
+                                                       *smoke_node_ids(self.root, measured)),
+                             min(deadline, self.clock() + SMOKE_CAP_S))
+        checked = junit_cases(report)
+        if step.status == "ok" and checked and all(c.outcome == "skipped" for c in checked):
+            # pytest passes a session that skipped everything: the night checked nothing, and says so
+            step.status, step.note = "failed", f"every self-check skipped: {checked[0].message}"
+            self.night.save()
+            self.say(f"night: smoke: failed: {step.note}")
+        elif step.status == "stopped":
+            step.note = f"stopped at its cap of {SMOKE_CAP_S:g} s; the checks it finished are in groups/smoke.xml"
+            self.night.save()
+
+    @property
+    def profile(self) -> WindowProfile:
+        return window_profile(self.night.budget_s, self.night.device)
 
     def _plan(self, gpu: str, deadline: float) -> None:
         self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
@@ -362,24 +514,21 @@ class NightRun:
     def _finish(self) -> None:
         end = self.end - TERM_GRACE_S  # a step stopped at its deadline may take this long to end
         run_path = self.out / "run.json"
-        why = "the groups' runs merged into one pytest-benchmark run"
+        why = "the cases' run (or, where the session was killed, the run as it stood after its last case)"
         if self.night.simulate_gpu:
             merge = self.skip_step("run", why, "nothing is measured on a simulated GPU")
         else:
-            merge = self.in_process("run", why, lambda: merge_runs(
-                sorted((self.out / "groups").glob("[0-9][0-9]-*.json")), run_path))
+            merge = self.in_process("run", why, lambda: keep_run(self.out / "groups", run_path))
         if merge.status == "ok" and run_path.exists():
-            self.run_step("calibrate", "this GPU's budgets section calibrated from the run (a diff, not written)",
+            self.run_step("calibrate", "this device's budgets section calibrated from the run (a diff, not written)",
                           self.trainbench("calibrate", str(run_path), "--budgets",
                                           str(self.root / "benchmarks" / "budgets.toml")), end)
-            self.run_step("report", "the ladder report of the run",
-                          self.trainbench("report", str(run_path), "--out", str(self.out / "report")), end)
-        if not self.night.simulate_gpu:  # on a GPU the plan takes no GPU time from the cases: planned last
-            gpu = _recorded_gpu(run_path)
-            if gpu:
-                self._plan(gpu, end)
+            why = "the ladder report of the run"
+            if _has_ladder_rungs(run_path):
+                self.run_step("report", why, self.trainbench("report", str(run_path), "--out",
+                                                             str(self.out / "report")), end)
             else:
-                self.skip_step("plan", "the simulated plan of this GPU", "no run names a GPU to plan for")
+                self.skip_step("report", why, "no ladder rung was measured")
         self.in_process("summary", "summary.md: the run beside the plan",
                         lambda: write_summary(self.night, self.out))
 
@@ -391,8 +540,29 @@ def _tail(path: Path, lines: int) -> list[str]:
         return []
 
 
+def keep_run(groups: Path, out: Path) -> str:
+    """The night's run at ``out``: the cases session's ``--benchmark-json``, or, where the session was killed
+    before writing it, the run as it stood after its last finished case (``--trainbench-save-progress``, marked
+    incomplete)."""
+    whole, progress = groups / "cases.json", groups / "cases.progress.json"
+    problems = []
+    for path, how in ((whole, "the session's run"), (progress, "the run after its last finished case "
+                                                                "(the session ended before writing its own)")):
+        if not path.exists():
+            continue
+        try:
+            run = SavedRun.load(path)
+        except RunFileError as e:  # e.g. the empty file --benchmark-json opens at the start of a killed session
+            problems.append(str(e))
+            continue
+        write_json_atomic(out, run.run)
+        return f"{run.benchmark_count} cases: {how}" + (f" ({'; '.join(problems)})" if problems else "")
+    raise ValueError("the cases session saved no run" + (f" ({'; '.join(problems)})" if problems else
+                                                         " (no case finished)"))
+
+
 def merge_runs(parts: list[Path], out: Path) -> str:
-    """The groups' pytest-benchmark runs as one run at ``out`` (the first's machine and commit info, every case,
+    """Several pytest-benchmark runs as one run at ``out`` (the first's machine and commit info, every case,
     incomplete if any part is). A part that cannot be read is left out and named."""
     runs, unreadable = [], []
     for part in parts:
@@ -408,15 +578,20 @@ def merge_runs(parts: list[Path], out: Path) -> str:
     return note + (f"; left out: {'; '.join(unreadable)}" if unreadable else "")
 
 
-def _recorded_gpu(run_path: Path) -> str | None:
-    """The GPU the run was measured on, by name (None: no run, or a CPU run)."""
-    from trainbench.devices.device import DeviceCaps
+def _has_ladder_rungs(run_path: Path) -> bool:
+    try:
+        return any(record.ladder for record in SavedRun.load(run_path).cases(errors=[]))
+    except RunFileError:
+        return False
 
+
+def _recorded_device(run_path: Path) -> str | None:
+    """The device the run was measured on, by name (None: no readable run)."""
     try:
         device = SavedRun.load(run_path).device or {}
     except RunFileError:
         return None
-    return device.get("name") if DeviceCaps.from_identity(device).cuda and device.get("name") else None
+    return device.get("name")
 
 
 # -- the summary -----------------------------------------------------------------------------------
@@ -428,6 +603,7 @@ class CaseOutcomeLine:
     case: str
     outcome: str  # passed, failed, error, skipped
     message: str = ""
+    seconds: float | None = None  # its wall time in the session (setup, call and teardown), as pytest reports it
 
 
 def junit_cases(path: Path) -> list[CaseOutcomeLine]:
@@ -446,7 +622,11 @@ def junit_cases(path: Path) -> list[CaseOutcomeLine]:
                 outcome = {"skipped": "skipped", "failure": "failed", "error": "error"}[child.tag]
                 message = (child.get("message") or "").strip()
                 break
-        found.append(CaseOutcomeLine(case, outcome, message))
+        try:
+            seconds = float(testcase.get("time", ""))
+        except ValueError:
+            seconds = None
+        found.append(CaseOutcomeLine(case, outcome, message, seconds))
     return found
 
 
@@ -461,13 +641,27 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     plan = _read_json(out / "plan.json")
     measured = _measured_cases(out / "run.json")
     reported = {}
-    for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")):
+    for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
         reported.update({c.case: c for c in junit_cases(xml)})
-    gpu = (plan or {}).get("gpu", {}).get("name") or night.simulate_gpu or "this GPU"
+    device = _recorded_device(out / "run.json")
+    plan_gpu = (plan or {}).get("gpu", {}).get("name")
+    what = "CPU night" if night.device == "cpu" and not night.simulate_gpu else "GPU night"
+    name = night.simulate_gpu or device or plan_gpu or ("this CPU" if night.device == "cpu" else "this GPU")
     kind = "simulated: nothing measured" if night.simulate_gpu else "measured"
-    lines = [f"# GPU night: {gpu} ({kind})", "",
+    lines = [f"# {what}: {name} ({kind})", "",
              f"Budget {night.budget_s:g} s; python {night.python}."
-             + (" Interrupted." if night.interrupted else ""), "", "## Steps", ""]
+             + (" Interrupted." if night.interrupted else "") + (f" Verdict: {night.verdict}." if night.verdict else "")]
+    if night.profile:
+        lines += ["", f"Profile: {night.profile['name']} ({night.profile['why']}); pytest "
+                      f"`{' '.join(night.profile['pytest_args']) or '(the defaults)'}`."]
+    if plan_gpu and device and plan_gpu != device:
+        lines += ["", f"The plan is of {plan_gpu}, the run of {device}: their rows compare different GPUs."]
+    if night.archive_left_out:
+        lines += ["", f"Left out of the archive to fit {ARCHIVE_LIMIT_BYTES / 2**20:.0f} MiB (still in the night's "
+                      f"folder): {', '.join(night.archive_left_out)}."]
+    if night.deselected:
+        lines += ["", "Not run, with why:", ""] + [f"- {case}: {why}" for case, why in night.deselected.items()]
+    lines += ["", "## Steps", ""]
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps if s.name != "summary"])  # this file, being written
@@ -479,14 +673,18 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         p, r, m = planned.get(case), reported.get(case), measured.get(case)
         plan_text = ("-" if p is None else f"skip: {p['skipped']}" if p.get("skipped") else
                      f"PROBLEM: {p['problem']}" if p.get("problem") else "run")
-        night_text = ("not reached" if r is None else "would run (simulated)" if _would_run(r) else
+        night_text = ("measured (the session stopped before its report)" if r is None and m else
+                      "not reached" if r is None else "would run (simulated)" if _would_run(r) else
                       r.outcome + (f": {r.message}" if r.message else ""))
         predicted = p.get("needed_mib") if p else None
         peak = m.get("peak_memory_mib") if m else None
         speed = m.get("samples_per_s") if m else None
         roofline = (p or {}).get("roofline") or ""
+        # what a case cost where it ran; a skip's instant is no cost worth a column
+        seconds = (r.seconds if r and r.outcome != "skipped" and r.seconds is not None else
+                   (m or {}).get("case_seconds"))
         rows.append((case, plan_text, night_text, roofline, *(number(v, ".1f" if isinstance(v, float) else "")
-                                                               for v in (speed, peak, predicted))))
+                                                               for v in (seconds, speed, peak, predicted))))
         difference = _difference(p, r, peak, predicted)
         if difference:
             differs.append(f"- {case}: {difference}")
@@ -496,8 +694,9 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += ["", "## Cases", "",
               "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (roofline: what bounds its step and "
               "the bound; predicted MiB: its tensor peak with the memory gate's headroom); night: the pytest outcome "
-              "of the case.", ""]
-    lines += _table(("case", "plan", "night", "roofline", "samples/s", "peak MiB", "predicted MiB"), rows,
+              "of the case; case s: its wall seconds in the night's session (what the next night's order and "
+              "budget are sized by).", ""]
+    lines += _table(("case", "plan", "night", "roofline", "case s", "samples/s", "peak MiB", "predicted MiB"), rows,
                     text_columns=4)
     lines += ["", "## What differed from the plan", ""] + (differs or ["- nothing"])
     if bounds:
@@ -540,7 +739,11 @@ def _measured_cases(run_path: Path) -> dict[str, dict]:
         run = SavedRun.load(run_path)
     except RunFileError:
         return {}
-    return {record.case: record.metrics for record in run.cases(errors=[])}
+    from trainbench.core.costs import TOTAL
+
+    # beside the metrics, the case's own seconds (its cost ledger's total), for a case the JUnit report missed
+    return {record.case: {**record.metrics, "case_seconds": record.phase_seconds.get(TOTAL)}
+            for record in run.cases(errors=[])}
 
 
 def _read_json(path: Path) -> dict | None:
@@ -574,7 +777,9 @@ def summarize_again(out: Path) -> Path:
     try:
         night = Night(out, float(manifest["budget_s"]), manifest.get("simulate_gpu"), str(manifest.get("python")),
                       steps=[StepRecord(**step) for step in manifest["steps"]], finished=bool(manifest["finished"]),
-                      interrupted=bool(manifest.get("interrupted")))
+                      interrupted=bool(manifest.get("interrupted")), device=manifest.get("device", "cuda"),
+                      profile=manifest.get("profile"), deselected=dict(manifest.get("deselected") or {}),
+                      verdict=manifest.get("verdict"), archive_left_out=list(manifest.get("archive_left_out") or []))
     except (KeyError, TypeError, ValueError) as e:
         raise NightError(f"{out / 'night.json'}: not a night's manifest ({e})") from None
     write_summary(night, out)
@@ -583,16 +788,81 @@ def summarize_again(out: Path) -> Path:
 
 def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, python: str = sys.executable,
               runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
-              say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()) -> int:
-    """The night, start to end; its exit status (0: every step that ran passed)."""
-    check_start(out, budget_s, root, simulate_gpu)
-    night = Night(out, budget_s, simulate_gpu, python)
+              say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = (), device: str = "cuda",
+              archive: Path | None = None, plan: Path | None = None) -> int:
+    """The night, start to end; its exit status (0: every step that ran passed). With ``archive``, the night's
+    folder is packed into it whatever the ending: complete, partial, failed, interrupted or crashed."""
+    check_start(out, budget_s, root, simulate_gpu, device, archive, plan)
+    night = Night(out, budget_s, simulate_gpu, python, device=device)
+    night.profile = window_profile(budget_s, device).to_json()
+    if plan is not None:  # made before the night, off its clock
+        shutil.copyfile(plan, out / "plan.json")
     runner = runner or subprocess_runner(clock, child_environment(out, simulate_gpu))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return NightRun(night, root, runner, clock, say, pytest_args).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if archive is not None:
+            _archive_whatever_happens(night, archive, say)
+
+
+def _archive_whatever_happens(night: Night, archive: Path, say: Callable[[str], None]) -> None:
+    """The archive, written with SIGTERM and SIGINT held off (it takes a second); a failure to write it is said
+    as the night's last line."""
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        left_out = write_archive(night, archive)
+        say(f"night: archive {archive} ({archive.stat().st_size / 2**20:.1f} MiB)"
+            + (f"; left out to fit {ARCHIVE_LIMIT_BYTES / 2**20:.0f} MiB: {', '.join(left_out)}" if left_out else ""))
+    except (OSError, ValueError, tarfile.TarError) as e:
+        say(f"night: FAILED: the archive {archive} was not written ({e})")
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
+# What comes back from a lent GPU box: files of at most 16 MiB.
+ARCHIVE_LIMIT_BYTES = 16 * 2**20
+# Left out first where the archive would be larger: traces, then the ladder report's pictures, then logs.
+ARCHIVE_LEAVE_FIRST = ("*trace*", "*.png", "logs/*")
+
+
+def write_archive(night: Night, archive: Path, limit: int = ARCHIVE_LIMIT_BYTES) -> list[str]:
+    """The night's folder as one .tar.gz at ``archive`` (written whole, never a partial file) of at most ``limit``
+    bytes; where everything would not fit, files are left out in ``ARCHIVE_LEAVE_FIRST``'s order (the largest of
+    each kind first) and the summary rewritten to say which. Returns what was left out."""
+    out = night.out
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    left_out: list[str] = []
+    while True:
+        data = _tar_gz(out, [f for f in files if _relative(out, f) not in left_out])
+        if len(data) <= limit:
+            break
+        candidates = [f for pattern in ARCHIVE_LEAVE_FIRST for f in sorted(
+            (f for f in files if f.relative_to(out).match(pattern) and _relative(out, f) not in left_out),
+            key=lambda f: -f.stat().st_size)]
+        if not candidates:
+            raise ValueError(f"{len(data) / 2**20:.1f} MiB without {', '.join(left_out) or 'anything'} left out: "
+                             f"over the {limit / 2**20:.0f} MiB limit")
+        left_out.append(_relative(out, candidates[0]))
+        night.archive_left_out = list(left_out)
+        night.save()
+        write_summary(night, out)
+    write_atomic(archive, lambda f: f.write(data))
+    return left_out
+
+
+def _relative(out: Path, path: Path) -> str:
+    return path.relative_to(out).as_posix()
+
+
+def _tar_gz(out: Path, files: list[Path]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in files:
+            tar.add(path, arcname=f"{out.name}/{_relative(out, path)}")
+    return buffer.getvalue()
 
 
 def _interrupt(signum, frame):
@@ -616,7 +886,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: rewrite DIR/summary.md from what the folder holds now (e.g. a plan.json "
                              "made afterwards with plan --simulate-gpu GPU --json DIR/plan.json)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the night's folder (night.json, logs/, ...)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="the night's folder (night.json, logs/, ...): a new or empty one")
+    parser.add_argument("--archive", default=None, metavar="FILE.tar.gz",
+                        help="pack the night's folder into FILE (at most 16 MiB; traces left out first) in every "
+                             "ending: complete, partial, failed budgets, interrupted or crashed")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cuda (default): the GPU night; cpu: the same night measuring the CPU cases")
+    parser.add_argument("--plan", default=None, metavar="PLAN.json",
+                        help="a plan made before the night, on any machine (python -m trainbench plan --simulate-gpu "
+                             "GPU --json PLAN.json), set beside the run in summary.md; no plan is made on the "
+                             "night's clock")
     parser.add_argument("--simulate-gpu", default=None, metavar="GPU",
                         help="rehearse on a simulated GPU (a fleet name or spec): cases collect and skip as on it, "
                              "nothing is measured")
@@ -632,7 +912,9 @@ def run(args: argparse.Namespace) -> int:
         if args.budget_s is None:
             raise NightError("--budget-s: required to run a night")
         return run_night(Path(args.out), args.budget_s, args.simulate_gpu, Path.cwd(),
-                         pytest_args=tuple(args.pytest_arg))
+                         pytest_args=tuple(args.pytest_arg), device=args.device,
+                         archive=Path(args.archive) if args.archive else None,
+                         plan=Path(args.plan) if args.plan else None)
     except NightError as e:
         print(f"trainbench night: {e}", file=sys.stderr)
         return 2

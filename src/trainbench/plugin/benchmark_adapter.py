@@ -172,3 +172,28 @@ def replay_rounds(benchmark, round_step_times: list[float], steps_per_round: int
     clock = iter(stamps)
     benchmark._timer = lambda: next(clock)
     benchmark.pedantic(lambda: None, rounds=len(round_step_times), iterations=steps_per_round, warmup_rounds=0)
+
+
+def write_progress(config, path: Path, marks: dict) -> int:
+    """The run so far, as ``--benchmark-json`` would write it at the session's end, written whole to ``path``
+    with ``marks`` added (e.g. incomplete): ``BenchmarkSession.handle_saving``'s hooks over
+    ``BenchmarkSession.benchmarks``, the machine and commit info read once and kept on the session. Returns the
+    cases written (0: none yet, nothing written)."""
+    bs = _session(config)
+    if bs is None or not bs.benchmarks:
+        return 0
+    from pytest_benchmark.utils import safe_dumps
+
+    infos = getattr(bs, "_trainbench_progress_infos", None)
+    if infos is None:
+        machine_info = bs.get_machine_info()
+        commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+        config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+        infos = bs._trainbench_progress_infos = (machine_info, commit_info)
+    output_json = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks,
+                                                             include_data=True, machine_info=infos[0],
+                                                             commit_info=infos[1])
+    config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=output_json)
+    output_json.update(marks)
+    write_text_atomic(path, safe_dumps(output_json, ensure_ascii=True, indent=4))
+    return len(output_json.get("benchmarks", []))

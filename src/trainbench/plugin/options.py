@@ -67,6 +67,9 @@ def add_options(parser) -> None:
                          "skipped too, saying what they would do (nothing is measured on a simulated GPU)")
     group.addoption("--trainbench-attribution-json", default=None, metavar="PATH",
                     help="write every case's complete attribution tables to PATH (a saved run keeps their top rows)")
+    group.addoption("--trainbench-save-progress", default=None, metavar="PATH",
+                    help="after every case, write the run so far to PATH (marked incomplete): what a kill of the "
+                         "session, even SIGKILL, cannot take from the cases already finished")
     _add_compare_options(group)
     _add_trace_and_ab_options(group)
     parser.addini("trainbench_budgets", "budgets TOML file for every case, relative to the rootdir", default="")
@@ -168,6 +171,7 @@ class Options:
     compare_alpha: float
     compare_json: Path | None
     attribution_json: Path | None  # every case's complete attribution tables (--trainbench-attribution-json)
+    progress_json: Path | None  # the run so far, rewritten after every case (--trainbench-save-progress)
     allow_inconclusive: bool  # an inconclusive timed comparison passes (reported)
     remeasure_s: float  # seconds per case spent measuring an inconclusive timed comparison again
     allow_new_cases: bool
@@ -208,6 +212,7 @@ class Options:
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
             compare_json=_optional_path(config.getoption("--trainbench-compare-json")),
             attribution_json=_optional_path(config.getoption("--trainbench-attribution-json")),
+            progress_json=_optional_path(config.getoption("--trainbench-save-progress")),
             allow_inconclusive=config.getoption("--trainbench-allow-inconclusive"),
             remeasure_s=_remeasure_s(config),
             allow_new_cases=config.getoption("--trainbench-allow-new-cases"),

@@ -89,6 +89,7 @@ class TrainbenchSession:
     _runner: object = None
     _pin_tried: bool = False
     _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
+    _progress_written: int = 0  # cases recorded when --trainbench-save-progress last wrote the run
 
     # -- the cases ------------------------------------------------------------------------------------
     def record(self, outcome, fullname: str, budgets) -> dict | None:
@@ -466,6 +467,23 @@ class TrainbenchSession:
             raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")  # a second one stops even the save
 
         self.previous_sigterm = signal.signal(signal.SIGTERM, interrupt)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        """--trainbench-save-progress: once a case has ended (its fixtures closed), the run so far is on disk,
+        marked incomplete, so that no kill of the session loses a finished case; a write that fails is said and
+        the session goes on."""
+        result = yield
+        path = self.options.progress_json
+        if path is not None and len(self.recorded) > self._progress_written:
+            self._progress_written = len(self.recorded)
+            try:
+                benchmark_adapter.write_progress(item.config, path, {INCOMPLETE_KEY: True})
+            except OSError as e:
+                reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write_line(f"trainbench: --trainbench-save-progress {path}: not written ({e})", red=True)
+        return result
 
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True

@@ -264,6 +264,20 @@ def _sample_nbytes(sample) -> int:
     return total
 
 
+def uses_loader_workers(config) -> bool:
+    """Whether a case of this ``TrainConfig`` loads its batches in DataLoader worker processes (shared memory)."""
+    return config.num_workers > 0 and not config.synthetic
+
+
+def loader_worker_cases(profile_name: str) -> list[str]:
+    """The suite's cases, ladder rungs included, whose DataLoader workers use shared memory on ``profile_name``."""
+    from trainbench.core.cases import all_cases
+    from trainbench.core.workloads import PROFILES
+
+    profile = PROFILES[profile_name]
+    return [case.id for case in all_cases() if uses_loader_workers(case.recipe(None, profile).config(profile))]
+
+
 @functools.lru_cache(maxsize=8)  # the datasets are seeded: the answer only changes with the suite
 def largest_worker_batch(profile_name: str, caps=None, rungs: bool = False) -> tuple[str, int, int] | None:
     """The case whose DataLoader workers hold the most shared memory on ``profile_name``, among the suite's recipe
@@ -284,7 +298,7 @@ def largest_worker_batch(profile_name: str, caps=None, rungs: bool = False) -> t
     for case in ladder_cases() if rungs else recipe_cases():
         recipe = case.recipe(caps, profile)
         config = recipe.config(profile)
-        if config.num_workers <= 0 or config.synthetic:
+        if not uses_loader_workers(config):
             continue
         spec = resolve_spec(case.workload, profile)
         reason = spec_unmet(spec, config) if caps is None else why_not(recipe, caps, profile, spec, config)
