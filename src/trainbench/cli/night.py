@@ -42,8 +42,9 @@ FINISH_RESERVE_S = 60.0
 MIN_STEP_S = 10.0
 # pytest's exit status when its arguments selected nothing (the night's -k left a group empty): not a failure.
 NO_TESTS_COLLECTED = 5
-# After SIGTERM, how long a step may take to save what it measured before it is killed.
+# After SIGINT, how long a step may take to save what it measured before it is sent SIGTERM, and then SIGKILL.
 TERM_GRACE_S = 15.0
+KILL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -331,8 +332,10 @@ def _wait(child: subprocess.Popen, deadline: float, clock: Callable[[], float]) 
 
 
 def _stop(child: subprocess.Popen) -> int:
-    """SIGTERM to the step's process group (pytest saves what it measured), SIGKILL after ``TERM_GRACE_S``."""
-    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+    """SIGINT to the step's process group first (pytest ends as on Ctrl-C: it reports the failures so far and writes
+    its JUnit XML, and a trainbench session saves what it measured), SIGTERM after ``TERM_GRACE_S``, SIGKILL after
+    ``KILL_GRACE_S`` more."""
+    for sig, wait in ((signal.SIGINT, TERM_GRACE_S), (signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
         try:
             os.killpg(child.pid, sig)
         except ProcessLookupError:
