@@ -41,7 +41,14 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from trainbench.core.attribution import Sites, allocator_sites, parameter_sites, per_step, profile_steps
+from trainbench.core.attribution import (
+    Sites,
+    allocator_sites,
+    module_grad_hooks_removed,
+    parameter_sites,
+    per_step,
+    profile_steps,
+)
 from trainbench.devices.device import Backend, no_peak_reason
 
 # Kineto (the profiler behind the aten-call count) logs an ERROR line when a CUDA build finds no GPU.
@@ -840,7 +847,7 @@ class Measurer:
         try:
             # One step only: the tracker's hooks keep graphs that see no backward alive, and over
             # several steps those would pile up in the peak.
-            with tracker, warnings.catch_warnings():
+            with module_grad_hooks_removed(), tracker, warnings.catch_warnings():
                 # A hook's failure is raised (and handled by the caller); torch also warns that it silenced the
                 # forward hook that would have run after it.
                 warnings.filterwarnings("ignore", message="global module forward hook with ``always_call=True``")

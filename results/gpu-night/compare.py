@@ -1,0 +1,59 @@
+"""Set a GPU night's measured cases beside the simulation that planned them: per case, the roofline's lower
+bound on the step beside the measured median step, and the plan's predicted tensor peak (made on a CPU with fake
+tensors at the GPU profile's sizes, the memory gate's headroom taken off) beside the measured
+``torch.cuda.max_memory_allocated`` and the tensor peak the session tracked on the GPU itself.
+
+    .venv/bin/python results/gpu-night/compare.py results/gpu-night/nvidia-h200-2026-11-28
+
+writes DIR/compare.md. A step more than 2x its bound, or a measured peak more than 5% off the prediction, is
+flagged; why is told in results/gpu-night/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HEADROOM = 1.25  # trainbench.core.predict.HEADROOM: the plan's needed_mib is the tensor peak times this
+TIME_FLAG, MEMORY_FLAG = 2.0, 0.05
+
+
+def main(folder: Path) -> None:
+    run = json.loads((folder / "run.json").read_text())
+    plan = {c["case"]: c for c in json.loads((folder / "plan.json").read_text())["cases"]}
+    order = re.findall(r'name="test_recipe\[([^\]]+)\]"', (folder / "groups" / "cases.xml").read_text())
+    records = {b["extra_info"]["case"]: b["extra_info"] for b in run["benchmarks"]}
+    rows, time_flags, memory_flags = [], 0, 0
+    for position, case in enumerate([c for c in order if c in records], 1):
+        info, planned = records[case], plan.get(case, {})
+        step_ms = info["step_time_ms"]
+        bound_ms = planned.get("bound_s") and planned["bound_s"] * 1000
+        ratio = step_ms / bound_ms if bound_ms else None
+        predicted = planned.get("needed_mib") and planned["needed_mib"] / HEADROOM
+        peak, tracked = info.get("peak_memory_mib"), info.get("tracked_peak_mib")
+        off = peak / predicted - 1 if peak and predicted else None
+        time_flags += bool(ratio and ratio > TIME_FLAG)
+        memory_flags += bool(off is not None and abs(off) > MEMORY_FLAG)
+        rows.append(f"| {position} | {case} | {step_ms:.1f} | {_n(bound_ms, '.1f')} | {_n(ratio, '.2f')}"
+                    f"{' **>2x**' if ratio and ratio > TIME_FLAG else ''} | {_n(predicted, '.0f')} | {_n(tracked, '.0f')}"
+                    f" | {_n(peak, '.0f')} | {_n(off and off * 100, '+.0f')}%"
+                    f"{' **>5%**' if off is not None and abs(off) > MEMORY_FLAG else ''} |")
+    lines = [f"# {folder.name}: measured against the simulation", "",
+             f"{len(rows)} measured cases, in the order the night ran them; {time_flags} steps more than "
+             f"{TIME_FLAG:g}x the roofline's bound, {memory_flags} peaks more than {MEMORY_FLAG:.0%} off the "
+             "prediction. Why: [README.md](README.md).", "",
+             "| # | case | step ms | roofline >= ms | x bound | predicted MiB | tracked MiB (GPU) | "
+             "max_memory_allocated MiB | vs predicted |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
+    (folder / "compare.md").write_text("\n".join(lines) + "\n")
+    print(folder / "compare.md")
+
+
+def _n(value, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
