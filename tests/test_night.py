@@ -12,17 +12,24 @@ from pathlib import Path
 import pytest
 
 from trainbench.cli.night import (
-    CASE_GROUPS,
     FINISH_RESERVE_S,
     MIN_STEP_S,
+    SHORT_NIGHT_S,
+    SMOKE_CAP_S,
+    Night,
     NightError,
     StepOutcome,
     child_environment,
     finish_reserve,
     junit_cases,
+    keep_run,
     least_budget_s,
     merge_runs,
+    night_node_ids,
     run_night,
+    smoke_node_ids,
+    window_profile,
+    write_archive,
 )
 from trainbench.verdicts.store import INCOMPLETE_KEY
 
@@ -50,8 +57,9 @@ class VirtualNight:
 
     def __init__(self, durations: dict[str, float] | None = None, interrupt_at: str | None = None,
                  plan: dict | None = None, skips: dict[str, str] | None = None,
-                 exit_codes: dict[str, int] | None = None):
-        self.plan, self.skips, self.exit_codes = plan, skips or {}, exit_codes or {}
+                 exit_codes: dict[str, int] | None = None, crash_at: str | None = None):
+        self.plan, self.skips, self.exit_codes, self.crash_at = plan, skips or {}, exit_codes or {}, crash_at
+        self.deadlines: dict[str, float] = {}
         self.now = 1000.0
         self.durations = durations or {}
         self.interrupt_at = interrupt_at
@@ -62,16 +70,19 @@ class VirtualNight:
 
     def __call__(self, argv: list[str], log: Path, deadline: float) -> StepOutcome:
         name = log.stem
+        self.deadlines[name] = deadline
         if name == self.interrupt_at:
+            if name == "cases":  # killed after its first two cases: only the run after each case is on disk
+                self._progress(argv, self._case_ids(argv)[:2])
             raise KeyboardInterrupt("SIGTERM")
         self.started.append(name)
         log.write_text(" ".join(argv) + "\n")
         took = self.durations.get(name, 5.0)
         stopped = self.now + took > deadline
         self.now = min(self.now + took, deadline + 2.0)
-        if name.startswith("cases-"):
-            node_ids = [a for a in argv if "::" in a]
-            done = [n[n.index("[") + 1:-1] for n in node_ids][:1 if stopped else None]
+        if name == "cases":
+            done = self._case_ids(argv)[:1 if stopped else None]
+            self._progress(argv, done)
             out = Path(argv[argv.index("--benchmark-json") + 1])
             out.write_text(json.dumps(_group_run([c for c in done if c not in self.skips], incomplete=stopped)))
             cases = "".join(f'<testcase classname="x" name="test_recipe[{c}]"><skipped message="{self.skips[c]}"/>'
@@ -80,62 +91,108 @@ class VirtualNight:
             Path(argv[argv.index("--junitxml") + 1]).write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
         if name == "plan" and self.plan is not None:
             Path(argv[argv.index("--json") + 1]).write_text(json.dumps(self.plan))
+        if self.crash_at == name:
+            raise RuntimeError("the night's own code broke")
         return StepOutcome(self.exit_codes.get(name, 0)) if not stopped else StepOutcome(-15, stopped=True)
 
+    @staticmethod
+    def _case_ids(argv: list[str]) -> list[str]:
+        return [a[a.index("[") + 1:-1] for a in argv if "::" in a]
 
-def _night(tmp_path, virtual: VirtualNight, budget_s: float = 600.0, simulate: str | None = "h100-sxm"):
+    def _progress(self, argv: list[str], done: list[str]) -> None:
+        path = Path(argv[argv.index("--trainbench-save-progress") + 1])
+        path.write_text(json.dumps(_group_run([c for c in done if c not in self.skips], incomplete=True)))
+
+
+def _night(tmp_path, virtual: VirtualNight, budget_s: float = 600.0, simulate: str | None = "h100-sxm", **options):
     lines: list[str] = []
     status = run_night(tmp_path / "night", budget_s, simulate, ROOT, python="python-under-test", runner=virtual,
-                       clock=virtual.clock, say=lines.append)
+                       clock=virtual.clock, say=lines.append, **options)
     manifest = json.loads((tmp_path / "night" / "night.json").read_text())
     return status, manifest, lines
 
 
-def test_the_night_runs_its_steps_in_the_order_of_what_they_tell(tmp_path):
+def _cases_argv(tmp_path) -> list[str]:
+    return (tmp_path / "night" / "logs" / "cases.log").read_text().split()
+
+
+def test_the_night_measures_its_cases_in_one_session_in_the_order_of_what_they_tell(tmp_path):
     virtual = VirtualNight()
     status, manifest, lines = _night(tmp_path, virtual, simulate=None)
-    groups = [f"cases-{i:02d}-{g.name}" for i, g in enumerate(CASE_GROUPS, 1)]
-    assert virtual.started == ["doctor", "smoke", *groups, "calibrate", "report", "plan"]
-    assert "plan --simulate-gpu NVIDIA H100 80GB HBM3" in (tmp_path / "night" / "logs" / "plan.log").read_text()
-    assert [s["name"] for s in manifest["steps"]] == ["doctor", "smoke", *groups, "run", "calibrate", "report",
-                                                     "plan", "summary"]
+    assert virtual.started == ["doctor", "smoke", "cases", "calibrate"]  # no plan on the GPU's clock
+    assert [s["name"] for s in manifest["steps"]] == ["doctor", "smoke", "cases", "run", "calibrate", "report",
+                                                     "summary"]
     assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
-    first = (tmp_path / "night" / "logs" / f"{groups[0]}.log").read_text()
-    assert first.index("resnet18-baseline") < first.index("resnet18-amp_fp16") < first.index("resnet18-cudnn_benchmark")
-    assert "--trainbench-simulate-gpu" not in first and "--slow" not in first and "--trainbench-device=cuda" in first
-    assert "--trainbench-slow" in (tmp_path / "night" / "logs" / f"{groups[3]}.log").read_text()
-    # every suite case is in exactly one group
-    every = [a for g in groups for a in (tmp_path / "night" / "logs" / f"{g}.log").read_text().split() if "::" in a]
-    assert len(every) == len(set(every)) == 75
+    argv = _cases_argv(tmp_path)
+    cases = [a[a.index("[") + 1:-1] for a in argv if "::" in a]
+    assert len(cases) == len(set(cases)) == 75  # every suite case once
+    assert cases.index("resnet18-baseline") < cases.index("resnet18-amp_fp16") < cases.index("gpt-baseline") \
+        < cases.index("resnet18-larger_batch") < cases.index("resnet18-compile") < cases.index(
+            "resnet18-ladder003-0_baseline")
+    ladders = [i for i, c in enumerate(cases) if "-ladder" in c]
+    assert ladders == list(range(75 - len(ladders), 75))  # the slowest last
+    compiling = [i for i, c in enumerate(cases) if c.endswith("compile") and "-ladder" not in c]
+    assert min(compiling) > cases.index("transformer-baseline")  # after every case that compiles nothing
+    assert "--trainbench-simulate-gpu" not in argv and "--trainbench-device=cuda" in argv
+    assert "--trainbench-slow" in argv and "--trainbench-save-progress" in argv
     run = json.loads((tmp_path / "night" / "run.json").read_text())
     assert len(run["benchmarks"]) == 75 and INCOMPLETE_KEY not in run
+    assert {s["name"]: s for s in manifest["steps"]}["report"]["note"] == "no ladder rung was measured"
     summary = (tmp_path / "night" / "summary.md").read_text()
-    assert summary.startswith("# GPU night:") and "| resnet18-baseline |" in summary
+    assert summary.startswith("# GPU night: NVIDIA H100 80GB HBM3 (measured)") and "| resnet18-baseline |" in summary
+
+
+def test_the_window_profile_is_chosen_by_the_budget_and_recorded(tmp_path):
+    short, full = window_profile(SHORT_NIGHT_S - 1, "cuda"), window_profile(SHORT_NIGHT_S, "cuda")
+    assert short.pytest_args() == ("--trainbench-rounds=10", "--trainbench-steps-per-round=5",
+                                   "--trainbench-min-warmup=5", "--trainbench-no-attribution")
+    assert full.pytest_args() == () and "as is" in full.why
+    assert window_profile(240, "cpu").pytest_args() == ("--trainbench-rounds=5", "--trainbench-steps-per-round=2",
+                                                        "--trainbench-no-attribution")
+    # the rounds never drop below the count whose 95% interval keeps its claim in the statistics' tests
+    from trainbench.core.stats import MIN_ROUNDS
+
+    assert all(p.rounds is None or p.rounds >= MIN_ROUNDS + 2 for p in (short, window_profile(60, "cpu")))
+    _, manifest, _ = _night(tmp_path, VirtualNight(), simulate=None)
+    assert manifest["profile"]["name"] == "short" and manifest["profile"]["rounds"] == 10
+    assert "--trainbench-rounds=10" in _cases_argv(tmp_path)
+    assert "Profile: short (a budget of 600 s < 900 s" in (tmp_path / "night" / "summary.md").read_text()
+
+
+def test_the_smoke_step_is_capped_and_checks_the_method_before_any_path_the_cases_measure(tmp_path):
+    virtual = VirtualNight({"smoke": 500.0})
+    _, manifest, _ = _night(tmp_path, virtual, simulate=None)
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["smoke"]["status"] == "stopped" and f"cap of {SMOKE_CAP_S:g} s" in steps["smoke"]["note"]
+    assert virtual.deadlines["smoke"] == 1000.0 + 5.0 + SMOKE_CAP_S  # after the 5 s doctor
+    assert steps["cases"]["status"] == "ok"
+    ids = smoke_node_ids(ROOT, night_node_ids({}))
+    names = [i.split("::")[1] for i in ids]
+    paths = [n for n in names if n.startswith(("test_cuda_path", "test_multi_gpu_path"))]
+    assert names[:len(names) - len(paths)] and all(not n.startswith("test_cuda_path") for n in names[:3])
+    assert names.index(paths[0]) == len(names) - len(paths)  # the self-checks first, every path after them
+    assert "test_cuda_path[resnet18-amp_fp16]" not in names  # the night's own cases measure it
 
 
 def test_the_budget_stops_measuring_early_enough_to_merge_and_summarize(tmp_path):
     budget = 300.0
-    virtual = VirtualNight({"cases-01-resnet18": 100.0, "cases-02-gpt": 400.0})
+    virtual = VirtualNight({"cases": 400.0})
     status, manifest, lines = _night(tmp_path, virtual, budget, simulate=None)
     steps = {s["name"]: s for s in manifest["steps"]}
-    assert steps["cases-01-resnet18"]["status"] == "ok"
-    assert steps["cases-02-gpt"]["status"] == "stopped"  # past the measuring deadline
-    assert steps["cases-03-vit"]["status"] == "not started" and "cases-03-vit" not in virtual.started
-    assert steps["summary"]["status"] == "ok"
-    # the stopped group's partial run is kept and marks the merged run incomplete
+    assert steps["cases"]["status"] == "stopped" and steps["summary"]["status"] == "ok"
+    # the stopped session's partial run is kept, marked incomplete
     run = json.loads((tmp_path / "night" / "run.json").read_text())
-    assert run[INCOMPLETE_KEY] is True and [b["extra_info"]["case"] for b in run["benchmarks"]][-1] == "gpt-baseline"
+    assert run[INCOMPLETE_KEY] is True and [b["extra_info"]["case"] for b in run["benchmarks"]] == ["resnet18-baseline"]
     assert virtual.now - 1000.0 <= budget
-    assert lines[-1].startswith("night: PARTIAL: cases-02-gpt, cases-03-vit") and status == 0
+    assert lines[-1].startswith("night: PARTIAL: cases did not finish") and status == 0
 
 
-def test_a_failed_step_fails_the_night_and_a_group_left_empty_does_not(tmp_path):
-    virtual = VirtualNight(exit_codes={"cases-02-gpt": 5, "cases-03-vit": 1})
-    status, manifest, lines = _night(tmp_path, virtual, simulate=None)
-    steps = {s["name"]: s for s in manifest["steps"]}
-    assert steps["cases-02-gpt"]["status"] == "ok" and "no case selected" in steps["cases-02-gpt"]["note"]
-    assert steps["cases-03-vit"]["status"] == "failed" and steps["cases-04-ladders"]["status"] == "ok"
-    assert status == 1 and lines[-1].startswith("night: FAILED: cases-03-vit;")
+def test_a_failed_step_fails_the_night_and_a_session_that_selected_nothing_does_not(tmp_path):
+    status, manifest, lines = _night(tmp_path, VirtualNight(exit_codes={"cases": 5}), simulate=None)
+    cases = {s["name"]: s for s in manifest["steps"]}["cases"]
+    assert cases["status"] == "ok" and "no case selected" in cases["note"] and status == 0
+    status, manifest, lines = _night(tmp_path / "again", VirtualNight(exit_codes={"cases": 1}), simulate=None)
+    assert status == 1 and lines[-1].startswith("night: FAILED: cases;")
 
 
 def test_self_checks_that_all_skipped_checked_nothing_and_fail_the_night(tmp_path):
@@ -153,15 +210,85 @@ def test_self_checks_that_all_skipped_checked_nothing_and_fail_the_night(tmp_pat
     assert status == 1 and lines[-1].startswith("night: FAILED: smoke;")
 
 
-def test_a_kill_leaves_what_finished_merged_and_summarized(tmp_path):
-    virtual = VirtualNight(interrupt_at="cases-03-vit")
-    status, manifest, lines = _night(tmp_path, virtual, simulate=None)
+def test_a_kill_keeps_every_case_finished_before_it_merged_summarized_and_archived(tmp_path):
+    virtual = VirtualNight(interrupt_at="cases")
+    archive = tmp_path / "home" / "night.tar.gz"
+    status, manifest, lines = _night(tmp_path, virtual, simulate=None, archive=archive)
     assert manifest["interrupted"] and manifest["finished"] and status == 1
-    assert lines[-1].startswith("night: INTERRUPTED;")  # never "complete": later steps were not tried
+    assert any(line.startswith("night: INTERRUPTED;") for line in lines)  # never "complete"
     run = json.loads((tmp_path / "night" / "run.json").read_text())
-    cases = [b["extra_info"]["case"] for b in run["benchmarks"]]
-    assert cases[0] == "resnet18-baseline" and cases[-1] == "gpt-optimizer_fused"
-    assert (tmp_path / "night" / "summary.md").exists()
+    assert [b["extra_info"]["case"] for b in run["benchmarks"]] == ["resnet18-baseline", "resnet18-amp_fp16"]
+    assert run[INCOMPLETE_KEY] is True
+    members = _archived(archive)
+    assert {"night/run.json", "night/summary.md", "night/night.json", "night/logs/doctor.log"} <= set(members)
+    assert json.loads(members["night/night.json"])["verdict"].startswith("INTERRUPTED")
+    assert lines[-1].startswith(f"night: archive {archive}")
+
+
+def _archived(archive: Path) -> dict[str, bytes]:
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+@pytest.mark.parametrize("ending", ["complete", "failed budgets", "a crash of the night's own code"])
+def test_the_archive_is_written_in_every_ending(tmp_path, ending):
+    virtual = {"complete": VirtualNight(), "failed budgets": VirtualNight(exit_codes={"cases": 1}),
+               "a crash of the night's own code": VirtualNight(crash_at="cases")}[ending]
+    archive = tmp_path / "night.tar.gz"
+    if ending.startswith("a crash"):
+        with pytest.raises(RuntimeError, match="the night's own code broke"):
+            _night(tmp_path, virtual, simulate=None, archive=archive)
+    else:
+        status, _, _ = _night(tmp_path, virtual, simulate=None, archive=archive)
+        assert status == (1 if ending == "failed budgets" else 0)
+    assert "night/night.json" in _archived(archive) and not list(tmp_path.glob(".night.tar.gz.*"))
+
+
+def test_an_archive_over_its_limit_leaves_traces_out_first_and_the_summary_says_so(tmp_path):
+    out = tmp_path / "night"
+    (out / "logs").mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps(_group_run(["resnet18-baseline"])))
+    (out / "logs" / "cases.log").write_bytes(os.urandom(30_000))  # random bytes: gzip cannot shrink them
+    (out / "traces").mkdir()
+    (out / "traces" / "resnet18-baseline.trace.json").write_bytes(os.urandom(60_000))
+    night = Night(out, 600.0, None, "python")
+    night.save()
+    left_out = write_archive(night, tmp_path / "a.tar.gz", limit=50_000)
+    assert left_out == ["traces/resnet18-baseline.trace.json"] and (tmp_path / "a.tar.gz").stat().st_size <= 50_000
+    members = _archived(tmp_path / "a.tar.gz")
+    assert "night/logs/cases.log" in members and "night/run.json" in members
+    assert b"Left out of the archive" in members["night/summary.md"] and b"resnet18-baseline.trace.json" in \
+        members["night/summary.md"]
+    with pytest.raises(ValueError, match="over the 0 MiB limit"):
+        write_archive(night, tmp_path / "b.tar.gz", limit=100)
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_the_doctors_shared_memory_blocker_deselects_the_cases_it_would_kill(tmp_path):
+    class SmallShm(VirtualNight):
+        def __call__(self, argv, log, deadline):
+            if log.stem == "doctor":
+                Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"checks": [
+                    {"name": "shm", "status": "FAIL", "message": "64 MiB free: DataLoader workers would die"}]}))
+            return super().__call__(argv, log, deadline)
+
+    _, manifest, _ = _night(tmp_path, SmallShm(), simulate=None)
+    argv = " ".join(_cases_argv(tmp_path))
+    assert "resnet18-multiprocess_loading]" not in argv and "resnet18-ladder003-1_multiprocess_loading]" not in argv
+    assert "resnet18-baseline]" in argv
+    assert "64 MiB free" in manifest["deselected"]["resnet18-multiprocess_loading"]
+    assert "- resnet18-multiprocess_loading: deselected: the doctor's shm check failed" in (
+        tmp_path / "night" / "summary.md").read_text()
+
+
+def test_a_cpu_night_measures_the_cpu_cases_and_skips_the_gpu_self_checks(tmp_path):
+    _, manifest, _ = _night(tmp_path, VirtualNight(), simulate=None, device="cpu")
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["smoke"]["status"] == "skipped" and "--trainbench-device=cpu" in _cases_argv(tmp_path)
+    assert "doctor --device cpu" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
+    assert (tmp_path / "night" / "summary.md").read_text().startswith("# CPU night:")
 
 
 def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothing(tmp_path):
@@ -175,25 +302,27 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
     assert "calibrate" not in steps and steps["plan"]["status"] == "ok"
     assert virtual.started[:2] == ["doctor", "plan"]  # the rehearsal's measurement, before its sessions
     assert steps["smoke"]["status"] == "skipped"
-    for log in ("cases-01-resnet18", "cases-05-rest"):
-        assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / f"{log}.log").read_text()
+    assert "--trainbench-simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "cases.log").read_text()
     assert "doctor --simulate-gpu NVIDIA L40S" in (tmp_path / "night" / "logs" / "doctor.log").read_text()
     summary = (tmp_path / "night" / "summary.md").read_text()
     assert "(simulated: nothing measured)" in summary and "| resnet18-baseline | run | would run (simulated) |" in summary
     assert summary.split("## What differed from the plan")[1].startswith("\n\n- nothing")
 
 
-def test_the_summary_sets_the_run_beside_the_plan_and_says_what_differed(tmp_path):
-    plan = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
-        {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step",
-         "bound_s": 0.005},
-        {"case": "resnet18-amp_fp16", "needed_mib": 600.0},  # measured 900 MiB: above the prediction
-        {"case": "resnet18-ddp", "skipped": "needs 2 CUDA devices"},  # skipped as planned
-        {"case": "gpt-baseline", "skipped": "needs ~90 GiB"},  # yet it ran
-    ]}
-    _night(tmp_path, VirtualNight(plan=plan, skips={"resnet18-ddp": "needs 2 CUDA devices"}), simulate=None)
+PLAN = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
+    {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step", "bound_s": 0.005},
+    {"case": "resnet18-amp_fp16", "needed_mib": 600.0},  # measured 900 MiB: above the prediction
+    {"case": "resnet18-ddp", "skipped": "needs 2 CUDA devices"},  # skipped as planned
+    {"case": "gpt-baseline", "skipped": "needs ~90 GiB"},  # yet it ran
+]}
+
+
+def test_the_summary_sets_the_run_beside_a_plan_made_before_the_night(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    _night(tmp_path, VirtualNight(skips={"resnet18-ddp": "needs 2 CUDA devices"}), simulate=None,
+           plan=tmp_path / "plan.json")
     summary = (tmp_path / "night" / "summary.md").read_text()
-    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | 1600.0 | 900.0 | 1200.0 |" in summary
+    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | 1600.0 | 900.0 | 1200.0 |" in summary
     differed = summary.split("## What differed from the plan")[1]
     assert "- resnet18-amp_fp16: measured peak 900 MiB above the predicted 600 MiB" in differed
     assert "- gpt-baseline: planned to skip (needs ~90 GiB), passed" in differed
@@ -204,15 +333,14 @@ def test_the_summary_sets_the_run_beside_the_plan_and_says_what_differed(tmp_pat
 def test_a_plan_made_afterwards_is_summarized_again_without_running_anything(tmp_path, capsys):
     from trainbench.__main__ import main
 
-    _night(tmp_path, VirtualNight({"plan": 500.0}), budget_s=200.0, simulate=None)  # the plan stopped
+    _night(tmp_path, VirtualNight(), simulate=None)  # no --plan: none is made on the GPU's clock
     out = tmp_path / "night"
     assert "No plan was made" in (out / "summary.md").read_text()
-    (out / "plan.json").write_text(json.dumps({"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
-        {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step"}]}))
+    (out / "plan.json").write_text(json.dumps(PLAN))
     assert main(["night", "--out", str(out), "--summarize"]) == 0
     summary = (out / "summary.md").read_text()
     assert "No plan was made" not in summary and "| resnet18-baseline | run | passed | launch-bound" in summary
-    assert "| plan | stopped |" in summary  # the steps as the night recorded them
+    assert "| cases | ok |" in summary  # the steps as the night recorded them
     assert main(["night", "--out", str(tmp_path), "--summarize"]) == 2
     assert "night.json: missing or unreadable" in capsys.readouterr().err
 
@@ -225,22 +353,50 @@ def test_a_gpu_nights_sessions_measure_whatever_its_doctor_said_and_a_rehearsals
 
 def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(NightError, match="--out .*file: not a folder"):
-        run_night(tmp_path / "file", 600, None, ROOT, runner=VirtualNight())
-    with pytest.raises(NightError, match="--budget-s 20: too short; expected at least 45 s"):
-        run_night(tmp_path / "n", 20, None, ROOT, runner=VirtualNight())
-    with pytest.raises(NightError, match="--budget-s 39: too short; expected at least 40 s"):
-        run_night(tmp_path / "n", 39, "NVIDIA L40S", ROOT, runner=VirtualNight())
-    with pytest.raises(NightError, match="--simulate-gpu: .*unknown GPU 'NVIDIA L41S'"):
-        run_night(tmp_path / "n", 600, "NVIDIA L41S", ROOT, runner=VirtualNight())
-    with pytest.raises(NightError, match="benchmarks/test_recipes.py: not found"):
-        run_night(tmp_path / "n", 600, None, tmp_path, runner=VirtualNight())
+    refusals = [
+        (dict(out=tmp_path / "file"), "--out .*file: not a folder"),
+        (dict(budget_s=20), r"--budget-s 20: expected a number of seconds, at least 45"),
+        (dict(budget_s=float("nan")), r"--budget-s nan: expected a number of seconds"),
+        (dict(budget_s=float("inf")), r"--budget-s inf: expected a number of seconds"),
+        (dict(budget_s=39, simulate_gpu="NVIDIA L40S"), r"--budget-s 39: expected a number of seconds, at least 40"),
+        (dict(simulate_gpu="NVIDIA L41S"), "--simulate-gpu: .*unknown GPU 'NVIDIA L41S'"),
+        (dict(simulate_gpu="NVIDIA L40S", device="cpu"), "--simulate-gpu rehearses a GPU night: not with --device cpu"),
+        (dict(device="tpu"), "--device tpu: expected cuda or cpu"),
+        (dict(root=tmp_path), "benchmarks/test_recipes.py: not found"),
+        (dict(archive=tmp_path / "night.zip"), "--archive .*night.zip: expected a file name ending in .tar.gz"),
+        (dict(archive=tmp_path / "n" / "in.tar.gz"), "--archive .*in.tar.gz: inside --out"),
+        (dict(plan=tmp_path / "file"), "--plan .*file: not a plan; expected the JSON of python -m trainbench plan"),
+    ]
+    for options, refusal in refusals:
+        arguments = dict(out=tmp_path / "n", budget_s=600, simulate_gpu=None, root=ROOT) | options
+        with pytest.raises(NightError, match=refusal):
+            run_night(runner=VirtualNight(), **arguments)
+        assert not (tmp_path / "n" / "night.json").exists()
+    # an earlier night's folder is never read as tonight's
+    _night(tmp_path, VirtualNight(), simulate=None)
+    with pytest.raises(NightError, match="holds an earlier night .night.json.; expected a new or empty folder"):
+        _night(tmp_path, VirtualNight(), simulate=None)
     assert FINISH_RESERVE_S > MIN_STEP_S
     # The least budget leaves two steps' time to measure in before the finish, and not a second more.
     for simulated in (False, True):
         least = least_budget_s(simulated)
         assert least - finish_reserve(least, simulated) == 2 * MIN_STEP_S
         assert least - 1 - finish_reserve(least - 1, simulated) < 2 * MIN_STEP_S
+
+
+def test_the_run_kept_is_the_sessions_own_or_else_the_one_saved_after_its_last_case(tmp_path):
+    groups = tmp_path / "groups"
+    groups.mkdir()
+    (groups / "cases.progress.json").write_text(json.dumps(_group_run(["a-baseline"], incomplete=True)))
+    (groups / "cases.json").write_text("")  # what --benchmark-json leaves when the session is killed
+    assert "1 cases: the run after its last finished case" in keep_run(groups, tmp_path / "run.json")
+    assert json.loads((tmp_path / "run.json").read_text())[INCOMPLETE_KEY] is True
+    (groups / "cases.json").write_text(json.dumps(_group_run(["a-baseline", "a-amp"])))
+    assert keep_run(groups, tmp_path / "run.json") == "2 cases: the session's run"
+    for path in groups.iterdir():
+        path.unlink()
+    with pytest.raises(ValueError, match="saved no run"):
+        keep_run(groups, tmp_path / "run.json")
 
 
 def test_merging_keeps_every_part_and_names_the_unreadable(tmp_path):
@@ -254,16 +410,29 @@ def test_merging_keeps_every_part_and_names_the_unreadable(tmp_path):
         merge_runs([tmp_path / "02.json"], tmp_path / "none.json")
 
 
-def test_junit_cases_read_outcomes_and_skip_reasons(tmp_path):
+def test_junit_cases_read_outcomes_skip_reasons_and_seconds(tmp_path):
     (tmp_path / "r.xml").write_text(
         '<testsuites><testsuite>'
-        '<testcase name="test_recipe[a-baseline]"/>'
+        '<testcase name="test_recipe[a-baseline]" time="12.5"/>'
         '<testcase name="test_recipe[a-ddp]"><skipped message="needs 2 CUDA devices"/></testcase>'
         '<testcase name="test_recipe[a-amp]"><failure message="budget: min_speedup"/></testcase>'
         '</testsuite></testsuites>')
-    assert [(c.case, c.outcome, c.message) for c in junit_cases(tmp_path / "r.xml")] == [
-        ("a-baseline", "passed", ""), ("a-ddp", "skipped", "needs 2 CUDA devices"), ("a-amp", "failed",
-                                                                                      "budget: min_speedup")]
+    assert [(c.case, c.outcome, c.message, c.seconds) for c in junit_cases(tmp_path / "r.xml")] == [
+        ("a-baseline", "passed", "", 12.5), ("a-ddp", "skipped", "needs 2 CUDA devices", None),
+        ("a-amp", "failed", "budget: min_speedup", None)]
+
+
+def test_a_step_at_its_deadline_is_interrupted_as_ctrl_c_would_before_it_is_killed(tmp_path):
+    """SIGINT first: pytest then reports the failures so far and writes its JUnit XML (a plain SIGTERM kills a
+    session that has no handler for it, its report unwritten)."""
+    from trainbench.cli.night import subprocess_runner
+
+    script = ("import sys, time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+              f"    open({str(tmp_path / 'said')!r}, 'w').write('interrupted')\n    sys.exit(2)\n")
+    started = time.monotonic()
+    outcome = subprocess_runner()([sys.executable, "-c", script], tmp_path / "log", time.monotonic() + 2.0)
+    assert outcome.stopped and outcome.exit_code == 2 and (tmp_path / "said").read_text() == "interrupted"
+    assert time.monotonic() - started < 30
 
 
 def test_a_jobs_processes_share_predictions_and_counts_through_one_file(tmp_path, monkeypatch, cpu, profile, mlp):
@@ -321,6 +490,56 @@ def bare_box(tmp_path_factory):
     return python
 
 
+def test_a_session_killed_mid_case_keeps_every_case_it_finished(tmp_path):
+    """The cases session saves its run after every case (--trainbench-save-progress): SIGKILL in the middle of a
+    case, past any handler's reach, still leaves every case before it on disk, and the night keeps them."""
+    import signal
+
+    groups = tmp_path / "groups"
+    cases = ["gelu_mlp-baseline", "convnet-baseline", "transformer-baseline", "resnet18-baseline"]
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--trainbench-device=cpu",
+         "--trainbench-no-predict", "--trainbench-no-attribution", "--trainbench-rounds=3",
+         "--trainbench-steps-per-round=1", "--trainbench-save-progress", str(groups / "cases.progress.json"),
+         "--benchmark-json", str(groups / "cases.json"),
+         *[f"benchmarks/test_recipes.py::test_recipe[{case}]" for case in cases]],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (groups / "cases.progress.json").exists() and session.poll() is None:
+            assert time.monotonic() < deadline, "no case finished in 180 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(session.pid, signal.SIGKILL)  # the second case is running (or its fixtures closing)
+        session.wait()
+    note = keep_run(groups, tmp_path / "run.json")
+    run = json.loads((tmp_path / "run.json").read_text())
+    kept = [b["extra_info"]["case"] for b in run["benchmarks"]]
+    assert kept and kept == cases[:len(kept)] and len(kept) < len(cases), note
+    assert run[INCOMPLETE_KEY] is True and all(b["extra_info"]["samples_per_s"] > 0 for b in run["benchmarks"])
+    assert "the run after its last finished case" in note
+
+
+def test_a_cpu_night_on_a_bare_box_measures_and_brings_its_archive_home(bare_box, tmp_path):
+    out, archive = tmp_path / "night", tmp_path / "home" / "night.tar.gz"
+    done = subprocess.run([bare_box, "-m", "trainbench", "night", "--device", "cpu", "--budget-s", "120",
+                           "--out", str(out), "--archive", str(archive), "--pytest-arg=-k",
+                           "--pytest-arg=gelu_mlp-baseline or convnet-baseline"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, TRAINBENCH_PREDICT_MEMORY="1"))  # the budgets ask for predictions
+    members = _archived(archive)
+    run = json.loads(members["night/run.json"])
+    measured = {b["extra_info"]["case"]: b["extra_info"]["samples_per_s"] for b in run["benchmarks"]}
+    assert set(measured) == {"gelu_mlp-baseline", "convnet-baseline"} and min(measured.values()) > 0, done.stdout
+    summary = members["night/summary.md"].decode()
+    assert summary.startswith("# CPU night:") and "Profile: short (a budget of 120 s" in summary
+    assert "| gelu_mlp-baseline | — | passed |" in summary
+    steps = {s["name"]: s["status"] for s in json.loads(members["night/night.json"])["steps"]}
+    assert steps["cases"] == "ok" and steps["smoke"] == "skipped", (steps, done.stdout[-2000:])
+    assert steps["calibrate"] == "skipped"  # no tomlkit on the box: said, not failed
+    assert done.stdout.splitlines()[-1].startswith(f"night: archive {archive}")
+
+
 def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_filled(bare_box, tmp_path):
     out = tmp_path / "night"
     budget = least_budget_s(simulated=True)  # the least a rehearsal accepts: the plan is stopped at its deadline
@@ -336,7 +555,7 @@ def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_fill
     assert took <= budget + 10  # the interpreter's own start and end beside the night's clock
     assert steps["doctor"]["status"] == "ok" and {c["name"] for c in json.loads((out / "doctor.json").read_text())} \
         >= {"cuda", "gpu0_arch", "gpu0_memory"}
-    assert list(steps)[:4] == ["doctor", "plan", "smoke", "cases-01-resnet18"] and list(steps)[-1] == "summary"
+    assert list(steps)[:4] == ["doctor", "plan", "smoke", "cases"] and list(steps)[-1] == "summary"
     # every step ended as the budget allowed, none failed: asv and tomlkit were not needed
     assert {s["status"] for s in manifest["steps"]} <= {"ok", "skipped", "stopped", "not started"}, done.stdout
     assert (out / "summary.md").read_text().startswith("# GPU night: NVIDIA L40S (simulated: nothing measured)")

@@ -631,6 +631,7 @@ def test_an_unknown_simulated_gpu_or_a_bad_spec_is_a_usage_error_at_start_up(pyt
     (["--trainbench-compare-json={tmp}"], "*--trainbench-compare-json={tmp}: is a folder; expected a file path*"),
     (["--trainbench-attribution-json={tmp}"], "*--trainbench-attribution-json={tmp}: is a folder; expected a file*"),
     (["--benchmark-json={tmp}"], "*--benchmark-json={tmp}: is a folder; expected a file path*"),
+    (["--trainbench-save-progress={tmp}"], "*--trainbench-save-progress={tmp}: is a folder; expected a file path*"),
     (["--benchmark-json={file}/out.json"], "*--benchmark-json: cannot write into {file}*"),
     (["--benchmark-save=" + "x" * 300], "*--benchmark-save=xxxx*: the run's file name (310 bytes) is longer than*"),
 ])
@@ -645,6 +646,15 @@ def test_an_option_that_would_fail_only_after_the_run_is_refused_before_any_case
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([expected.format(**fill)])
     assert "a case ran" not in result.stdout.str()
+
+
+def test_an_output_file_pytest_benchmark_opened_itself_is_left_to_it(tmp_path):
+    """pytest-benchmark < 5.3 (5.2.3 on a GPU box) opens --benchmark-json at start-up and hands the option a file:
+    checking it as a path stopped every session there with an INTERNALERROR."""
+    from trainbench.plugin.session import TrainbenchSession
+
+    with open(tmp_path / "out.json", "wb") as opened:
+        TrainbenchSession._check_output_files([("--benchmark-json", opened)])
 
 
 def test_a_missing_folder_of_an_output_file_is_made_at_start_up(pytester, quick_options):

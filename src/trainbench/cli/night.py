@@ -16,6 +16,7 @@ manifest ``night.json`` is rewritten after every step. Killed at any point, what
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import math
@@ -523,9 +524,13 @@ class NightRun:
         else:
             merge = self.in_process("run", why, lambda: keep_run(self.out / "groups", run_path))
         if merge.status == "ok" and run_path.exists():
-            self.run_step("calibrate", "this device's budgets section calibrated from the run (a diff, not written)",
-                          self.trainbench("calibrate", str(run_path), "--budgets",
-                                          str(self.root / "benchmarks" / "budgets.toml")), end)
+            why = "this device's budgets section calibrated from the run (a diff, not written)"
+            if not _importable("tomlkit"):  # the diff keeps the budgets file's comments through tomlkit
+                self.skip_step("calibrate", why, "tomlkit is not installed here: calibrate the archive's run.json "
+                                                 "where it is (python -m trainbench calibrate run.json)")
+            else:
+                self.run_step("calibrate", why, self.trainbench("calibrate", str(run_path), "--budgets",
+                                                                str(self.root / "benchmarks" / "budgets.toml")), end)
             why = "the ladder report of the run"
             if _has_ladder_rungs(run_path):
                 self.run_step("report", why, self.trainbench("report", str(run_path), "--out",
@@ -579,6 +584,13 @@ def merge_runs(parts: list[Path], out: Path) -> str:
     write_json_atomic(out, merged)
     note = f"{sum(run.benchmark_count for run in runs)} cases from {len(runs)} group(s)"
     return note + (f"; left out: {'; '.join(unreadable)}" if unreadable else "")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
 
 
 def _has_ladder_rungs(run_path: Path) -> bool:
@@ -639,13 +651,8 @@ def write_summary(night: Night, out: Path) -> str:
     return f"{len(lines)} lines"
 
 
-def summary_lines(night: Night, out: Path) -> list[str]:
-    """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
-    plan = _read_json(out / "plan.json")
-    measured = _measured_cases(out / "run.json")
-    reported = {}
-    for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
-        reported.update({c.case: c for c in junit_cases(xml)})
+def _summary_head(night: Night, out: Path, plan: dict | None) -> list[str]:
+    """The summary's title (which night, of what device) and what the night chose or left out."""
     device = _recorded_device(out / "run.json")
     plan_gpu = (plan or {}).get("gpu", {}).get("name")
     what = "CPU night" if night.device == "cpu" and not night.simulate_gpu else "GPU night"
@@ -664,6 +671,17 @@ def summary_lines(night: Night, out: Path) -> list[str]:
                       f"folder): {', '.join(night.archive_left_out)}."]
     if night.deselected:
         lines += ["", "Not run, with why:", ""] + [f"- {case}: {why}" for case, why in night.deselected.items()]
+    return lines
+
+
+def summary_lines(night: Night, out: Path) -> list[str]:
+    """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
+    plan = _read_json(out / "plan.json")
+    measured = _measured_cases(out / "run.json")
+    reported = {}
+    for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
+        reported.update({c.case: c for c in junit_cases(xml)})
+    lines = _summary_head(night, out, plan)
     lines += ["", "## Steps", ""]
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
@@ -836,9 +854,9 @@ def write_archive(night: Night, archive: Path, limit: int = ARCHIVE_LIMIT_BYTES)
     bytes; where everything would not fit, files are left out in ``ARCHIVE_LEAVE_FIRST``'s order (the largest of
     each kind first) and the summary rewritten to say which. Returns what was left out."""
     out = night.out
-    files = sorted(p for p in out.rglob("*") if p.is_file())
     left_out: list[str] = []
     while True:
+        files = sorted(p for p in out.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))  # summary.md too
         data = _tar_gz(out, [f for f in files if _relative(out, f) not in left_out])
         if len(data) <= limit:
             break

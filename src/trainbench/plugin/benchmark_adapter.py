@@ -20,6 +20,8 @@ them breaks this module alone (tests/test_architecture.py keeps the others off t
   which pytest-benchmark's own machine-info warning (a baseline from another host) raised as an INTERNALERROR.
 - ``BenchmarkSession.benchmarks``, ``save``/``autosave``, ``get_machine_info``: with no benchmark pytest-benchmark
   saves nothing ("Not saving anything"); a trainbench run whose every case failed is saved anyway, with why.
+- ``BenchmarkSession.benchmarks`` and ``get_machine_info`` again for ``--trainbench-save-progress``: pytest-benchmark
+  writes its run only at the session's end, and a session killed before it lost every case it had measured.
 """
 
 from __future__ import annotations
@@ -174,14 +176,14 @@ def replay_rounds(benchmark, round_step_times: list[float], steps_per_round: int
     benchmark.pedantic(lambda: None, rounds=len(round_step_times), iterations=steps_per_round, warmup_rounds=0)
 
 
-def write_progress(config, path: Path, marks: dict) -> int:
+def write_progress(config, path: Path, marks: dict) -> bool:
     """The run so far, as ``--benchmark-json`` would write it at the session's end, written whole to ``path``
     with ``marks`` added (e.g. incomplete): ``BenchmarkSession.handle_saving``'s hooks over
-    ``BenchmarkSession.benchmarks``, the machine and commit info read once and kept on the session. Returns the
-    cases written (0: none yet, nothing written)."""
+    ``BenchmarkSession.benchmarks``, the machine and commit info read once and kept on the session. Returns
+    whether anything was written (nothing before the first benchmark)."""
     bs = _session(config)
     if bs is None or not bs.benchmarks:
-        return 0
+        return False
     from pytest_benchmark.utils import safe_dumps
 
     infos = getattr(bs, "_trainbench_progress_infos", None)
@@ -196,4 +198,4 @@ def write_progress(config, path: Path, marks: dict) -> int:
     config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=output_json)
     output_json.update(marks)
     write_text_atomic(path, safe_dumps(output_json, ensure_ascii=True, indent=4))
-    return len(output_json.get("benchmarks", []))
+    return True

@@ -157,7 +157,8 @@ class TrainbenchSession:
                                 self.options.remeasure_s)
         self._choose_baseline(config)
         self._check_output_files([("--trainbench-compare-json", self.options.compare_json),
-                                  ("--trainbench-attribution-json", self.options.attribution_json)])
+                                  ("--trainbench-attribution-json", self.options.attribution_json),
+                                  ("--trainbench-save-progress", self.options.progress_json)])
         self._check_writable([("--trainbench-profile-trace", self.options.trace.folder if self.options.trace else None)])
 
     def _check_device(self) -> None:
