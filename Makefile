@@ -7,7 +7,8 @@
 # make ab-base: A/B of this checkout against a base commit (BASE=<git ref>; default the merge base with origin/main),
 #               the base in a git worktree with its own venv under .trainbench-base/, timing judged pair by pair
 # make report: run the seeds' two ladders (torch.compile included) and render results/report/<device>/
-# make gpu-night: the GPU night within NIGHT_BUDGET_S seconds into NIGHT_OUT (python -m trainbench night; docs/ci-and-gpu.md)
+# make gpu-night: the GPU night within NIGHT_BUDGET_S seconds into NIGHT_OUT, packed into NIGHT_ARCHIVE (a .tar.gz)
+#                 in every ending where it is set (python -m trainbench night; docs/ci-and-gpu.md)
 # All create .venv and install the project on first use; with PY=<interpreter> they use that interpreter as it is
 # and install nothing (a GPU box's own torch: pip install --no-deps --no-build-isolation -e . first).
 
@@ -43,7 +44,9 @@ RUN := $(PY)
 SETUP :=
 endif
 NIGHT_BUDGET_S ?= 480
-NIGHT_OUT ?= results/gpu-night
+# a new folder each night (an earlier night's is refused); results/nightly is not tracked by git
+NIGHT_OUT ?= results/nightly/gpu-night-$(shell date +%Y%m%d-%H%M%S)
+NIGHT_ARCHIVE ?=
 NIGHT_ARGS ?=
 
 .PHONY: install bench baseline gate ab-base ab-base-key test report gpu-smoke gpu-night doctor clean
@@ -88,7 +91,8 @@ doctor: $(SETUP)
 	$(RUN) -m trainbench doctor
 
 gpu-night: $(SETUP)
-	$(RUN) -m trainbench night --budget-s $(NIGHT_BUDGET_S) --out $(NIGHT_OUT) $(NIGHT_ARGS)
+	$(RUN) -m trainbench night --budget-s $(NIGHT_BUDGET_S) --out $(NIGHT_OUT) \
+		$(if $(NIGHT_ARCHIVE),--archive $(NIGHT_ARCHIVE)) $(NIGHT_ARGS)
 
 report: $(SETUP)
 	$(RUN) -m pytest benchmarks -k test_ladder --trainbench-slow -rs --benchmark-save=ladders $(BENCH_ARGS)

@@ -216,6 +216,7 @@ def test_every_make_target_given_an_interpreter_installs_nothing(tmp_path):
     without = subprocess.run(["make", "-n", "-C", str(ROOT), "doctor", "VENV=" + str(tmp_path / "venv")],
                              capture_output=True, text=True, check=True).stdout
     assert "pip install" in without  # without PY the project's venv is made and installed first
-    night = subprocess.run(["make", "-n", "-C", str(ROOT), "gpu-night", "PY=python3", "NIGHT_BUDGET_S=300"],
-                           capture_output=True, text=True, check=True).stdout
-    assert "python3 -m trainbench night --budget-s 300 --out results/gpu-night" in night
+    night = subprocess.run(["make", "-n", "-C", str(ROOT), "gpu-night", "PY=python3", "NIGHT_BUDGET_S=300",
+                            "NIGHT_ARCHIVE=night.tar.gz"], capture_output=True, text=True, check=True).stdout
+    assert "python3 -m trainbench night --budget-s 300 --out results/nightly/gpu-night-" in night
+    assert "--archive night.tar.gz" in night  # a new folder each night, its archive where asked
