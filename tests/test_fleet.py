@@ -18,6 +18,8 @@ from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
 from trainbench.verdicts.night_plan import format_night, plan_night
 
+ROOT = Path(__file__).parents[1]
+
 BUDGETS = Path(__file__).parent.parent / "benchmarks" / "budgets.toml"
 MiB, GiB = 2**20, 2**30
 GPT_LARGER_BATCH_MIB = 155_000  # the GPU profile's predicted tensor peak of gpt-larger_batch
@@ -256,7 +258,7 @@ def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monk
     from trainbench.verdicts import night_plan
 
     real = night_plan.plan_night
-    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: real(
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets, **_: real(
         gpu, budgets, StandInPredictions(), counts=StandInCounts()))
     assert cli.main(["doctor", "--simulate-gpu", "NVIDIA L40S"]) == 0
     assert "doctor of 1 x NVIDIA L40S (sm_89, 44.4 GiB), simulated" in capsys.readouterr().out
@@ -275,7 +277,7 @@ def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planni
 
     planned = []
     real = night_plan.plan_night
-    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets: planned.append(gpu) or real(
+    monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets, **_: planned.append(gpu) or real(
         gpu, budgets, StandInPredictions(), counts=StandInCounts()))
     missing = tmp_path / "missing.toml"
     assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--budgets", str(missing)]) == 2
@@ -285,3 +287,44 @@ def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planni
     err = capsys.readouterr().err
     assert err.startswith(f"trainbench plan: --json {tmp_path / 'a_file' / 'plan.json'}: cannot write there: ")
     assert err.count("\n") == 1 and len(planned) == 1  # the JSON's folder is refused before any case is planned
+    h200 = ROOT / "results" / "gpu-night" / "nvidia-h200-2026-11-28" / "run.json"
+    assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--seconds-from", str(h200)]) == 2
+    assert capsys.readouterr().err == (f"trainbench plan: --seconds-from: {h200}: measured on NVIDIA H200, not NVIDIA "
+                                       "L4; expected a run of the GPU planned for\n")
+    assert len(planned) == 1  # refused before planning
+
+
+def _seconds_run(costs: dict[str, dict]) -> "SavedRun":
+    from trainbench.verdicts.store import SavedRun
+
+    device = {"kind": "cuda", "name": "NVIDIA H200"}
+    return SavedRun("night/run.json", {"machine_info": {"trainbench": device}, "benchmarks": [
+        {"name": f"test_recipe[{case}]", "fullname": f"benchmarks/test_recipes.py::test_recipe[{case}]", "stats": {},
+         "extra_info": {"case": case, "samples_per_step": 32, "samples_per_s": 1600.0, "step_time_ms": 20.0,
+                        "round_step_times_s": [0.02] * 3, "phase_seconds": phases, "device": device}}
+        for case, phases in costs.items()]})
+
+
+def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
+    from trainbench.verdicts.night_plan import PASS_STEPS, PlannedCase, predict_seconds
+
+    run = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 9.0},  # 7 s beside its rounds
+                        "resnet18-amp_bf16": {"rounds": 1.0, "baseline rounds": 1.0, "total": 5.0},  # 3 s beside
+                        "resnet18-set_to_none": {"rounds": 1.0, "total": 4.0}})  # 3 s beside
+    cases = [PlannedCase("resnet18-baseline", measuring="alone", bound_s=0.005),
+             PlannedCase("resnet18-channels_last", measuring="alone", bound_s=0.005),
+             PlannedCase("resnet18-amp_fp16", measuring="paired", bound_s=0.006),
+             PlannedCase("resnet18-compile", measuring="alone", bound_s=0.002),
+             PlannedCase("resnet18-cudnn_benchmark", measuring="fresh processes", bound_s=0.005),
+             PlannedCase("resnet18-ddp", skipped="needs 2 GPUs")]
+    cases[2:2] = [PlannedCase("resnet18-amp_bf16", measuring="paired", bound_s=0.006),
+                  PlannedCase("resnet18-set_to_none", measuring="alone", bound_s=0.005)]
+    predicted = {c.case: c for c in predict_seconds(cases, run)}
+    assert predicted["resnet18-baseline"].predicted_s == 9.0  # measured: what it cost then
+    assert predicted["resnet18-baseline"].predicted_from == "measured in night"
+    settings_steps = 10 + 10 * 10 + PASS_STEPS  # the GPU profile's warm-up and rounds, the passes
+    assert predicted["resnet18-channels_last"].predicted_s == round(5.0 + settings_steps * 0.005, 1)  # median 7, 3
+    assert predicted["resnet18-amp_fp16"].predicted_s == round(3.0 + (10 + 200 + PASS_STEPS) * 0.006, 1)
+    assert predicted["resnet18-compile"].predicted_s is None and "compiles" in predicted["resnet18-compile"].predicted_from
+    assert "no case measured fresh processes" in predicted["resnet18-cudnn_benchmark"].predicted_from
+    assert predicted["resnet18-ddp"].predicted_s is None and predicted["resnet18-ddp"].predicted_from is None

@@ -322,12 +322,29 @@ def test_the_summary_sets_the_run_beside_a_plan_made_before_the_night(tmp_path):
     _night(tmp_path, VirtualNight(skips={"resnet18-ddp": "needs 2 CUDA devices"}), simulate=None,
            plan=tmp_path / "plan.json")
     summary = (tmp_path / "night" / "summary.md").read_text()
-    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | 1600.0 | 900.0 | 1200.0 |" in summary
+    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | — | 1600.0 | 900.0 | 1200.0 |" in summary
     differed = summary.split("## What differed from the plan")[1]
     assert "- resnet18-amp_fp16: measured peak 900 MiB above the predicted 600 MiB" in differed
     assert "- gpt-baseline: planned to skip (needs ~90 GiB), passed" in differed
     assert "resnet18-ddp" not in differed and "- resnet18-baseline:" not in differed.split("## Measured")[0]
     assert "- resnet18-baseline: measured 20.0 ms/step, roofline >= 5.0 ms/step (4.00x)" in summary
+
+
+H200_NIGHT = ROOT / "results" / "gpu-night" / "nvidia-h200-2026-11-28" / "run.json"
+
+
+def test_the_summary_says_which_cases_the_budget_fits_by_the_plans_seconds(tmp_path):
+    plan = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
+        {"case": "resnet18-baseline", "predicted_s": 200.0}, {"case": "resnet18-amp_fp16", "predicted_s": 200.0},
+        {"case": "resnet18-amp_bf16", "predicted_s": 100.0}, {"case": "resnet18-ddp", "skipped": "needs 2 GPUs"}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    _night(tmp_path, VirtualNight(), simulate=None, plan=tmp_path / "plan.json")
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    # 600 s less the 60 s reserve, 20 s of doctor and the 60 s smoke cap: 460 s for 200 + 200 + 100 s
+    assert ("a 600 s night's cases step (~460 s: the budget less the finish reserve, ~20 s of doctor and the smoke "
+            "step's 60 s cap) fits 2 of the 3 cases that run, through resnet18-amp_fp16; then resnet18-amp_bf16 would "
+            "end at ~500 s.") in summary
+    assert "| resnet18-baseline | run | passed |  | 200.0 | — | 1600.0 |" in summary
 
 
 def test_a_plan_made_afterwards_is_summarized_again_without_running_anything(tmp_path, capsys):
@@ -366,6 +383,9 @@ def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
         (dict(archive=tmp_path / "night.zip"), "--archive .*night.zip: expected a file name ending in .tar.gz"),
         (dict(archive=tmp_path / "n" / "in.tar.gz"), "--archive .*in.tar.gz: inside --out"),
         (dict(plan=tmp_path / "file"), "--plan .*file: not a plan; expected the JSON of python -m trainbench plan"),
+        (dict(seconds_from=H200_NIGHT), "--seconds-from: only a rehearsal .--simulate-gpu. makes a plan"),
+        (dict(seconds_from=H200_NIGHT, simulate_gpu="NVIDIA L40S"),
+         "--seconds-from: .*run.json: measured on NVIDIA H200, not NVIDIA L40S"),
     ]
     for options, refusal in refusals:
         arguments = dict(out=tmp_path / "n", budget_s=600, simulate_gpu=None, root=ROOT) | options

@@ -173,7 +173,7 @@ class NightError(ValueError):
 
 
 def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None, device: str = "cuda",
-                archive: Path | None = None, plan: Path | None = None) -> None:
+                archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written or
     holds an earlier night, a budget too short (or not a number) to measure anything, a GPU to simulate that cannot
     be, an archive that cannot be written, a plan that is not one."""
@@ -203,6 +203,8 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
                          "nothing of that night is read as tonight's")
     if plan is not None:
         _check_plan(plan)
+    if seconds_from is not None:
+        _check_seconds_from(seconds_from, simulate_gpu)
     out.mkdir(parents=True, exist_ok=True)
     problem = cannot_write(out)
     if problem:
@@ -216,6 +218,20 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
         problem = cannot_write(archive.parent)
         if problem:
             raise NightError(f"--archive {archive}: {problem}")
+
+
+def _check_seconds_from(path: Path, simulate_gpu: str | None) -> None:
+    if simulate_gpu is None:
+        raise NightError("--seconds-from: only a rehearsal (--simulate-gpu) makes a plan; for a night on a GPU, make "
+                         "the plan beforehand with plan --seconds-from and pass it as --plan")
+    from trainbench.devices.fleet import parse_gpu
+    from trainbench.verdicts.night_plan import seconds_source
+    from trainbench.verdicts.store import RunFileError
+
+    try:
+        seconds_source(path, parse_gpu(simulate_gpu))
+    except RunFileError as e:
+        raise NightError(f"--seconds-from: {e}") from None
 
 
 def _check_plan(plan: Path) -> None:
@@ -352,9 +368,10 @@ class NightRun:
     """One night: its steps in order, each under its deadline, the manifest rewritten after each."""
 
     def __init__(self, night: Night, root: Path, runner: StepRunner, clock: Callable[[], float],
-                 say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = ()):
+                 say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = (),
+                 seconds_from: Path | None = None):
         self.night, self.root, self.runner, self.clock, self.say = night, root, runner, clock, say
-        self.pytest_args = pytest_args
+        self.pytest_args, self.seconds_from = pytest_args, seconds_from
         self.end = 0.0
 
     @property
@@ -512,8 +529,10 @@ class NightRun:
         return window_profile(self.night.budget_s, self.night.device)
 
     def _plan(self, gpu: str, deadline: float) -> None:
+        seconds = ("--seconds-from", str(self.seconds_from)) if self.seconds_from else ()
         self.run_step("plan", f"the simulated plan of {gpu}, to set beside the run",
-                      self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json")), deadline)
+                      self.trainbench("plan", "--simulate-gpu", gpu, "--json", str(self.out / "plan.json"), *seconds),
+                      deadline)
 
     def _finish(self) -> None:
         end = self.end - TERM_GRACE_S  # a step stopped at its deadline may take this long to end
@@ -704,8 +723,9 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         # what a case cost where it ran; a skip's instant is no cost worth a column
         seconds = (r.seconds if r and r.outcome != "skipped" and r.seconds is not None else
                    (m or {}).get("case_seconds"))
+        predicted_s = (p or {}).get("predicted_s")
         rows.append((case, plan_text, night_text, roofline, *(number(v, ".1f" if isinstance(v, float) else "")
-                                                               for v in (seconds, speed, peak, predicted))))
+                                                               for v in (predicted_s, seconds, speed, peak, predicted))))
         difference = _difference(p, r, peak, predicted)
         if difference:
             differs.append(f"- {case}: {difference}")
@@ -715,16 +735,47 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += ["", "## Cases", "",
               "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (roofline: what bounds its step and "
               "the bound; predicted MiB: its tensor peak with the memory gate's headroom); night: the pytest outcome "
-              "of the case; case s: its wall seconds in the night's session (what the next night's order and "
+              "of the case; pred s: its seconds in the session as the plan predicted them (`plan --seconds-from` an "
+              "earlier night); case s: its wall seconds in the night's session (what the next night's order and "
               "budget are sized by).", ""]
-    lines += _table(("case", "plan", "night", "roofline", "case s", "samples/s", "peak MiB", "predicted MiB"), rows,
-                    text_columns=4)
+    lines += _fit_lines(night, planned)
+    lines += _table(("case", "plan", "night", "roofline", "pred s", "case s", "samples/s", "peak MiB",
+                     "predicted MiB"), rows, text_columns=4)
     lines += ["", "## What differed from the plan", ""] + (differs or ["- nothing"])
     if bounds:
         lines += ["", "## Measured steps against the roofline's bound", ""] + bounds
     if plan is None:
         lines += ["", "No plan was made (see the plan step): nothing to compare with."]
     return lines
+
+
+# What the doctor step takes on a GPU box before the cases can start (17 s on the first H200 night), kept back from
+# the cases' window where the plan's seconds are set against the budget.
+DOCTOR_S = 20.0
+
+
+def _fit_lines(night: Night, planned: dict[str, dict]) -> list[str]:
+    """Which cases the budget fits by the plan's predicted seconds: the cases' window (the budget less the finish
+    reserve, the doctor and the smoke step's cap) against their sum in the night's order."""
+    if not any(c.get("predicted_s") is not None for c in planned.values()):
+        return []
+    window = night.budget_s - finish_reserve(night.budget_s, False) - DOCTOR_S - SMOKE_CAP_S
+    order = [n[n.index("[") + 1:-1] for n in night_node_ids(night.deselected)]
+    runs = [planned[c] for c in order if c in planned and not planned[c].get("skipped") and not planned[c].get("problem")]
+    spent, fitting = 0.0, 0
+    for case in runs:
+        if case.get("predicted_s") is None:
+            break
+        spent += case["predicted_s"]
+        if spent > window:
+            break
+        fitting += 1
+    last = f", through {runs[fitting - 1]['case']}" if fitting else ""
+    stop = (f"; then {runs[fitting]['case']}" + (" (not predicted)" if runs[fitting].get("predicted_s") is None else
+                                                  f" would end at ~{spent:.0f} s")) if fitting < len(runs) else ""
+    return [f"By the plan's predicted seconds, a {night.budget_s:g} s night's cases step (~{window:.0f} s: the budget "
+            f"less the finish reserve, ~{DOCTOR_S:g} s of doctor and the smoke step's {SMOKE_CAP_S:g} s cap) fits "
+            f"{fitting} of the {len(runs)} cases that run{last}{stop}.", ""]
 
 
 def _table(titles: tuple[str, ...], rows: list[tuple[str, ...]], text_columns: int | None = None) -> list[str]:
@@ -810,10 +861,10 @@ def summarize_again(out: Path) -> Path:
 def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, python: str = sys.executable,
               runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
               say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = (), device: str = "cuda",
-              archive: Path | None = None, plan: Path | None = None) -> int:
+              archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None) -> int:
     """The night, start to end; its exit status (0: every step that ran passed). With ``archive``, the night's
     folder is packed into it whatever the ending: complete, partial, failed, interrupted or crashed."""
-    check_start(out, budget_s, root, simulate_gpu, device, archive, plan)
+    check_start(out, budget_s, root, simulate_gpu, device, archive, plan, seconds_from)
     night = Night(out, budget_s, simulate_gpu, python, device=device)
     night.profile = window_profile(budget_s, device).to_json()
     if plan is not None:  # made before the night, off its clock
@@ -821,7 +872,7 @@ def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, 
     runner = runner or subprocess_runner(clock, child_environment(out, simulate_gpu))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return NightRun(night, root, runner, clock, say, pytest_args).run()
+        return NightRun(night, root, runner, clock, say, pytest_args, seconds_from).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
         if archive is not None:
@@ -921,6 +972,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate-gpu", default=None, metavar="GPU",
                         help="rehearse on a simulated GPU (a fleet name or spec): cases collect and skip as on it, "
                              "nothing is measured")
+    parser.add_argument("--seconds-from", default=None, metavar="RUN.json",
+                        help="with --simulate-gpu: an earlier night's run of that GPU, which the plan's predicted "
+                             "seconds per case come from (the summary then says which cases the budget fits)")
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every pytest session of the night (repeatable)")
 
@@ -935,7 +989,8 @@ def run(args: argparse.Namespace) -> int:
         return run_night(Path(args.out), args.budget_s, args.simulate_gpu, Path.cwd(),
                          pytest_args=tuple(args.pytest_arg), device=args.device,
                          archive=Path(args.archive) if args.archive else None,
-                         plan=Path(args.plan) if args.plan else None)
+                         plan=Path(args.plan) if args.plan else None,
+                         seconds_from=Path(args.seconds_from) if args.seconds_from else None)
     except NightError as e:
         print(f"trainbench night: {e}", file=sys.stderr)
         return 2

@@ -27,12 +27,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'tflops_bf16=362,tflops_fp32=91" (fields: see docs/ci-and-gpu.md)')
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
+    parser.add_argument("--seconds-from", default=None, metavar="RUN.json",
+                        help="an earlier night's run of the same GPU: each case's predicted seconds in a night come "
+                             "from it (what a case it measured cost then; the others, what the cases measured as "
+                             "they are cost beside their rounds, plus their steps at the roofline's bound)")
 
 
 def run(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
     from trainbench.core.budgets import BudgetError
-    from trainbench.verdicts.night_plan import format_night, plan_night, plan_record  # loads torch: only when planning
+    from trainbench.verdicts.night_plan import (  # loads torch: only when planning
+        format_night,
+        plan_night,
+        plan_record,
+        seconds_source,
+    )
+    from trainbench.verdicts.store import RunFileError
 
     gpu = gpu_to_simulate(args, "plan")
     if gpu is None:
@@ -42,10 +52,20 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"trainbench plan: --json {args.json}: cannot write there: {why}", file=sys.stderr)
         return 2
+    seconds_from = Path(args.seconds_from) if args.seconds_from else None
+    if seconds_from is not None:  # refused in one line before a minute of planning, not after it
+        try:
+            seconds_source(seconds_from, gpu)
+        except RunFileError as e:
+            print(f"trainbench plan: --seconds-from: {e}", file=sys.stderr)
+            return 2
     try:
-        night = plan_night(gpu, Path(args.budgets) if args.budgets else None)
+        night = plan_night(gpu, Path(args.budgets) if args.budgets else None, seconds_from=seconds_from)
     except BudgetError as e:
         print(f"trainbench plan: --budgets: {e}", file=sys.stderr)
+        return 2
+    except RunFileError as e:
+        print(f"trainbench plan: --seconds-from: {e}", file=sys.stderr)
         return 2
     for line in format_night(night):
         print(line)

@@ -13,11 +13,13 @@ GPU cannot have. ``pytest --trainbench-simulate-gpu`` plans each collected case 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainbench.core.budgets import Budgets, parse_key
 from trainbench.core.cases import Case, all_cases
+from trainbench.core.costs import TOTAL, timed_rounds_s
 from trainbench.core.measure import DEFAULT_SETTINGS
 from trainbench.core.plan import CasePlan
 from trainbench.core.predict import HEADROOM, PredictionCache, without_unpredictable
@@ -27,6 +29,7 @@ from trainbench.core.workloads import PROFILES
 from trainbench.devices.fleet import Gpu
 from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
 from trainbench.verdicts.doctor import Check, check_cuda, format_checks
+from trainbench.verdicts.store import RunFileError, SavedRun
 
 GiB = 2**30
 # What no case may be refused for on a GPU: a device it is. (A prediction that fails here is no problem: the memory
@@ -50,6 +53,8 @@ class PlannedCase:
     roofline: str | None = None  # what bounds its step there and its lower bound, e.g. "launch-bound, >= 3.1 ms/step"
     bound_s: float | None = None  # that lower bound (roofline.versus_measured compares a measured step with it)
     speedup_flag: str | None = None  # why its min_speedup budget cannot hold by the roofline
+    predicted_s: float | None = None  # its wall seconds in the night's session, as ``predict_seconds`` tells them
+    predicted_from: str | None = None  # where that figure comes from, or why there is none
 
 
 @dataclass
@@ -95,9 +100,11 @@ def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
 
 
 def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
-               arch_list: list[str] | None = None, counts: CountCache | None = None) -> NightPlan:
+               arch_list: list[str] | None = None, counts: CountCache | None = None,
+               seconds_from: Path | None = None) -> NightPlan:
     """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
-    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU)."""
+    caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU);
+    ``seconds_from``: an earlier night's run of the same GPU, which each case's predicted seconds come from."""
     night = NightPlan(gpu, simulated_checks(gpu, arch_list))
     if night.refused:
         return night
@@ -108,7 +115,64 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
     budgets = Budgets.load(budgets_path) if budgets_path else None
     counts = counts or CountCache(prediction_backend())
     night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
+    if seconds_from is not None:
+        night.cases = predict_seconds(night.cases, seconds_source(seconds_from, gpu))
     return night
+
+
+def seconds_source(path: Path, gpu: Gpu) -> SavedRun:
+    """The run a plan's predicted seconds come from: a saved run of ``gpu`` (a ``RunFileError`` says what else)."""
+    run = SavedRun.load(path)
+    name = (run.device or {}).get("name")
+    if name != gpu.name:
+        raise RunFileError(path, f"measured on {name or 'an unknown device'}, not {gpu.name}; expected a run of "
+                                 "the GPU planned for")
+    return run
+
+
+# Steps a case runs beside its timed rounds: the memory pass's, the growth pass's and the work pass's, about.
+PASS_STEPS = 8
+
+
+def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase]:
+    """Each case's wall seconds in a night, from ``run``, an earlier night of the same GPU: a case it measured
+    costs what it cost then; another costs what the cases measured as it is (alone, paired, ...) cost beside their
+    timed rounds (their median), plus its steps at the roofline's bound (a lower bound: the first night on the H200
+    measured steps 1.3-18x theirs). A case that compiles, or that nothing measured as it is, is not predicted:
+    its warm-up is minutes that no roofline tells."""
+    cost = {record.case: record.phase_seconds for record in run.cases(errors=[]) if record.phase_seconds.get(TOTAL)}
+    kinds: dict[str, list[float]] = {}
+    for case in cases:
+        if case.case in cost:
+            kinds.setdefault(case.measuring or "", []).append(cost[case.case][TOTAL] - timed_rounds_s(cost[case.case]))
+    overhead = {kind: statistics.median(values) for kind, values in kinds.items()}
+    settings = DEFAULT_SETTINGS["gpu"]
+    source = Path(str(run.path)).parent.name or str(run.path)
+    predicted = []
+    for case in cases:
+        if case.skipped or case.problem:
+            predicted.append(case)
+        elif case.case in cost:
+            predicted.append(replace(case, predicted_s=round(cost[case.case][TOTAL], 1),
+                                     predicted_from=f"measured in {source}"))
+        elif _compiles(case.case) or case.measuring not in overhead or case.bound_s is None:
+            why = ("it compiles: its warm-up is what no roofline tells" if _compiles(case.case) else
+                   f"no case measured {case.measuring} in {source}" if case.measuring not in overhead else
+                   "no roofline bound")
+            predicted.append(replace(case, predicted_from=f"not predicted: {why}"))
+        else:
+            steps = (settings.min_warmup_steps + settings.rounds * settings.steps_per_round
+                     * (2 if case.measuring == "paired" else 1) + PASS_STEPS)
+            predicted.append(replace(case, predicted_s=round(overhead[case.measuring] + steps * case.bound_s, 1),
+                                     predicted_from=f"{case.measuring} cases' overhead in {source} + {steps} steps at "
+                                                    "the roofline's bound"))
+    return predicted
+
+
+def _compiles(case_id: str) -> bool:
+    from trainbench.core.cases import all_cases
+
+    return any(case.id == case_id and case.own_recipe().slow for case in all_cases())
 
 
 def plan_suite_case(runner: Runner, case: Case, budgets: Budgets | None,
@@ -203,6 +267,10 @@ def format_night(night: NightPlan) -> list[str]:
             if c.speedup_flag:
                 lines.append(f"flag  {c.case}: {c.speedup_flag}")
     flagged = f", {len(night.flagged)} min_speedup budget(s) the roofline says cannot hold" if night.flagged else ""
+    timed = [c.predicted_s for c in night.runs if c.predicted_s is not None]
+    if timed:
+        lines.append(f"time: {len(timed)} of the {len(night.runs)} cases that run predicted, {sum(timed):.0f} s in "
+                     f"all; the other {len(night.runs) - len(timed)} not (see each case's predicted_from)")
     return lines + [_memory_line(night),
                     f"{len(night.runs)} run, {len(night.skips)} skip, {len(night.problems)} problem(s){flagged}"]
 
@@ -215,7 +283,9 @@ def would_run(c: PlannedCase, gpu: Gpu) -> str:
     how = c.measuring + (f" ({c.why_measuring})" if c.why_measuring else "")
     mfu = "MFU against " + " or ".join(f"{precision} {peak:g}" if peak else f"{precision} (peak unknown)"
                                        for precision, peak in c.mfu_peaks) + " TFLOP/s"
-    return f"[{c.section or 'no budget'}] {memory}; {how}; {mfu}" + (f"; {c.roofline}" if c.roofline else "")
+    seconds = f"; ~{c.predicted_s:g} s in a night ({c.predicted_from})" if c.predicted_s is not None else ""
+    return (f"[{c.section or 'no budget'}] {memory}; {how}; {mfu}" + (f"; {c.roofline}" if c.roofline else "")
+            + seconds)
 
 
 def _memory_line(night: NightPlan) -> str:
