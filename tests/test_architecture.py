@@ -580,3 +580,26 @@ def test_the_bound_check_sees_what_it_forbids():
     assert _judges_bounds("from trainbench.core.stats import judge_bound")
     assert _judges_bounds("ok, why = stats.judge_bound('samples_per_s', 'min', 1.0, 1.1, [1], None, True, [])")
     assert not _judges_bounds('"""rounds judged by ``stats.judge_bound``"""')
+
+
+# PyTorch's module trackers register backward hooks whose closures hold the autograd nodes they hang on: a cycle no
+# collector sees, which kept each case's model and gradients alive (on a GPU, in every later case's peak).
+MODULE_TRACKERS = re.compile(r"\b(?:FSDPMemTracker|MemTracker|ModTracker)\(")
+
+
+def _tracker_without_hook_removal(source: str) -> bool:
+    return bool(MODULE_TRACKERS.search(source)) and "module_grad_hooks_removed(" not in source
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_tracker_runs_with_its_backward_hooks_removed(name):
+    assert not _tracker_without_hook_removal(MODULES[name].read_text()), (
+        f"{name}.py makes a MemTracker/ModTracker without attribution.module_grad_hooks_removed(): each step it tracks "
+        "would keep its graph, model and gradients alive")
+
+
+def test_the_tracker_check_sees_a_tracker_left_with_its_hooks():
+    assert _tracker_without_hook_removal("tracker = MemTracker()\nwith tracker:\n    step()")
+    assert _tracker_without_hook_removal("self._modules = ModTracker()")
+    assert not _tracker_without_hook_removal("with module_grad_hooks_removed(), MemTracker() as t:\n    step()")
+    assert not _tracker_without_hook_removal("from torch.distributed._tools.mod_tracker import ModTracker")

@@ -1,16 +1,21 @@
-"""The GPU night: one command that spends a short GPU window measuring, within a time budget, writing as it goes.
+"""The GPU night: one command that spends a short GPU window measuring, within a time budget, writing as it goes,
+and leaves one archive of what it measured in every ending.
 
-``python -m trainbench night --budget-s SECONDS --out DIR`` runs, each step a child process of the interpreter it
-was started with (nothing installed, no network): the doctor, the GPU self-checks (``smoke/``), the suite's
-cases in groups ordered by what they tell (``CASE_GROUPS``), then the run those groups saved (merged), its
-device's calibrated budgets section (a diff), the ladder report, the simulated plan of the same GPU, and
-``summary.md``, which sets the run beside that plan. ``--simulate-gpu`` rehearses it on any machine: the cases
-collect and skip as that GPU would, and nothing is measured.
+``python -m trainbench night --budget-s SECONDS --out DIR [--archive FILE.tar.gz]`` runs, each step a child
+process of the interpreter it was started with (nothing installed, no network): the doctor, the GPU self-checks
+(``smoke/``, capped at ``SMOKE_CAP_S``, the checks of the method first), the suite's cases in one pytest session
+in the order of what they tell (``CASE_GROUPS``, the ladders last) under the window's measuring profile
+(``window_profile``), then the run it saved (or, where it was killed, the run it saved after its last finished
+case), its device's calibrated budgets section (a diff), the ladder report, and ``summary.md``, which sets the run
+beside the plan made before the night (``--plan``). ``--device cpu`` runs the same night on the CPU cases;
+``--simulate-gpu`` rehearses it on any machine: the cases collect and skip as that GPU would, and nothing is
+measured.
 
 Every step has a deadline inside the budget: measuring steps end ``FINISH_RESERVE_S`` before it, so that the
-run is always merged and summarized; a step that cannot start in time is recorded as not started, one that runs
-past its deadline is stopped (SIGTERM: a pytest session saves what it measured, marked incomplete), and the
-manifest ``night.json`` is rewritten after every step. Killed at any point, what finished is on disk.
+run is always kept and summarized; a step that cannot start in time is recorded as not started, one that runs
+past its deadline is stopped (SIGINT, then SIGTERM, then SIGKILL: a pytest session reports and saves what it
+measured, marked incomplete), and the manifest ``night.json`` is rewritten after every step. Killed at any
+point, what finished is on disk, and the archive is written on the way out.
 """
 
 from __future__ import annotations
@@ -945,11 +950,12 @@ def _interrupt(signum, frame):
 NAME = "night"
 HELP = "the GPU night: doctor, self-checks, the cases by what they tell, calibration, report, summary"
 DESCRIPTION = ("Spend a GPU window measuring, within --budget-s, writing into --out as it goes: the doctor "
-               "(doctor.json), the GPU self-checks (smoke/), the suite's cases in groups ordered by what they "
-               "tell, the merged run (run.json), its device's budgets section calibrated (a diff), the ladder "
-               "report, the simulated plan of the same GPU (plan.json) and summary.md beside it. Each step is a "
-               "child process of this interpreter: nothing is installed, nothing is fetched. Exit 1 when a "
-               "step failed, 2 when the night cannot start.")
+               "(doctor.json), the GPU self-checks (smoke/, capped), the suite's cases in one session in the order "
+               "of what they tell, the run (run.json), its device's budgets section calibrated (a diff), the ladder "
+               "report and summary.md beside the plan made before the night (--plan); --archive packs it all into "
+               "one .tar.gz whatever the ending. Each step is a child process of this interpreter: nothing is "
+               "installed, nothing is fetched. Exit 1 when a step failed or the night was interrupted, 2 when it "
+               "cannot start.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
