@@ -333,7 +333,7 @@ def subprocess_runner(clock: Callable[[], float] = time.monotonic, env: dict[str
         env_here = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         with open(log, "wb") as out:
             child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env_here,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_interruptible)
             try:
                 return _wait(child, deadline, clock)
             except BaseException:
@@ -341,6 +341,13 @@ def subprocess_runner(clock: Callable[[], float] = time.monotonic, env: dict[str
                 raise
 
     return run
+
+
+def _interruptible() -> None:
+    """In the child before it starts: SIGINT back to its default, so that Python makes it a KeyboardInterrupt. A
+    night started in the background of a shell script inherits SIGINT ignored, and its steps would then sit out the
+    deadline's SIGINT and lose their report to the SIGTERM after it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait(child: subprocess.Popen, deadline: float, clock: Callable[[], float]) -> StepOutcome:
