@@ -58,7 +58,7 @@ from trainbench.core.guards import GUARD_STEPS
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import VARYING_SHAPES_NOTE, Result
 from trainbench.core.spec import batch_shapes
-from trainbench.core.training import TrainingSetup
+from trainbench.core.training import TrainingSetup, compiled_by_user
 from trainbench.core.watchdog import NoProgress, phase
 
 
@@ -768,6 +768,9 @@ class Measurer:
         self._measure_growth()
         if self.settings.breakdown:
             self._set(memory_breakdown_bytes=self.tracked_breakdown())
+            if compiled_by_user(self.training.model):
+                self._note("the spec's model came compiled: what its compiled code allocates is invisible to the "
+                           "tracked breakdown (peak and activation MiB count only what runs outside it)")
 
     def _measure_growth(self) -> None:
         """Live tensor memory and kept autograd nodes added per step, over GROWTH_STEPS steps (x log_every) after a first."""
@@ -946,7 +949,7 @@ class Measurer:
         off, or compiled code, which the module hooks would send back to recompilation."""
         if not self.settings.attribution:
             return contextlib.nullcontext()
-        if self.training.config.compiles:
+        if self.training.compiles:
             if not any("module sites" in note for note in self.result.notes):
                 self._note("no module sites in the attribution: their module hooks would recompile compiled code")
             return contextlib.nullcontext()

@@ -280,7 +280,16 @@ def fake_training(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> 
             training = _PredictedTraining(config, dataclasses.replace(spec, model=_fake_model(spec.model, mode)),
                                           backend)
         stack.enter_context(training)
+        if training.compiles:  # Inductor's code on fake tensors fails, or crashes the process (a segfault)
+            raise NotPredictable(f"the spec's model came compiled (torch.compile): {_COMPILED_MODEL}")
         yield training
+
+
+_COMPILED_MODEL = "compiled code runs its own kernels, which fake tensors cannot enter"
+
+
+class NotPredictable(Exception):
+    """A setup that fake tensors are known not to run (or to crash on), found only once it is built."""
 
 
 def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = PREDICTED_STEPS) -> dict:
@@ -300,6 +309,8 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
             for _ in range(steps):
                 training.step(training.fetch(batches))
             breakdown = measurement.tracked_breakdown()
+    except NotPredictable as e:
+        return {"reason": str(e)}
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
         return {"reason": f"FakeTensorMode could not run the step: {failure_line(e)}"}
     return {"device": backend.device.type, "batch_size": training.samples_per_step, "breakdown_bytes": breakdown}

@@ -28,7 +28,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
 from trainbench.core.measure import failure_line
-from trainbench.core.predict import SharedPredictions, fake_training, unpredictable, without_unpredictable
+from trainbench.core.predict import (
+    NotPredictable,
+    SharedPredictions,
+    fake_training,
+    unpredictable,
+    without_unpredictable,
+)
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
 from trainbench.devices.device import Backend
@@ -197,6 +203,8 @@ def count_step(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> Ste
             flops, traffic = FlopCounterMode(display=False), _traffic_mode()
             with flops, traffic:
                 training.step(step)
+    except NotPredictable as e:
+        return str(e)
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which
         return f"FakeTensorMode could not run the step: {failure_line(e)}"
     total = int(flops.get_total_flops())

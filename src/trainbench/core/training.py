@@ -1019,13 +1019,19 @@ class TrainingSetup:
             stack.extend(next_node for next_node, _ in node.next_functions)
         return len(seen)
 
+    @property
+    def compiles(self) -> bool:
+        """Whether this setup's step runs compiled code: the recipe compiles it, or the spec's model came compiled
+        (``compiled_by_user``)."""
+        return self.config.compiles or compiled_by_user(self.model)
+
     def close(self) -> None:
         """Stop loader workers and restore global flags this setup changed."""
         iterator, self._iterator = self._iterator, None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._closers.close()
-        if self.config.compiles:
+        if self.compiles:
             # Dynamo's caches and guards outlive the model: a later case would reuse or recompile them
             # (a new batch size recompiles with a dynamic batch dimension). Each compiled case starts clean.
             torch._dynamo.reset()
@@ -1035,6 +1041,13 @@ class TrainingSetup:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def compiled_by_user(model: torch.nn.Module) -> bool:
+    """Whether the spec's model, or a module in it, came compiled: ``torch.compile(module)`` (an
+    ``OptimizedModule``) or ``module.compile()``. Its step runs Inductor's code, whatever the recipe says."""
+    return any(type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
+               for module in model.modules())
 
 
 def module_to(model: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
