@@ -703,3 +703,62 @@ def test_a_model_the_user_compiled_is_measured_and_never_run_on_fake_tensors(pyt
     assert ("GPU pred n/a for compiled_mlp-baseline: the spec's model came compiled (torch.compile): compiled code "
             "runs its own kernels, which fake tensors cannot enter") in out
     assert "FakeTensorMode could not run" not in out
+
+
+SPARSE_RECOMMENDER = """import functools
+import torch
+from torch import nn
+import pytest
+from trainbench import TrainingSpec
+
+
+class Rec(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(1000, 16, mode="sum", sparse=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, ids, offsets):
+        return self.head(self.bag(ids, offsets)).squeeze(-1)
+
+
+def batches(n, gen):
+    ids = torch.randint(0, 1000, (n * 4,), generator=gen)
+    return {"ids": ids, "offsets": torch.arange(0, n * 4, 4), "y": torch.rand(n, generator=gen)}
+
+
+def loss_fn(model, b):
+    return nn.functional.mse_loss(model(b["ids"], b["offsets"]), b["y"])
+
+
+def optimizers(model):
+    return {"sparse": torch.optim.SparseAdam(list(model.bag.parameters()), lr=1e-2),
+            "dense": torch.optim.Adam(model.head.parameters(), lr=1e-2)}
+
+
+SPEC = TrainingSpec(name="rec", model=Rec, loss_fn=loss_fn, batch_size=32, optimizers=optimizers, batches=batches)
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "set_to_none", "larger_batch"])
+def test_rec(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+def test_a_sparse_embedding_with_sparse_adam_is_measured_in_every_pass(pytester, quick_options, monkeypatch):
+    """``nn.EmbeddingBag(sparse=True)`` with ``SparseAdam``: every measured case failed in the growth pass
+    (``Cannot access storage of SparseTensorImpl``); sparse tensors are now counted by their parts, the breakdown says
+    why it tracks by storage identity, and the prediction says why it is not made."""
+    monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
+    pytester.makepyfile(test_rec=SPARSE_RECOMMENDER)
+    result = pytester.runpytest(*quick_options, "--benchmark-json=out.json")
+    result.assert_outcomes(passed=3)
+    out = result.stdout.str()
+    assert "GPU pred n/a for rec-baseline, rec-set_to_none, rec-larger_batch: sparse gradients" in out
+    import json
+
+    records = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())[
+        "benchmarks"]}
+    breakdown = records["rec-baseline"]["memory_breakdown_bytes"]
+    assert breakdown["grads"] > 16 * 4 and breakdown["optimizer_state"] > 0  # the sparse gradient and Adam's state
+    assert any("sparse gradients" in note for note in records["rec-baseline"]["notes"])

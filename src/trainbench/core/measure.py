@@ -120,7 +120,8 @@ class _LiveStorages(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-                self._track(t.untyped_storage())
+                for storage in _storages(t):
+                    self._track(storage)
         if self.sites is not None:
             total = sum(self._by_site.values())
             if total > self.peak:
@@ -337,14 +338,29 @@ class _StepMemory(TorchDispatchMode):
         return {"total": int(self.peak), **{kind: int(self._peak_bytes.get(kind, 0)) for kind in kinds}}
 
 
+# A sparse tensor has no storage of its own: its data is in these dense tensors (an embedding's sparse gradient, a
+# SparseAdam state), by layout.
+_SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"), torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
+
+
+def sparse_gradients(model: torch.nn.Module) -> bool:
+    """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
+    return any(getattr(module, "sparse", False) is True for module in model.modules())
+
+
 def _storages(t: torch.Tensor) -> list:
-    """The storages holding ``t``'s data (a wrapper subclass's inner tensors' storages)."""
+    """The storages holding ``t``'s data (a wrapper subclass's inner tensors', a sparse tensor's parts')."""
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         return [s for name in names for s in _storages(getattr(t, name))]
+    if t.layout in _SPARSE_PARTS:
+        return [s for part in _SPARSE_PARTS[t.layout] for s in _storages(getattr(t, part)())]
     try:
         return [t.untyped_storage()]
-    except (RuntimeError, NotImplementedError):  # sparse and other layouts without one storage
+    except (RuntimeError, NotImplementedError):  # layouts with no storage to count (nested, mkldnn)
         return []
 
 
@@ -815,7 +831,10 @@ class Measurer:
         ``PackedSequence``); such a step, and every custom step, is tracked by storage identity instead
         (``_StepMemory``), which no calling pattern can confuse. An error of the step itself recurs there.
         """
-        if self.training.context is None:
+        if self.training.context is None and sparse_gradients(self.training.model):
+            self._note("memory breakdown tracked by storage identity: the model has sparse gradients (an embedding "
+                       "with sparse=True), whose storage MemTracker cannot read")
+        elif self.training.context is None:
             try:
                 return self._memtracker_breakdown()
             except (NotApplicable, NoProgress):

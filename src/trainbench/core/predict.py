@@ -297,13 +297,16 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
 
     Returns ``{"device", "batch_size", "breakdown_bytes"}``, or ``{"reason"}`` where the setup cannot be faked.
     """
-    from trainbench.core.measure import Measurer, MeasureSettings
+    from trainbench.core.measure import Measurer, MeasureSettings, sparse_gradients
 
     reason = unpredictable(config)
     if reason:
         return {"reason": reason}
     try:
         with fake_training(config, spec, backend) as training:
+            if sparse_gradients(training.model):
+                raise NotPredictable("sparse gradients (an embedding with sparse=True): fake tensors do not size "
+                                     "them, or the optimizer state they make, as the real step does")
             measurement = Measurer(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
             for _ in range(steps):
