@@ -391,8 +391,30 @@ class Executor:
 
     def _guard_checks(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardCheck]:
         recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
-        key = self._key(plan, plan.baseline)
-        runs = self._seeded_runs(plan, outcome, key)
+        dropout = self._dropout_in_the_way(plan)
+        key = (*self._key(plan, plan.baseline), "dropout off") if dropout else self._key(plan, plan.baseline)
+        runs = self._seeded_runs(plan, outcome, key, dropout_off=bool(dropout))
+        verdicts = self._compared(plan, outcome, runs, key)
+        if not dropout:
+            return verdicts
+        why = (f" (with dropout off on both sides: the model's dropout ({', '.join(dropout[:3])}"
+               f"{', ...' if len(dropout) > 3 else ''}) draws other random masks for a batch split into "
+               f"{max(config.accumulation_steps, config.shards)} than for it whole)")
+        return [replace(v, message=v.message + why) for v in verdicts]
+
+    def _dropout_in_the_way(self, plan: CasePlan) -> list[str]:
+        """The model's dropout sites, where the case splits the step's batch (accumulation, data-parallel shares):
+        their masks for the parts are not the whole batch's, so its guards compare with dropout off on both sides."""
+        config = plan.config
+        # (a rank case's gradients come from its ranks, which ran with their dropout: not switched off there)
+        if config.accumulation_steps == 1 and config.shards == 1 or config.rank_processes:
+            return []
+        from trainbench.core.training import dropout_sites
+
+        return dropout_sites(plan.spec.model())
+
+    def _compared(self, plan: CasePlan, outcome: CaseOutcome, runs: dict, key: tuple) -> list[guards.GuardCheck]:
+        recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
         verdicts = []
         if recipe.loss_rtol is not None and outcome.fresh_losses is not None:
             verdicts.append(guards.compare_trajectories(*outcome.fresh_losses, recipe.loss_rtol))
@@ -410,7 +432,7 @@ class Executor:
             verdicts.append(guards.with_likely_cause(verdict, config, spec))
         return verdicts
 
-    def _seeded_runs(self, plan: CasePlan, outcome: CaseOutcome, key: tuple) -> dict:
+    def _seeded_runs(self, plan: CasePlan, outcome: CaseOutcome, key: tuple, dropout_off: bool = False) -> dict:
         """What the case's guards need of setups trained from their seeds, each config built once for the case (the
         losses and the first gradients of one config come from one setup: ``guards.seeded_run``), by config.
 
@@ -434,13 +456,14 @@ class Executor:
             if not config.rank_processes:
                 wants.setdefault(config, set()).add("gradients")
         measured = {c: r.seeded_losses for c, r in ((base_config, outcome.baseline), (config, outcome.result))
-                    if r is not None and r.seeded_losses and c != shards_reference}
+                    if r is not None and r.seeded_losses and c != shards_reference and not dropout_off}
         runs = {}
         for c, want in wants.items():
             losses = measured.get(c) if "losses" in want else None
             build = want - {"losses"} if losses is not None else want
             run = (guards.seeded_run(c, plan.spec, self.backend, losses="losses" in build,
-                                     gradients="gradients" in build, micro_batches_are_shards=c == shards_reference)
+                                     gradients="gradients" in build, micro_batches_are_shards=c == shards_reference,
+                                     dropout_off=dropout_off)
                    if build else guards.SeededRun())
             runs[c] = run if losses is None else replace(run, losses=losses)
         return runs

@@ -54,10 +54,11 @@ class GuardCheck:
 
 
 def loss_trajectory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = GUARD_STEPS,
-                    micro_batches_are_shards: bool = False) -> list[float]:
-    """Losses of the first ``steps`` steps from seeded weights on seeded batches (``micro_batches_are_shards``: as
-    ``TrainingSetup`` takes it)."""
-    with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards) as training:
+                    micro_batches_are_shards: bool = False, dropout_off: bool = False) -> list[float]:
+    """Losses of the first ``steps`` steps from seeded weights on seeded batches (``micro_batches_are_shards``,
+    ``dropout_off``: as ``TrainingSetup`` takes them)."""
+    with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards,
+                       dropout_off=dropout_off) as training:
         batches = training.batches()
         losses = [training.step(training.fetch(batches)) for _ in range(steps)]
         return [float(loss) for loss in losses]  # syncs once per step, after the steps ran
@@ -72,17 +73,17 @@ class SeededRun:
 
 
 def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses: bool = True, gradients: bool = False,
-               steps: int = GUARD_STEPS, micro_batches_are_shards: bool = False) -> SeededRun:
+               steps: int = GUARD_STEPS, micro_batches_are_shards: bool = False, dropout_off: bool = False) -> SeededRun:
     """The losses of the first ``steps`` steps and the first step's gradients, as ``loss_trajectory`` and
     ``first_step_gradients`` give them, from one setup where both are asked for: the first step's gradients are
     read before its update, its loss is the trajectory's first. A first step whose gradients overflowed under a
     GradScaler (the scaler skips it) leaves the gradients to ``first_step_gradients``, which builds it again."""
-    shards = micro_batches_are_shards
+    shards, off = micro_batches_are_shards, dropout_off
     if not gradients:
-        return SeededRun(losses=loss_trajectory(config, spec, backend, steps, shards) if losses else None)
+        return SeededRun(losses=loss_trajectory(config, spec, backend, steps, shards, off) if losses else None)
     if not losses:
-        return SeededRun(gradients=first_step_gradients(config, spec, backend, shards))
-    with TrainingSetup(config, spec, backend, micro_batches_are_shards=shards) as training:
+        return SeededRun(gradients=first_step_gradients(config, spec, backend, shards, off))
+    with TrainingSetup(config, spec, backend, micro_batches_are_shards=shards, dropout_off=off) as training:
         grads, first = _first_step(training)
         if training.context is None:
             training.optimizer_step()  # the plain step's update, once its gradients are read
@@ -90,7 +91,7 @@ def seeded_run(config: TrainConfig, spec: TrainingSpec, backend: Backend, losses
         trajectory = [float(loss) for loss in [first, *(training.step(training.fetch(batches))
                                                         for _ in range(steps - 1))]]
         overflowed = training.scaler is not None and not all(bool(g.isfinite().all()) for g in grads.values())
-    return SeededRun(trajectory, first_step_gradients(config, spec, backend, shards) if overflowed else grads)
+    return SeededRun(trajectory, first_step_gradients(config, spec, backend, shards, off) if overflowed else grads)
 
 
 def compare_trajectories(losses: list[float], baseline: list[float], rtol: float) -> GuardCheck:
@@ -107,7 +108,7 @@ def compare_trajectories(losses: list[float], baseline: list[float], rtol: float
 
 
 def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backend,
-                         micro_batches_are_shards: bool = False) -> dict[str, torch.Tensor]:
+                         micro_batches_are_shards: bool = False, dropout_off: bool = False) -> dict[str, torch.Tensor]:
     """Gradients of the first step (before any update), by parameter name, in fp32 on the host; of a custom step,
     those each optimizer stepped on, by ``"optimizer:parameter"`` (``"D#2:..."`` for its second update in the step).
 
@@ -117,7 +118,8 @@ def first_step_gradients(config: TrainConfig, spec: TrainingSpec, backend: Backe
     gradients are returned, and fail the comparison)."""
     scale = None
     for _ in range(MAX_SKIPPED_STEPS + 1):
-        with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards) as training:
+        with TrainingSetup(config, spec, backend, micro_batches_are_shards=micro_batches_are_shards,
+                           dropout_off=dropout_off) as training:
             if training.scaler is not None and scale is not None:
                 training.scaler = _scaler_at(training.scaler, training.device.type, scale)
             grads, _ = _first_step(training)

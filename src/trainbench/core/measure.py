@@ -120,7 +120,8 @@ class _LiveStorages(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-                for storage in _storages(t):
+                # a wrapper subclass (DTensor) by its own storage, as it always was; a sparse tensor by its parts'
+                for storage in _storages(t) if t.layout in _SPARSE_PARTS else [t.untyped_storage()]:
                     self._track(storage)
         if self.sites is not None:
             total = sum(self._by_site.values())
@@ -353,6 +354,8 @@ def sparse_gradients(model: torch.nn.Module) -> bool:
 
 def _storages(t: torch.Tensor) -> list:
     """The storages holding ``t``'s data (a wrapper subclass's inner tensors', a sparse tensor's parts')."""
+    if not isinstance(t, torch.Tensor):  # what a subclass's flatten names beside its tensors (a DeviceMesh)
+        return []
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         return [s for name in names for s in _storages(getattr(t, name))]

@@ -563,20 +563,19 @@ class TrainingSetup:
     steps_run = 0
 
     def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None,
-                 micro_batches_are_shards: bool = False):
+                 micro_batches_are_shards: bool = False, dropout_off: bool = False):
         """``micro_batches_are_shards``: the accumulated micro-batches stand for the shards of data-parallel ranks (the
         one-process reference of a DDP case), which each normalize their own samples as the micro-batches do; any
-        other accumulation over a BatchNorm that uses batch statistics trains differently and is ``NotApplicable``."""
+        other accumulation over a BatchNorm that uses batch statistics trains differently and is ``NotApplicable``.
+        ``dropout_off``: the model's dropout draws nothing (``switch_dropout_off``), for a guard that compares a batch
+        with its micro-batches."""
         self.config = config = config.validate()
-        self.micro_batches_are_shards = micro_batches_are_shards
+        self.micro_batches_are_shards, self.dropout_off = micro_batches_are_shards, dropout_off
         reason = spec_unmet(spec, config)
         if reason:
             raise NotApplicable(reason)
-        self.spec = spec
-        self.fault = fault
+        self.spec, self.fault, self.backend, self.device = spec, fault, backend, backend.device
         self._leaked: list[torch.Tensor] = []
-        self.backend = backend
-        self.device = backend.device
         self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
         self.samples_per_step = config.step_batch_size(spec)
         self.synthetic = config.synthetic or (None if spec.dataset is not None else "host")
@@ -667,6 +666,8 @@ class TrainingSetup:
         if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
             raise NotApplicable("the model has no module with a `pointwise` function to fuse")
         model.train(config.eval_mode is None)
+        if self.dropout_off:
+            switch_dropout_off(model)
         if config.accumulation_steps > 1 and not self.micro_batches_are_shards:
             norms = batch_statistics_norms(model)
             if norms:
@@ -1041,6 +1042,29 @@ class TrainingSetup:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def dropout_sites(model: torch.nn.Module) -> list[str]:
+    """The model's modules that draw random masks in training: ``nn.Dropout`` and its kin with p > 0, and modules
+    that keep a dropout probability of their own for a functional call (Hugging Face attention's ``dropout_prob``,
+    ``attention_dropout``)."""
+    return [name or type(module).__name__ for name, module in model.named_modules()
+            if (isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0)
+            or any(_dropout_probability(module, attr) for attr in vars(module))]
+
+
+def _dropout_probability(module: torch.nn.Module, attr: str) -> bool:
+    value = getattr(module, attr, None)
+    return "dropout" in attr and isinstance(value, float) and 0 < value < 1
+
+
+def switch_dropout_off(model: torch.nn.Module) -> None:
+    """Every ``dropout_sites`` module's probability to 0: the model trains as before, drawing no random mask."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for attr in [a for a in vars(module) if _dropout_probability(module, a)]:
+            setattr(module, attr, 0.0)
 
 
 def compiled_by_user(model: torch.nn.Module) -> bool:
