@@ -803,3 +803,12 @@ def test_accumulation_on_a_model_with_dropout_is_guarded_with_its_masks_out_of_t
     assert all("with dropout off on both sides: the model's dropout (2) draws other random masks for a batch split "
                "into 4" in c["message"] for c in checks)
     assert all("dropout" not in c["message"] for c in records["dropout_mlp-set_to_none"]["guard"]["checks"])
+
+
+def test_recipe_params_take_names_or_a_list_of_them():
+    from trainbench.plugin import recipe_params
+
+    assert [p.id for p in recipe_params(["baseline", "compile"])] == ["baseline", "compile"]  # was unhashable: list
+    assert [p.id for p in recipe_params("baseline", "compile")] == ["baseline", "compile"]
+    with pytest.raises(TypeError, match="recipe_params: 3: expected recipe names"):
+        recipe_params(["baseline", 3])

@@ -64,15 +64,20 @@ def marks_for(recipe) -> list:
     return marks
 
 
-def recipe_params(*names: str):
-    """``pytest.param`` per recipe, with markers derived from its requirements.
+def recipe_params(*names):
+    """``pytest.param`` per recipe, with markers derived from its requirements: ``recipe_params("baseline", "amp_bf16")``
+    or ``recipe_params(["baseline", "amp_bf16"])``; none, every built-in recipe.
 
     Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
     recipes are collected everywhere and skipped with a reason on CPU runners.
     """
     from trainbench.core.recipes import RECIPES, get_recipe
 
-    return [pytest.param(name, id=name, marks=marks_for(get_recipe(name))) for name in names or tuple(RECIPES)]
+    flat = [n for name in names for n in ([name] if isinstance(name, str) else list(name))]
+    odd = [repr(n) for n in flat if not isinstance(n, str)]
+    if odd:
+        raise TypeError(f"recipe_params: {', '.join(odd)}: expected recipe names (str), e.g. recipe_params('baseline')")
+    return [pytest.param(name, id=name, marks=marks_for(get_recipe(name))) for name in flat or tuple(RECIPES)]
 
 
 def case_params(cases):
