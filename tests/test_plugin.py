@@ -812,3 +812,54 @@ def test_recipe_params_take_names_or_a_list_of_them():
     assert [p.id for p in recipe_params("baseline", "compile")] == ["baseline", "compile"]
     with pytest.raises(TypeError, match="recipe_params: 3: expected recipe names"):
         recipe_params(["baseline", 3])
+
+
+CHECKPOINTS_ALREADY = """
+import functools
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from trainbench import TrainingSpec, classification_loss
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.GELU()) for _ in range(3))
+        self.gradient_checkpointing = True  # as Hugging Face's gradient_checkpointing_enable() leaves an encoder
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.gradient_checkpointing else layer(x)
+        return x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.head = Encoder(), nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+SPEC = TrainingSpec(name="ckpt_mlp", model=Net, loss_fn=classification_loss, batch_size=16,
+                    optimizer=functools.partial(torch.optim.SGD, lr=0.1), checkpoint_blocks=["encoder.layers.0"],
+                    batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "checkpointing"])
+def test_ckpt(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+def test_checkpointing_a_model_that_checkpoints_already_is_skipped_with_why(pytester, quick_options):
+    """A Hugging Face model after gradient_checkpointing_enable(): the recipe measured the same activations as its
+    baseline and said nothing."""
+    pytester.makepyfile(test_ckpt=CHECKPOINTS_ALREADY)
+    result = pytester.runpytest("-rs", *quick_options)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert ("the model checkpoints already (gradient_checkpointing on encoder): recomputing its blocks again changes "
+            "nothing the baseline does not do") in result.stdout.str()

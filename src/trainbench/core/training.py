@@ -139,6 +139,17 @@ class RankSampler(Sampler[int]):
             yield from global_batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
+def checkpointing_already(model: torch.nn.Module) -> str | None:
+    """Where the spec's model recomputes activations itself, as Hugging Face models do after
+    ``gradient_checkpointing_enable()`` (their ``is_gradient_checkpointing``, a module's ``gradient_checkpointing``
+    flag), or None."""
+    if getattr(model, "is_gradient_checkpointing", False) is True:
+        return "is_gradient_checkpointing"
+    on = [name or type(model).__name__ for name, module in model.named_modules()
+          if getattr(module, "gradient_checkpointing", False) is True]
+    return f"gradient_checkpointing on {', '.join(on[:3])}{', ...' if len(on) > 3 else ''}" if on else None
+
+
 def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None:
     """Recompute each named block in backward instead of keeping its activations.
 
@@ -662,6 +673,10 @@ class TrainingSetup:
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
             model = module_to(model, memory_format=torch.channels_last)
         if config.checkpointing:
+            already = checkpointing_already(model)
+            if already:
+                raise NotApplicable(f"the model checkpoints already ({already}): recomputing its blocks again "
+                                    "changes nothing the baseline does not do")
             enable_checkpointing(model, list(spec.checkpoint_blocks))
         if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
             raise NotApplicable("the model has no module with a `pointwise` function to fuse")
