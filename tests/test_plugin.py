@@ -686,8 +686,9 @@ SPEC = TrainingSpec(name="compiled_mlp", model=lambda: torch.compile(Net()), los
                     batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
 
 
-def test_compiled(train_bench):
-    train_bench("baseline", SPEC)
+@pytest.mark.parametrize("recipe", ["baseline", "compile"])
+def test_compiled(train_bench, recipe):
+    train_bench(recipe, SPEC)
 """
 
 
@@ -697,9 +698,10 @@ def test_a_model_the_user_compiled_is_measured_and_never_run_on_fake_tensors(pyt
     that a crash fails this test and not the test session."""
     monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
     pytester.makepyfile(test_compiled=COMPILED_BY_USER)
-    result = pytester.runpytest_subprocess(*quick_options, "-W", "ignore::UserWarning")
-    result.assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess(*quick_options, "-W", "ignore::UserWarning", "-rs", "--trainbench-slow")
+    result.assert_outcomes(passed=1, skipped=1)
     out = result.stdout.str()
+    assert "the spec's model came compiled (torch.compile): compiling it again changes nothing" in out
     assert ("GPU pred n/a for compiled_mlp-baseline: the spec's model came compiled (torch.compile): compiled code "
             "runs its own kernels, which fake tensors cannot enter") in out
     assert "FakeTensorMode could not run" not in out

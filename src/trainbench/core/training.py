@@ -672,6 +672,8 @@ class TrainingSetup:
             if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
             model = module_to(model, memory_format=torch.channels_last)
+        if config.compiles and compiled_by_user(model):
+            raise NotApplicable("the spec's model came compiled (torch.compile): compiling it again changes nothing")
         if config.checkpointing:
             already = checkpointing_already(model)
             if already:
