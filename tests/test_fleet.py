@@ -315,6 +315,7 @@ def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
              PlannedCase("resnet18-channels_last", measuring="alone", bound_s=0.005),
              PlannedCase("resnet18-amp_fp16", measuring="paired", bound_s=0.006),
              PlannedCase("resnet18-compile", measuring="alone", bound_s=0.002),
+             PlannedCase("gelu_mlp-fuse_pointwise_compile", measuring="alone", bound_s=0.001),
              PlannedCase("resnet18-cudnn_benchmark", measuring="fresh processes", bound_s=0.005),
              PlannedCase("resnet18-ddp", skipped="needs 2 GPUs")]
     cases[2:2] = [PlannedCase("resnet18-amp_bf16", measuring="paired", bound_s=0.006),
@@ -326,5 +327,6 @@ def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
     assert predicted["resnet18-channels_last"].predicted_s == round(5.0 + settings_steps * 0.005, 1)  # median 7, 3
     assert predicted["resnet18-amp_fp16"].predicted_s == round(3.0 + (10 + 200 + PASS_STEPS) * 0.006, 1)
     assert predicted["resnet18-compile"].predicted_s is None and "compiles" in predicted["resnet18-compile"].predicted_from
+    assert predicted["gelu_mlp-fuse_pointwise_compile"].predicted_s is None  # it compiles, though not marked slow
     assert "no case measured fresh processes" in predicted["resnet18-cudnn_benchmark"].predicted_from
     assert predicted["resnet18-ddp"].predicted_s is None and predicted["resnet18-ddp"].predicted_from is None

@@ -24,7 +24,6 @@ from trainbench.cli.night import (
     junit_cases,
     keep_run,
     least_budget_s,
-    merge_runs,
     night_node_ids,
     run_night,
     smoke_node_ids,
@@ -417,17 +416,6 @@ def test_the_run_kept_is_the_sessions_own_or_else_the_one_saved_after_its_last_c
         path.unlink()
     with pytest.raises(ValueError, match="saved no run"):
         keep_run(groups, tmp_path / "run.json")
-
-
-def test_merging_keeps_every_part_and_names_the_unreadable(tmp_path):
-    (tmp_path / "01.json").write_text(json.dumps(_group_run(["a-baseline"])))
-    (tmp_path / "02.json").write_text("{truncated")
-    note = merge_runs([tmp_path / "01.json", tmp_path / "02.json"], tmp_path / "run.json")
-    run = json.loads((tmp_path / "run.json").read_text())
-    assert [b["extra_info"]["case"] for b in run["benchmarks"]] == ["a-baseline"] and run[INCOMPLETE_KEY]
-    assert "02.json: invalid JSON" in note
-    with pytest.raises(ValueError, match="no group saved a run"):
-        merge_runs([tmp_path / "02.json"], tmp_path / "none.json")
 
 
 def test_junit_cases_read_outcomes_skip_reasons_and_seconds(tmp_path):

@@ -39,10 +39,10 @@ from xml.etree import ElementTree
 
 from trainbench.core.files import cannot_write, write_atomic, write_json_atomic, write_text_atomic
 from trainbench.verdicts.render import Column, Table, number
-from trainbench.verdicts.store import RunFileError, SavedRun, merged_run
+from trainbench.verdicts.store import RunFileError, SavedRun
 
 SUITE_FILE = "benchmarks/test_recipes.py"
-# Time kept back from the measuring steps for merging, calibrating, reporting, planning and the summary.
+# Time kept back from the measuring steps for keeping the run, calibrating, reporting and the summary.
 FINISH_RESERVE_S = 60.0
 # A step that would have less than this left is not started: it could not finish anything worth keeping.
 MIN_STEP_S = 10.0
@@ -256,7 +256,7 @@ def least_budget_s(simulated: bool) -> float:
 
 
 def finish_reserve(budget_s: float, simulated: bool) -> float:
-    """Seconds kept back from measuring: for merging, calibrating, reporting and planning (a quarter of a short
+    """Seconds kept back from measuring: for keeping the run, calibrating and reporting (a quarter of a short
     budget), or on a rehearsal, which has only its summary to write, for a stopped step to end."""
     if simulated:
         return TERM_GRACE_S + 5.0
@@ -456,10 +456,6 @@ class NightRun:
                   (f"--trainbench-device={self.night.device}",))
         return self.python("-m", "pytest", "-rs", "-p", "no:cacheprovider", *device, *self.pytest_args, *args)
 
-    @property
-    def what(self) -> str:
-        return "CPU night" if self.night.device == "cpu" else "GPU night"
-
     # -- the night ---------------------------------------------------------------------------------
     def run(self) -> int:
         night = self.night
@@ -473,7 +469,7 @@ class NightRun:
             self._measure(measure_end)
         except KeyboardInterrupt:
             night.interrupted = True
-            self.say("night: interrupted; merging and summarizing what finished")
+            self.say("night: interrupted; keeping and summarizing what finished")
         try:
             self._finish()
         except KeyboardInterrupt:  # a second signal: what is on disk stays, the archive is still written
@@ -547,7 +543,7 @@ class NightRun:
                       deadline)
 
     def _finish(self) -> None:
-        end = self.end - TERM_GRACE_S  # a step stopped at its deadline may take this long to end
+        end = self.end - TERM_GRACE_S - KILL_GRACE_S  # a step stopped at its deadline may take this long to end
         run_path = self.out / "run.json"
         why = "the cases' run (or, where the session was killed, the run as it stood after its last case)"
         if self.night.simulate_gpu:
@@ -600,23 +596,6 @@ def keep_run(groups: Path, out: Path) -> str:
                                                          " (no case finished)"))
 
 
-def merge_runs(parts: list[Path], out: Path) -> str:
-    """Several pytest-benchmark runs as one run at ``out`` (the first's machine and commit info, every case,
-    incomplete if any part is). A part that cannot be read is left out and named."""
-    runs, unreadable = [], []
-    for part in parts:
-        try:
-            runs.append(SavedRun.load(part))
-        except RunFileError as e:
-            unreadable.append(str(e))
-    if not runs:
-        raise ValueError("no group saved a run" + (f" ({'; '.join(unreadable)})" if unreadable else ""))
-    merged = merged_run(runs, incomplete=bool(unreadable))
-    write_json_atomic(out, merged)
-    note = f"{sum(run.benchmark_count for run in runs)} cases from {len(runs)} group(s)"
-    return note + (f"; left out: {'; '.join(unreadable)}" if unreadable else "")
-
-
 def _importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -629,15 +608,6 @@ def _has_ladder_rungs(run_path: Path) -> bool:
         return any(record.ladder for record in SavedRun.load(run_path).cases(errors=[]))
     except RunFileError:
         return False
-
-
-def _recorded_device(run_path: Path) -> str | None:
-    """The device the run was measured on, by name (None: no readable run)."""
-    try:
-        device = SavedRun.load(run_path).device or {}
-    except RunFileError:
-        return None
-    return device.get("name")
 
 
 # -- the summary -----------------------------------------------------------------------------------
@@ -682,9 +652,9 @@ def write_summary(night: Night, out: Path) -> str:
     return f"{len(lines)} lines"
 
 
-def _summary_head(night: Night, out: Path, plan: dict | None) -> list[str]:
+def _summary_head(night: Night, run: SavedRun | None, plan: dict | None) -> list[str]:
     """The summary's title (which night, of what device) and what the night chose or left out."""
-    device = _recorded_device(out / "run.json")
+    device = (run.device or {}).get("name") if run is not None else None
     plan_gpu = (plan or {}).get("gpu", {}).get("name")
     what = "CPU night" if night.device == "cpu" and not night.simulate_gpu else "GPU night"
     name = night.simulate_gpu or device or plan_gpu or ("this CPU" if night.device == "cpu" else "this GPU")
@@ -708,11 +678,15 @@ def _summary_head(night: Night, out: Path, plan: dict | None) -> list[str]:
 def summary_lines(night: Night, out: Path) -> list[str]:
     """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
     plan = _read_json(out / "plan.json")
-    measured = _measured_cases(out / "run.json")
+    try:
+        run = SavedRun.load(out / "run.json")
+    except RunFileError:  # no run (a rehearsal, a night that measured nothing)
+        run = None
+    measured = _measured_cases(run)
     reported = {}
     for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
         reported.update({c.case: c for c in junit_cases(xml)})
-    lines = _summary_head(night, out, plan)
+    lines = _summary_head(night, run, plan)
     lines += ["", "## Steps", ""]
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
@@ -817,11 +791,9 @@ def _would_run(reported: CaseOutcomeLine) -> bool:
     return reported.outcome == "skipped" and "would run on simulated" in reported.message
 
 
-def _measured_cases(run_path: Path) -> dict[str, dict]:
+def _measured_cases(run: SavedRun | None) -> dict[str, dict]:
     """The metrics of each case the night's run measured (a record that cannot be read: left out)."""
-    try:
-        run = SavedRun.load(run_path)
-    except RunFileError:
+    if run is None:
         return {}
     from trainbench.core.costs import TOTAL
 

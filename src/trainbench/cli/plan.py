@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"trainbench plan: --json {args.json}: cannot write there: {why}", file=sys.stderr)
         return 2
-    seconds_from = Path(args.seconds_from) if args.seconds_from else None
-    if seconds_from is not None:  # refused in one line before a minute of planning, not after it
+    seconds_from = None
+    if args.seconds_from:  # refused in one line before a minute of planning, not after it
         try:
-            seconds_source(seconds_from, gpu)
+            seconds_from = seconds_source(Path(args.seconds_from), gpu)
         except RunFileError as e:
             print(f"trainbench plan: --seconds-from: {e}", file=sys.stderr)
             return 2
@@ -63,9 +63,6 @@ def run(args: argparse.Namespace) -> int:
         night = plan_night(gpu, Path(args.budgets) if args.budgets else None, seconds_from=seconds_from)
     except BudgetError as e:
         print(f"trainbench plan: --budgets: {e}", file=sys.stderr)
-        return 2
-    except RunFileError as e:
-        print(f"trainbench plan: --seconds-from: {e}", file=sys.stderr)
         return 2
     for line in format_night(night):
         print(line)

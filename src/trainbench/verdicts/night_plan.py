@@ -28,7 +28,7 @@ from trainbench.core.runner import Runner
 from trainbench.core.workloads import PROFILES
 from trainbench.devices.fleet import Gpu
 from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
-from trainbench.verdicts.doctor import Check, check_cuda, format_checks
+from trainbench.verdicts.doctor import Check, check_cuda, compile_cases, format_checks
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 GiB = 2**30
@@ -101,10 +101,11 @@ def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
 
 def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
                arch_list: list[str] | None = None, counts: CountCache | None = None,
-               seconds_from: Path | None = None) -> NightPlan:
+               seconds_from: SavedRun | None = None) -> NightPlan:
     """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
     caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU);
-    ``seconds_from``: an earlier night's run of the same GPU, which each case's predicted seconds come from."""
+    ``seconds_from``: an earlier night's run of the same GPU (``seconds_source``), which each case's predicted seconds
+    come from."""
     night = NightPlan(gpu, simulated_checks(gpu, arch_list))
     if night.refused:
         return night
@@ -116,7 +117,7 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
     counts = counts or CountCache(prediction_backend())
     night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
     if seconds_from is not None:
-        night.cases = predict_seconds(night.cases, seconds_source(seconds_from, gpu))
+        night.cases = predict_seconds(night.cases, seconds_from)
     return night
 
 
@@ -146,6 +147,7 @@ def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase
         if case.case in cost:
             kinds.setdefault(case.measuring or "", []).append(cost[case.case][TOTAL] - timed_rounds_s(cost[case.case]))
     overhead = {kind: statistics.median(values) for kind, values in kinds.items()}
+    compiling = set(compile_cases("gpu"))
     settings = DEFAULT_SETTINGS["gpu"]
     source = Path(str(run.path)).parent.name or str(run.path)
     predicted = []
@@ -155,8 +157,8 @@ def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase
         elif case.case in cost:
             predicted.append(replace(case, predicted_s=round(cost[case.case][TOTAL], 1),
                                      predicted_from=f"measured in {source}"))
-        elif _compiles(case.case) or case.measuring not in overhead or case.bound_s is None:
-            why = ("it compiles: its warm-up is what no roofline tells" if _compiles(case.case) else
+        elif case.case in compiling or case.measuring not in overhead or case.bound_s is None:
+            why = ("it compiles: its warm-up is what no roofline tells" if case.case in compiling else
                    f"no case measured {case.measuring} in {source}" if case.measuring not in overhead else
                    "no roofline bound")
             predicted.append(replace(case, predicted_from=f"not predicted: {why}"))
@@ -167,12 +169,6 @@ def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase
                                      predicted_from=f"{case.measuring} cases' overhead in {source} + {steps} steps at "
                                                     "the roofline's bound"))
     return predicted
-
-
-def _compiles(case_id: str) -> bool:
-    from trainbench.core.cases import all_cases
-
-    return any(case.id == case_id and case.own_recipe().slow for case in all_cases())
 
 
 def plan_suite_case(runner: Runner, case: Case, budgets: Budgets | None,

@@ -388,22 +388,6 @@ def record_case(benchmark, record: dict) -> None:
     getattr(benchmark, _RECORD).update(record)
 
 
-def merged_run(runs: list[SavedRun], incomplete: bool = False) -> dict:
-    """Several runs as one (the first's machine and commit info, every case, every failed case; incomplete if any
-    of them is, or if ``incomplete``)."""
-    merged = dict(runs[0].run, benchmarks=[])
-    merged.pop(FAILED_CASES_KEY, None)
-    for saved in runs:
-        merged["benchmarks"] += saved.run["benchmarks"]
-        if not saved.complete:
-            merged[INCOMPLETE_KEY] = True
-        if saved.failed_cases:
-            merged.setdefault(FAILED_CASES_KEY, []).extend(saved.failed_cases)
-    if incomplete:
-        merged[INCOMPLETE_KEY] = True
-    return merged
-
-
 def _read_saved(path: Path) -> SavedRun:
     """A run as --benchmark-compare would load it: pytest-benchmark skips, with a warning, one whose benchmarks
     have no ``stats``, so that one is unreadable too."""
