@@ -292,6 +292,11 @@ def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planni
     assert capsys.readouterr().err == (f"trainbench plan: --seconds-from: {h200}: measured on NVIDIA H200, not NVIDIA "
                                        "L4; expected a run of the GPU planned for\n")
     assert len(planned) == 1  # refused before planning
+    planted = json.loads(h200.read_text()) | {"trainbench_planted_fault": {"slowdown": 0.1}}
+    (tmp_path / "planted.json").write_text(json.dumps(planted))
+    assert cli.main(["plan", "--simulate-gpu", "NVIDIA H200", "--seconds-from", str(tmp_path / "planted.json")]) == 2
+    assert "measured with a fault planted on purpose ({'slowdown': 0.1})" in capsys.readouterr().err
+    assert len(planned) == 1
 
 
 def _seconds_run(costs: dict[str, dict]) -> "SavedRun":

@@ -122,8 +122,13 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
 
 
 def seconds_source(path: Path, gpu: Gpu) -> SavedRun:
-    """The run a plan's predicted seconds come from: a saved run of ``gpu`` (a ``RunFileError`` says what else)."""
+    """The run a plan's predicted seconds come from: a saved run of ``gpu`` with no fault planted in it (a
+    ``RunFileError`` says what else). One stopped at a night's deadline is taken: its finished cases' seconds are
+    their own."""
     run = SavedRun.load(path)
+    if run.marks_problem or run.planted:
+        raise RunFileError(path, run.marks_problem or f"measured with a fault planted on purpose ({run.planted}); "
+                                                      "expected a run whose seconds are its cases' own")
     name = (run.device or {}).get("name")
     if name != gpu.name:
         raise RunFileError(path, f"measured on {name or 'an unknown device'}, not {gpu.name}; expected a run of "
