@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trainbench.verdicts.doctor import Check, write_checks
 from trainbench.cli.night import (
     FINISH_RESERVE_S,
     MIN_STEP_S,
@@ -30,7 +31,7 @@ from trainbench.cli.night import (
     window_profile,
     write_archive,
 )
-from trainbench.verdicts.store import INCOMPLETE_KEY
+from trainbench.verdicts.store import INCOMPLETE_KEY, PLANTED_KEY
 
 ROOT = Path(__file__).parents[1]
 
@@ -269,8 +270,8 @@ def test_the_doctors_shared_memory_blocker_deselects_the_cases_it_would_kill(tmp
     class SmallShm(VirtualNight):
         def __call__(self, argv, log, deadline):
             if log.stem == "doctor":
-                Path(argv[argv.index("--json") + 1]).write_text(json.dumps({"checks": [
-                    {"name": "shm", "status": "FAIL", "message": "64 MiB free: DataLoader workers would die"}]}))
+                write_checks(Path(argv[argv.index("--json") + 1]),  # as doctor --json writes it
+                             [Check("shm", "FAIL", "64 MiB free: DataLoader workers would die")])
             return super().__call__(argv, log, deadline)
 
     _, manifest, _ = _night(tmp_path, SmallShm(), simulate=None)
@@ -575,3 +576,32 @@ def test_a_whole_night_on_a_bare_box_ends_inside_its_budget_with_its_folder_fill
     assert {s["status"] for s in manifest["steps"]} <= {"ok", "skipped", "stopped", "not started"}, done.stdout
     assert (out / "summary.md").read_text().startswith("# GPU night: NVIDIA L40S (simulated: nothing measured)")
     assert done.stdout.splitlines()[-1].startswith(("night: complete", "night: PARTIAL"))
+
+
+def test_a_night_after_an_earlier_one_measures_first_what_that_one_did_not(tmp_path):
+    earlier = tmp_path / "earlier-run.json"
+    earlier.write_text(json.dumps(_group_run(["resnet18-baseline", "gpt-baseline", "vit-amp_bf16"], incomplete=True)))
+    status, manifest, _ = _night(tmp_path, VirtualNight(), simulate=None, after=earlier)
+    cases = VirtualNight._case_ids(_cases_argv(tmp_path))
+    assert status == 0 and len(cases) == len(set(cases)) == 75
+    assert cases[-3:] == ["resnet18-baseline", "gpt-baseline", "vit-amp_bf16"]  # last, in the night's own order
+    assert cases[0] == "resnet18-amp_fp16" and cases.index("resnet18-compile") < cases.index(
+        "resnet18-ladder003-0_baseline") < cases.index("resnet18-baseline")
+    assert manifest["after"] == str(earlier) and manifest["measured_before"] == sorted(cases[-3:])
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert f"the 3 that {earlier} measured after the 72 it did not" in steps["cases"]["why"]
+    assert f"After {earlier}: the 3 cases it measured went last" in (tmp_path / "night" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{", "invalid JSON"),
+    (json.dumps({**_group_run(["resnet18-baseline"]), PLANTED_KEY: {"leak_mib": 1.0}}), "fault planted on purpose"),
+    (json.dumps(_group_run([])), "measured no trainbench case"),
+])
+def test_a_night_refuses_at_start_up_an_after_run_that_is_not_a_nights_own(tmp_path, content, expected):
+    earlier = tmp_path / "earlier-run.json"
+    earlier.write_text(content)
+    virtual = VirtualNight()
+    with pytest.raises(NightError, match=expected) as refused:
+        run_night(tmp_path / "night", 600.0, None, ROOT, runner=virtual, clock=virtual.clock, after=earlier)
+    assert str(refused.value).startswith(f"--after {earlier}") and virtual.started == []

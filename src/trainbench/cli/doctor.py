@@ -6,7 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.files import write_json_atomic
 from trainbench.devices.host import EnvError
 
 from .shared import gpu_to_simulate
@@ -32,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the doctor and the night's plan load torch: imported when the subcommand runs, not for --help
-    from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks
+    from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks, write_checks
 
     if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
         from trainbench.verdicts.night_plan import simulated_doctor
@@ -52,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     record = doctor_record(checks)
     if args.json:
-        write_json_atomic(Path(args.json), record["checks"])
+        write_checks(Path(args.json), checks)
     return 1 if record["blockers"] else 0

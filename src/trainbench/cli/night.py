@@ -151,10 +151,13 @@ class Night:
     deselected: dict[str, str] = field(default_factory=dict)  # case -> why the night did not run it
     verdict: str | None = None  # the last line's verdict, once the night has one
     archive_left_out: list[str] = field(default_factory=list)  # files the archive had no room for
+    after: str | None = None  # --after: the earlier night's run whose measured cases go last tonight
+    measured_before: frozenset[str] = frozenset()  # the case ids that run measured
 
     def to_json(self) -> dict:
         return {"budget_s": self.budget_s, "simulate_gpu": self.simulate_gpu, "python": self.python,
                 "device": self.device, "profile": self.profile, "deselected": self.deselected,
+                "after": self.after, "measured_before": sorted(self.measured_before),
                 "finished": self.finished, "interrupted": self.interrupted, "verdict": self.verdict,
                 "archive_left_out": self.archive_left_out,
                 "steps": [asdict(step) for step in self.steps]}
@@ -178,7 +181,8 @@ class NightError(ValueError):
 
 
 def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None, device: str = "cuda",
-                archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None) -> None:
+                archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None,
+                after: Path | None = None) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written or
     holds an earlier night, a budget too short (or not a number) to measure anything, a GPU to simulate that cannot
     be, an archive that cannot be written, a plan that is not one."""
@@ -210,6 +214,8 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
         _check_plan(plan)
     if seconds_from is not None:
         _check_seconds_from(seconds_from, simulate_gpu)
+    if after is not None:
+        measured_before(after)
     out.mkdir(parents=True, exist_ok=True)
     problem = cannot_write(out)
     if problem:
@@ -286,10 +292,31 @@ def suite_node_ids(group: CaseGroup, taken: set[str]) -> list[str]:
     return [f"{SUITE_FILE}::{test}[{case}]" for case in ids]
 
 
-def night_node_ids(deselected: dict[str, str]) -> list[str]:
-    """Every case of the night in its order (``CASE_GROUPS``), less the ``deselected`` ones."""
+def night_node_ids(deselected: dict[str, str], measured_before: frozenset[str] = frozenset()) -> list[str]:
+    """Every case of the night in its order (``CASE_GROUPS``), less the ``deselected`` ones; with
+    ``measured_before`` (the case ids an earlier night of this device measured, ``--after``), the cases it did not
+    measure first and those it did after them, each part in that order: a second window goes to what the first
+    did not reach."""
     taken: set[str] = set(deselected)
-    return [node for group in CASE_GROUPS for node in suite_node_ids(group, taken)]
+    nodes = [node for group in CASE_GROUPS for node in suite_node_ids(group, taken)]
+    again = [node for node in nodes if node[node.index("[") + 1:-1] in measured_before]
+    return [node for node in nodes if node not in again] + again
+
+
+def measured_before(path: Path) -> frozenset[str]:
+    """The case ids an earlier night's run measured (``--after``): a saved run with no fault planted in it (a
+    ``NightError`` says what else); one stopped at its deadline is taken: what it finished was measured."""
+    try:
+        run = SavedRun.load(path)
+    except RunFileError as e:
+        raise NightError(f"--after {e}") from None
+    if run.marks_problem or run.planted:
+        raise NightError(f"--after {path}: " + (run.marks_problem or f"measured with a fault planted on purpose "
+                                                 f"({run.planted}); expected a night's own run"))
+    cases = frozenset(run.case_ids().values())
+    if not cases:
+        raise NightError(f"--after {path}: measured no trainbench case; expected an earlier night's run.json")
+    return cases
 
 
 def smoke_node_ids(root: Path, measured: list[str]) -> list[str]:
@@ -315,13 +342,12 @@ def smoke_node_ids(root: Path, measured: list[str]) -> list[str]:
 def doctor_deselections(doctor_json: Path) -> dict[str, str]:
     """Cases the doctor's blockers would kill, with why: with too little shared memory (its ``shm`` check FAILs),
     every case whose DataLoader workers would die of a bus error, ladder rungs included."""
-    record = _read_json(doctor_json) or {}
-    shm = [c for c in record.get("checks", []) if c.get("name") == "shm" and c.get("status") == "FAIL"]
+    from trainbench.verdicts.doctor import loader_worker_cases, read_checks
+
+    shm = [c for c in read_checks(doctor_json) if c.name == "shm" and c.status == "FAIL"]
     if not shm:
         return {}
-    from trainbench.verdicts.doctor import loader_worker_cases
-
-    why = f"deselected: the doctor's shm check failed ({shm[0].get('message', '')})"
+    why = f"deselected: the doctor's shm check failed ({shm[0].message})"
     return {case: why for case in loader_worker_cases("gpu")}
 
 
@@ -501,10 +527,13 @@ class NightRun:
             night.deselected = doctor_deselections(self.out / "doctor.json")
             for case, why in night.deselected.items():
                 self.say(f"night: {case}: {why}")
-        node_ids = night_node_ids(night.deselected)
+        node_ids = night_node_ids(night.deselected, night.measured_before)
+        again = sum(node[node.index("[") + 1:-1] in night.measured_before for node in node_ids)
+        order = f"({', '.join(g.name for g in CASE_GROUPS)})" + (
+            f"; the {again} that {night.after} measured after the {len(node_ids) - again} it did not"
+            if night.after else "")
         self._smoke(node_ids, deadline)
-        self.run_step("cases", f"{len(node_ids)} cases in one session, in the order of what they tell "
-                               f"({', '.join(g.name for g in CASE_GROUPS)})",
+        self.run_step("cases", f"{len(node_ids)} cases in one session, in the order of what they tell {order}",
                       self.pytest("--trainbench-slow", "--trainbench-costs", *self.profile.pytest_args(),
                                   "--trainbench-save-progress", str(self.out / "groups" / "cases.progress.json"),
                                   "--benchmark-json", str(self.out / "groups" / "cases.json"),
@@ -667,6 +696,9 @@ def _summary_head(night: Night, run: SavedRun | None, plan: dict | None) -> list
                       f"`{' '.join(night.profile['pytest_args']) or '(the defaults)'}`."]
     if plan_gpu and device and plan_gpu != device:
         lines += ["", f"The plan is of {plan_gpu}, the run of {device}: their rows compare different GPUs."]
+    if night.after:
+        lines += ["", f"After {night.after}: the {len(night.measured_before)} cases it measured went last, behind "
+                      "those it did not."]
     if night.archive_left_out:
         lines += ["", f"Left out of the archive to fit {ARCHIVE_LIMIT_BYTES / 2**20:.0f} MiB (still in the night's "
                       f"folder): {', '.join(night.archive_left_out)}."]
@@ -835,7 +867,8 @@ def summarize_again(out: Path) -> Path:
                       steps=[StepRecord(**step) for step in manifest["steps"]], finished=bool(manifest["finished"]),
                       interrupted=bool(manifest.get("interrupted")), device=manifest.get("device", "cuda"),
                       profile=manifest.get("profile"), deselected=dict(manifest.get("deselected") or {}),
-                      verdict=manifest.get("verdict"), archive_left_out=list(manifest.get("archive_left_out") or []))
+                      verdict=manifest.get("verdict"), archive_left_out=list(manifest.get("archive_left_out") or []),
+                      after=manifest.get("after"), measured_before=frozenset(manifest.get("measured_before") or ()))
     except (KeyError, TypeError, ValueError) as e:
         raise NightError(f"{out / 'night.json'}: not a night's manifest ({e})") from None
     write_summary(night, out)
@@ -845,11 +878,14 @@ def summarize_again(out: Path) -> Path:
 def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, python: str = sys.executable,
               runner: StepRunner | None = None, clock: Callable[[], float] = time.monotonic,
               say: Callable[[str], None] = print, pytest_args: tuple[str, ...] = (), device: str = "cuda",
-              archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None) -> int:
+              archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None,
+              after: Path | None = None) -> int:
     """The night, start to end; its exit status (0: every step that ran passed). With ``archive``, the night's
     folder is packed into it whatever the ending: complete, partial, failed, interrupted or crashed."""
-    check_start(out, budget_s, root, simulate_gpu, device, archive, plan, seconds_from)
+    check_start(out, budget_s, root, simulate_gpu, device, archive, plan, seconds_from, after)
     night = Night(out, budget_s, simulate_gpu, python, device=device)
+    if after is not None:
+        night.after, night.measured_before = str(after), measured_before(after)
     night.profile = window_profile(budget_s, device).to_json()
     if plan is not None:  # made before the night, off its clock
         shutil.copyfile(plan, out / "plan.json")
@@ -960,6 +996,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds-from", default=None, metavar="RUN.json",
                         help="with --simulate-gpu: an earlier night's run of that GPU, which the plan's predicted "
                              "seconds per case come from (the summary then says which cases the budget fits)")
+    parser.add_argument("--after", default=None, metavar="RUN.json",
+                        help="an earlier night's run (its run.json): the cases it did not measure go first tonight, "
+                             "those it measured after them, so that a second window goes to what the first did not "
+                             "reach")
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
                         help="one more argument for every pytest session of the night (repeatable)")
 
@@ -975,7 +1015,8 @@ def run(args: argparse.Namespace) -> int:
                          pytest_args=tuple(args.pytest_arg), device=args.device,
                          archive=Path(args.archive) if args.archive else None,
                          plan=Path(args.plan) if args.plan else None,
-                         seconds_from=Path(args.seconds_from) if args.seconds_from else None)
+                         seconds_from=Path(args.seconds_from) if args.seconds_from else None,
+                         after=Path(args.after) if args.after else None)
     except NightError as e:
         print(f"trainbench night: {e}", file=sys.stderr)
         return 2

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from trainbench.core.files import write_json_atomic
 from trainbench.devices import host
 from trainbench.devices.device import _cpu_model, cuda_runtime, get_backend
 from trainbench.devices.gpu_state import GpuState, gpu_states, same_gpu
@@ -570,6 +573,27 @@ def _toolchain_check(uses_cuda: bool, profile_name: str, environ: Mapping[str, s
 def format_checks(checks: list[Check]) -> list[str]:
     """One line per check: ``STATUS  name: message``."""
     return [f"{c.status:<4}  {c.name}: {c.message}" for c in checks]
+
+
+def write_checks(path, checks: list[Check]) -> None:
+    """``doctor --json PATH``: every check as a JSON list (name, status, message), written whole."""
+    write_json_atomic(path, [dataclasses.asdict(c) for c in checks])
+
+
+def read_checks(path) -> list[Check]:
+    """The checks ``write_checks`` wrote at ``path``; none where it is missing or not that list (a doctor that did
+    not finish)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    checks = []
+    for item in data if isinstance(data, list) else []:
+        try:
+            checks.append(Check(item["name"], item["status"], item["message"]))
+        except (TypeError, KeyError, ValueError):  # not a check this doctor wrote
+            continue
+    return checks
 
 
 def doctor_record(checks: list[Check]) -> dict:
