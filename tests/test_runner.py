@@ -254,3 +254,36 @@ def test_a_finished_case_leaves_none_of_its_tensors_alive(cpu, profile, quick):
     assert outcome.result.attribution, "the op sites (ModTracker) must have run for this test to mean anything"
     del outcome
     assert alive() == before
+
+
+def test_a_paired_cases_memory_passes_run_with_its_baseline_gone(cpu, profile, quick, monkeypatch):
+    """The case's allocator peak is its setup's alone: by the time its memory passes run, nothing keeps the
+    interleaved baseline's model alive (a loop variable over both setups did: +136 MiB on an H200's amp_bf16 peak,
+    the GPU self-check ``test_interleaved_peaks_are_each_setup_alone``)."""
+    import gc
+    import weakref
+
+    from trainbench.core import measure, training
+
+    models: list[weakref.ref] = []
+    built = training.TrainingSetup.__init__
+
+    def keep_track(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        models.append(weakref.ref(self.model))
+
+    alive_at_case_passes: list[int] = []
+    passes = measure.Measurer.measure_after_timing
+
+    def count_alive(self):
+        if not self.baseline:
+            gc.collect()
+            alive_at_case_passes.append(sum(model() is not None for model in models))
+        return passes(self)
+
+    monkeypatch.setattr(training.TrainingSetup, "__init__", keep_track)
+    monkeypatch.setattr(measure.Measurer, "measure_after_timing", count_alive)
+    budgets = Budgets.from_text('[cpu."mlp-set_to_none"]\nmin_speedup = 0.01\n', source="<smoke>")
+    outcome = Runner(cpu, profile, quick, predict=False).run("set_to_none", "mlp", budgets=budgets)
+    assert outcome.paired and len(models) == 2
+    assert alive_at_case_passes == [1]  # the case's own model only
