@@ -778,7 +778,7 @@ def _fit_lines(night: Night, planned: dict[str, dict]) -> list[str]:
     if not any(c.get("predicted_s") is not None for c in planned.values()):
         return []
     window = night.budget_s - finish_reserve(night.budget_s, False) - DOCTOR_S - SMOKE_CAP_S
-    order = [n[n.index("[") + 1:-1] for n in night_node_ids(night.deselected)]
+    order = [n[n.index("[") + 1:-1] for n in night_node_ids(night.deselected, night.measured_before)]
     runs = [planned[c] for c in order if c in planned and not planned[c].get("skipped") and not planned[c].get("problem")]
     spent, fitting = 0.0, 0
     for case in runs:
