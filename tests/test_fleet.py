@@ -12,11 +12,11 @@ import pytest
 
 from trainbench.core.cases import all_cases
 from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
-from trainbench.core.predict import PredictionCache
+from trainbench.core.predict import HEADROOM, PredictionCache
 from trainbench.core.roofline import StepCounts
 from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
-from trainbench.verdicts.night_plan import format_night, plan_night
+from trainbench.verdicts.night_plan import format_night, plan_night, plan_record, planned_peak_mib
 
 ROOT = Path(__file__).parents[1]
 
@@ -129,6 +129,14 @@ def test_gpt_larger_batch_is_skipped_for_memory_on_an_80_gb_card_with_its_figure
         assert "needs ~189.2 GiB" in planned["gpt-larger_batch"].skipped
         assert planned["gpt-grad_accumulation"].skipped.startswith("larger_batch: needs ~189.2 GiB")  # its baseline
     assert "NVIDIA H100 80GB HBM3 has 79.1 GiB" in _by_case(nights["h100-sxm"])["gpt-larger_batch"].skipped
+
+
+def test_a_planned_case_carries_its_own_peak_beside_what_it_and_its_baseline_need(nights):
+    # gpt-grad_accumulation's baseline is gpt-larger_batch: it needs the baseline's memory, its own peak is 1 GiB
+    case = _by_case(nights["b200"])["gpt-grad_accumulation"]
+    assert case.peak_bytes == GiB and case.needed_bytes == int(GPT_LARGER_BATCH_MIB * MiB * HEADROOM)
+    row = next(r for r in plan_record(nights["b200"])["cases"] if r["case"] == "gpt-grad_accumulation")
+    assert planned_peak_mib(row) == 1024.0 and row["needed_mib"] > 100 * 1024
 
 
 def test_budget_sections_and_how_each_case_is_measured(nights):
@@ -299,11 +307,11 @@ def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planni
     assert len(planned) == 1
 
 
-def _seconds_run(costs: dict[str, dict]) -> "SavedRun":
+def _seconds_run(costs: dict[str, dict], folder: str = "night") -> "SavedRun":
     from trainbench.verdicts.store import SavedRun
 
     device = {"kind": "cuda", "name": "NVIDIA H200"}
-    return SavedRun("night/run.json", {"machine_info": {"trainbench": device}, "benchmarks": [
+    return SavedRun(f"{folder}/run.json", {"machine_info": {"trainbench": device}, "benchmarks": [
         {"name": f"test_recipe[{case}]", "fullname": f"benchmarks/test_recipes.py::test_recipe[{case}]", "stats": {},
          "extra_info": {"case": case, "samples_per_step": 32, "samples_per_s": 1600.0, "step_time_ms": 20.0,
                         "round_step_times_s": [0.02] * 3, "phase_seconds": phases, "device": device}}
@@ -335,3 +343,25 @@ def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
     assert predicted["gelu_mlp-fuse_pointwise_compile"].predicted_s is None  # it compiles, though not marked slow
     assert "no case measured fresh processes" in predicted["resnet18-cudnn_benchmark"].predicted_from
     assert predicted["resnet18-ddp"].predicted_s is None and predicted["resnet18-ddp"].predicted_from is None
+
+
+def test_a_plans_seconds_come_from_every_earlier_night_given_the_last_one_first():
+    from dataclasses import replace
+
+    from trainbench.verdicts.night_plan import PlannedCase, predict_seconds
+
+    first = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 9.0}}, "night-1")
+    second = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 11.0},  # measured again: this one counts
+                           "resnet18-compile": {"rounds": 1.0, "total": 25.5}}, "night-2")  # its warm-up included
+    cases = [PlannedCase("resnet18-baseline", measuring="alone", bound_s=0.005),
+             PlannedCase("resnet18-compile", measuring="alone", bound_s=0.002),
+             PlannedCase("gpt-compile", measuring="alone", bound_s=0.09)]
+    predicted = {c.case: c for c in predict_seconds(cases, [first, second])}
+    assert (predicted["resnet18-baseline"].predicted_s, predicted["resnet18-baseline"].predicted_from) == (
+        11.0, "measured in night-2")
+    assert (predicted["resnet18-compile"].predicted_s, predicted["resnet18-compile"].predicted_from) == (
+        25.5, "measured in night-2")
+    assert predicted["gpt-compile"].predicted_s is None and "compiles" in predicted["gpt-compile"].predicted_from
+    # a plan's row already carrying seconds (a plan read back) is not predicted again from what it carried
+    again = {c.case: c for c in predict_seconds([replace(cases[2], predicted_s=34.1)], [first])}
+    assert again["gpt-compile"].predicted_s is None

@@ -310,8 +310,9 @@ def test_a_rehearsal_passes_the_simulated_gpu_to_every_session_and_merges_nothin
 
 
 PLAN = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": [
-    {"case": "resnet18-baseline", "needed_mib": 1200.0, "roofline": "launch-bound, >= 5.0 ms/step", "bound_s": 0.005},
-    {"case": "resnet18-amp_fp16", "needed_mib": 600.0},  # measured 900 MiB: above the prediction
+    {"case": "resnet18-baseline", "needed_mib": 1200.0, "peak_mib": 960.0, "roofline": "launch-bound, >= 5.0 ms/step",
+     "bound_s": 0.005},
+    {"case": "resnet18-amp_fp16", "needed_mib": 1200.0, "peak_mib": 480.0},  # measured 900 MiB: above 480 x 1.25
     {"case": "resnet18-ddp", "skipped": "needs 2 CUDA devices"},  # skipped as planned
     {"case": "gpt-baseline", "skipped": "needs ~90 GiB"},  # yet it ran
 ]}
@@ -322,12 +323,22 @@ def test_the_summary_sets_the_run_beside_a_plan_made_before_the_night(tmp_path):
     _night(tmp_path, VirtualNight(skips={"resnet18-ddp": "needs 2 CUDA devices"}), simulate=None,
            plan=tmp_path / "plan.json")
     summary = (tmp_path / "night" / "summary.md").read_text()
-    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | — | 1600.0 | 900.0 | 1200.0 |" in summary
+    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | — | 1600.0 | 900.0 | 960.0 |" in summary
     differed = summary.split("## What differed from the plan")[1]
     assert "- resnet18-amp_fp16: measured peak 900 MiB above the predicted 600 MiB" in differed
     assert "- gpt-baseline: planned to skip (needs ~90 GiB), passed" in differed
     assert "resnet18-ddp" not in differed and "- resnet18-baseline:" not in differed.split("## Measured")[0]
     assert "- resnet18-baseline: measured 20.0 ms/step, roofline >= 5.0 ms/step (4.00x)" in summary
+
+
+def test_a_plan_saved_before_rows_carried_their_own_peak_compares_no_peak(tmp_path):
+    # needed_mib is the larger of the case and its baseline, with headroom: a checkpointing case's own peak is not it
+    old = {**PLAN, "cases": [{k: v for k, v in c.items() if k != "peak_mib"} for c in PLAN["cases"]]}
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    _night(tmp_path, VirtualNight(), simulate=None, plan=tmp_path / "plan.json")
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    assert "| resnet18-baseline | run | passed | launch-bound, >= 5.0 ms/step | — | — | 1600.0 | 900.0 | — |" in summary
+    assert "measured peak" not in summary
 
 
 H200_NIGHT = ROOT / "results" / "gpu-night" / "nvidia-h200-2026-11-28" / "run.json"

@@ -5,9 +5,10 @@ tensors at the GPU profile's sizes, the memory gate's headroom taken off) beside
 seconds as the plan's model predicts them from the night's other cases (``night_plan.predict_seconds`` with the
 case itself left out of the run) beside the seconds it took.
 
-    .venv/bin/python results/gpu-night/compare.py results/gpu-night/nvidia-h200-2026-11-28
+    .venv/bin/python results/gpu-night/compare.py results/gpu-night/nvidia-h200-2026-11-28 [PLAN.json]
 
-writes DIR/compare.md. A step more than 2x its bound, or a measured peak more than 5% off the prediction, is
+writes DIR/compare.md, against DIR/plan.json (the plan made before the night) or PLAN.json (one made since, e.g.
+with each case's own predicted peak, which plans before 2026-11-28b do not carry). A step more than 2x its bound, or a measured peak more than 5% off the prediction, is
 flagged; why is told in results/gpu-night/README.md.
 """
 
@@ -18,14 +19,16 @@ import re
 import sys
 from pathlib import Path
 
-HEADROOM = 1.25  # trainbench.core.predict.HEADROOM: the plan's needed_mib is the tensor peak times this
 TIME_FLAG, MEMORY_FLAG = 2.0, 0.05
 
 
-def main(folder: Path) -> None:
+def main(folder: Path, plan_path: Path | None = None) -> None:
+    from trainbench.verdicts.night_plan import planned_peak_mib
+
     run = json.loads((folder / "run.json").read_text())
-    plan = {c["case"]: c for c in json.loads((folder / "plan.json").read_text())["cases"]}  # made before the night
-    order = re.findall(r'name="test_recipe\[([^\]]+)\]"', (folder / "groups" / "cases.xml").read_text())
+    plan_path = plan_path or folder / "plan.json"  # made before the night
+    plan = {c["case"]: c for c in json.loads(plan_path.read_text())["cases"]}
+    order = re.findall(r'name="test_(?:recipe|ladder)\[([^\]]+)\]"', (folder / "groups" / "cases.xml").read_text())
     records = {b["extra_info"]["case"]: b["extra_info"] for b in run["benchmarks"]}
     modelled = _left_out_predictions(folder, run, plan)
     rows, time_flags, memory_flags = [], 0, 0
@@ -34,7 +37,7 @@ def main(folder: Path) -> None:
         step_ms = info["step_time_ms"]
         bound_ms = planned.get("bound_s") and planned["bound_s"] * 1000
         ratio = step_ms / bound_ms if bound_ms else None
-        predicted = planned.get("needed_mib") and planned["needed_mib"] / HEADROOM
+        predicted = planned_peak_mib(planned)
         peak, tracked = info.get("peak_memory_mib"), info.get("tracked_peak_mib")
         off = peak / predicted - 1 if peak and predicted else None
         time_flags += bool(ratio and ratio > TIME_FLAG)
@@ -43,9 +46,10 @@ def main(folder: Path) -> None:
         rows.append(f"| {position} | {case} | {_n(modelled.get(case), '.1f')} | {_n(took, '.1f')} "
                     f"| {step_ms:.1f} | {_n(bound_ms, '.1f')} | {_n(ratio, '.2f')}"
                     f"{' **>2x**' if ratio and ratio > TIME_FLAG else ''} | {_n(predicted, '.0f')} | {_n(tracked, '.0f')}"
-                    f" | {_n(peak, '.0f')} | {_n(off and off * 100, '+.0f')}%"
+                    f" | {_n(peak, '.0f')} | {_n(off and off * 100, '+.0f')}{'%' if off is not None else ''}"
                     f"{' **>5%**' if off is not None and abs(off) > MEMORY_FLAG else ''} |")
     lines = [f"# {folder.name}: measured against the simulation", "",
+             f"The plan: `{plan_path.as_posix()}`.", "",
              f"{len(rows)} measured cases, in the order the night ran them; {time_flags} steps more than "
              f"{TIME_FLAG:g}x the roofline's bound, {memory_flags} peaks more than {MEMORY_FLAG:.0%} off the "
              "prediction. Why: [README.md](README.md).", "",
@@ -99,4 +103,4 @@ def _n(value, spec: str) -> str:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -723,7 +723,9 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps if s.name != "summary"])  # this file, being written
+    from trainbench.core.predict import HEADROOM
     from trainbench.core.roofline import versus_measured
+    from trainbench.verdicts.night_plan import planned_peak_mib
 
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
     rows, differs, bounds = [], [], []
@@ -734,7 +736,7 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         night_text = ("measured (the session stopped before its report)" if r is None and m else
                       "not reached" if r is None else "would run (simulated)" if _would_run(r) else
                       r.outcome + (f": {r.message}" if r.message else ""))
-        predicted = p.get("needed_mib") if p else None
+        predicted = planned_peak_mib(p) if p else None
         peak = m.get("peak_memory_mib") if m else None
         speed = m.get("samples_per_s") if m else None
         roofline = (p or {}).get("roofline") or ""
@@ -744,7 +746,7 @@ def summary_lines(night: Night, out: Path) -> list[str]:
         predicted_s = (p or {}).get("predicted_s")
         rows.append((case, plan_text, night_text, roofline, *(number(v, ".1f" if isinstance(v, float) else "")
                                                                for v in (predicted_s, seconds, speed, peak, predicted))))
-        difference = _difference(p, r, peak, predicted)
+        difference = _difference(p, r, peak, predicted and predicted * HEADROOM)
         if difference:
             differs.append(f"- {case}: {difference}")
         step_ms, bound_s = (m or {}).get("step_time_ms"), (p or {}).get("bound_s")
@@ -752,7 +754,7 @@ def summary_lines(night: Night, out: Path) -> list[str]:
             bounds.append(f"- {case}: {versus_measured(bound_s, step_ms / 1000)}")
     lines += ["", "## Cases", "",
               "Plan: `python -m trainbench plan --simulate-gpu` of the same GPU (roofline: what bounds its step and "
-              "the bound; predicted MiB: its tensor peak with the memory gate's headroom); night: the pytest outcome "
+              "the bound; predicted MiB: its own tensor peak, without the memory gate's headroom); night: the pytest outcome "
               "of the case; pred s: its seconds in the session as the plan predicted them (`plan --seconds-from` an "
               "earlier night); case s: its wall seconds in the night's session (what the next night's order and "
               "budget are sized by).", ""]

@@ -27,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              'tflops_bf16=362,tflops_fp32=91" (fields: see docs/ci-and-gpu.md)')
     parser.add_argument("--budgets", default="benchmarks/budgets.toml", help="budgets file (default: the suite's)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON to PATH")
-    parser.add_argument("--seconds-from", default=None, metavar="RUN.json",
-                        help="an earlier night's run of the same GPU: each case's predicted seconds in a night come "
-                             "from it (what a case it measured cost then; the others, what the cases measured as "
-                             "they are cost beside their rounds, plus their steps at the roofline's bound)")
+    parser.add_argument("--seconds-from", action="append", default=[], metavar="RUN.json",
+                        help="an earlier night's run of the same GPU (repeatable; a case in more than one: the last "
+                             "one's): each case's predicted seconds in a night come from them (what a case they "
+                             "measured cost then; the others, what the cases measured as they are cost beside their "
+                             "rounds, plus their steps at the roofline's bound)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"trainbench plan: --json {args.json}: cannot write there: {why}", file=sys.stderr)
         return 2
-    seconds_from = None
-    if args.seconds_from:  # refused in one line before a minute of planning, not after it
+    seconds_from = []
+    for path in args.seconds_from:  # refused in one line before a minute of planning, not after it
         try:
-            seconds_from = seconds_source(Path(args.seconds_from), gpu)
+            seconds_from.append(seconds_source(Path(path), gpu))
         except RunFileError as e:
             print(f"trainbench plan: --seconds-from: {e}", file=sys.stderr)
             return 2

@@ -42,7 +42,8 @@ class PlannedCase:
     case: str
     skipped: str | None = None
     section: str | None = None  # the budgets-file section that judges it
-    needed_bytes: int | None = None  # predicted tensor peak x headroom (None: not predicted)
+    needed_bytes: int | None = None  # the larger predicted tensor peak of it and its baseline x headroom: what it needs
+    peak_bytes: int | None = None  # its own predicted tensor peak (no headroom): what its measured peak compares with
     unpredicted: str | None = None  # why the memory gate had no prediction for it here
     measuring: str | None = None
     why_measuring: str | None = None
@@ -101,10 +102,10 @@ def simulated_checks(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
 
 def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: PredictionCache | None = None,
                arch_list: list[str] | None = None, counts: CountCache | None = None,
-               seconds_from: SavedRun | None = None) -> NightPlan:
+               seconds_from: SavedRun | list[SavedRun] | None = None) -> NightPlan:
     """Every suite case on ``gpu`` (GPU 0 of its machine), against ``budgets_path``; ``predictions`` and ``counts``:
     caches shared across GPUs (the GPU profile's predictions and step counts do not depend on the GPU);
-    ``seconds_from``: an earlier night's run of the same GPU (``seconds_source``), which each case's predicted seconds
+    ``seconds_from``: earlier nights' runs of the same GPU (``seconds_source``), which each case's predicted seconds
     come from."""
     night = NightPlan(gpu, simulated_checks(gpu, arch_list))
     if night.refused:
@@ -116,7 +117,7 @@ def plan_night(gpu: Gpu, budgets_path: Path | None = None, predictions: Predicti
     budgets = Budgets.load(budgets_path) if budgets_path else None
     counts = counts or CountCache(prediction_backend())
     night.cases = [plan_suite_case(runner, case, budgets, counts) for case in all_cases()]
-    if seconds_from is not None:
+    if seconds_from:
         night.cases = predict_seconds(night.cases, seconds_from)
     return night
 
@@ -140,13 +141,20 @@ def seconds_source(path: Path, gpu: Gpu) -> SavedRun:
 PASS_STEPS = 8
 
 
-def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase]:
-    """Each case's wall seconds in a night, from ``run``, an earlier night of the same GPU: a case it measured
-    costs what it cost then; another costs what the cases measured as it is (alone, paired, ...) cost beside their
-    timed rounds (their median), plus its steps at the roofline's bound (a lower bound: the first night on the H200
-    measured steps 1.3-18x theirs). A case that compiles, or that nothing measured as it is, is not predicted:
-    its warm-up is minutes that no roofline tells."""
-    cost = {record.case: record.phase_seconds for record in run.cases(errors=[]) if record.phase_seconds.get(TOTAL)}
+def predict_seconds(cases: list[PlannedCase], runs: SavedRun | list[SavedRun]) -> list[PlannedCase]:
+    """Each case's wall seconds in a night, from ``runs``, earlier nights of the same GPU (a case measured in more
+    than one: the last's figure): a case they measured costs what it cost then; another costs what the cases
+    measured as it is (alone, paired, ...) cost beside their timed rounds (their median), plus its steps at the
+    roofline's bound (a lower bound: the first night on the H200 measured steps 1.3-18x theirs). A case that compiles
+    and was not measured, or that nothing measured as it is, is not predicted: its warm-up is minutes that no
+    roofline tells."""
+    runs = [runs] if isinstance(runs, SavedRun) else list(runs)
+    cost, measured_in = {}, {}
+    for run in runs:
+        for record in run.cases(errors=[]):
+            if record.phase_seconds.get(TOTAL):
+                cost[record.case] = record.phase_seconds
+                measured_in[record.case] = Path(str(run.path)).parent.name or str(run.path)
     kinds: dict[str, list[float]] = {}
     for case in cases:
         if case.case in cost:
@@ -154,19 +162,19 @@ def predict_seconds(cases: list[PlannedCase], run: SavedRun) -> list[PlannedCase
     overhead = {kind: statistics.median(values) for kind, values in kinds.items()}
     compiling = set(compile_cases("gpu"))
     settings = DEFAULT_SETTINGS["gpu"]
-    source = Path(str(run.path)).parent.name or str(run.path)
+    source = " and ".join(dict.fromkeys(Path(str(run.path)).parent.name or str(run.path) for run in runs))
     predicted = []
     for case in cases:
         if case.skipped or case.problem:
             predicted.append(case)
         elif case.case in cost:
             predicted.append(replace(case, predicted_s=round(cost[case.case][TOTAL], 1),
-                                     predicted_from=f"measured in {source}"))
+                                     predicted_from=f"measured in {measured_in[case.case]}"))
         elif case.case in compiling or case.measuring not in overhead or case.bound_s is None:
             why = ("it compiles: its warm-up is what no roofline tells" if case.case in compiling else
                    f"no case measured {case.measuring} in {source}" if case.measuring not in overhead else
                    "no roofline bound")
-            predicted.append(replace(case, predicted_from=f"not predicted: {why}"))
+            predicted.append(replace(case, predicted_s=None, predicted_from=f"not predicted: {why}"))
         else:
             steps = (settings.min_warmup_steps + settings.rounds * settings.steps_per_round
                      * (2 if case.measuring == "paired" else 1) + PASS_STEPS)
@@ -191,10 +199,12 @@ def planned(runner: Runner, plan: CasePlan | str, case_id: str, counts: CountCac
     """A case's plan (or why it cannot run, as ``Runner.plan_case`` gives it) as the night shows it."""
     if isinstance(plan, str):
         return PlannedCase(case_id, skipped=plan, problem=_wrong_reason(plan))
-    needed, unpredicted = _needed_bytes(runner, plan)
+    needed, own, unpredicted = _needed_bytes(runner, plan)
     if plan.skipped:
-        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, problem=_wrong_reason(plan.skipped))
+        return PlannedCase(plan.case, skipped=plan.skipped, needed_bytes=needed, peak_bytes=own,
+                           problem=_wrong_reason(plan.skipped))
     return PlannedCase(plan.case, section=plan.budget.device_key if plan.budget else None, needed_bytes=needed,
+                       peak_bytes=own,
                        unpredicted=unpredicted, measuring=plan.measuring, why_measuring=plan.why_measuring,
                        mfu_peaks=_mfu_peaks(runner, plan), **(_roofline(runner, plan, counts) if counts else {}))
 
@@ -230,10 +240,10 @@ def _mfu_peaks(runner: Runner, plan: CasePlan) -> tuple[tuple[str, float | None]
     return tuple(dict.fromkeys(runner.backend.mfu_peak(plan.config.amp, share) for share in (0.0, 1.0)))
 
 
-def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | None]:
+def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, int | None, str | None]:
     """What the memory gate predicted for the case and its baseline (the larger, with headroom), from its cache;
-    and why a prediction failed, where one did."""
-    needed, unpredicted = None, None
+    the case's own predicted tensor peak; and why a prediction failed, where one did."""
+    needed, own, unpredicted = None, None, None
     for config in (plan.config, plan.baseline_config):
         if config is None:
             continue
@@ -241,9 +251,10 @@ def _needed_bytes(runner: Runner, plan: CasePlan) -> tuple[int | None, str | Non
         total = (predicted.get("breakdown_bytes") or {}).get("total")
         if total is not None:
             needed = max(needed or 0, int(total * HEADROOM))
+            own = total if config is plan.config else own
         else:
             unpredicted = unpredicted or predicted.get("reason")
-    return needed, unpredicted
+    return needed, own, unpredicted
 
 
 def _wrong_reason(reason: str | None) -> str | None:
@@ -315,6 +326,14 @@ def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
     return checks
 
 
+def planned_peak_mib(row: dict) -> float | None:
+    """A case's own predicted tensor peak (MiB) from a row of ``plan_record``'s cases, what its measured peak compares
+    with; None where it was not predicted, or in a plan saved before rows carried it (their ``needed_mib`` is the
+    larger of the case and its baseline, with headroom: not the case's own)."""
+    peak = row.get("peak_mib")
+    return float(peak) if isinstance(peak, (int, float)) and not isinstance(peak, bool) else None
+
+
 def plan_record(night: NightPlan) -> dict:
     """The plan as JSON (``plan --json``; the night's summary reads it): the GPU, the checks, every case."""
     from dataclasses import asdict
@@ -324,5 +343,6 @@ def plan_record(night: NightPlan) -> dict:
     gpu = night.gpu
     return {"gpu": {"name": gpu.name, "count": gpu.count, "sm": gpu.sm, "memory_bytes": gpu.memory_bytes},
             "checks": doctor_record(night.checks)["checks"], "refused": night.refused,
-            "cases": [dict(asdict(c), needed_mib=round(c.needed_bytes / 2**20, 1) if c.needed_bytes else None)
+            "cases": [dict(asdict(c), needed_mib=round(c.needed_bytes / 2**20, 1) if c.needed_bytes else None,
+                           peak_mib=round(c.peak_bytes / 2**20, 1) if c.peak_bytes else None)
                       for c in night.cases]}
