@@ -11,7 +11,7 @@ from trainbench.core.result import CaseRecord
 from trainbench.core.workloads import PROFILES
 from trainbench.devices.device import DeviceCaps
 from trainbench.verdicts.report import device_slug, ladder_runs, write_ladder_report
-from trainbench.verdicts.store import RunFileError, SavedRun
+from trainbench.verdicts.store import INCOMPLETE_KEY, RunFileError, SavedRun
 
 CPU_DEVICE = {"kind": "cpu", "device": "cpu", "name": "Example CPU 9000", "capability": None, "bf16_supported": True,
               "torch": "2.14.1+cpu", "cpu_model": "Example CPU 9000", "cpu_threads": 2, "cpu_capability": "AVX2",
@@ -138,6 +138,16 @@ def test_slow_and_gpu_rungs_get_their_reasons(tmp_path):
     reasons = {r.step.label: r.not_run_reason for r in lr.rungs if r.measured is None}
     assert reasons == {"pinned memory": "needs a CUDA device; this run uses cpu (Example CPU 9000)",
                        "torch.compile": "slow case: run with --trainbench-slow"}
+
+
+def test_a_rung_missing_from_a_stopped_run_was_not_reached_unless_the_device_cannot_run_it(tmp_path):
+    ladder003 = LADDERS["ladder003"]
+    missing = {("ladder003", i) for i, s in enumerate(ladder003.steps) if s.recipe.slow or s.recipe.requires.cuda}
+    stopped = {**synthetic_run(missing), INCOMPLETE_KEY: True}  # e.g. a night's session stopped at its deadline
+    lr = next(lr for lr in ladder_runs(SavedRun("run", stopped)) if lr.ladder.name == "ladder003")
+    reasons = {r.step.label: r.not_run_reason for r in lr.rungs if r.measured is None}
+    assert reasons == {"pinned memory": "needs a CUDA device; this run uses cpu (Example CPU 9000)",
+                       "torch.compile": "not reached: the run was stopped before it"}
 
 
 def test_gpu_caption_names_cuda_and_cudnn(tmp_path):

@@ -86,16 +86,25 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 # -- reading a run ---------------------------------------------------------------------------------
 
-def _not_run_reason(step, device: dict, profile_name: str | None) -> str:
-    """Why a rung is absent from the run, as far as the step's requirements and the recorded device tell."""
+def _not_run_reason(step, device: dict, profile_name: str | None, complete: bool = True) -> str:
+    """Why a rung is absent from the run, as far as the step's requirements, the recorded device and whether the run
+    finished tell: a rung of a run stopped before its end was not reached, whatever else may hold for it."""
     from trainbench.core.eligibility import Context, why_not
     from trainbench.core.workloads import PROFILES
     from trainbench.devices.device import DeviceCaps
 
     caps = DeviceCaps.from_identity(device)
     profile = PROFILES.get(profile_name or caps.profile_name, PROFILES[caps.profile_name])
+    device_reason = why_not(step.recipe, caps, profile, context=Context(slow_allowed=True))
+    if device_reason:
+        return device_reason.removeprefix(f"{step.recipe.name}: ")
+    if not complete:
+        return NOT_REACHED
     reason = why_not(step.recipe, caps, profile, context=Context(slow_allowed=False))
     return reason.removeprefix(f"{step.recipe.name}: ") if reason else ""
+
+
+NOT_REACHED = "not reached: the run was stopped before it"
 
 
 def ladder_runs(run: SavedRun) -> list[LadderRun]:
@@ -120,7 +129,8 @@ def ladder_runs(run: SavedRun) -> list[LadderRun]:
     device, profile = run.device or {}, run.profile
     return [
         LadderRun(ladder, [RungResult(i, step, measured[name].get(i),
-                                      "" if i in measured[name] else _not_run_reason(step, device, profile))
+                                      "" if i in measured[name] else
+                                      _not_run_reason(step, device, profile, run.complete))
                            for i, step in enumerate(ladder.steps)])
         for name, ladder in LADDERS.items() if name in measured
     ]
@@ -196,7 +206,8 @@ def _ladder_row(lr: LadderRun, rung: RungResult) -> tuple[str, ...]:
     gpu = [number(predicted.get("batch_size"), "d"),
            number(peak / 1e9 if peak else None, ".2f") if peak or not predicted.get("reason") else "not predicted"]
     if rung.measured is None:
-        why = "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else "")
+        why = (rung.not_run_reason if rung.not_run_reason == NOT_REACHED else
+               "not run on this device" + (f" ({rung.not_run_reason})" if rung.not_run_reason else ""))
         mine = [why, "", "", "", ""]
     else:
         step_ms, iqr_ms = rung.value("step_time_ms"), rung.value("step_time_iqr_ms")
