@@ -857,6 +857,42 @@ def test_ckpt(train_bench, recipe):
 """
 
 
+MODULE_MADE_IN_FORWARD = """
+import functools
+import torch
+from torch import nn
+from trainbench import TrainingSpec, classification_loss
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(32, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        scale = nn.Linear(32, 32)  # made in forward, gone by backward (as a model's own checkpointing can leave it)
+        return self.head(scale(self.body(x)))
+
+
+SPEC = TrainingSpec(name="temp_mlp", model=Net, loss_fn=classification_loss, batch_size=16,
+                    optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                    batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
+
+
+def test_temp(train_bench):
+    train_bench("baseline", SPEC)
+"""
+
+
+def test_a_module_gone_by_backward_prints_no_tracker_warnings(pytester, attributed_options):
+    """PyTorch's module tracker warned "Module is None. Skipping PRE_BW hook" for each such module and step, in the
+    memory breakdown and the op sites alike (17 lines a case on a Hugging Face model that checkpoints)."""
+    pytester.makepyfile(test_temp=MODULE_MADE_IN_FORWARD)
+    result = pytester.runpytest("-rs", *attributed_options)
+    result.assert_outcomes(passed=1)
+    assert "Module is None" not in result.stdout.str()
+
+
 def test_checkpointing_a_model_that_checkpoints_already_is_skipped_with_why(pytester, quick_options):
     """A Hugging Face model after gradient_checkpointing_enable(): the recipe measured the same activations as its
     baseline and said nothing."""

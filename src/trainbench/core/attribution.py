@@ -50,13 +50,16 @@ def module_grad_hooks_removed():
     after it ended, and with the graph the model's parameters and gradients. On a GPU each case left its model
     on the device, and the allocator peaks of every later case counted it (measured on an H200: up to 5.4 GiB,
     ``results/gpu-night``). Removing the hooks breaks the cycle. A torch whose tracker registers them otherwise
-    is left as it is."""
+    is left as it is.
+
+    Inside, the tracker's "Module is None. Skipping PRE_BW/POST_BW hook" warnings are silenced: a module made in
+    forward (or one a model's own checkpointing dropped) is gone by backward, once per module and step in a user's
+    output; what is read here (the global peak, the op sites' names) does not depend on those hooks."""
+    import warnings
+
     from torch.distributed._tools import mod_tracker
 
     register = getattr(mod_tracker, "register_multi_grad_hook", None)
-    if register is None:
-        yield
-        return
     handles = []
 
     def recorded(*args, **kwargs):
@@ -64,11 +67,15 @@ def module_grad_hooks_removed():
         handles.append(handle)
         return handle
 
-    mod_tracker.register_multi_grad_hook = recorded
+    if register is not None:
+        mod_tracker.register_multi_grad_hook = recorded
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook")
+            yield
     finally:
-        mod_tracker.register_multi_grad_hook = register
+        if register is not None:
+            mod_tracker.register_multi_grad_hook = register
         for handle in handles:
             handle.remove()
 
