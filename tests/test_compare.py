@@ -391,7 +391,7 @@ def test_a_7x_slowdown_on_a_busy_machine_ends_could_not_judge_never_green(pytest
                     "--trainbench-inject-slowdown=600%", "--trainbench-remeasure-s=0")
     assert busy.ret == EXIT_COULD_NOT_JUDGE, busy.stdout.str()
     busy.stdout.fnmatch_lines([
-        "*COULD NOT JUDGE steady-baseline samples_per_s: * -> * samples/s (-8*%, 95% CI *) inconclusive (threshold "
+        "*INCONCLUSIVE (fails the gate) steady-baseline samples_per_s: * -> * samples/s (-8*%, 95% CI *) inconclusive (threshold "
         "50.0%): regressed beyond the threshold, on timing that cannot be trusted: busy machine: other processes "
         "used 1.01 of 2 CPUs*",
         "*trainbench: COULD NOT JUDGE: 1 timed comparison(s) stayed inconclusive after measuring again*"])

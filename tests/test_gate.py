@@ -13,12 +13,14 @@ from trainbench.verdicts.gate import (
     EXIT_COULD_NOT_JUDGE,
     MetricComparison,
     Verdict,
+    VerdictFileError,
+    read_verdict,
 )
 from trainbench.verdicts.present import verdict_markdown, verdict_table
 
 # The keys --trainbench-compare-json has always written; CI jobs and `python -m trainbench verdict` read them.
-GATE_KEYS = ["baseline", "device", "counts", "failed", "could_not_judge", "comparisons", "gated", "new_cases",
-             "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
+GATE_KEYS = ["baseline", "device", "counts", "decision", "failed", "could_not_judge", "comparisons", "gated",
+             "new_cases", "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
              "environment_differs", "not_measured"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
                    "reason", "explanation", "unit", "line"}
@@ -77,7 +79,7 @@ IDENTITIES = {label: {"python": f"/{label}/python", "trainbench": "0.1.0", "iden
 
 def test_an_ab_verdict_is_the_gates_with_both_environments():
     data = ab_verdict([_ab_outcome("unchanged")], IDENTITIES, gated=True).to_json()
-    assert list(data) == GATE_KEYS[:6] + ["ab", "pairs", "numerics"] + GATE_KEYS[6:]
+    assert list(data) == GATE_KEYS[:7] + ["ab", "pairs", "numerics"] + GATE_KEYS[7:]
     assert data["baseline"] == "A/B: base vs head" and set(data["ab"]) == {"base", "head"}
     assert data["pairs"] == {"mlp-baseline": [(0.01, 0.012)] * 3} and not data["failed"]
     assert data["environment_differs"] == []
@@ -104,6 +106,22 @@ def test_an_inconclusive_ab_run_could_not_judge_unless_allowed_as_a_gate():
 ])
 def test_could_not_judge_has_its_own_exit_status_only_when_nothing_else_failed(outcomes, options, status):
     assert verdict(*outcomes, gated=True, **options).exit_status == status
+
+
+def test_could_not_judge_is_said_only_as_the_decision_never_beside_a_failed_one():
+    """A gate FAILED for a regression, with an inconclusive comparison beside it: its JSON said could_not_judge false
+    while the comparison's line led with COULD NOT JUDGE."""
+    from trainbench.verdicts.present import verdict_sections
+
+    data = verdict("inconclusive", "regressed", gated=True).to_json()
+    assert (data["decision"], data["failed"], data["could_not_judge"], data["counts"]["inconclusive"]) == (
+        "failed", True, False, 1)
+    said = "\n".join(line.label + " " + line.text for section in verdict_sections(data) for line in section.lines)
+    assert "COULD NOT JUDGE" not in said and "INCONCLUSIVE (fails the gate) " in said and "REGRESSION " in said
+    alone = verdict("inconclusive", "unchanged", gated=True).to_json()
+    assert alone["decision"] == "could_not_judge" and alone["could_not_judge"]
+    with pytest.raises(VerdictFileError, match="decision = 'passed' beside its comparisons"):
+        read_verdict({**data, "decision": "passed"}, "verdict.json")
 
 
 # -- the one rule of a timed change -----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_every_outcome_reads_with_the_same_words_in_both(name):
 def test_each_outcome_leads_its_line_by_whether_it_fails_the_gate():
     said = terminal_lines(verdict_sections(VERDICTS["gated"]))
     assert "REGRESSION case-regressed samples_per_s: 100 -> 80 samples/s" in "\n".join(said)
-    assert any(line.startswith("COULD NOT JUDGE case-inconclusive") for line in said)
+    assert any(line.startswith("INCONCLUSIVE (fails the gate) case-inconclusive") for line in said)
     assert any(line.startswith("IMPROVED case-improved") for line in said)
     assert any(line.startswith("FAIL case-missing") for line in said)
     assert any(line.startswith("FAIL gelu_mlp-new: not in the baseline run") for line in said)

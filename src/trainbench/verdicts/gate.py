@@ -138,13 +138,26 @@ class Verdict:
     def to_json(self) -> dict:
         """The machine-readable verdict (for CI: a PR comment, a dashboard)."""
         ab = {} if self.sides is None else {"ab": self.sides, "pairs": self.pairs or {}, "numerics": self.numerics or {}}
-        return {"baseline": self.baseline, "device": self.device, "counts": self.counts, "failed": self.failed,
-                "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
+        said = {"failed": self.failed, "could_not_judge": self.could_not_judge, "gated": self.gated}
+        # decision: the gate's, one of failed, could_not_judge, passed, not_gated; could_not_judge is true only where
+        # that decision is it (a FAILED gate may hold inconclusive comparisons too: counts["inconclusive"])
+        return {"baseline": self.baseline, "device": self.device, "counts": self.counts, "decision": decision(said),
+                "failed": self.failed, "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
                 "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
                 "not_run": list(self.not_run), "nothing_compared": self.nothing_compared,
                 "environment_differs": list(self.environment), "not_measured": list(self.not_measured)}
+
+
+DECISIONS = ("failed", "could_not_judge", "passed", "not_gated")
+
+
+def decision(verdict: dict) -> str:
+    """The gate's decision, one of failed, could_not_judge, passed, not_gated (the verdict JSON's ``decision``), from
+    its ``failed``, ``could_not_judge`` and ``gated``."""
+    return ("could_not_judge" if verdict.get("could_not_judge") else "failed" if verdict.get("failed")
+            else "passed" if verdict.get("gated") else "not_gated")
 
 
 class VerdictFileError(ValueError):
@@ -177,6 +190,7 @@ _COMPARISON_FIELDS = (
 _VERDICT_FIELDS = (
     ("failed", lambda v: isinstance(v, bool), "true or false"),
     ("could_not_judge", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("decision", lambda v: v is None or v in DECISIONS, "one of " + ", ".join(DECISIONS)),
     ("gated", lambda v: v is None or isinstance(v, bool), "true, false or null"),
     ("allow_inconclusive", lambda v: v is None or isinstance(v, bool), "true, false or null"),
     ("new_cases_allowed", lambda v: v is None or isinstance(v, bool), "true, false or null"),
@@ -214,7 +228,10 @@ def read_verdict(data: object, where: str) -> dict:
                    errors=tuple(data.get("errors") or ()), nothing_compared=data.get("nothing_compared"))
     said = {"failed": data["failed"], "could_not_judge": data.get("could_not_judge", rule.could_not_judge),
             "counts": data.get("counts", rule.counts)}
-    for key, value in (("failed", rule.failed), ("could_not_judge", rule.could_not_judge), ("counts", rule.counts)):
+    said["decision"] = data.get("decision") or decision(said)
+    for key, value in (("failed", rule.failed), ("could_not_judge", rule.could_not_judge), ("counts", rule.counts),
+                       ("decision", decision({**said, "failed": rule.failed, "could_not_judge": rule.could_not_judge,
+                                              "gated": rule.gated}))):
         if said[key] != value and not (key == "counts" and {k: n for k, n in said[key].items() if n} ==
                                        {k: n for k, n in value.items() if n}):
             raise VerdictFileError(f"{where}: {key} = {said[key]!r} beside its comparisons, which give {value!r} by "

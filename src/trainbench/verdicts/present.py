@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
-from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, fails_gate
+from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, decision, fails_gate
 from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
 if TYPE_CHECKING:
@@ -25,7 +25,10 @@ STATUS = {"could_not_judge": "COULD NOT JUDGE", "failed": "FAILED", "passed": "p
 NOT_COMPARED = "not compared:"  # cases and metrics a verdict says nothing about
 FAIL, ERROR, NUMERICS = "FAIL", "ERROR", "NUMERICS"
 # The words that lead a comparison's line, by its outcome and whether it fails the gate ((fails, does not)).
-FINDING = {"regressed": ("REGRESSION", "regressed (not gated):"), "inconclusive": ("COULD NOT JUDGE", "INCONCLUSIVE"),
+# "COULD NOT JUDGE" is the gate's decision alone (``STATUS``): a comparison that stayed inconclusive under a gate that
+# FAILED for a regression must not read as that decision.
+FINDING = {"regressed": ("REGRESSION", "regressed (not gated):"),
+           "inconclusive": ("INCONCLUSIVE (fails the gate)", "INCONCLUSIVE"),
            "improved": ("IMPROVED", "IMPROVED"), "missing": (FAIL, NOT_COMPARED)}
 INCONCLUSIVE = FINDING["inconclusive"][1]  # a timing not judged that fails nothing (a budget's, too)
 # The terminal's colour for a line's tone.
@@ -126,8 +129,7 @@ def verdict_table(comparisons) -> list[str]:
 
 def status(verdict: dict) -> str:
     """The gate's decision (``STATUS``), from the verdict's JSON form."""
-    return STATUS["could_not_judge" if verdict.get("could_not_judge") else "failed" if verdict.get("failed")
-                  else "passed" if verdict.get("gated") else "not_gated"]
+    return STATUS[decision(verdict)]
 
 
 def environment_line(differences) -> str:
