@@ -74,9 +74,40 @@ def test_the_prediction_legend_claims_exactness_only_for_the_cases_it_checked():
         "predicted or its breakdown not measured)")
     mismatched = [_predicted_record("a", {**PREDICTED, **EXACT}), _predicted_record("b", {**PREDICTED, "check": {
         "matches": False}})]
-    assert _prediction_lines(mismatched) == [(
-        "GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
-        "workspaces or CUDA context); ! prediction of this run's own setup differs from its measured breakdown: b", True)]
+    assert _prediction_lines(mismatched) == [
+        ("GPU pred: the GPU profile's tracked tensor peak predicted under FakeTensorMode (no allocator cache, "
+         "workspaces or CUDA context); 1 of 2 cases' own setup predicted exactly as measured", False),
+        ("GPU pred !: the prediction of this run's own setup differs from its measured breakdown (the method's check "
+         "failed): b", True)]
     # Nothing predicted at all: no legend, only the reasons.
     assert _prediction_lines([_predicted_record("b", FAILED)]) == [(f"GPU pred n/a for b: {FAILED['reason']}", True)]
     assert _prediction_lines([_predicted_record("c", None)]) == []
+
+
+def _speedup_record(case: str, samples_per_s: float, speedup: float | None = None, base_used: float | None = None,
+                    paired: bool = True):
+    from trainbench.core.result import CaseRecord
+
+    workload, recipe = case.split("-", 1)
+    info = {"case": case, "workload": workload, "recipe": recipe, "samples_per_step": 16,
+            "samples_per_s": samples_per_s, "step_time_ms": 16000 / samples_per_s,
+            "round_step_times_s": [16 / samples_per_s], "paired": paired}
+    if speedup is not None:
+        info.update(baseline="baseline", speedup_vs_baseline=speedup, baseline_samples_per_s=base_used)
+    return CaseRecord.read(info, case)
+
+
+def test_a_speed_up_against_another_baseline_measurement_than_its_row_is_marked_where_the_rows_disagree():
+    """The case's ratio divides by the baseline measured for it (interleaved, or before the baseline's own test);
+    the baseline's own row came from another measurement, on a busy spell: the cell read 0.86x, the rows 2.17x."""
+    from trainbench.verdicts.present import summary_table, vs_base_lines
+
+    busy_row = _speedup_record("mlp-baseline", 46.1)
+    case = _speedup_record("mlp-larger_batch", 100.0, speedup=0.86, base_used=116.3)
+    agreeing = _speedup_record("mlp-amp", 48.0, speedup=1.0, base_used=48.0)  # 4% from the row's: not marked
+    cells = {row.split()[0]: row.split()[8] for row in summary_table([busy_row, case, agreeing])[2:]}
+    assert cells == {"mlp-baseline": "-", "mlp-larger_batch": "0.86x*", "mlp-amp": "1.00x"}
+    line = next(line for line in vs_base_lines([busy_row, case, agreeing]) if line.label == "*")
+    assert line.under == ("mlp-larger_batch: 0.86x against mlp-baseline at 116.3 samples/s; its row 46.1 samples/s "
+                          "gives 2.17x",)
+    assert not [line for line in vs_base_lines([busy_row, agreeing]) if line.label == "*"]

@@ -12,13 +12,12 @@ from dataclasses import dataclass, replace
 from trainbench.core.budgets import BoundCheck, CaseBudget
 from trainbench.core.guards import GuardCheck
 from trainbench.core.recipes import Recipe
-from trainbench.core.result import Result, budget_status, case_record
+from trainbench.core.result import Result, budget_status, case_id, case_record
+
+__all__ = ["CaseOutcome", "case_id", "failed_without_result"]
 from trainbench.core.stats import busy_reason
 
 
-def case_id(workload: str, recipe: str) -> str:
-    """A case's id: the key of its budgets, its pytest id and its name in every record, table and verdict."""
-    return f"{workload}-{recipe}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +98,7 @@ class CaseOutcome:
         """The case's serialized form (the saved run, asv, the gate, the report)."""
         fields: dict = {"baseline": self.baseline_recipe.name if self.baseline_recipe else None,
                         "speedup_vs_baseline": self.speedup, "paired": self.paired,
+                        "baseline_samples_per_s": self.baseline.samples_per_s if self.speedup is not None else None,
                         "speedup_doubt": self.speedup_doubt}
         fields["budget"] = self._budget_field()
         if self.guard_checks:

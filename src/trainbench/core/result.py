@@ -338,6 +338,7 @@ _FIELDS = (
     ("world_size", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
     ("paired", lambda v: isinstance(v, bool), "true or false"),
     ("speedup_doubt", lambda v: isinstance(v, str), "why the speed-up is no finding"),
+    ("baseline_samples_per_s", lambda v: _finite(v) and v > 0, "a finite number above 0"),
     ("device", lambda v: isinstance(v, dict), "a device identity (dict)"),
     ("ladder", lambda v: isinstance(v, dict), "a dict"),
     ("ranks", lambda v: isinstance(v, dict), "a dict"),
@@ -363,6 +364,11 @@ def _check_fields(info: dict, where: str) -> None:
     problem = attribution_problem(info.get("attribution"))
     if problem:
         raise RecordError(f"{where}: {problem}")
+
+
+def case_id(workload: str, recipe: str) -> str:
+    """A case's id: the key of its budgets, its pytest id and its name in every record, table and verdict."""
+    return f"{workload}-{recipe}"
 
 
 @dataclass(frozen=True)
@@ -455,6 +461,18 @@ class CaseRecord:
     def phase_seconds(self) -> dict[str, float]:
         """Where the case's wall time went (``trainbench.core.costs``); {} where not recorded."""
         return self.raw.get("phase_seconds") or {}
+
+    @property
+    def baseline_samples_per_s(self) -> float | None:
+        """The baseline's samples/s that ``speedup_vs_baseline`` divides by (None: not recorded, or no speed-up)."""
+        value = self.raw.get("baseline_samples_per_s")
+        return float(value) if value is not None and self.speedup_vs_baseline is not None else None
+
+    @property
+    def baseline_case(self) -> str | None:
+        """The case id of the baseline its speed-up is against (its spec's), or None."""
+        base, workload = self.raw.get("baseline"), self.raw.get("workload")
+        return case_id(workload, base) if base and workload and self.speedup_vs_baseline is not None else None
 
     @property
     def speedup_doubt(self) -> str | None:

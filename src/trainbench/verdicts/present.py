@@ -10,6 +10,7 @@ session's table of its cases. Figures are formatted by ``trainbench.verdicts.ren
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -276,9 +277,11 @@ def last_line(verdict: dict, exit_status: int) -> str:
 
 # -- the session's table ----------------------------------------------------------------------------------------------
 
-# The marks of a "vs base" cell: a ratio timed on a busy machine (no finding, whatever its size), and one timed apart
-# from its baseline's rounds (drift is in it).
-DOUBTED, UNPAIRED = "?", "~"
+# The marks of a "vs base" cell: a ratio timed on a busy machine (no finding, whatever its size), one timed apart
+# from its baseline's rounds (drift is in it), and one against another measurement of the baseline than its row's
+# that the rows' ratio disagrees with by more than ROWS_DISAGREE.
+DOUBTED, UNPAIRED, OTHER_BASELINE = "?", "~", "*"
+ROWS_DISAGREE = 0.10
 
 _SUMMARY_COLUMNS = (Column("case", left=True), Column("samples/s"), Column("step ms (IQR)"), Column("peak MiB"),
                    Column("act MiB"), Column("GPU pred MiB"), Column("GFLOP/sample"), Column("vs base"),
@@ -303,7 +306,7 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
             number(m["activation_mib"], ".1f"),
             _predicted_cell(record),
             number(m["gflops_per_sample"], ".3f" if (m["gflops_per_sample"] or 0) >= 0.1 else ".3g"),  # small models too
-            _vs_base_cell(record),
+            _vs_base_cell(record, records),
             record.budget_status,
         ]
         if len(columns) > len(_SUMMARY_COLUMNS):
@@ -314,13 +317,27 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
     return Table(tuple(columns), tuple(body)).terminal()
 
 
-def _vs_base_cell(record: CaseRecord) -> str:
+def _vs_base_cell(record: CaseRecord, records: list[CaseRecord]) -> str:
     """The speed-up over the case's baseline, marked ``DOUBTED`` where a busy machine timed it, ``UNPAIRED`` where its
-    rounds were not interleaved with the baseline's."""
+    rounds were not interleaved with the baseline's, ``OTHER_BASELINE`` where its baseline is not the row shown."""
     speedup = record.speedup_vs_baseline
     if speedup is None:
         return MISSING
-    return number(speedup, ".2f", "x") + (DOUBTED if record.speedup_doubt else "" if record.paired else UNPAIRED)
+    return (number(speedup, ".2f", "x") + (DOUBTED if record.speedup_doubt else "" if record.paired else UNPAIRED)
+            + (OTHER_BASELINE if other_baseline_row(record, records) else ""))
+
+
+def other_baseline_row(record: CaseRecord, records: list[CaseRecord]) -> CaseRecord | None:
+    """The baseline's own row in ``records`` where ``record``'s speed-up divides by another measurement of it (one
+    interleaved with the case, or made for it before the baseline's own test ran) and the two rows' ratio disagrees
+    with the "vs base" cell by more than ``ROWS_DISAGREE`` (a busy spell between them). None: the same measurement,
+    rows that agree, no such row, or no figure recorded."""
+    used, base = record.baseline_samples_per_s, record.baseline_case
+    row = next((r for r in records if r.case == base), None) if base else None
+    shown = row.metrics.get("samples_per_s") if row is not None else None
+    if used is None or not shown or math.isclose(used, shown, rel_tol=1e-9):
+        return None
+    return row if abs(used / shown - 1) > ROWS_DISAGREE else None
 
 
 def vs_base_lines(records: list[CaseRecord]) -> list[Line]:
@@ -335,6 +352,17 @@ def vs_base_lines(records: list[CaseRecord]) -> list[Line]:
     if any(r.speedup_vs_baseline is not None and not r.paired and not r.speedup_doubt for r in records):
         lines.append(Line("vs base unpaired: the baseline's rounds were timed apart from the case's (no ratio budget "
                           "asked for interleaving), so machine drift is in the ratio", UNPAIRED))
+    others = [(r, other_baseline_row(r, records)) for r in records]
+    others = [(r, row) for r, row in others if row is not None]
+    if others:
+        lines.append(Line(f"vs base disagrees with the rows' ratio by more than {ROWS_DISAGREE:.0%}: it divides by "
+                          "another measurement of the baseline than its row (interleaved with the case, or made for it "
+                          "before the baseline's own test), and the machine moved between the two",
+                          OTHER_BASELINE, "warn", tuple(
+                              f"{r.case}: {r.speedup_vs_baseline:.2f}x against {row.case} at "
+                              f"{r.baseline_samples_per_s:.1f} samples/s; its row {row.metrics['samples_per_s']:.1f} "
+                              f"samples/s gives {r.metrics['samples_per_s'] / row.metrics['samples_per_s']:.2f}x"
+                              for r, row in others)))
     return lines
 
 
