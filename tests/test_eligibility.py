@@ -57,7 +57,7 @@ def test_a_compute_capability_below_the_recipes_is_named_with_both_numbers(cpu_p
 
 def test_a_cpu_stand_in_is_not_run_on_a_gpu():
     assert why_not(get_recipe("ddp_gloo"), TWO_H100, GPU) == (
-        "ddp_gloo: runs on the CPU only; this run uses cuda (see the GPU variant of this case)")
+        "ddp_gloo: runs on the CPU only; this run uses cuda: on GPUs the ddp recipe measures the same")
 
 
 def test_bfloat16_is_needed_by_the_recipe_or_by_its_autocast_and_unknown_support_does_not_skip(cpu_profile):
@@ -214,3 +214,11 @@ def test_every_knob_entry_names_a_need_its_reader_knows():
         assert knob.fresh_env is None or knob.fresh_env[1], name  # a fresh process's variable has a default
     assert set(KNOBS) == {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(SPEC_NEEDS) <= {f.name for f in dataclasses.fields(TrainingSpec)}
+
+
+def test_every_cpu_stand_in_names_a_gpu_recipe_that_exists():
+    from trainbench.core.recipes import RECIPES
+
+    stand_ins = {name: r.requires.gpu_variant for name, r in RECIPES.items() if r.requires.cpu_only}
+    assert stand_ins == {"ddp_gloo": "ddp", "fsdp_gloo": "fsdp"}
+    assert all(RECIPES[variant].requires.needs_cuda for variant in stand_ins.values())

@@ -608,6 +608,37 @@ def test_a_simulated_gpu_skips_as_that_gpu_would_and_measures_nothing(pytester):
     assert "would run on simulated NVIDIA H100 80GB HBM3: [no budget]" in result.stdout.str()
 
 
+SIMULATED_USER_MODEL = """
+import functools
+import pytest
+import torch
+from torch import nn
+from trainbench import TrainingSpec, classification_loss
+from trainbench.plugin import recipe_params
+
+SPEC = TrainingSpec(name="user_mlp", model=lambda: nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10)),
+                    loss_fn=classification_loss, batch_size=16, optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                    batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
+
+
+@pytest.mark.parametrize("recipe", recipe_params("baseline", "channels_last", "ddp_gloo"))
+def test_user(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+def test_a_simulated_gpu_skips_what_the_users_model_makes_not_applicable_as_the_cpu_run_does(pytester):
+    """A user's MLP: channels-last has no convolution to change, so the CPU run skips it; the simulated GPU said it
+    "would run"; and ddp_gloo pointed at "the GPU variant of this case", which a user project does not have."""
+    pytester.makepyfile(test_user=SIMULATED_USER_MODEL)
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider", "--trainbench-simulate-gpu", "h100-sxm")
+    result.assert_outcomes(skipped=3)
+    out = result.stdout.str()
+    assert "channels_last: the model has no 2-D convolution (channels-last changes nothing)" in out
+    assert "user_mlp-channels_last: would run" not in out and "user_mlp-baseline: would run on simulated" in out
+    assert "ddp_gloo: runs on the CPU only; this run uses cuda: on GPUs the ddp recipe measures the same" in out
+
+
 def test_an_unknown_simulated_gpu_or_a_bad_spec_is_a_usage_error_at_start_up(pytester):
     pytester.makepyfile(test_sim=SIMULATED)
     for given, said in (("NVIDIA B300", "trainbench: --trainbench-simulate-gpu: unknown GPU 'NVIDIA B300'"),

@@ -113,7 +113,8 @@ def _device_lacks(requires: Requirements, caps: DeviceCaps) -> str | None:
                     "in a run without -n (-n 0 or -p no:xdist)")
         return f"needs {requires.min_gpus} GPUs; {caps.gpu_count} present"
     if requires.cpu_only and caps.cuda:
-        return f"runs on the CPU only; this run uses {caps.kind} (see the GPU variant of this case)"
+        variant = f": on GPUs the {requires.gpu_variant} recipe measures the same" if requires.gpu_variant else ""
+        return f"runs on the CPU only; this run uses {caps.kind}{variant}"
     if requires.bf16 and caps.bf16 is False:
         return f"needs bfloat16 support; {caps.name} has none"
     return None

@@ -292,6 +292,28 @@ class NotPredictable(Exception):
     """A setup that fake tensors are known not to run (or to crash on), found only once it is built."""
 
 
+def not_applicable(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> str | None:
+    """Why ``config``'s recipe changes nothing on ``spec``'s model, or cannot apply to it (the ``NotApplicable`` its
+    real build raises: no 2-D convolution for channels-last, an optimizer without a foreach/fused path, a model that
+    checkpoints or came compiled already...), from a build under fake tensors on ``backend``'s device that runs no
+    step: what a simulated GPU says of the case where a real run would skip it. None where it applies, or where the
+    build fails otherwise (the real run says why)."""
+    from trainbench.core.recipes import NotApplicable
+    from trainbench.core.training import ALREADY_COMPILED
+
+    buildable = without_unpredictable(config)  # compiling, processes: what a fake build cannot start
+    try:
+        with fake_training(buildable, spec, backend):
+            pass
+    except NotApplicable as e:
+        return str(e)
+    except NotPredictable as e:
+        return ALREADY_COMPILED if config.compiles and str(e).endswith(_COMPILED_MODEL) else None
+    except Exception:  # noqa: BLE001 - the real build raises the model's own error, if it has one
+        return None
+    return None
+
+
 def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, steps: int = PREDICTED_STEPS) -> dict:
     """The tracked breakdown of one step of ``config`` on ``spec``, from fake tensors on ``backend``'s device.
 

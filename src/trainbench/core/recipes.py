@@ -294,6 +294,7 @@ class Requirements:
     min_gpus: int = 0
     bf16: bool = False
     cpu_only: bool = False  # a CPU-side stand-in for a GPU case (e.g. DDP over gloo)
+    gpu_variant: str | None = None  # with cpu_only: the recipe that measures the same on GPUs (e.g. ddp)
 
     @property
     def needs_cuda(self) -> bool:
@@ -311,6 +312,7 @@ class Requirements:
             min_gpus=max(self.min_gpus, other.min_gpus),
             bf16=self.bf16 or other.bf16,
             cpu_only=self.cpu_only or other.cpu_only,
+            gpu_variant=self.gpu_variant or other.gpu_variant,
         )
 
 
@@ -621,7 +623,7 @@ RECIPES: dict[str, Recipe] = {
             "DistributedDataParallel over gloo: 2 processes on the CPU, each half the batch on half the cores; "
             "gradients all-reduced to the one-process gradients",
             {"parallel": "ddp", "world_size": 2, "dist_backend": "gloo"},
-            Requirements(cpu_only=True),
+            Requirements(cpu_only=True, gpu_variant="ddp"),
             baseline="one_process",
             grad_rtol=1e-4,  # the all-reduce averages two half-batch means: fp32 sums in another order
         ),
@@ -630,7 +632,7 @@ RECIPES: dict[str, Recipe] = {
             "FSDP2 (fully_shard per block, then the model) over gloo: 2 CPU processes as ddp_gloo, each holding half of "
             "the parameters, gradients and optimizer state between steps",
             {"parallel": "fsdp", "world_size": 2, "dist_backend": "gloo"},
-            Requirements(cpu_only=True),
+            Requirements(cpu_only=True, gpu_variant="fsdp"),
             baseline="ddp_gloo",
             grad_rtol=1e-4,  # the reduce-scatter sums the two half-batch gradients in another order than the all-reduce
         ),

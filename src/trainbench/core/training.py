@@ -673,7 +673,7 @@ class TrainingSetup:
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
             model = module_to(model, memory_format=torch.channels_last)
         if config.compiles and compiled_by_user(model):
-            raise NotApplicable("the spec's model came compiled (torch.compile): compiling it again changes nothing")
+            raise NotApplicable(ALREADY_COMPILED)
         if config.checkpointing:
             already = checkpointing_already(model)
             if already:
@@ -1082,6 +1082,9 @@ def switch_dropout_off(model: torch.nn.Module) -> None:
             module.p = 0.0
         for attr in [a for a in vars(module) if _dropout_probability(module, a)]:
             setattr(module, attr, 0.0)
+
+
+ALREADY_COMPILED = "the spec's model came compiled (torch.compile): compiling it again changes nothing"
 
 
 def compiled_by_user(model: torch.nn.Module) -> bool:

@@ -323,6 +323,8 @@ class TrainbenchSession:
         """Under --trainbench-simulate-gpu, what a case planned for that GPU (a ``CasePlan``, or why it cannot run)
         does there: ("fail", why the night would crash on it or refuse it wrongly) or ("skip", why it cannot run
         there, or what it would do there: ``night_plan.would_run``)."""
+        from trainbench.core.predict import not_applicable
+        from trainbench.devices.simulated import prediction_backend
         from trainbench.verdicts.night_plan import planned, would_run
 
         gpu = self.options.simulate_gpu
@@ -331,6 +333,10 @@ class TrainbenchSession:
             return "fail", c.problem
         if c.skipped:
             return "skip", c.skipped
+        # What the real build would find about the spec's model (the CPU run skips such a case as not applicable)
+        reason = not_applicable(plan.config, plan.spec, prediction_backend())
+        if reason:
+            return "skip", f"{plan.recipe.name}: {reason}"
         return "skip", (f"{c.case}: would run on simulated {gpu.name}: {would_run(c, gpu)}; nothing is measured on a "
                         "simulated GPU")
 
