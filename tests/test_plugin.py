@@ -636,6 +636,7 @@ def test_a_simulated_gpu_skips_what_the_users_model_makes_not_applicable_as_the_
     out = result.stdout.str()
     assert "channels_last: the model has no 2-D convolution (channels-last changes nothing)" in out
     assert "user_mlp-channels_last: would run" not in out and "user_mlp-baseline: would run on simulated" in out
+    assert "launch-bound, >= " in out  # the user's case gets its roofline, as a suite case's plan does
     assert "ddp_gloo: runs on the CPU only; this run uses cuda: on GPUs the ddp recipe measures the same" in out
 
 

@@ -12,7 +12,8 @@ from .shared import gpu_to_simulate
 
 NAME = "plan"
 HELP = "the GPU night's plan for a GPU of the fleet, made on this machine (no GPU needed)"
-DESCRIPTION = ("Every suite case on a simulated GPU: run or skip (why), its budget section, predicted memory "
+DESCRIPTION = ("Every built-in suite case on a simulated GPU (your own tests: pytest --trainbench-simulate-gpu GPU): "
+               "run or skip (why), its budget section, predicted memory "
                "against the GPU's, how it is measured, what bounds its step (the roofline: compute, memory "
                "or kernel launches) and the min_speedup budgets it says cannot hold. Exit 1 where the build "
                "cannot run on that GPU (the doctor's FAIL) or a case would crash or be refused for a reason a GPU "

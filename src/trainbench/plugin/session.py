@@ -90,6 +90,7 @@ class TrainbenchSession:
     _pin_tried: bool = False
     _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
     _progress_written: int = 0  # cases recorded when --trainbench-save-progress last wrote the run
+    _simulated_counts: object = None  # --trainbench-simulate-gpu: the roofline's step counts (roofline.CountCache)
 
     # -- the cases ------------------------------------------------------------------------------------
     def record(self, outcome, fullname: str, budgets) -> dict | None:
@@ -324,11 +325,14 @@ class TrainbenchSession:
         does there: ("fail", why the night would crash on it or refuse it wrongly) or ("skip", why it cannot run
         there, or what it would do there: ``night_plan.would_run``)."""
         from trainbench.core.predict import not_applicable
+        from trainbench.core.roofline import CountCache
         from trainbench.devices.simulated import prediction_backend
         from trainbench.verdicts.night_plan import planned, would_run
 
         gpu = self.options.simulate_gpu
-        c = planned(self.runner, plan, case_id)
+        if self._simulated_counts is None:  # the roofline's step counts, once per setup for the session
+            self._simulated_counts = CountCache(prediction_backend())
+        c = planned(self.runner, plan, case_id, self._simulated_counts)
         if c.problem:
             return "fail", c.problem
         if c.skipped:
