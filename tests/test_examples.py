@@ -23,6 +23,8 @@ BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
     ("timm_classifier", 4, 0, "timm"),
     ("packed_rnn", 3, 0, None),
     ("detection", 3, 0, None),
+    ("sparse_recommender", 4, 1, None),  # optimizer_foreach: SparseAdam has no foreach/fused implementation
+    ("compiled_model", 1, 1, None),  # compile: the model came compiled; --trainbench-slow runs it (Inductor)
 ])
 def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options):
     if library:
@@ -30,14 +32,16 @@ def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, 
     for path in (EXAMPLES / example).iterdir():
         if path.is_file():
             shutil.copy(path, pytester.path / path.name)
-    result = pytester.runpytest(*quick_options, "-rs", "-W", "error::trainbench.plugin.NoBudgetWarning")
+    slow = ("--trainbench-slow",) if example == "compiled_model" else ()
+    result = pytester.runpytest(*quick_options, *slow, "-rs", "-W", "error::trainbench.plugin.NoBudgetWarning")
     result.assert_outcomes(passed=passed, skipped=skipped)
     summary = result.stdout.str().split("trainbench summary", 1)[1]
     assert " none" not in summary and "FAIL" not in summary  # every measured case had its budget, and met it
 
 
 @pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan", "hf_causal_lm",
-                                     "timm_classifier", "packed_rnn", "detection"])
+                                     "timm_classifier", "packed_rnn", "detection", "sparse_recommender",
+                                     "compiled_model"])
 def test_example_is_short_and_uses_the_public_api_only(example):
     [test_file] = (EXAMPLES / example).glob("test_*.py")
     source = test_file.read_text()

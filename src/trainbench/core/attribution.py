@@ -41,6 +41,21 @@ OPTIMIZER = "optimizer step"
 
 
 @contextlib.contextmanager
+def tracker_warnings_silenced():
+    """Where trainbench follows a step's modules with global hooks (``MemTracker``, ``ModTracker``,
+    ``FlopCounterMode``), the warnings they cause in a user's output are silenced: "Module is None. Skipping
+    PRE_BW/POST_BW hook" for a module made in forward (or one a model's own checkpointing dropped), gone by backward,
+    once per module and step; and torch's note that a model the user compiled runs under global module hooks. The
+    hooks are trainbench's, not the user's, and nothing read from them depends on those modules."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook")
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+        yield
+
+
+@contextlib.contextmanager
 def module_grad_hooks_removed():
     """Remove, on exit, every backward hook a ``ModTracker`` (a ``MemTracker``'s, or the op sites' here) registered
     on the step's tensors.
@@ -52,11 +67,7 @@ def module_grad_hooks_removed():
     ``results/gpu-night``). Removing the hooks breaks the cycle. A torch whose tracker registers them otherwise
     is left as it is.
 
-    Inside, the tracker's "Module is None. Skipping PRE_BW/POST_BW hook" warnings are silenced: a module made in
-    forward (or one a model's own checkpointing dropped) is gone by backward, once per module and step in a user's
-    output; what is read here (the global peak, the op sites' names) does not depend on those hooks."""
-    import warnings
-
+    Inside, the trackers' warnings are silenced (``tracker_warnings_silenced``)."""
     from torch.distributed._tools import mod_tracker
 
     register = getattr(mod_tracker, "register_multi_grad_hook", None)
@@ -70,8 +81,7 @@ def module_grad_hooks_removed():
     if register is not None:
         mod_tracker.register_multi_grad_hook = recorded
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook")
+        with tracker_warnings_silenced():
             yield
     finally:
         if register is not None:

@@ -48,6 +48,7 @@ from trainbench.core.attribution import (
     parameter_sites,
     per_step,
     profile_steps,
+    tracker_warnings_silenced,
 )
 from trainbench.devices.device import Backend, no_peak_reason
 
@@ -911,7 +912,7 @@ class Measurer:
         if not self.settings.work:
             return
         flops = FlopCounterMode(display=False)
-        with self._sites() as sites:
+        with self._sites() as sites, tracker_warnings_silenced():
             counter = _OpCounter(self.backend, sites)
             for i, micro_batches in enumerate(steps):
                 # The op counter inside the FLOP counter, as ever: FlopCounterMode decomposes the composite ops it
