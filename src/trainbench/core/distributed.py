@@ -50,7 +50,8 @@ import torch
 
 from trainbench.core.costs import case_ledger, spent
 from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
-from trainbench.core.recipes import TrainConfig
+from trainbench.core.recipes import NotApplicable, TrainConfig
+from trainbench.core.training import gradient_copy
 from trainbench.core.result import RELAUNCH_NOTE, Result
 from trainbench.core.spec import SpecError, TrainingSpec
 from trainbench.core.watchdog import suspended, watch
@@ -112,7 +113,7 @@ def full_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, p in model.named_parameters():
         if p.grad is not None:
             grad = p.grad.detach()
-            grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).float()
+            grads[name] = gradient_copy(grad.full_tensor() if hasattr(grad, "full_tensor") else grad, grad.device)
     return grads
 
 
@@ -145,6 +146,9 @@ def run_rank(out_dir: str) -> None:
         # Before anything starts CUDA: e.g. cuBLAS reads CUBLAS_WORKSPACE_CONFIG once, when it starts.
         os.environ.update(job["env"])
         _run_rank(job, out, rank)
+    except NotApplicable as e:  # the recipe cannot apply to the spec's model: the case is skipped, not failed
+        (out / f"rank{rank}.not_applicable").write_text(str(e))
+        raise
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
@@ -340,6 +344,11 @@ def _launch(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, 
         out, returncode = _launch_once(job, nprocs, backend, what)
         if returncode == 0:
             return out, [f"{RELAUNCH_NOTE}: {crash}" for crash in crashes] + _shared_device(job, backend)
+        not_applicable = sorted(out.glob("rank*.not_applicable"))
+        if not_applicable:  # as the case's own process would have said it
+            reason = not_applicable[0].read_text()
+            shutil.rmtree(out, ignore_errors=True)
+            raise NotApplicable(reason)
         errors, crash = _errors(out), _native_crash(out)
         shutil.rmtree(out, ignore_errors=True)
         if crash is None or len(crashes) == NATIVE_CRASH_RELAUNCHES:

@@ -34,7 +34,7 @@ import torch
 
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
-from trainbench.core.training import TrainingSetup
+from trainbench.core.training import TrainingSetup, gradient_copy
 from trainbench.devices.device import Backend
 
 GUARD_STEPS = 4
@@ -142,8 +142,7 @@ def _first_step(training: TrainingSetup) -> tuple[dict[str, torch.Tensor], torch
         for optimizer in training.optimizers.values():
             training.scaler.unscale_(optimizer)
     # copies: on the host .float().cpu() is the live gradient itself, which training on (seeded_run) would change
-    grads = {name: p.grad.detach().to("cpu", torch.float32, copy=True) for name, p in training.model.named_parameters()
-             if p.grad is not None}
+    grads = {name: gradient_copy(p.grad) for name, p in training.model.named_parameters() if p.grad is not None}
     return grads, loss.detach()
 
 

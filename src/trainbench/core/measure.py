@@ -59,7 +59,7 @@ from trainbench.core.guards import GUARD_STEPS
 from trainbench.core.recipes import NotApplicable
 from trainbench.core.result import VARYING_SHAPES_NOTE, Result
 from trainbench.core.spec import batch_shapes
-from trainbench.core.training import TrainingSetup, compiled_by_user
+from trainbench.core.training import TrainingSetup, compiled_by_user, sparse_gradients
 from trainbench.core.watchdog import NoProgress, phase
 
 
@@ -346,11 +346,6 @@ _SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"), torch.sparse_csr: ("
                  torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
                  torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
                  torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
-
-
-def sparse_gradients(model: torch.nn.Module) -> bool:
-    """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
-    return any(getattr(module, "sparse", False) is True for module in model.modules())
 
 
 def _storages(t: torch.Tensor) -> list:

@@ -319,7 +319,8 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
 
     Returns ``{"device", "batch_size", "breakdown_bytes"}``, or ``{"reason"}`` where the setup cannot be faked.
     """
-    from trainbench.core.measure import Measurer, MeasureSettings, sparse_gradients
+    from trainbench.core.measure import Measurer, MeasureSettings
+    from trainbench.core.training import sparse_gradients
 
     reason = unpredictable(config)
     if reason:

@@ -706,6 +706,10 @@ class TrainingSetup:
         if config.parallel == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
+            if sparse_gradients(model):
+                raise NotApplicable("FSDP2 shards dense gradients only: its reduce-scatter has no kernel for the "
+                                    "sparse gradients of an embedding with sparse=True (DDP all-reduces them)")
+
             # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
             # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
             for name in spec.checkpoint_blocks:
@@ -1003,8 +1007,7 @@ class TrainingSetup:
             for p in group["params"]:
                 if p.grad is not None:
                     # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
-                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = p.grad.detach().to(
-                        "cpu", torch.float32, copy=True)
+                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = gradient_copy(p.grad)
 
     def _track_loss(self, loss: torch.Tensor) -> None:
         """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
@@ -1082,6 +1085,21 @@ def switch_dropout_off(model: torch.nn.Module) -> None:
             module.p = 0.0
         for attr in [a for a in vars(module) if _dropout_probability(module, a)]:
             setattr(module, attr, 0.0)
+
+
+def sparse_gradients(model: torch.nn.Module) -> bool:
+    """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
+    return any(getattr(module, "sparse", False) is True for module in model.modules())
+
+
+def gradient_copy(grad: torch.Tensor, device: str = "cpu") -> torch.Tensor:
+    """A float32 copy of a gradient to compare with another (guards, ranks): a sparse one (an embedding with
+    ``sparse=True``) as the dense tensor it adds to its parameter, so that every gradient compares element by element
+    whatever its layout. A copy: a later backward may add to the live one."""
+    grad = grad.detach()
+    if grad.is_sparse:
+        grad = grad.to_dense()
+    return grad.to(device, torch.float32, copy=True)
 
 
 ALREADY_COMPILED = "the spec's model came compiled (torch.compile): compiling it again changes nothing"
