@@ -777,3 +777,86 @@ def test_a_verdict_file_of_wrong_types_or_an_inconsistent_decision_is_refused_in
     assert main(["verdict", path]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"trainbench verdict: {path}: {problem}") and err.count("\n") == 1
+
+
+FIVE_CASES = """
+import functools
+import os
+import pytest
+import torch
+from torch import nn
+from trainbench import TrainingSpec
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layers = [nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU()]
+        if os.environ.get("PLANT_LAYER"):  # the change under review: one more layer
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        self.trunk = nn.Sequential(*layers)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.trunk(x))
+
+
+def loss_fn(model, batch):
+    loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+    if os.environ.get("PLANT_ITEM"):
+        logged = loss.item()  # the change under review: a logged loss
+    return loss
+
+
+SPEC = TrainingSpec(name="five", model=Net, loss_fn=loss_fn, batch_size=32,
+                    optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+                    batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "larger_batch", "set_to_none", "optimizer_foreach", "grad_accumulation"])
+def test_five(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+@pytest.fixture
+def five_cases(pytester, attributed_options):
+    pytester.makepyfile(test_five=FIVE_CASES)
+    _save(pytester, attributed_options).assert_outcomes(passed=5)
+    return pytester
+
+
+def _gate_report(result) -> list[str]:
+    out = result.stdout.str().splitlines()
+    start = next(i for i, line in enumerate(out) if "trainbench compare vs" in line)
+    return out[start:out.index("", start)]
+
+
+def test_one_added_layer_is_reported_by_its_cause_once_in_under_40_lines(five_cases, attributed_options, monkeypatch):
+    """5 cases x 15 metrics: the report was 404 lines, 55 REGRESSION blocks repeating the memory sites under every
+    memory metric of every case. Now one block per cause with the metrics and cases beneath, then a line per case."""
+    monkeypatch.setenv("PLANT_LAYER", "1")
+    result = _compare(five_cases, attributed_options, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == 1
+    report = _gate_report(result)
+    assert len(report) <= 40, "\n".join(report)
+    text = "\n".join(report)
+    assert text.count("Net.trunk.4") == 1 and "CAUSE parameters by module: Net.trunk.4 +" in text
+    assert "    in every changed case (5)" in text and "    param_mib: regressed +60.1%" in text
+    assert sum(line.startswith("five-") for line in report) == 5 and "REGRESSION" not in text
+    verdict = json.loads((five_cases.path / "verdict.json").read_text())  # the whole detail stays in the JSON
+    param = next(c for c in verdict["comparisons"] if (c["case"], c["metric"]) == ("five-baseline", "param_mib"))
+    assert param["causes"][0]["row"] == "Net.trunk.4" and param["explanation"]
+
+
+def test_a_sync_is_explained_by_the_line_that_made_it(five_cases, attributed_options, monkeypatch):
+    """A planted .item() was "explained" by aten.add_ +6 and aten.t +5, which are not syncs."""
+    monkeypatch.setenv("PLANT_ITEM", "1")
+    result = _compare(five_cases, attributed_options, "--trainbench-compare-fail=syncs_per_step:0%", "-k",
+                      "baseline and not larger")
+    assert result.ret == 1
+    line = next(n for n, text in enumerate(FIVE_CASES.strip().splitlines(), 1) if "loss.item()" in text)  # as written
+    result.stdout.fnmatch_lines([
+        "REGRESSION five-baseline syncs_per_step: 0 -> 1 *",
+        f"    syncs by call site: aten._local_scalar_dense at test_five.py:{line} (loss_fn) +1 syncs/step, 100% of the "
+        "change"])

@@ -126,3 +126,21 @@ def test_sections_lay_out_as_lines_titles_and_tables():
                                   ("a|b    1", {}, False)]
     assert markdown(sections) == ("### explain `x` vs `y`\n\n- **REGRESSION** slower\n  - op\n\n| case | ms |\n"
                                   "|---|---:|\n| a\\|b | 1 |\n")
+
+
+def test_changes_are_grouped_by_the_op_module_or_site_that_explains_the_most_of_them():
+    from trainbench.verdicts.present import cause_groups
+
+    def changed(case, metric, *causes):
+        return {"case": case, "metric": metric, "verdict": "regressed", "change": 0.5,
+                "causes": [{"table": table, "row": row, "change": 1.0, "share": share} for table, row, share in causes]}
+
+    layer = [changed(case, "param_mib", ("memory.param_bytes", "Net.block", 1.0)) for case in ("a", "b")]
+    ops = changed("a", "ops_per_step", ("ops", "aten.mm", 0.6), ("ops_by_site", "Net.block (backward)", 0.4))
+    calls = changed("a", "aten_calls_per_step", ("time.calls", "(other)", 0.9))  # an aggregate names nothing
+    flops = changed("a", "gflops_per_sample", ("flops", "aten::addmm", 1.0))
+    groups = cause_groups([*layer, ops, calls, flops, {**changed("b", "predicted_gpu_peak_mib"), "causes": []}])
+    assert [(g.cause and g.cause["row"], [c["metric"] for c in g.comparisons]) for g in groups] == [
+        ("Net.block", ["param_mib", "param_mib", "ops_per_step"]),  # its backward is the module too
+        ("aten::addmm", ["gflops_per_sample"]),
+        (None, ["aten_calls_per_step", "predicted_gpu_peak_mib"])]

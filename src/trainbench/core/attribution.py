@@ -382,6 +382,15 @@ def allocation_site(frames: list[dict]) -> str:
     return NO_STACK
 
 
+def python_call_site() -> str:
+    """``allocation_site`` of the Python stack where this is called: the user's line that led here (``file:line
+    (function)``), else the innermost library line (an optimizer's own ``.item()``)."""
+    import traceback
+
+    return allocation_site([{"filename": f.filename, "line": f.lineno, "name": f.name}
+                            for f in reversed(traceback.extract_stack()[:-1])])
+
+
 def _frame_site(frame: dict) -> str:
     return f"{str(frame.get('filename', '?')).rsplit('/', 1)[-1]}:{frame.get('line', '?')} ({frame.get('name', '?')})"
 

@@ -48,6 +48,7 @@ from trainbench.core.attribution import (
     parameter_sites,
     per_step,
     profile_steps,
+    python_call_site,
     tracker_warnings_silenced,
 )
 from trainbench.devices.device import Backend, no_peak_reason
@@ -185,7 +186,8 @@ def convolution_share(flops_by_op: dict) -> float:
 
 class _OpCounter(TorchDispatchMode):
     """Counts every aten op dispatched, and the host-device syncs among them: ``_local_scalar_dense``
-    (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``)."""
+    (``.item()``, ``if tensor:``) and copies the host must wait for (``Backend.blocking_copy``), each sync by the op
+    and the Python line that made it (``attribution.python_call_site``: the user's, where the call is theirs)."""
 
     def __init__(self, backend: Backend, sites: Sites | None = None):
         super().__init__()
@@ -193,6 +195,7 @@ class _OpCounter(TorchDispatchMode):
         self.sites = sites  # where each op runs (trainbench.core.attribution), if asked
         self.ops: Counter[str] = Counter()
         self.ops_by_site: Counter[str] = Counter()
+        self.syncs_by_site: Counter[str] = Counter()
         self.blocking_copies = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -201,12 +204,16 @@ class _OpCounter(TorchDispatchMode):
         self.ops[name] += 1
         if self.sites is not None:
             self.ops_by_site[self.sites.site()] += 1
+        blocking = 0
         if name == "aten._to_copy" and kwargs.get("device") is not None:
-            self.blocking_copies += self.backend.blocking_copy(args[0], torch.device(kwargs["device"]),
-                                                               bool(kwargs.get("non_blocking", False)))
+            blocking = self.backend.blocking_copy(args[0], torch.device(kwargs["device"]),
+                                                  bool(kwargs.get("non_blocking", False)))
         elif name == "aten.copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            self.blocking_copies += self.backend.blocking_copy(args[1], args[0].device, bool(non_blocking))
+            blocking = self.backend.blocking_copy(args[1], args[0].device, bool(non_blocking))
+        self.blocking_copies += blocking
+        if blocking or name == "aten._local_scalar_dense":
+            self.syncs_by_site[f"{name}{' (blocking copy)' if blocking else ''} at {python_call_site()}"] += 1
         return func(*args, **kwargs)
 
     @property
@@ -923,7 +930,8 @@ class Measurer:
             self._note(f"{self.backend.name}: {no_peak}")
         self._set(flops_per_step=int(flops.get_total_flops()), ops_per_step=sum(counter.ops.values()) / n,
                   syncs_per_step=counter.syncs / n, peak_precision=precision, peak_tflops=peak_tflops)
-        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, 1))
+        self._attribute(ops=per_step(counter.ops, n), flops=per_step(flops_by_op, 1),
+                        syncs=per_step(counter.syncs_by_site, n))
         if sites is not None:
             self._attribute(ops_by_site=per_step(counter.ops_by_site, n))
 

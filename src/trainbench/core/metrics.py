@@ -97,6 +97,7 @@ _GROUP_PASSES = {"speed": ("rounds",), "memory": ("memory",), "work": ("work",)}
 TIME = ("time.ops_ms", "time.kernels_ms")
 FLOPS = ("flops",)
 OPS = ("ops", "ops_by_site")
+SYNCS = ("syncs",)  # each sync by its op and the Python line that made it
 PEAK = ("memory.peak_bytes",)
 KEPT = ("memory.kept_bytes_per_step",)
 PARAMS = ("memory.param_bytes", *PEAK)
@@ -149,7 +150,7 @@ METRICS: dict[str, Metric] = {
     "h2d_bytes_per_sample": Metric("B", False, DETERMINISTIC, "bytes a step copies to the device per sample",
                                    group="work", where=OPS),
     "syncs_per_step": Metric("", False, DETERMINISTIC, "host-device syncs (aten._local_scalar_dense) per step",
-                             group="work", where=OPS, count=True),
+                             group="work", where=SYNCS, count=True),
     "ops_per_step": Metric("", False, DETERMINISTIC, "aten ops dispatched per step (eager view, below autograd)",
                            group="work", where=OPS, count=True),
     "aten_calls_per_step": Metric("", False, DETERMINISTIC, "aten calls the profiler records per step (compiled code "

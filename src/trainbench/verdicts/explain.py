@@ -42,6 +42,7 @@ TABLES = {
     "time.kernel_calls": ("kernel launches", "/step", 1.0),
     "ops": ("ops", "ops/step", 1.0),
     "ops_by_site": ("ops by module", "ops/step", 1.0),
+    "syncs": ("syncs by call site", "syncs/step", 1.0),
     "flops": ("FLOPs by op", "GFLOP/step", 1e-9),
     "memory.peak_bytes": ("memory at the peak by site", "MiB", 1 / 2**20),
     "memory.kept_bytes_per_step": ("memory kept per step by site", "MiB/step", 1 / 2**20),
@@ -291,20 +292,28 @@ def explanation(metric: str, baseline: dict | None, current: dict | None, paired
                 ) -> tuple[str, ...]:
     """The lines printed under a changed verdict of ``metric``: its causes, or why none can be named (``slower``:
     the verdict's direction, for a timed metric; ``rounds_s``: each side's round step times, as ``causes``)."""
+    return explained(metric, baseline, current, paired, slower, rounds_s)[0]
+
+
+def explained(metric: str, baseline: dict | None, current: dict | None, paired: bool = False,
+              slower: bool | None = None, rounds_s: tuple[list[float], list[float]] | None = None
+              ) -> tuple[tuple[str, ...], tuple[Cause, ...]]:
+    """``explanation``'s lines, and the causes they name (none where they say why none can be named, or give leads
+    the profiled steps did not reproduce): what a report that groups changes by their cause reads."""
     if not METRICS[metric].where:
-        return ()
+        return (), ()
     if baseline is None or current is None:
         side = "either side" if baseline is None and current is None else "the baseline" if baseline is None else "this run"
-        return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",)
+        return (f"where: not recorded by {side} (attribution off, or a run saved before trainbench recorded it)",), ()
     # e.g. a recipe whose step is already profiled: trainbench profiled no steps
     if next(_recorded(metric, baseline, current), None) is None:
         wanted = ", ".join(TABLES[path][0] for path in METRICS[metric].where)
-        return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",)
+        return (f"where: neither side recorded the tables that explain {metric} ({wanted}) for this case",), ()
     try:
         found = causes(metric, baseline, current, paired, slower, rounds_s)
     except NotReproduced as e:
         found = leads(metric, baseline, current, paired, slower, rounds_s)
-        return (str(e), *((LEADS,) if found else ()), *(f"  {cause.line()}" for cause in found))
+        return (str(e), *((LEADS,) if found else ()), *(f"  {cause.line()}" for cause in found)), ()
     if not found:
-        return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",)
-    return tuple(cause.line() for cause in found)
+        return ("where: no op, kernel, module or site moved beyond noise in the attribution tables",), ()
+    return tuple(cause.line() for cause in found), tuple(found)

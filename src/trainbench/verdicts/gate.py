@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from trainbench.core.metrics import METRICS
-from trainbench.verdicts.explain import explanation
+from trainbench.verdicts.explain import explained
 from trainbench.verdicts.render import change, interval, number
 
 # Every verdict a comparison can have, in the order the counts list them.
@@ -46,8 +46,10 @@ class MetricComparison:
     ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
     reason: str | None = None  # why inconclusive
     # A regressed or improved verdict's "where": the attribution rows that account for the change
-    # (``trainbench.verdicts.explain.explanation``), a line each
+    # (``trainbench.verdicts.explain.explanation``), a line each, and those rows (``Cause.to_json``), by which the
+    # report groups the changes that one cause made
     explanation: tuple[str, ...] = ()
+    causes: tuple[dict, ...] = ()
 
     @property
     def unit(self) -> str:
@@ -70,6 +72,7 @@ class MetricComparison:
 
     def to_json(self) -> dict:
         return {**asdict(self), "ci": list(self.ci) if self.ci else None, "explanation": list(self.explanation),
+                "causes": [dict(c) for c in self.causes],
                 "unit": self.unit, "line": self.describe()}
 
     def explained(self, baseline: dict | None, current: dict | None, paired: bool = False,
@@ -81,7 +84,8 @@ class MetricComparison:
             return self
         # A timed metric's regression is a slower step, its improvement a faster one: the profiled steps must agree.
         slower = (self.verdict == "regressed") if METRICS[self.metric].timed else None
-        return replace(self, explanation=explanation(self.metric, baseline, current, paired, slower, rounds_s))
+        lines, found = explained(self.metric, baseline, current, paired, slower, rounds_s)
+        return replace(self, explanation=lines, causes=tuple(cause.to_json() for cause in found))
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,10 @@ _COMPARISON_FIELDS = (
     ("reason", lambda v: v is None or isinstance(v, str), "text or null"),
     ("line", lambda v: v is None or isinstance(v, str), "text or null"),
     ("explanation", lambda v: v is None or _strings(v), "a list of lines or null"),
+    ("causes", lambda v: v is None or (isinstance(v, list) and all(
+        isinstance(c, dict) and isinstance(c.get("table"), str) and isinstance(c.get("row"), str)
+        and _number_or_null(c.get("change")) and _number_or_null(c.get("share")) for c in v)),
+     "a list of causes (table, row, change, share) or null"),
 )
 # The verdict's own fields (``Verdict.to_json``): absent ones are read as a verdict without them.
 _VERDICT_FIELDS = (

@@ -213,12 +213,117 @@ def _finding(c: dict, verdict: dict, judged: bool) -> Line | None:
     return Line(text, label, tone, tuple(under))
 
 
+# Beyond this many comparisons that regressed or improved, the report groups them by cause: one block per cause (the
+# op, module or site, its line once) with the metrics and cases it moved beneath, and one line per case instead of the
+# table. Every comparison, its line and its causes stay in the verdict JSON (--trainbench-compare-json) and `explain`.
+GROUPED_BEYOND = 8
+CAUSE = "CAUSE"
+
+
+def grouped(verdict: dict) -> bool:
+    """Whether the report groups the verdict's changes by cause (``GROUPED_BEYOND``)."""
+    return sum(c.get("verdict") in ("regressed", "improved") for c in verdict.get("comparisons") or []) > GROUPED_BEYOND
+
+
+@dataclass(frozen=True)
+class CauseGroup:
+    cause: dict | None  # the cause shown once (``explain.Cause.to_json``); None: the changes no cause explains
+    comparisons: tuple[dict, ...]
+
+
+def cause_key(row: str) -> str | None:
+    """What a cause's row names, the same across tables: a module whether forward or backward ran it, an op as the
+    dispatcher (``aten.mm``) or the profiler (``aten::mm``) spells it; None for an aggregate (``(other)``,
+    ``(outside modules)``), which names nothing to look at."""
+    if row.startswith("("):
+        return None
+    return row.removesuffix(" (backward)").replace("::", ".")
+
+
+def cause_groups(comparisons: list[dict]) -> list[CauseGroup]:
+    """The regressed and improved comparisons grouped by what explains them: the op, module or site (``cause_key``)
+    that the most of them name among their causes first (ties: the larger summed share, then the name), headed by its
+    cause with the largest share; then the next, over what is left; those that name none, last."""
+    changed = [c for c in comparisons if c.get("verdict") in ("regressed", "improved")]
+    named = {id(c): [k for k in c.get("causes") or [] if cause_key(k["row"])] for c in changed}
+    pending = [c for c in changed if named[id(c)]]
+    groups = []
+    while pending:
+        by_row: dict[str, list[tuple[dict, dict]]] = {}
+        for c in pending:
+            best: dict[str, dict] = {}  # a comparison counts once per row, by its largest share there
+            for cause in named[id(c)]:
+                key = cause_key(cause["row"])
+                if key not in best or abs(cause.get("share") or 0) > abs(best[key].get("share") or 0):
+                    best[key] = cause
+            for row, cause in best.items():
+                by_row.setdefault(row, []).append((c, cause))
+        row = min(by_row, key=lambda r: (-len(by_row[r]), -sum(abs(k.get("share") or 0) for _, k in by_row[r]), r))
+        head = max((cause for _, cause in by_row[row]), key=lambda k: abs(k.get("share") or 0))
+        taken = [c for c, _ in by_row[row]]
+        groups.append(CauseGroup(head, tuple(taken)))
+        pending = [c for c in pending if all(c is not t for t in taken)]
+    unexplained = tuple(c for c in changed if not named[id(c)])
+    return groups + ([CauseGroup(None, unexplained)] if unexplained else [])
+
+
+def _group_lines(group: CauseGroup, cases: list[str], environment) -> Line:
+    """A cause's block: its line, then the cases it moved (where not every case) and each metric's change."""
+    outcomes = sorted({c["verdict"] for c in group.comparisons})
+    regressed = "regressed" in outcomes
+    moved = list(dict.fromkeys(c["case"] for c in group.comparisons))
+    under = [f"in every changed case ({len(moved)})" if sorted(moved) == sorted(cases) else
+             f"in {len(moved)} of {len(cases)} changed cases: " + listed(moved, NOT_RUN_LISTED)]
+    for metric in dict.fromkeys(c["metric"] for c in group.comparisons):
+        rows = [c for c in group.comparisons if c["metric"] == metric]
+        changes = sorted(c["change"] for c in rows if c.get("change") is not None)
+        size = (change(changes[0]) if changes and changes[0] == changes[-1] else
+                f"{change(changes[0])}..{change(changes[-1])}" if changes else "")
+        where = "" if len(rows) == len(moved) else f" ({', '.join(c['case'] for c in rows)})"
+        under.append(f"{metric}: {'/'.join(sorted({c['verdict'] for c in rows}))} {size}{where}".rstrip())
+    if group.cause is None:
+        reasons = list(dict.fromkeys(line for c in group.comparisons if not c.get("causes")
+                                     for line in c.get("explanation") or []))
+        aggregates = any(c.get("causes") for c in group.comparisons)
+        text = "no op, module or site named" + (f": {'; '.join(reasons[:2])}" if reasons else
+                                                " (only aggregates such as (other) moved)" if aggregates else
+                                                " (these metrics have no attribution table)")
+    else:
+        text = group.cause.get("line") or f"{group.cause['table']}: {group.cause['row']}"
+    if environment:
+        under.append("environment: " + listed(environment, ENVIRONMENT_SHOWN, "; "))
+    return Line(text, CAUSE, "fail" if regressed else "good", tuple(under))
+
+
+def _case_lines(verdict: dict) -> list[Line]:
+    """The grouped report's stand-in for the table: one line per case, how many of its metrics did what."""
+    lines = []
+    for case in dict.fromkeys(c["case"] for c in verdict.get("comparisons") or []):
+        rows = [c for c in verdict["comparisons"] if c["case"] == case]
+        counts = {outcome: sum(c["verdict"] == outcome for c in rows) for outcome in dict.fromkeys(
+            c["verdict"] for c in rows)}
+        worst = max((c for c in rows if c["verdict"] == "regressed" and c.get("change") is not None),
+                    key=lambda c: abs(c["change"]), default=None)
+        lines.append(Line(f"{case}: " + ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+                          + (f" (the most: {worst['metric']} {change(worst['change'])})" if worst else "")))
+    lines.append(Line("every comparison, its line and its causes: the verdict JSON (--trainbench-compare-json FILE) "
+                      "and python -m trainbench explain"))
+    return lines
+
+
 def _findings(verdict: dict, judged: bool, current: str) -> Section:
     comparisons = verdict.get("comparisons") or []
     lines = _cases_not_compared(verdict, judged, current)
     for case, guard in (verdict.get("numerics") or {}).items():
         if not guard.get("ok", True):
             lines.append(Line(f"{case}: head vs base: {guard.get('message')}", NUMERICS, "warn"))
+    if grouped(verdict):
+        changed_cases = list(dict.fromkeys(c["case"] for c in comparisons if c.get("verdict") in ("regressed",
+                                                                                               "improved")))
+        lines += [_group_lines(group, changed_cases, verdict.get("environment_differs") or [])
+                  for group in cause_groups(comparisons)]
+        lines += _case_lines(verdict)
+        comparisons = [c for c in comparisons if c.get("verdict") not in ("regressed", "improved")]
     lines += [line for line in (_finding(c, verdict, judged) for c in comparisons) if line is not None]
     one_side: dict[str, int] = {}  # a metric only one side measured (a newer metric, another device's), not failing
     for c in comparisons:
@@ -242,8 +347,13 @@ def verdict_sections(verdict: dict, title: Section | None = None, preface: tuple
     compared with), the counts, the table (``every_row``: every comparison, else those not unchanged with the whole
     folded away), then a line per case and comparison the reader must know about. ``judged``: the gate's decision
     is shown (False: two saved runs explained, which never fail); ``current``: the newer side, as the lines name it."""
-    return [title or _title(verdict), _head(verdict, preface), _comparisons(verdict, every_row),
-            _findings(verdict, judged, current)]
+    # grouped (many changes): the causes, then a line per case, in place of the table (``GROUPED_BEYOND``); Markdown
+    # still folds the whole table away beneath (the terminal shows no folded table)
+    table = (Section(folded=comparison_table(verdict.get("comparisons") or [])) if grouped(verdict) else
+             _comparisons(verdict, every_row))
+    return [title or _title(verdict), _head(verdict, preface), _findings(verdict, judged, current), table] \
+        if grouped(verdict) else [title or _title(verdict), _head(verdict, preface), table,
+                                  _findings(verdict, judged, current)]
 
 
 def verdict_markdown(verdict: dict) -> str:
