@@ -30,6 +30,7 @@ Several machines: a rank runs ``python -m trainbench.core.rank_entry JOB_DIR`` u
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import faulthandler
@@ -51,7 +52,7 @@ import torch
 from trainbench.core.costs import case_ledger, spent
 from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.core.recipes import NotApplicable, TrainConfig
-from trainbench.core.training import gradient_copy
+from trainbench.core.training import dropout_switched_off, gradient_copy
 from trainbench.core.result import RELAUNCH_NOTE, Result
 from trainbench.core.spec import SpecError, TrainingSpec
 from trainbench.core.watchdog import suspended, watch
@@ -217,7 +218,9 @@ def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, 
     if distributed:
         # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
         # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
-        training.forward_backward(training.fetch(training.batches()))
+        # (with the model's dropout off where the guard compares so: a rank's share draws other masks than the batch)
+        with dropout_switched_off(training.model) if job["grads_dropout_off"] else contextlib.nullcontext():
+            training.forward_backward(training.fetch(training.batches()))
         grads = full_gradients(training.model)
         ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)
         if job["want_grads"] and rank == 0:
@@ -241,6 +244,7 @@ def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Pro
         "recipe": recipe_name,
         "extra_warmup_steps": extra_warmup_steps,
         "want_grads": False,
+        "grads_dropout_off": False,
         "want_losses": False,
         "env": {},
         **extra,
@@ -445,11 +449,13 @@ def _with_notes(result: Result, notes: list[str]) -> Result:
 
 
 def measure_ddp(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
-                case: str, recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False
-                ) -> tuple[Result, dict[str, torch.Tensor] | None]:
-    """Run ``config`` (parallel="ddp") as ``config.world_size`` torchrun ranks; rank 0's Result and gradients."""
+                case: str, recipe_name: str, extra_warmup_steps: int = 0, want_grads: bool = False,
+                grads_dropout_off: bool = False) -> tuple[Result, dict[str, torch.Tensor] | None]:
+    """Run ``config`` (parallel="ddp") as ``config.world_size`` torchrun ranks; rank 0's Result and gradients (its
+    first step's, with the model's dropout off where ``grads_dropout_off``)."""
     settings = dataclasses.replace(settings, fixed_warmup=True)
-    job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads)
+    job = _job(config, spec, backend, profile, settings, case, recipe_name, extra_warmup_steps, want_grads=want_grads,
+               grads_dropout_off=grads_dropout_off)
     out, notes = _launch(job, config.world_size, backend, "a DDP rank")
     try:
         result = _with_notes(Result.from_dict(json.loads((out / "result.json").read_text())), notes)

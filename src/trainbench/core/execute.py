@@ -110,6 +110,17 @@ def _rank_failures(outcome: CaseOutcome) -> list[str]:
              f"{spread:.3g}); every rank must hold the same gradients")]
 
 
+def dropout_in_the_way(config: TrainConfig, spec: TrainingSpec) -> list[str]:
+    """The model's dropout sites, where the case splits the step's batch (accumulation, data-parallel shares, ranks):
+    their masks for the parts are not the whole batch's, so its guards compare with dropout off on both sides (a
+    rank case's ranks take their guard gradients so, ``distributed.measure_ddp``)."""
+    if config.accumulation_steps == 1 and config.shards == 1:
+        return []
+    from trainbench.core.training import dropout_sites
+
+    return dropout_sites(spec.model())
+
+
 class Executor:
     """Measures planned cases on one device and profile, keeping same-session baselines and guard references."""
 
@@ -349,7 +360,8 @@ class Executor:
         if config.rank_processes:
             with in_child_process(baseline) as child:
                 result, grads = measure_ddp(config, spec, self.backend, self.profile, settings, case, recipe.name,
-                                            recipe.extra_warmup_steps, want_grads=want_grads)
+                                            recipe.extra_warmup_steps, want_grads=want_grads,
+                                            grads_dropout_off=want_grads and bool(dropout_in_the_way(config, spec)))
                 child.phase_seconds = result.phase_seconds
             if grads is not None:
                 self._ddp_grads = grads
@@ -391,7 +403,7 @@ class Executor:
 
     def _guard_checks(self, plan: CasePlan, outcome: CaseOutcome) -> list[guards.GuardCheck]:
         recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config
-        dropout = self._dropout_in_the_way(plan)
+        dropout = dropout_in_the_way(plan.config, plan.spec)
         key = (*self._key(plan, plan.baseline), "dropout off") if dropout else self._key(plan, plan.baseline)
         runs = self._seeded_runs(plan, outcome, key, dropout_off=bool(dropout))
         verdicts = self._compared(plan, outcome, runs, key)
@@ -401,17 +413,6 @@ class Executor:
                f"{', ...' if len(dropout) > 3 else ''}) draws other random masks for a batch split into "
                f"{max(config.accumulation_steps, config.shards)} than for it whole)")
         return [replace(v, message=v.message + why) for v in verdicts]
-
-    def _dropout_in_the_way(self, plan: CasePlan) -> list[str]:
-        """The model's dropout sites, where the case splits the step's batch (accumulation, data-parallel shares):
-        their masks for the parts are not the whole batch's, so its guards compare with dropout off on both sides."""
-        config = plan.config
-        # (a rank case's gradients come from its ranks, which ran with their dropout: not switched off there)
-        if config.accumulation_steps == 1 and config.shards == 1 or config.rank_processes:
-            return []
-        from trainbench.core.training import dropout_sites
-
-        return dropout_sites(plan.spec.model())
 
     def _compared(self, plan: CasePlan, outcome: CaseOutcome, runs: dict, key: tuple) -> list[guards.GuardCheck]:
         recipe, spec, config, base_config = plan.recipe, plan.spec, plan.config, plan.baseline_config

@@ -1087,6 +1087,22 @@ def switch_dropout_off(model: torch.nn.Module) -> None:
             setattr(module, attr, 0.0)
 
 
+@contextlib.contextmanager
+def dropout_switched_off(model: torch.nn.Module):
+    """``switch_dropout_off`` for the block only: each probability is put back after it (a rank's guard gradients
+    are taken without masks, its measured steps with them)."""
+    saved = [(module, "p", module.p) for module in model.modules()
+             if isinstance(module, torch.nn.modules.dropout._DropoutNd)]
+    saved += [(module, attr, getattr(module, attr)) for module in model.modules() for attr in list(vars(module))
+              if _dropout_probability(module, attr)]
+    switch_dropout_off(model)
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
 def sparse_gradients(model: torch.nn.Module) -> bool:
     """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
     return any(getattr(module, "sparse", False) is True for module in model.modules())
