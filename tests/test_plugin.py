@@ -920,6 +920,38 @@ def test_ckpt(train_bench, recipe):
 """
 
 
+CHANNELS_LAST_ALREADY = """
+import functools
+import pytest
+import torch
+from torch import nn
+from trainbench import TrainingSpec, classification_loss
+
+
+def net():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return model.to(memory_format=torch.channels_last)  # as the project trains it
+
+
+SPEC = TrainingSpec(name="nhwc", model=net, loss_fn=classification_loss, batch_size=8,
+                    optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                    batches=lambda n, gen: (torch.randn(n, 3, 16, 16, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
+
+
+@pytest.mark.parametrize("recipe", ["baseline", "channels_last"])
+def test_nhwc(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+def test_channels_last_on_a_model_that_is_channels_last_already_is_skipped_with_why(pytester, quick_options):
+    pytester.makepyfile(test_nhwc=CHANNELS_LAST_ALREADY)
+    result = pytester.runpytest("-rs", *quick_options)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "channels_last: the model is channels-last already (its convolution weights are NHWC)" in \
+        result.stdout.str()
+
+
 MODULE_MADE_IN_FORWARD = """
 import functools
 import torch

@@ -671,6 +671,9 @@ class TrainingSetup:
         if config.channels_last:
             if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
+            if channels_last_already(model):
+                raise NotApplicable("the model is channels-last already (its convolution weights are NHWC): "
+                                    "converting it again changes nothing the baseline does not do")
             model = module_to(model, memory_format=torch.channels_last)
         if config.compiles and compiled_by_user(model):
             raise NotApplicable(ALREADY_COMPILED)
@@ -1101,6 +1104,14 @@ def dropout_switched_off(model: torch.nn.Module):
     finally:
         for module, attr, value in saved:
             setattr(module, attr, value)
+
+
+def channels_last_already(model: torch.nn.Module) -> bool:
+    """Whether the spec's model came in the channels-last memory format (``model.to(memory_format=torch.channels_last)``):
+    every 2-D convolution's weight is NHWC (and not also NCHW-contiguous, as a 1x1 kernel is either way)."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+               and not m.weight.is_contiguous()]
+    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
 
 
 def sparse_gradients(model: torch.nn.Module) -> bool:
