@@ -671,7 +671,7 @@ class TrainingSetup:
         if config.channels_last:
             if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
                 raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
-            if channels_last_already(model):
+            if channels_last_already(model) and not config.amp:  # channels_last_amp still changes the precision
                 raise NotApplicable("the model is channels-last already (its convolution weights are NHWC): "
                                     "converting it again changes nothing the baseline does not do")
             model = module_to(model, memory_format=torch.channels_last)
