@@ -832,6 +832,58 @@ def test_ranks_of_a_model_with_dropout_take_their_guard_gradients_with_it_off(py
     assert check["kind"] == "gradients" and check["ok"] and "with dropout off on both sides" in check["message"]
 
 
+def test_a_compiled_model_with_dropout_is_guarded_with_its_masks_out_of_the_way(pytester, quick_options):
+    """compile on a model with dropout (a standard BERT) failed its loss guard (0.0672 at step 1): Inductor's kernels
+    draw their masks from another random stream than eager code. The guard now compares with dropout off."""
+    pytester.makepyfile(test_dropout=WITH_DROPOUT.replace('["baseline", "grad_accumulation", "set_to_none"]',
+                                                          '["compile"]'))
+    result = pytester.runpytest(*quick_options, "--trainbench-slow", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=1)
+    [record] = [b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())["benchmarks"]]
+    [check] = record["guard"]["checks"]
+    assert check["ok"] and "draws its masks in the compiled kernels from another random stream" in check["message"]
+
+
+ATTENTION_WITH_DROPOUT = """
+import functools
+import pytest
+import torch
+from torch import nn
+from trainbench import TrainingSpec, classification_loss
+
+
+class Attend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.head = nn.Linear(16, 48), nn.Linear(16, 4)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        # attention dropout in training, as a Hugging Face BERT passes it: no flash kernel on the CPU takes it
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+        return self.head(out.squeeze(1).mean(1))
+
+
+SPEC = TrainingSpec(name="masked", model=Attend, loss_fn=classification_loss, batch_size=8,
+                    optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                    batches=lambda n, gen: (torch.randn(n, 12, 16, generator=gen), torch.randint(0, 4, (n,), generator=gen)))
+
+
+@pytest.mark.parametrize("recipe", ["sdpa_flash"])
+def test_masked(train_bench, recipe):
+    train_bench(recipe, SPEC)
+"""
+
+
+def test_an_attention_kernel_that_cannot_run_the_models_attention_is_skipped_with_why(pytester, quick_options):
+    """sdpa_flash on a BERT (its attention has dropout) failed with a raw "No available kernel" traceback."""
+    pytester.makepyfile(test_masked=ATTENTION_WITH_DROPOUT)
+    result = pytester.runpytest("-rs", *quick_options)
+    result.assert_outcomes(skipped=1)
+    assert "sdpa_flash: scaled_dot_product_attention has no flash kernel for this model's attention on cpu" in \
+        result.stdout.str()
+
+
 WITH_DROPOUT = """
 import functools
 import pytest

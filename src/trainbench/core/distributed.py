@@ -219,7 +219,7 @@ def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, 
         # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
         # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
         # (with the model's dropout off where the guard compares so: a rank's share draws other masks than the batch)
-        with dropout_switched_off(training.model) if job["grads_dropout_off"] else contextlib.nullcontext():
+        with dropout_switched_off(training.model) if job.get("grads_dropout_off") else contextlib.nullcontext():
             training.forward_backward(training.fetch(training.batches()))
         grads = full_gradients(training.model)
         ranks["max_grad_difference_between_ranks"] = gradient_spread(grads)

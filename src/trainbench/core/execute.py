@@ -110,15 +110,21 @@ def _rank_failures(outcome: CaseOutcome) -> list[str]:
              f"{spread:.3g}); every rank must hold the same gradients")]
 
 
-def dropout_in_the_way(config: TrainConfig, spec: TrainingSpec) -> list[str]:
-    """The model's dropout sites, where the case splits the step's batch (accumulation, data-parallel shares, ranks):
-    their masks for the parts are not the whole batch's, so its guards compare with dropout off on both sides (a
-    rank case's ranks take their guard gradients so, ``distributed.measure_ddp``)."""
-    if config.accumulation_steps == 1 and config.shards == 1:
-        return []
+def dropout_in_the_way(config: TrainConfig, spec: TrainingSpec) -> tuple[list[str], str] | None:
+    """The model's dropout sites and why its random masks cannot match its baseline's, or None: where the case splits
+    the step's batch (accumulation, data-parallel shares, ranks), the parts draw other masks than the whole batch;
+    where it compiles, the generated kernels draw them from their own random stream. Its guards then compare with
+    dropout off on both sides (a rank case's ranks take their guard gradients so, ``distributed.measure_ddp``)."""
+    split = max(config.accumulation_steps, config.shards)
+    if split == 1 and not config.compiles:
+        return None
     from trainbench.core.training import dropout_sites
 
-    return dropout_sites(spec.model())
+    sites = dropout_sites(spec.model())
+    if not sites:
+        return None
+    return sites, (f"draws other random masks for a batch split into {split} than for it whole" if split > 1 else
+                   "draws its masks in the compiled kernels from another random stream than eager code")
 
 
 class Executor:
@@ -361,7 +367,7 @@ class Executor:
             with in_child_process(baseline) as child:
                 result, grads = measure_ddp(config, spec, self.backend, self.profile, settings, case, recipe.name,
                                             recipe.extra_warmup_steps, want_grads=want_grads,
-                                            grads_dropout_off=want_grads and bool(dropout_in_the_way(config, spec)))
+                                            grads_dropout_off=want_grads and dropout_in_the_way(config, spec) is not None)
                 child.phase_seconds = result.phase_seconds
             if grads is not None:
                 self._ddp_grads = grads
@@ -409,9 +415,9 @@ class Executor:
         verdicts = self._compared(plan, outcome, runs, key)
         if not dropout:
             return verdicts
-        why = (f" (with dropout off on both sides: the model's dropout ({', '.join(dropout[:3])}"
-               f"{', ...' if len(dropout) > 3 else ''}) draws other random masks for a batch split into "
-               f"{max(config.accumulation_steps, config.shards)} than for it whole)")
+        sites, why = dropout
+        why = (f" (with dropout off on both sides: the model's dropout ({', '.join(sites[:3])}"
+               f"{', ...' if len(sites) > 3 else ''}) {why})")
         return [replace(v, message=v.message + why) for v in verdicts]
 
     def _compared(self, plan: CasePlan, outcome: CaseOutcome, runs: dict, key: tuple) -> list[guards.GuardCheck]:

@@ -824,7 +824,14 @@ class TrainingSetup:
         """The recipe's autocast dtype and attention kernel around a forward (a no-op context without them)."""
         with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
                 sdpa_context(self.config.sdpa_backend):
-            yield
+            try:
+                yield
+            except RuntimeError as e:  # the kernel the recipe asks for cannot run this model's attention here
+                if self.config.sdpa_backend is None or "No available kernel" not in str(e):
+                    raise
+                raise NotApplicable(f"scaled_dot_product_attention has no {self.config.sdpa_backend} kernel for this "
+                                    f"model's attention on {self.device.type} (its mask, dtype, dropout or head "
+                                    f"size): {str(e).strip().splitlines()[0]}") from e
 
     def zero_grad(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's.
