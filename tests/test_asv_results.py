@@ -81,3 +81,31 @@ def test_the_committed_results_hold_two_releases_of_one_commit():
     assert before.commit == after.commit
     assert {before.torch, after.torch} == {"2.9.1", "2.14.1"}
     assert len(before.values) > 500 and len(after.values) > 500
+
+
+def test_existing_environments_are_keyed_by_their_torch_release_for_the_dashboards_legend(machine, capsys):
+    """asv keys an `-E existing:PYTHON` environment's results by the interpreter's path: the dashboard's legend read
+    ".../.venv-torch2.9.1/bin/python" where a reader wants "torch 2.9.1"."""
+    for path in machine.glob("*-existing-*.json"):  # as asv writes them for such an environment
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "params": {"machine": "cpu-test", "python": "/work/.venv/bin/python"}}))
+    assert main(["releases", "--results", str(machine.parent), "--machine", "cpu-test", "--label"]) == 0
+    assert capsys.readouterr().out.count("python /work/.venv/bin/python -> torch ") == 3
+    params = {json.loads(p.read_text())["params"]["torch"] for p in machine.glob("*-existing-*.json")}
+    assert params == {"2.14.1", "2.9.1"}
+    assert all(json.loads(p.read_text())["params"]["machine"] == "cpu-test" for p in machine.glob("*-existing-*.json"))
+    assert main(["releases", "--results", str(machine.parent), "--machine", "cpu-test", "--label"]) == 0
+    assert "keyed by its torch release already" in capsys.readouterr().out
+    assert main(["releases", "--results", str(machine.parent), "--machine", "cpu-test"]) == 0  # still compared
+
+
+def test_an_existing_environment_that_names_no_torch_release_is_refused_before_any_file_changes(machine, capsys):
+    nameless = _write(machine, "c" * 40, "X", [1.0, 1.0, 1.0], [0.1, 0.1, 0.1], date=4)
+    renamed = nameless.with_name(nameless.name.replace("torchX", "custom"))
+    data = json.loads(nameless.read_text())
+    nameless.unlink()
+    renamed.write_text(json.dumps({**data, "env_name": "existing-py_work_.venv-custom_bin_python"}))
+    before = {p.name: p.read_text() for p in machine.glob("*.json")}
+    assert main(["releases", "--results", str(machine.parent), "--machine", "cpu-test", "--label"]) == 2
+    assert "names no torch release" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in machine.glob("*.json")} == before

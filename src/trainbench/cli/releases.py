@@ -7,7 +7,13 @@ import itertools
 import sys
 from pathlib import Path
 
-from trainbench.verdicts.asv_results import AsvResultsError, diff_environments, environments_of_commit, format_diff
+from trainbench.verdicts.asv_results import (
+    AsvResultsError,
+    diff_environments,
+    environments_of_commit,
+    format_diff,
+    label_existing_environments,
+)
 
 NAME = "releases"
 HELP = "what the PyTorch releases recorded by asv differ in, case by case"
@@ -20,9 +26,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--machine", required=True, help="asv machine name (a folder under --results)")
     parser.add_argument("--commit", default=None,
                         help="commit hash or prefix (default: the newest commit recorded in two environments)")
+    parser.add_argument("--label", action="store_true",
+                        help="instead: key each result of an `-E existing:PYTHON` environment by its torch release, "
+                             "not the interpreter's path (what asv publish's legend shows), in place")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.label:
+        try:
+            changed = label_existing_environments(Path(args.results) / args.machine)
+        except AsvResultsError as e:
+            print(f"trainbench releases: {e}", file=sys.stderr)
+            return 2
+        for line in changed or ["every existing environment is keyed by its torch release already"]:
+            print(line)
+        return 0
     try:
         machine_dir = Path(args.results) / args.machine
         envs = environments_of_commit(machine_dir, args.commit)

@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainbench.core.files import write_text_atomic
+
 EXACT_CLASSES = ("Memory", "Work")
 STEP_TIME = "Speed.track_step_time"
 
@@ -67,6 +69,37 @@ def load_env_results(path: Path) -> EnvResults:
     except (KeyError, ValueError, TypeError) as e:
         raise AsvResultsError(f"{path}: not an asv result file (expected result_columns with 'result' and "
                               f"'params', results, commit_hash, env_name): {e!r}") from None
+
+
+# What an ``-E existing:PYTHON`` environment's results name it by: asv keys them (and the dashboard's legend) by the
+# interpreter's path, e.g. /work/.venv-torch2.9.1/bin/python, where a reader wants the torch release.
+EXISTING = "existing"
+
+
+def label_existing_environments(machine_dir: Path) -> list[str]:
+    """Each result file of an ``existing`` environment under ``machine_dir`` keyed by its torch release instead of its
+    interpreter's path: its ``params`` become ``{"machine": ..., "torch": "2.9.1"}`` (the release its environment's
+    name gives, ``EnvResults.torch``), written whole; the files already so labelled are left alone. Returns one line
+    per file changed; raises ``AsvResultsError`` (before changing any file) where a name gives no release."""
+    changes = []
+    for path in sorted(machine_dir.glob("*.json")):
+        if path.name == "machine.json":
+            continue
+        data = json.loads(path.read_text())
+        params = data.get("params") or {}
+        if not str(data.get("env_name", "")).startswith(EXISTING) or "torch" in params:
+            continue
+        env = load_env_results(path)
+        if not re.fullmatch(r"\d+(?:\.\d+)+", env.torch):
+            raise AsvResultsError(f"{path}: environment {env.env_name!r} names no torch release; expected an "
+                                  "interpreter under a folder such as .venv-torch2.9.1 (docs/gate-and-ab.md, asv)")
+        changes.append((path, data, {"machine": params.get("machine"), "torch": env.torch}))
+    lines = []
+    for path, data, labelled in changes:
+        # as asv writes them: one line, keys in their order (a diff shows the params alone)
+        write_text_atomic(path, json.dumps({**data, "params": labelled}))
+        lines.append(f"{path.name}: python {data['params'].get('python')} -> torch {labelled['torch']}")
+    return lines
 
 
 def environments_of_commit(machine_dir: Path, commit: str | None = None) -> list[EnvResults]:
