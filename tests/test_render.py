@@ -111,3 +111,20 @@ def test_a_speed_up_against_another_baseline_measurement_than_its_row_is_marked_
     assert line.under == ("mlp-larger_batch: 0.86x against mlp-baseline at 116.3 samples/s; its row 46.1 samples/s "
                           "gives 2.17x",)
     assert not [line for line in vs_base_lines([busy_row, agreeing]) if line.label == "*"]
+
+
+def test_a_row_timed_on_a_busy_machine_is_marked_and_said_beneath_the_table():
+    """Under load one baseline read 164 ms a step in one run and 41.6 ms in the next: its row is its busy spell's."""
+    from trainbench.core.result import CaseRecord
+    from trainbench.verdicts.present import summary_table, vs_base_lines
+
+    def record(case, other_cpus):
+        return CaseRecord.read({"case": case, "samples_per_step": 16, "samples_per_s": 100.0, "step_time_ms": 160.0,
+                                "round_step_times_s": [0.16], "machine_load": {"cpus": 2, "other_cpus": other_cpus}},
+                               case)
+
+    records = [record("mlp-baseline", 1.6), record("mlp-amp", 0.0)]
+    cells = {row.split()[0]: row.split()[1] for row in summary_table(records)[2:]}
+    assert cells == {"mlp-baseline": "100.0?", "mlp-amp": "100.0"}
+    [line] = [line for line in vs_base_lines(records) if line.text.startswith("samples/s timed on a busy machine")]
+    assert line.under == ("mlp-baseline: busy machine: other processes used 1.60 of 2 CPUs while it ran",)

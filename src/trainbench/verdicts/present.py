@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
+from trainbench.core.stats import busy_reason
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, decision, fails_gate
 from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
@@ -410,7 +411,7 @@ def summary_table(records: list[CaseRecord]) -> list[str]:
         m = record.metrics
         row = [
             record.case,
-            number(m["samples_per_s"], ".1f"),
+            number(m["samples_per_s"], ".1f") + (DOUBTED if busy_reason(record.raw.get("machine_load")) else ""),
             f"{number(m['step_time_ms'], '.1f')} ({number(m['step_time_iqr_ms'], '.1f')})",
             number(m["peak_memory_mib"], ".1f"),
             number(m["activation_mib"], ".1f"),
@@ -454,6 +455,12 @@ def vs_base_lines(records: list[CaseRecord]) -> list[Line]:
     """What the marks of the "vs base" column say, for those the table shows: each ratio timed on a busy machine with
     its reason, beneath one line saying it is no finding; then what an unpaired ratio carries."""
     lines = []
+    busy = [(record, busy_reason(record.raw.get("machine_load"))) for record in records]
+    busy = [(record, reason) for record, reason in busy if reason]
+    if busy:  # its own row: a figure of a busy spell (one baseline read 164 ms a step in one run, 41.6 in the next)
+        lines.append(Line("samples/s timed on a busy machine: that row's speed is of its busy spell, not of the case; "
+                          "measure on a quiet machine", DOUBTED, "warn",
+                          tuple(f"{record.case}: {reason}" for record, reason in busy)))
     doubted = [record for record in records if record.speedup_doubt]
     if doubted:
         lines.append(Line("vs base timed on a busy machine: no finding, whatever its size; measure on a quiet machine "
