@@ -68,6 +68,9 @@ def test_an_unpaired_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_wi
     cells = [row.split()[-2] for row in summary_table(records)[2:]]
     assert cells[0].endswith("x~") and cells[1].endswith("x?")
     assert terminal_lines([Section(lines=tuple(vs_base_lines(records)))]) == [
+        "? samples/s timed on a busy machine: that row's speed is of its busy spell, not of the case; measure on a "
+        "quiet machine",
+        "    mlp-set_to_none: busy machine: other processes used 1.05 of 2 CPUs while it ran, load average 3.80 -> 4.10",
         "? vs base timed on a busy machine: no finding, whatever its size; measure on a quiet machine "
         "(--trainbench-pair-baselines interleaves every case with its baseline)",
         f"    mlp-set_to_none: {busy.speedup_doubt}",
