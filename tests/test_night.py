@@ -616,3 +616,17 @@ def test_a_night_refuses_at_start_up_an_after_run_that_is_not_a_nights_own(tmp_p
     with pytest.raises(NightError, match=expected) as refused:
         run_night(tmp_path / "night", 600.0, None, ROOT, runner=virtual, clock=virtual.clock, after=earlier)
     assert str(refused.value).startswith(f"--after {earlier}") and virtual.started == []
+
+
+@pytest.mark.parametrize("left", ["plan.json", "groups/05-rest.json", "predictions.json"])
+def test_a_night_refuses_an_out_folder_holding_anything_of_another_night(tmp_path, left):
+    """A T4 night's plan.json in the folder headed an H100 rehearsal's summary "GPU night: Tesla T4"; an old group run
+    was merged into run.json and calibrated; an old predictions file was used."""
+    out = tmp_path / "night"
+    (out / left).parent.mkdir(parents=True, exist_ok=True)
+    (out / left).write_text('{"gpu": {"name": "Tesla T4"}, "cases": []}')
+    virtual = VirtualNight()
+    with pytest.raises(NightError, match=f"--out {out}: holds .*; expected a new or empty folder") as refused:
+        run_night(out, 600.0, "h100-sxm", ROOT, runner=virtual, clock=virtual.clock)
+    assert left.split("/")[0] in str(refused.value) and virtual.started == []
+    assert not (out / "night.json").exists()

@@ -210,6 +210,11 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
     if (out / "night.json").exists():
         raise NightError(f"--out {out}: holds an earlier night (night.json); expected a new or empty folder, so that "
                          "nothing of that night is read as tonight's")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:  # an old plan.json, run.json, groups/ or predictions.json would be read as tonight's
+        raise NightError(f"--out {out}: holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''}; expected a new "
+                         "or empty folder, so that nothing in it is read as tonight's (a plan made beforehand goes "
+                         "in with --plan)")
     if plan is not None:
         _check_plan(plan)
     if seconds_from is not None:
