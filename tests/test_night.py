@@ -630,3 +630,39 @@ def test_a_night_refuses_an_out_folder_holding_anything_of_another_night(tmp_pat
         run_night(out, 600.0, "h100-sxm", ROOT, runner=virtual, clock=virtual.clock)
     assert left.split("/")[0] in str(refused.value) and virtual.started == []
     assert not (out / "night.json").exists()
+
+
+def test_a_shared_prediction_of_other_code_is_never_read_as_this_codes(tmp_path, monkeypatch, cpu, profile):
+    """A night's reused --out kept its predictions file: a budget max_predicted_gpu_peak_mib = 10 passed on the old
+    figure where the code measured 60.6 MiB. Shared predictions are keyed by the spec's code as well now."""
+    import functools
+    import importlib.util
+
+    import torch
+
+    from trainbench import TrainingSpec
+    from trainbench.core import predict
+    from trainbench.core.recipes import get_recipe
+
+    source = tmp_path / "user_model.py"
+    source.write_text("import torch\nfrom torch import nn\n\ndef model():\n    return nn.Linear(8, 8)\n")
+
+    def user_spec():  # as a new process imports it
+        module_spec = importlib.util.spec_from_file_location("user_model", source)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return TrainingSpec(name="user", model=module.model, loss_fn=lambda m, b: m(b).sum(), batch_size=4,
+                            optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                            batches=lambda n, gen: torch.randn(n, 8, generator=gen))
+
+    monkeypatch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path / "shared.json"))
+    calls = []
+    real_predict = predict.predict_memory
+    monkeypatch.setattr(predict, "predict_memory", lambda *a: calls.append(1) or real_predict(*a))
+    config = get_recipe("baseline").config(profile)
+    before = predict.PredictionCache(cpu)("cpu", config, user_spec())
+    predict.PredictionCache(cpu)("cpu", config, user_spec())  # the same code in another process: read, not made
+    assert len(calls) == 1
+    source.write_text(source.read_text().replace("nn.Linear(8, 8)", "nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 8))"))
+    after = predict.PredictionCache(cpu)("cpu", config, user_spec())
+    assert len(calls) == 2 and after["breakdown_bytes"]["total"] > before["breakdown_bytes"]["total"]

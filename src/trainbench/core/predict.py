@@ -37,7 +37,7 @@ import torch
 from trainbench.core.files import write_text_atomic
 from trainbench.core.measure import failure_line
 from trainbench.core.recipes import TrainConfig
-from trainbench.core.spec import TrainingSpec, map_tensors
+from trainbench.core.spec import TrainingSpec, code_fingerprint, map_tensors
 from trainbench.core.training import TrainingSetup
 from trainbench.devices.device import Backend, DeviceCaps
 
@@ -360,10 +360,13 @@ class PredictionCache:
         same_spec = (id(spec), setup)
         if same_spec in self._by_spec:
             return self._by_spec[same_spec][1]
-        key = (profile_name, spec.name, setup)
+        fingerprint = code_fingerprint(spec)  # another process's prediction of other code is not this one's
+        key = (profile_name, spec.name, fingerprint, setup)
         if key not in self._predictions:
-            self._predictions[key] = self._shared.get(key) or predict_memory(setup, spec, self.backend)
-            self._shared.put(key, self._predictions[key])
+            shared = self._shared.get(key) if fingerprint else None
+            self._predictions[key] = shared or predict_memory(setup, spec, self.backend)
+            if fingerprint:
+                self._shared.put(key, self._predictions[key])
         self._by_spec[same_spec] = (spec, self._predictions[key])  # the spec kept: its id is not reused
         return self._predictions[key]
 

@@ -36,7 +36,7 @@ from trainbench.core.predict import (
     without_unpredictable,
 )
 from trainbench.core.recipes import TrainConfig
-from trainbench.core.spec import TrainingSpec
+from trainbench.core.spec import TrainingSpec, code_fingerprint
 from trainbench.devices.device import Backend
 
 # The host's cost to dispatch one eager op and launch its kernel: ~5 us through PyTorch's eager dispatcher on a
@@ -230,10 +230,12 @@ class CountCache:
 
     def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> StepCounts | str:
         counted = without_unpredictable(config)
-        key = (profile_name, spec.name, counted)
+        fingerprint = code_fingerprint(spec)  # another process's counts of other code are not this one's
+        key = (profile_name, spec.name, fingerprint, counted)
         if key not in self._counts:
-            self._counts[key] = _read_counts(self._shared.get(key)) or count_step(counted, spec, self.backend)
-            if isinstance(self._counts[key], StepCounts):
+            shared = _read_counts(self._shared.get(key)) if fingerprint else None
+            self._counts[key] = shared or count_step(counted, spec, self.backend)
+            if fingerprint and isinstance(self._counts[key], StepCounts):
                 self._shared.put(key, asdict(self._counts[key]))
         counts = self._counts[key]
         fused = config.runs_compiled_code  # compiled code's launches are not eager dispatch's

@@ -261,3 +261,41 @@ def unsplittable(batch: Batch, samples: int) -> str | None:
             return (f"a tensor of shape {tuple(leaf.shape)}, where every tensor's first dimension must be the batch's "
                     f"{samples} samples to slice it by sample")
     return None
+
+
+# The spec's fields that hold its code: what a prediction made from it depends on beyond its recipe's knobs.
+_CODE_FIELDS = ("model", "loss_fn", "step", "optimizer", "optimizers", "batches", "dataset", "collate_fn")
+
+
+@functools.lru_cache(maxsize=256)
+def code_fingerprint(spec: TrainingSpec) -> str | None:
+    """A digest of the files holding the spec's code (its model, loss or step, optimizer(s) and data factories, as
+    their source files read now) and of trainbench's version: the key under which a prediction made from this spec
+    may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
+    predictions kept from before the edit is never read as this code's. None where a file cannot be read: then
+    nothing is shared."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        digest = hashlib.sha256(version("pytest-trainbench").encode())
+    except PackageNotFoundError:
+        digest = hashlib.sha256(b"trainbench (not installed)")
+    files = set()
+    for name in _CODE_FIELDS:
+        code = getattr(spec, name, None)
+        while isinstance(code, functools.partial):
+            code = code.func
+        if code is None or isinstance(code, str):
+            continue
+        try:
+            files.add(inspect.getsourcefile(code if inspect.isclass(code) or inspect.isroutine(code) else type(code)))
+        except (TypeError, OSError):
+            return None
+    try:
+        for path in sorted(f for f in files if f):
+            with open(path, "rb") as source:
+                digest.update(path.encode() + b"\0" + source.read())
+    except OSError:
+        return None
+    return digest.hexdigest()[:16]
