@@ -417,6 +417,22 @@ def test_a_planted_memory_leak_fails_on_the_deterministic_signal(pytester, gate_
 
 
 @pytest.mark.usefixtures("saved_baseline")
+def test_compare_fail_given_twice_adds_up_and_a_metric_named_in_both_is_refused(pytester, gate_options):
+    """``deterministic:0%`` then ``samples_per_s:90%`` with a planted leak passed ("1 unchanged"): the second option
+    replaced the first (make gate puts BENCH_ARGS after GATE_FAIL, so a user's threshold replaced the gate's)."""
+    both = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%",
+                    "--trainbench-compare-fail=samples_per_s:90%", "--trainbench-inject-leak-mib=1")
+    assert both.ret == 1
+    both.stdout.fnmatch_lines(["*REGRESSION steady-baseline memory_growth_mib_per_step: 0 -> 1 MiB (+inf%)*"])
+    verdict = json.loads((pytester.path / "verdict.json").read_text())
+    assert {c["metric"] for c in verdict["comparisons"]} >= {"samples_per_s", "memory_growth_mib_per_step"}
+    twice = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%",
+                     "--trainbench-compare-fail=deterministic:5%")
+    assert twice.ret == pytest.ExitCode.USAGE_ERROR
+    assert "deterministic has a threshold already" in twice.stderr.str()
+
+
+@pytest.mark.usefixtures("saved_baseline")
 def test_without_a_gate_the_comparison_is_shown_but_never_fails(pytester, gate_options):
     result = _compare(pytester, gate_options, "--trainbench-inject-slowdown=50%")
     assert result.ret == 0

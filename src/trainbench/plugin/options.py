@@ -76,10 +76,11 @@ def add_options(parser) -> None:
 
 
 def _add_compare_options(group) -> None:
-    group.addoption("--trainbench-compare-fail", default=None, metavar="SPEC",
+    group.addoption("--trainbench-compare-fail", action="append", default=None, metavar="SPEC",
                     help="with --benchmark-compare: fail the session when a case regressed beyond METRIC:THRESHOLD "
                          "(e.g. samples_per_s:5%%,peak_memory:2%%,deterministic:0%%); timed metrics must also be "
-                         "significant over the rounds of both runs")
+                         "significant over the rounds of both runs. Given again, its thresholds add up (a metric "
+                         "named twice is refused)")
     group.addoption("--trainbench-allow-inconclusive", action="store_true",
                     help="with --trainbench-compare-fail (or --trainbench-ab): a timed comparison that stays "
                          "inconclusive after measuring again is reported and passes (default: the session ends "
@@ -383,9 +384,10 @@ def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
     from trainbench.core.metrics import ThresholdError, parse_fraction, parse_thresholds
 
-    spec = config.getoption("--trainbench-compare-fail")
+    given = config.getoption("--trainbench-compare-fail")  # each time it is given: they add up
     try:
-        gate = parse_thresholds(spec) if spec is not None else None  # an empty spec is an error, never an ungated gate
+        # an empty spec is an error, never an ungated gate; a metric in two of them is refused (parse_thresholds)
+        gate = parse_thresholds(",".join(given)) if given is not None else None
         slowdown = config.getoption("--trainbench-inject-slowdown")
         slowdown = parse_fraction(slowdown, "--trainbench-inject-slowdown") if slowdown else 0.0
     except ThresholdError as e:
