@@ -2,6 +2,7 @@
 measured again then inconclusive (or failed under strict timing), an untimed session judges no timed bound."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,6 +53,17 @@ def test_a_case_without_a_budget_fails_only_where_budgets_are_required(result):
     # an entry two edits from its id (Budgets.misspelling): it fails without --trainbench-require-budgets
     typo = dataclasses.replace(_outcome(result), budget_required=True, budget_missing="no budget for mlp-baseline, and ...")
     assert Judge().judge(typo, _never).failures == ("mlp-baseline: no budget for mlp-baseline, and ...",)
+
+
+def test_a_budget_entry_with_no_bound_is_no_budget_where_budgets_are_required(result):
+    """An entry with a note only passed --trainbench-require-budgets as "ok 0" (an empty file is refused)."""
+    noted = dataclasses.replace(_outcome(result), budget=CaseBudget("cpu", "mlp-baseline", (), note="to do",
+                                                                    path=Path("budgets.toml")), budget_missing=None)
+    assert Judge().judge(noted, _never).failures == ()  # not required: shown as it is
+    required = Judge(require_budgets=True).judge(noted, _never)
+    assert required.failures == ('mlp-baseline: its budget entry [cpu."mlp-baseline"] in budgets.toml has no bound (a '
+                                 'note or gate thresholds only): nothing is checked (--trainbench-require-budgets)',)
+    assert required.budget_status == "FAIL"
 
 
 def test_a_missed_timed_bound_on_a_busy_machine_is_measured_again_as_often_as_allowed_then_inconclusive(result):

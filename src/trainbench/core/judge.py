@@ -79,6 +79,11 @@ class Judge:
                 return outcome
             return replace(outcome, budget_required=True).failing(
                 f"{outcome.case}: {outcome.budget_missing} (--trainbench-require-budgets)")
+        if self.require_budgets and not outcome.budget.bounds:  # "ok 0": an entry that checks nothing is no budget
+            where = f" in {outcome.budget.path}" if outcome.budget.path else ""
+            return replace(outcome, budget_required=True).failing(
+                f"{outcome.case}: its budget entry [{outcome.budget.device_key}.\"{outcome.case}\"]{where} has no bound "
+                "(a note or gate thresholds only): nothing is checked (--trainbench-require-budgets)")
         verdicts = evaluate(outcome.budget, outcome.result, outcome.baseline)
         if untimed:
             left_out = [v.bound.key for v in verdicts if is_timed(v.bound.metric)]

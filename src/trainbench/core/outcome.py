@@ -76,7 +76,9 @@ class CaseOutcome:
         if self.budget is None:
             return {"status": "none", "reason": self.budget_missing, "required": self.budget_required}
         return {
-            "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.bound_checks) else
+            # an entry with no bound where one is required checks nothing: it fails (``Judge.check_budget``)
+            "status": ("fail" if any(not v.ok and v.inconclusive is None for v in self.bound_checks)
+                       or (self.budget_required and not self.budget.bounds) else
                        "inconclusive" if any(v.inconclusive for v in self.bound_checks) else "pass"),
             "device_key": self.budget.device_key, "file": str(self.budget.path) if self.budget.path else None,
             "checks": [{"key": v.bound.key, "measured": v.measured, "limit": v.bound.limit, "ok": v.ok,

@@ -238,6 +238,8 @@ def budget_status(budget: dict) -> str:
     unsure = sum(c.get("inconclusive") is not None for c in checks)
     if failed:
         return f"FAIL {failed}/{len(checks)}"
+    if budget.get("status") == "fail":  # an entry with no bound where one was required
+        return "FAIL"
     return f"ok {len(checks) - unsure}, {unsure} inconclusive" if unsure else f"ok {len(checks)}"
 
 
