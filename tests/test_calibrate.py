@@ -1,6 +1,7 @@
 """Calibration writes this device's budgets from a run, shows the diff, and leaves other devices alone."""
 
 import json
+import re
 
 import pytest
 
@@ -394,3 +395,38 @@ def test_a_run_whose_device_only_its_records_hold_is_calibrated_for_that_device(
     run.write_text(json.dumps(data))
     with pytest.raises(CalibrationError, match="its cases name 2 devices"):
         calibrate(run, tmp_path / "budgets.toml")
+
+
+@pytest.mark.parametrize("mark, said", [
+    ({"trainbench_planted_fault": {"leak_mib": 1.0}}, "a fault planted on purpose (trainbench_planted_fault: leak_mib 1.0), "
+                                                      "never calibrated from"),
+    ({"trainbench_quick": True}, "a quick run (trainbench_quick: --trainbench-quick measured only what its budgets "
+                                 "named), never calibrated from"),
+])
+def test_a_run_with_a_planted_fault_or_a_quick_run_is_never_calibrated_from(tmp_path, capsys, mark, said):
+    """calibrate took the newest run, planted: a 1 MiB/step leak wrote max_memory_growth_mib_per_step = 1, and a later
+    0.5 MiB/step leak passed; a quick run's JSON carried no mark and was calibrated."""
+    path = make_run(tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **mark}))
+    with pytest.raises(CalibrationError, match=re.escape(said)):
+        calibrate(path, tmp_path / "budgets.toml")
+    assert main(["calibrate", str(path), "--budgets", str(tmp_path / "budgets.toml"), "--write"]) == 2
+    assert said in capsys.readouterr().err and not (tmp_path / "budgets.toml").exists()
+
+
+def test_a_run_stopped_before_its_end_is_calibrated_from_what_it_finished_and_says_so(tmp_path, capsys):
+    path = make_run(tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "trainbench_incomplete": True}))
+    assert main(["calibrate", str(path), "--budgets", str(tmp_path / "budgets.toml")]) == 0
+    assert (f"run: {path}: stopped before the end (trainbench_incomplete): calibrated from the 2 case(s) it "
+            "finished; the others have no figures") in capsys.readouterr().out
+
+
+def test_a_quick_run_is_marked_and_never_a_baseline(pytester, quick_options):
+    pytester.makepyfile(test_train=USER_TESTS.replace("RECIPES", "'baseline'"))
+    pytester.runpytest("--trainbench-quick", "--benchmark-json=quick.json", *quick_options).assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "quick.json").read_text())["trainbench_quick"] is True
+    named = pytester.runpytest(f"--benchmark-compare={pytester.path / 'quick.json'}",
+                               "--trainbench-compare-fail=deterministic:0%", *quick_options)
+    assert named.ret == pytest.ExitCode.USAGE_ERROR
+    assert "a quick run (trainbench_quick" in named.stderr.str() + named.stdout.str()

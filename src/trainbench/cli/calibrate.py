@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"budgets: {_shown(change.path)} ({how}{' for ' + ', '.join(tests) if tests else ''}): "
               f"{_count(len(change.cases), 'case')}")
     print(f"margins: {result.margins}")
+    if result.stopped:
+        print(f"run: {result.stopped}")
     for line in result.left_out:
         print(f"left out: {line}")
     if result.unpaired:

@@ -26,6 +26,7 @@ from trainbench.verdicts.store import (
     FAILED_CASES_KEY,
     INCOMPLETE_KEY,
     PLANTED_KEY,
+    QUICK_KEY,
     PYTEST_BENCHMARKS_CHOICE,
     Baseline,
     NoBaselineError,
@@ -559,6 +560,8 @@ class TrainbenchSession:
             output_json[FAILED_CASES_KEY] = list(self.failed_cases)
         if self.interrupted:
             output_json[INCOMPLETE_KEY] = True  # kept, but a bare --benchmark-compare never takes it as the baseline
+        if self.options.quick:  # kept, never a baseline or a calibration: not every figure was measured
+            output_json[QUICK_KEY] = True
         fault = self.options.fault
         if fault is not None and (fault.slowdown or fault.leak_mib):  # kept, never a baseline
             output_json[PLANTED_KEY] = {name: value for name, value in

@@ -27,7 +27,7 @@ from trainbench.core.files import write_text_atomic
 from trainbench.core.metrics import CALIBRATION_MARGINS, METRICS, calibrated_metrics
 from trainbench.core.result import CaseRecord, RecordError
 from trainbench.devices.device import DeviceCaps
-from trainbench.verdicts.store import RunFileError, SavedRun
+from trainbench.verdicts.store import INCOMPLETE_KEY, RunFileError, SavedRun, not_a_calibration
 
 
 class CalibrationError(ValueError):
@@ -51,6 +51,7 @@ class Calibration:
     left_out: tuple[str, ...] = ()  # cases of the run that gave no budget, and why
     unpaired: tuple[str, ...] = ()  # cases whose speed-up was timed apart from their baseline: no min_speedup
     margin: float | None = None  # the caller's one margin for every signal; None: each kind's (CALIBRATION_MARGINS)
+    stopped: str | None = None  # the run was stopped before its end (a night's deadline): said, its cases calibrated
 
     @property
     def margins(self) -> str:
@@ -147,6 +148,9 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         run = SavedRun.load(run_path).check()  # read whole: a negative count would calibrate a bound of 0
     except RunFileError as e:
         raise CalibrationError(str(e)) from None
+    refused = not_a_calibration(run)
+    if refused:
+        raise CalibrationError(refused)
     if run.measured_nothing:  # a bound from nothing would be no promise; "budgets already match" would read green
         raise CalibrationError(f"{run_path}: every case failed (" + "; ".join(
             str(failed.get("error")) for failed in run.failed_cases) + "): nothing to calibrate from")
@@ -178,7 +182,9 @@ def calibrate(run_path: Path | str, budgets: Path | str | BudgetsTargets, margin
         files.append(_calibrate_file(Path(path), key, cases, Path(run_path).name))
     if not callable(budgets) and not files:  # nothing to calibrate: the named file, unchanged
         files.append(_calibrate_file(Path(budgets), key, [], Path(run_path).name))
-    return Calibration(key, tuple(files), tuple(left_out), tuple(unpaired), margin)
+    stopped = None if run.complete else (f"{run_path}: stopped before the end ({INCOMPLETE_KEY}): calibrated from the "
+                                         f"{len(calibrated_cases)} case(s) it finished; the others have no figures")
+    return Calibration(key, tuple(files), tuple(left_out), tuple(unpaired), margin, stopped)
 
 
 def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, dict]], run_name: str) -> FileChange:

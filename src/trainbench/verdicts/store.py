@@ -25,6 +25,9 @@ FAILED_CASES_KEY = "trainbench_failed_cases"
 # A run measured with a fault planted on purpose (--trainbench-inject-*): {"slowdown": fraction, "leak_mib": MiB}.
 # Kept, but never a baseline: a gate against it would call the next honest run an improvement.
 PLANTED_KEY = "trainbench_planted_fault"
+# A run measured with --trainbench-quick (only the passes its budgets name): kept, never a baseline or a calibration,
+# whose every figure must be a whole measurement's.
+QUICK_KEY = "trainbench_quick"
 # The run's software beyond its device identity, once per run (not per case, and not in machine_info, whose every
 # difference pytest-benchmark warns about): {"packages": {canonical name: version}}.
 ENVIRONMENT_KEY = "trainbench_environment"
@@ -242,14 +245,19 @@ class SavedRun:
         return (fault if isinstance(fault, dict) else {"unreadable": repr(fault)}) if fault else None
 
     @property
+    def quick(self) -> bool:
+        return bool(self.run is not None and self.run.get(QUICK_KEY))
+
+    @property
     def marks_problem(self) -> str | None:
         """Why its interrupted or planted-fault mark cannot be read (None: absent or well formed): a mark that
         is neither is no proof that the run is complete, or honest."""
         if self.run is None:
             return None
         incomplete, fault = self.run.get(INCOMPLETE_KEY), self.run.get(PLANTED_KEY)
-        if incomplete is not None and not isinstance(incomplete, bool):
-            return f"{INCOMPLETE_KEY} = {incomplete!r}: expected true or false"
+        for key in (INCOMPLETE_KEY, QUICK_KEY):
+            if self.run.get(key) is not None and not isinstance(self.run.get(key), bool):
+                return f"{key} = {self.run.get(key)!r}: expected true or false"
         if fault is not None and not (isinstance(fault, dict) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in fault.values())):
             return f"{PLANTED_KEY} = {fault!r}: expected the planted fault (name -> amount)"
@@ -473,6 +481,23 @@ def _interrupted(path: Path, what: str = "an interrupted run") -> str:
             "compare with a complete run (--benchmark-compare=NNNN of one) or save one with --benchmark-save")
 
 
+def _quick(run: SavedRun, what: str = "a baseline") -> str:
+    return (f"{run.path}: a quick run ({QUICK_KEY}: --trainbench-quick measured only what its budgets named), never "
+            f"{what}; use a run measured whole")
+
+
+def not_a_calibration(run: SavedRun) -> str | None:
+    """Why ``run``'s figures can never become budgets, one line naming its file (a planted fault, a quick run), or
+    None. One stopped before the end may: its finished cases are whole measurements (``calibrate`` says so)."""
+    if run.planted:
+        return (f"{run.path}: a run measured with a fault planted on purpose ({PLANTED_KEY}: "
+                + ", ".join(f"{name} {value}" for name, value in run.planted.items())
+                + "), never calibrated from: its figures are the fault's; use a run saved without --trainbench-inject-*")
+    if run.quick:
+        return _quick(run, "calibrated from")
+    return None
+
+
 def _planted(run: SavedRun) -> str:
     fault = ", ".join(f"{name} {value}" for name, value in run.planted.items())
     return (f"{run.path}: a run measured with a fault planted on purpose ({PLANTED_KEY}: {fault}), never a "
@@ -480,9 +505,11 @@ def _planted(run: SavedRun) -> str:
 
 
 def _refused(run: SavedRun) -> str | None:
-    """Why a complete run is never a baseline (a planted fault, every case failed), or None."""
+    """Why a complete run is never a baseline (a planted fault, a quick run, every case failed), or None."""
     if run.planted:
         return _planted(run)
+    if run.quick:
+        return _quick(run)
     if run.measured_nothing:
         return (f"{run.path}: a run in which every case failed ({FAILED_CASES_KEY}, no benchmark), never a "
                 "baseline; compare with a run that measured its cases")
