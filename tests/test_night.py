@@ -3,6 +3,8 @@ disk, and a whole night in an environment like a bare GPU box's (installed with 
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -11,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.verdicts.doctor import Check, write_checks
 from trainbench.cli.night import (
     FINISH_RESERVE_S,
     MIN_STEP_S,
@@ -28,9 +29,11 @@ from trainbench.cli.night import (
     night_node_ids,
     run_night,
     smoke_node_ids,
+    summarize_again,
     window_profile,
     write_archive,
 )
+from trainbench.verdicts.doctor import Check, write_checks
 from trainbench.verdicts.store import INCOMPLETE_KEY, PLANTED_KEY
 
 ROOT = Path(__file__).parents[1]
@@ -393,7 +396,8 @@ def test_a_night_that_cannot_start_says_why_before_any_step(tmp_path):
         (dict(root=tmp_path), "benchmarks/test_recipes.py: not found"),
         (dict(archive=tmp_path / "night.zip"), "--archive .*night.zip: expected a file name ending in .tar.gz"),
         (dict(archive=tmp_path / "n" / "in.tar.gz"), "--archive .*in.tar.gz: inside --out"),
-        (dict(plan=tmp_path / "file"), "--plan .*file: not a plan; expected the JSON of python -m trainbench plan"),
+        (dict(plan=tmp_path / "file"), "--plan .*file: not (a plan|readable as JSON).*expected the JSON of python -m "
+                                       "trainbench plan"),
         (dict(seconds_from=H200_NIGHT), "--seconds-from: only a rehearsal .--simulate-gpu. makes a plan"),
         (dict(seconds_from=H200_NIGHT, simulate_gpu="NVIDIA L40S"),
          "--seconds-from: .*run.json: measured on NVIDIA H200, not NVIDIA L40S"),
@@ -666,3 +670,24 @@ def test_a_shared_prediction_of_other_code_is_never_read_as_this_codes(tmp_path,
     source.write_text(source.read_text().replace("nn.Linear(8, 8)", "nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 8))"))
     after = predict.PredictionCache(cpu)("cpu", config, user_spec())
     assert len(calls) == 2 and after["breakdown_bytes"]["total"] > before["breakdown_bytes"]["total"]
+
+
+@pytest.mark.parametrize("rows, said", [
+    ([{"case": "resnet18-baseline", "needed_mib": "lots"}], "cases[0].needed_mib = 'lots': expected a finite number"),
+    (["resnet18-baseline"], "cases[0] = 'resnet18-baseline': expected a row with its case id"),
+])
+def test_a_plan_of_another_shape_is_refused_at_start_up_and_left_out_of_a_summary(tmp_path, rows, said):
+    """A measuring night whose plan.json had another shape measured, wrote run.json, then crashed in its summary
+    (AttributeError): no summary.md, no verdict line; --summarize over it raised TypeError/KeyError."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "cases": rows}))
+    virtual = VirtualNight()
+    with pytest.raises(NightError, match=re.escape(said)):
+        run_night(tmp_path / "refused", 600.0, None, ROOT, runner=virtual, clock=virtual.clock, plan=plan)
+    assert virtual.started == []
+    _night(tmp_path, VirtualNight(), simulate=None)  # a night, then a malformed plan put beside it afterwards
+    shutil.copyfile(plan, tmp_path / "night" / "plan.json")
+    summarize_again(tmp_path / "night")
+    summary = (tmp_path / "night" / "summary.md").read_text()
+    assert f"The plan is left out: {tmp_path / 'night' / 'plan.json'}: {said}" in summary
+    assert "| resnet18-baseline |" in summary  # the run's own rows stand

@@ -251,10 +251,12 @@ def _check_seconds_from(path: Path, simulate_gpu: str | None) -> None:
 
 
 def _check_plan(plan: Path) -> None:
-    data = _read_json(plan)
-    if data is None or not isinstance(data.get("cases"), list) or not isinstance(data.get("gpu"), dict):
-        raise NightError(f"--plan {plan}: not a plan; expected the JSON of python -m trainbench plan --simulate-gpu "
-                         "GPU --json PATH")
+    from trainbench.verdicts.night_plan import PlanFileError, read_plan
+
+    try:
+        read_plan(plan)
+    except PlanFileError as e:
+        raise NightError(f"--plan {e}") from None
 
 
 def least_budget_s(simulated: bool) -> float:
@@ -714,7 +716,14 @@ def _summary_head(night: Night, run: SavedRun | None, plan: dict | None) -> list
 
 def summary_lines(night: Night, out: Path) -> list[str]:
     """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
-    plan = _read_json(out / "plan.json")
+    from trainbench.verdicts.night_plan import PlanFileError, read_plan
+
+    plan, plan_problem = None, None
+    if (out / "plan.json").exists():
+        try:
+            plan = read_plan(out / "plan.json")
+        except PlanFileError as e:  # said in the summary, its rows left out: the run's own figures still stand
+            plan_problem = str(e)
     try:
         run = SavedRun.load(out / "run.json")
     except RunFileError:  # no run (a rehearsal, a night that measured nothing)
@@ -724,6 +733,8 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
         reported.update({c.case: c for c in junit_cases(xml)})
     lines = _summary_head(night, run, plan)
+    if plan_problem:
+        lines += ["", f"The plan is left out: {plan_problem}."]
     lines += ["", "## Steps", ""]
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)

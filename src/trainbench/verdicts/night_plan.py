@@ -326,6 +326,46 @@ def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check
     return checks
 
 
+class PlanFileError(ValueError):
+    """A file that is not a plan ``plan_record`` wrote; the message names it, the row and the field."""
+
+
+# Each row's fields a reader takes, and what each must be: the plan's JSON as plan_record writes it.
+_PLAN_ROW_NUMBERS = ("needed_mib", "peak_mib", "predicted_s", "bound_s")
+_PLAN_ROW_TEXTS = ("skipped", "problem", "roofline", "predicted_from", "section", "measuring")
+
+
+def read_plan(path: Path) -> dict:
+    """The plan at ``path`` (``plan --json``), checked whole: its GPU and every row of the fields a summary or a
+    comparison reads; raises ``PlanFileError`` naming the file, row and field of the first that is not."""
+    import json
+    import math
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PlanFileError(f"{path}: not readable as JSON ({e}); expected the JSON of python -m trainbench plan "
+                            "--simulate-gpu GPU --json PATH") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpu"), dict) or not isinstance(data.get("cases"), list):
+        raise PlanFileError(f"{path}: not a plan (a gpu and a list of cases); expected the JSON of python -m "
+                            "trainbench plan --simulate-gpu GPU --json PATH")
+    if not isinstance(data["gpu"].get("name"), str):
+        raise PlanFileError(f"{path}: gpu.name = {data['gpu'].get('name')!r}: expected the GPU's name")
+    for index, row in enumerate(data["cases"]):
+        where = f"{path}: cases[{index}]"
+        if not isinstance(row, dict) or not isinstance(row.get("case"), str):
+            raise PlanFileError(f"{where} = {row!r:.80}: expected a row with its case id")
+        for key in _PLAN_ROW_NUMBERS:
+            value = row.get(key)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and math.isfinite(value)):
+                raise PlanFileError(f"{where}.{key} = {value!r}: expected a finite number or null")
+        for key in _PLAN_ROW_TEXTS:
+            if row.get(key) is not None and not isinstance(row.get(key), str):
+                raise PlanFileError(f"{where}.{key} = {row.get(key)!r}: expected text or null")
+    return data
+
+
 def planned_peak_mib(row: dict) -> float | None:
     """A case's own predicted tensor peak (MiB) from a row of ``plan_record``'s cases, what its measured peak compares
     with; None where it was not predicted, or in a plan saved before rows carried it (their ``needed_mib`` is the
