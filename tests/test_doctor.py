@@ -467,3 +467,14 @@ def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_
     assert any(line.startswith("info  gpu0_memory:gpt-larger_batch: gpt-larger_batch will be skipped (needs 193,750 MiB")
                for line in lines)
 
+
+
+def test_doctor_refuses_a_json_folder_and_an_empty_gpu_before_any_check(tmp_path, capsys, monkeypatch):
+    """doctor --json DIR failed with a traceback after its checks; --simulate-gpu "" ran this machine's doctor."""
+    from trainbench.verdicts import doctor
+
+    monkeypatch.setattr(doctor, "run_checks", lambda *a: pytest.fail("checked before refusing"))
+    assert main(["doctor", "--json", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"trainbench doctor: --json {tmp_path}: is a folder; expected a file path\n"
+    assert main(["doctor", "--simulate-gpu", ""]) == 2
+    assert capsys.readouterr().err.startswith("trainbench doctor: --simulate-gpu: unknown GPU ''")

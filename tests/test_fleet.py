@@ -293,8 +293,11 @@ def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planni
     (tmp_path / "a_file").write_text("")
     assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--json", str(tmp_path / "a_file" / "plan.json")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"trainbench plan: --json {tmp_path / 'a_file' / 'plan.json'}: cannot write there: ")
+    assert err.startswith(f"trainbench plan: --json {tmp_path / 'a_file' / 'plan.json'}: cannot write into ")
     assert err.count("\n") == 1 and len(planned) == 1  # the JSON's folder is refused before any case is planned
+    assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--json", str(tmp_path)]) == 2  # a folder: 76 s of work lost
+    assert capsys.readouterr().err == f"trainbench plan: --json {tmp_path}: is a folder; expected a file path\n"
+    assert len(planned) == 1
     h200 = ROOT / "results" / "gpu-night" / "nvidia-h200-2026-11-28" / "run.json"
     assert cli.main(["plan", "--simulate-gpu", "NVIDIA L4", "--seconds-from", str(h200)]) == 2
     assert capsys.readouterr().err == (f"trainbench plan: --seconds-from: {h200}: measured on NVIDIA H200, not NVIDIA "

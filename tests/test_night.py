@@ -691,3 +691,13 @@ def test_a_plan_of_another_shape_is_refused_at_start_up_and_left_out_of_a_summar
     summary = (tmp_path / "night" / "summary.md").read_text()
     assert f"The plan is left out: {tmp_path / 'night' / 'plan.json'}: {said}" in summary
     assert "| resnet18-baseline |" in summary  # the run's own rows stand
+
+
+@pytest.mark.parametrize("under", ["a_file", "/proc"])
+def test_a_night_refuses_an_out_folder_it_cannot_make_in_one_line(tmp_path, under):
+    (tmp_path / "a_file").write_text("")
+    out = (tmp_path / under if under == "a_file" else Path(under)) / "night"
+    virtual = VirtualNight()
+    with pytest.raises(NightError, match=f"--out {re.escape(str(out))}: cannot be made or written into"):
+        run_night(out, 600.0, None, ROOT, runner=virtual, clock=virtual.clock)
+    assert virtual.started == []

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainbench.core.files import output_file_problem
 from trainbench.devices.host import EnvError
 
 from .shared import gpu_to_simulate
@@ -33,7 +34,13 @@ def run(args: argparse.Namespace) -> int:
     # the doctor and the night's plan load torch: imported when the subcommand runs, not for --help
     from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks, write_checks
 
-    if args.simulate_gpu:  # the checks of a machine with a fleet GPU, as the doctor would make them there
+    if args.json:  # found before the checks, not after them
+        problem = output_file_problem(Path(args.json))
+        if problem:
+            print(f"trainbench doctor: --json {args.json}: {problem}", file=sys.stderr)
+            return 2
+    # an empty --simulate-gpu "" is a GPU that cannot be, never this machine's doctor
+    if args.simulate_gpu is not None:  # the checks of a machine with a fleet GPU, as the doctor would make them there
         from trainbench.verdicts.night_plan import simulated_doctor
 
         gpu = gpu_to_simulate(args, "doctor")

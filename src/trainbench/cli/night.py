@@ -221,10 +221,9 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
         _check_seconds_from(seconds_from, simulate_gpu)
     if after is not None:
         measured_before(after)
-    out.mkdir(parents=True, exist_ok=True)
-    problem = cannot_write(out)
+    problem = cannot_write(out)  # made here where missing: under a file, /proc or a read-only folder it cannot be
     if problem:
-        raise NightError(f"--out {out}: {problem}")
+        raise NightError(f"--out {out}: cannot be made or written into ({problem}); expected a folder this user can write")
     if archive is not None:
         if not archive.name.endswith(".tar.gz"):
             raise NightError(f"--archive {archive}: expected a file name ending in .tar.gz")

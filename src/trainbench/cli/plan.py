@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.files import cannot_write, write_json_atomic
+from trainbench.core.files import output_file_problem, write_json_atomic
 
 from .shared import gpu_to_simulate
 
@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     if gpu is None:
         return 2
     # Both inputs are checked before a minute of planning: the budgets file as it loads, the JSON's folder here.
-    why = cannot_write(Path(args.json).parent) if args.json else None
+    why = output_file_problem(Path(args.json)) if args.json else None
     if why is not None:
-        print(f"trainbench plan: --json {args.json}: cannot write there: {why}", file=sys.stderr)
+        print(f"trainbench plan: --json {args.json}: {why}", file=sys.stderr)
         return 2
     seconds_from = []
     for path in args.seconds_from:  # refused in one line before a minute of planning, not after it

@@ -74,3 +74,13 @@ def cannot_write(folder: Path) -> str | None:
         return e.strerror or str(e)
     except ValueError as e:  # a NUL in the path: no file system takes it
         return str(e)
+
+
+def output_file_problem(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` at the end of a command, checked before its work, or None: a folder
+    there, or a folder for it that cannot take a file (created if missing)."""
+    path = Path(path)
+    if path.is_dir():
+        return "is a folder; expected a file path"
+    problem = cannot_write(path.parent)
+    return f"cannot write into {path.parent} ({problem})" if problem else None

@@ -191,7 +191,7 @@ class TrainbenchSession:
             if path is None or hasattr(path, "write"):  # pytest-benchmark < 5.3 opens --benchmark-json itself
                 continue
             path = Path(path)
-            if path.is_dir():
+            if path.is_dir():  # output_file_problem's first answer, with an example of the path wanted
                 raise usage_error(f"{option}={shown(path)}: is a folder; expected a file path (e.g. "
                                   f"{shown(path / 'out.json')})")
             cls._check_writable([(option, path.parent)])
