@@ -226,6 +226,10 @@ def test_a_kill_keeps_every_case_finished_before_it_merged_summarized_and_archiv
     assert {"night/run.json", "night/summary.md", "night/night.json", "night/logs/doctor.log"} <= set(members)
     assert json.loads(members["night/night.json"])["verdict"].startswith("INTERRUPTED")
     assert lines[-1].startswith(f"night: archive {archive}")
+    # the step the kill ended is "stopped" in the manifest and the summary, never left "running"
+    steps = {s["name"]: s for s in manifest["steps"]}
+    assert steps["cases"]["status"] == "stopped" and "interrupted" in steps["cases"]["note"]
+    assert "| cases | stopped |" in (tmp_path / "night" / "summary.md").read_text()
 
 
 def _archived(archive: Path) -> dict[str, bytes]:
@@ -700,4 +704,13 @@ def test_a_night_refuses_an_out_folder_it_cannot_make_in_one_line(tmp_path, unde
     virtual = VirtualNight()
     with pytest.raises(NightError, match=f"--out {re.escape(str(out))}: cannot be made or written into"):
         run_night(out, 600.0, None, ROOT, runner=virtual, clock=virtual.clock)
+    assert virtual.started == []
+
+
+@pytest.mark.parametrize("arg", ["--trainbench-device=cpu", "--benchmark-json=elsewhere.json", "--trainbench-rounds=3"])
+def test_a_night_refuses_a_pytest_arg_that_sets_what_the_night_sets(tmp_path, arg):
+    """A GPU night given --pytest-arg=--trainbench-device=cpu measured the CPU under a "GPU night: this GPU" heading."""
+    virtual = VirtualNight()
+    with pytest.raises(NightError, match=f"--pytest-arg {re.escape(arg)}: the night sets"):
+        run_night(tmp_path / "night", 600.0, None, ROOT, runner=virtual, clock=virtual.clock, pytest_args=(arg,))
     assert virtual.started == []

@@ -180,9 +180,15 @@ class NightError(ValueError):
     """A night that cannot start; the message names what is wrong."""
 
 
+# The pytest options the night sets itself: one given again through --pytest-arg would measure another device than
+# the night says (a GPU night's summary heading a CPU's figures) or write its results where the night does not look.
+NIGHT_OWNS = ("--trainbench-device", "--trainbench-simulate-gpu", "--benchmark-json", "--junitxml",
+              "--trainbench-save-progress", "--trainbench-rounds", "--trainbench-steps-per-round")
+
+
 def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None = None, device: str = "cuda",
                 archive: Path | None = None, plan: Path | None = None, seconds_from: Path | None = None,
-                after: Path | None = None) -> None:
+                after: Path | None = None, pytest_args: tuple[str, ...] = ()) -> None:
     """Refuse at start-up what would only fail later: no suite here, an output folder that cannot be written or
     holds an earlier night, a budget too short (or not a number) to measure anything, a GPU to simulate that cannot
     be, an archive that cannot be written, a plan that is not one."""
@@ -190,6 +196,10 @@ def check_start(out: Path, budget_s: float, root: Path, simulate_gpu: str | None
 
     if device not in ("cuda", "cpu"):
         raise NightError(f"--device {device}: expected cuda or cpu")
+    owned = next((arg for arg in pytest_args if arg.split("=", 1)[0] in NIGHT_OWNS), None)
+    if owned is not None:
+        raise NightError(f"--pytest-arg {owned}: the night sets {owned.split('=', 1)[0]} itself (--device, "
+                         "--simulate-gpu, its profile and its outputs in --out); expected other pytest options")
     if simulate_gpu is not None:
         if device != "cuda":
             raise NightError("--simulate-gpu rehearses a GPU night: not with --device cpu")
@@ -437,7 +447,13 @@ class NightRun:
         self.night.save()
         self.say(f"night: {name}: {why} ({left:.0f} s left)")
         start = self.clock()
-        outcome = self.runner(argv, self.out / step.log, deadline)
+        try:
+            outcome = self.runner(argv, self.out / step.log, deadline)
+        except KeyboardInterrupt:  # the night was interrupted: the step ended with it, never left "running"
+            step.seconds, step.status = round(self.clock() - start, 1), "stopped"
+            step.note = "stopped when the night was interrupted; what it measured was saved, marked incomplete"
+            self.night.save()
+            raise
         step.seconds = round(self.clock() - start, 1)
         step.exit_code = outcome.exit_code
         step.status = ("stopped" if outcome.stopped else
@@ -899,7 +915,7 @@ def run_night(out: Path, budget_s: float, simulate_gpu: str | None, root: Path, 
               after: Path | None = None) -> int:
     """The night, start to end; its exit status (0: every step that ran passed). With ``archive``, the night's
     folder is packed into it whatever the ending: complete, partial, failed, interrupted or crashed."""
-    check_start(out, budget_s, root, simulate_gpu, device, archive, plan, seconds_from, after)
+    check_start(out, budget_s, root, simulate_gpu, device, archive, plan, seconds_from, after, pytest_args)
     night = Night(out, budget_s, simulate_gpu, python, device=device)
     if after is not None:
         night.after, night.measured_before = str(after), measured_before(after)
