@@ -876,3 +876,14 @@ def test_a_sync_is_explained_by_the_line_that_made_it(five_cases, attributed_opt
         "REGRESSION five-baseline syncs_per_step: 0 -> 1 *",
         f"    syncs by call site: aten._local_scalar_dense at test_five.py:{line} (loss_fn) +1 syncs/step, 100% of the "
         "change"])
+
+
+@pytest.mark.parametrize("named", ["/nowhere/0001_base.json", "runs/missing.json"])
+def test_comparing_with_a_path_that_is_no_file_is_refused_in_one_line(pytester, gate_options, named):
+    """An absolute path that is no file reached pytest-benchmark's own query, which raised: an INTERNALERROR."""
+    pytester.makepyfile(test_case=CASE)
+    result = pytester.runpytest(f"--benchmark-compare={named}", "--trainbench-compare-fail=deterministic:0%",
+                                *gate_options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"{named}: no such run file; expected a saved run's path" in result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

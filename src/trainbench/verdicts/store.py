@@ -435,6 +435,10 @@ def choose_baseline(storage: str, compare, device_here) -> Baseline | None:
         return None
     if compare is not True and Path(str(compare)).is_file():
         return _named_run(_read_saved(Path(str(compare))))
+    if compare is not True and (Path(str(compare)).is_absolute() or "/" in str(compare)):
+        # a path, not a name to match (pytest-benchmark's own query raised on an absolute one: an INTERNALERROR)
+        raise UnusableBaselineError(f"{compare}: no such run file; expected a saved run's path, or the number or "
+                                    "name of one in the storage (e.g. --benchmark-compare=0003)")
     folder = storage_folder(storage)
     if folder is None:
         return None
