@@ -887,3 +887,15 @@ def test_comparing_with_a_path_that_is_no_file_is_refused_in_one_line(pytester, 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert f"{named}: no such run file; expected a saved run's path" in result.stderr.str()
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_gate_passes_over_a_newer_plain_pytest_benchmark_run_and_says_so(pytester, gate_options):
+    """A newer plain pytest-benchmark run shadowed the baseline: the gate said "nothing compared" without why."""
+    pytester.makepyfile(test_plain="def test_plain(benchmark):\n    benchmark(sum, range(100))\n")
+    pytester.runpytest("test_plain.py", "--benchmark-save=plain", "--benchmark-max-time=0.01",
+                       "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    gated = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%", "test_case.py")
+    assert gated.ret == 0, gated.stdout.str()
+    gated.stdout.fnmatch_lines(["compared with *0001_base.json: the newest complete run of this * (passed over newer "
+                                "runs: not made by trainbench 0002_plain.json)"])

@@ -221,7 +221,8 @@ class TrainbenchSession:
         pytest-benchmark session is left to pytest-benchmark's own warning)."""
         try:
             self.baseline = choose_baseline(config.getoption("benchmark_storage", None),
-                                            config.getoption("benchmark_compare", None), self.device_here)
+                                            config.getoption("benchmark_compare", None), self.device_here,
+                                            gated=self.options.compare_fail is not None)
         except UnusableBaselineError as e:
             if self.options.compare_fail is not None:
                 raise usage_error(f"--trainbench-compare-fail: no baseline run to compare with: {e}") from None

@@ -422,13 +422,14 @@ class UnusableBaselineError(NoBaselineError):
     wrong-typed record): it is never passed over for an older one, which would compare with the wrong code."""
 
 
-def choose_baseline(storage: str, compare, device_here) -> Baseline | None:
+def choose_baseline(storage: str, compare, device_here, gated: bool = False) -> Baseline | None:
     """The run ``--benchmark-compare[=NAME]`` compares with, and why: a file named by its path, else the newest
     complete run of this device among those the name matches (a bare compare: among all). None: leave the choice
     to pytest-benchmark (no comparison, not file storage, no run matches, a plain pytest-benchmark run).
 
     ``device_here``: a callable giving this session's comparable device (called only when needed: it may
-    start the device). Raises UnusableBaselineError when the run it would take (or one newer) is unreadable or
+    start the device). ``gated``: a trainbench gate, which passes over a newer plain pytest-benchmark run (it would
+    compare nothing) for the newest run trainbench made; a session without one leaves it to pytest-benchmark. Raises UnusableBaselineError when the run it would take (or one newer) is unreadable or
     interrupted, or has a wrong-typed record; NoBaselineError when a NAME matches runs of other devices only.
     """
     if not compare or not storage:
@@ -448,7 +449,7 @@ def choose_baseline(storage: str, compare, device_here) -> Baseline | None:
     if runs[-1].problem:
         raise UnusableBaselineError(f"{runs[-1].problem}; it is the newest run {_matching(compare)}, and an older "
                                     "one would compare with other code: fix or remove it")
-    if runs[-1].device is None:
+    if runs[-1].device is None and not (gated and any(run.device is not None for run in runs)):
         return None  # a plain pytest-benchmark run: its usual behaviour
     return _newest_of_device(runs, device_here(), folder, compare)
 
@@ -541,7 +542,8 @@ def _newest_of_device(runs: list[SavedRun], mine: tuple, folder: Path, compare) 
         elif not run.complete:
             what = "interrupted"
         else:
-            what = "with a planted fault" if run.planted else "with every case failed"
+            what = ("with a planted fault" if run.planted else "quick (--trainbench-quick)" if run.quick else
+                    "with every case failed")
             newest_refused = newest_refused or run
         passed.setdefault(what, []).append(run.path.name)
     if newest_refused is not None and "interrupted" not in passed:
