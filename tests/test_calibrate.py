@@ -430,3 +430,24 @@ def test_a_quick_run_is_marked_and_never_a_baseline(pytester, quick_options):
                                "--trainbench-compare-fail=deterministic:0%", *quick_options)
     assert named.ret == pytest.ExitCode.USAGE_ERROR
     assert "a quick run (trainbench_quick" in named.stderr.str() + named.stdout.str()
+
+
+def test_calibrate_takes_the_newest_run_of_this_device_not_the_newest_number(pytester, quick_options, capsys):
+    """A CPU run 0001 and a GPU run 0002 in one machine's storage: calibrate took 0002 by its number and would
+    write the H100's section on a CPU machine."""
+    _user_project(pytester, ["baseline"])
+    pytester.runpytest("--benchmark-save=cpu", *quick_options).assert_outcomes(passed=1)
+    [cpu_run] = pytester.path.rglob("0001_cpu.json")
+    gpu = json.loads(cpu_run.read_text())
+    gpu["machine_info"]["trainbench"] = {**gpu["machine_info"]["trainbench"], "kind": "cuda",
+                                         "name": "NVIDIA H100 80GB HBM3"}
+    for bench in gpu["benchmarks"]:
+        bench["extra_info"]["device"] = gpu["machine_info"]["trainbench"]
+    (cpu_run.parent / "0002_gpu.json").write_text(json.dumps(gpu))
+    capsys.readouterr()
+    assert main(["calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert f"run: {cpu_run.relative_to(pytester.path)}\n" in out and "[cpu]" in out
+    (cpu_run).unlink()  # only another device's run left
+    assert main(["calibrate"]) == 2
+    assert "(cpu, " in (err := capsys.readouterr().err) and "the newest, 0002_gpu.json, is of another device" in err

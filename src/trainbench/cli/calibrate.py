@@ -121,7 +121,10 @@ def _newest_run(project) -> Path:
     if folder is None:
         raise ProjectError(f"--benchmark-storage={project.storage}: not a file storage, which calibrate reads; pass "
                            "RUN_JSON (--benchmark-json=FILE)")
-    return latest_run(folder.parent)
+    from trainbench.devices.device import comparable_device, get_backend
+
+    # this machine's device: a GPU box's CPU run (or the reverse) would write the other device's section
+    return latest_run(folder.parent, device_here=lambda: comparable_device(get_backend(None).identity()))
 
 
 def _budgets_beside_the_tests(project, chosen: dict):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 # The plugin loads this module in every pytest session: the records (result, ~50 ms of imports) load when a run is read.
@@ -102,16 +103,26 @@ def matching_runs(folder: Path, name: str | bool | None = None) -> list[Path]:
     return _query(folder.parent, folder.name, RUN_FILES if name in (None, True) else str(name))
 
 
-def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR) -> Path:
+def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR, device_here: Callable[[], tuple] | None = None) -> Path:
     """The newest run saved on this machine under ``runs_dir`` (pytest-benchmark's storage: its folder for this
     machine), in pytest-benchmark's own order (the run number): never the file's modification time, which a
     checkout resets. Another machine's run is never taken for this one's: without a run of this machine, the
-    error names the newest there is, to pass as RUN_JSON."""
+    error names the newest there is, to pass as RUN_JSON. ``device_here``: this session's comparable device
+    (``device.comparable_device``): the newest run of that device, where one machine saved runs of several (a CPU
+    run 0001 and a GPU run 0002 of one box), else an error naming the newest there is."""
     runs_dir = Path(runs_dir)
     from pytest_benchmark.utils import get_machine_id
 
     machine = get_machine_id()
     mine = _query(runs_dir, machine, RUN_FILES)
+    if mine and device_here is not None:
+        here = device_here()
+        for path in reversed(mine):
+            run = _read_saved(path)
+            if run.problem is None and run.comparable == here:
+                return path
+        raise RunFileError(runs_dir, f"no run of this {describe_device(here)} saved on this machine (the newest, "
+                                     f"{mine[-1].name}, is of another device); pass the run to use as RUN_JSON")
     if mine:
         return mine[-1]
     others = _query(runs_dir, "*", RUN_FILES) or sorted(
