@@ -55,7 +55,7 @@ def test_relative_budget_without_a_baseline_fails_instead_of_passing(tmp_path):
 
 
 def test_metric_not_measured_on_this_device_fails(tmp_path):
-    budget = Budgets.load(write(tmp_path, '[cpu."mlp-x"]\nmax_peak_reserved_mib = 100\n')).sections["cpu"]["mlp-x"]
+    budget = Budgets.load(write(tmp_path, '[cuda."mlp-x"]\nmax_peak_reserved_mib = 100\n')).sections["cuda"]["mlp-x"]
     (verdict,) = evaluate(budget, result(), None)
     assert not verdict.ok and "not measured on this device" in verdict.message
 
@@ -111,6 +111,10 @@ def test_a_missing_budget_says_which_file_and_sections_were_looked_at(tmp_path):
         ('["cuda:0"."mlp-x"]\nmax_ops_per_step = 3\n', r"\[cuda:0\] \(neither a device class .*did you mean \[cuda\]\?"),
         ('[cpu."mlp-x"]\nmax_peak_memory_mib = -5\n', r"max_peak_memory_mib = -5: expected a value >= 0"),
         ('[cpu."mlp-x"]\nmin_ops_per_step = -100\n', r"min_ops_per_step = -100: expected a value >= 0"),
+        # a CUDA-only metric under [cpu]: no CPU run measures it, so it failed only after measuring
+        ('[cpu."mlp-x"]\nmax_kernels_per_step = 500\n', r"max_kernels_per_step: kernels_per_step is measured on CUDA "
+                                                       r"devices only .*expected it in a GPU's section"),
+        ('[cpu."mlp-x"]\nmax_peak_reserved_mib_ratio = 1.1\n', r"peak_reserved_mib is measured on CUDA devices only"),
     ],
 )
 def test_malformed_files_name_the_file_and_entry(tmp_path, text, expected):

@@ -729,24 +729,36 @@ def _summary_head(night: Night, run: SavedRun | None, plan: dict | None) -> list
     return lines
 
 
-def summary_lines(night: Night, out: Path) -> list[str]:
-    """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
+def _night_plan(out: Path) -> tuple[dict | None, str | None]:
+    """The plan beside the night (``night_plan.read_plan``), or why it is left out of the summary: the run's own
+    figures still stand."""
     from trainbench.verdicts.night_plan import PlanFileError, read_plan
 
-    plan, plan_problem = None, None
-    if (out / "plan.json").exists():
-        try:
-            plan = read_plan(out / "plan.json")
-        except PlanFileError as e:  # said in the summary, its rows left out: the run's own figures still stand
-            plan_problem = str(e)
+    if not (out / "plan.json").exists():
+        return None, None
+    try:
+        return read_plan(out / "plan.json"), None
+    except PlanFileError as e:
+        return None, str(e)
+
+
+def _night_results(out: Path) -> tuple[SavedRun | None, dict[str, dict], dict[str, CaseOutcomeLine]]:
+    """The night's run (None: a rehearsal, a night that measured nothing), its cases' figures, and each case's
+    pytest outcome from the sessions' JUnit reports."""
     try:
         run = SavedRun.load(out / "run.json")
-    except RunFileError:  # no run (a rehearsal, a night that measured nothing)
+    except RunFileError:
         run = None
-    measured = _measured_cases(run)
     reported = {}
     for xml in sorted((out / "groups").glob("[0-9][0-9]-*.xml")) + [out / "groups" / "cases.xml"]:
         reported.update({c.case: c for c in junit_cases(xml)})
+    return run, _measured_cases(run), reported
+
+
+def summary_lines(night: Night, out: Path) -> list[str]:
+    """summary.md: the steps, then each case as the plan saw it and as the night found it, and what differed."""
+    plan, plan_problem = _night_plan(out)
+    run, measured, reported = _night_results(out)
     lines = _summary_head(night, run, plan)
     if plan_problem:
         lines += ["", f"The plan is left out: {plan_problem}."]

@@ -175,6 +175,9 @@ class Budgets:
                         ) from None
                     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                         raise BudgetError(f"{where} {key} = {value!r}: expected a finite number")
+                    if device_key == "cpu" and METRICS[metric].cuda_only:  # it failed only after measuring
+                        raise BudgetError(f"{where} {key}: {metric} is measured on CUDA devices only (no CPU run has "
+                                          "it); expected it in a GPU's section ([cuda], sm_XY or a GPU's name)")
                     if relative and value <= 0:
                         raise BudgetError(f"{where} {key} = {value!r}: expected a ratio > 0")
                     if not relative and value < 0:

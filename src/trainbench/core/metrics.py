@@ -57,6 +57,7 @@ class Metric:
     # what --trainbench-quick runs for a budget that names it
     passes: tuple[str, ...] | None = None
     count: bool = False  # a whole number of things per step (ops, syncs, calls, kernels): a bound of it is a whole number
+    cuda_only: bool = False  # measured on CUDA devices only (the caching allocator, kernels): a [cpu] bound checks nothing
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.group not in GROUPS:
@@ -121,12 +122,12 @@ METRICS: dict[str, Metric] = {
     "peak_memory_mib": Metric("MiB", False, ALLOCATOR, "device allocator peak (CUDA), tracked tensor peak (CPU)",
                               group="memory", where=ALLOCATOR_PEAK, passes=("peaks", "memory")),
     "peak_reserved_mib": Metric("MiB", False, ALLOCATOR, "CUDA caching-allocator reserved peak", group="memory",
-                                where=ALLOCATOR_PEAK, passes=("peaks",)),
+                                where=ALLOCATOR_PEAK, passes=("peaks",), cuda_only=True),
     "reserved_between_steps_mib": Metric("MiB", False, ALLOCATOR, "CUDA allocator reserved memory after a step (what "
                                          "other processes cannot use between steps)", group="memory", where=ALLOCATOR_PEAK,
-                                         passes=("peaks",)),
+                                         passes=("peaks",), cuda_only=True),
     "alloc_retries": Metric("", False, ALLOCATOR_EVENTS, "CUDA allocator retries (cudaFree + retry) during the memory "
-                            "pass", group="memory", where=ALLOCATOR_PEAK, passes=("peaks",), count=True),
+                            "pass", group="memory", where=ALLOCATOR_PEAK, passes=("peaks",), count=True, cuda_only=True),
     "tracked_peak_mib": Metric("MiB", False, DETERMINISTIC, "peak of live tensors seen by the memory tracker",
                                group="memory", where=PEAK),
     "param_mib": Metric("MiB", False, DETERMINISTIC, "parameters at the tracked peak", group="memory", where=PARAMS),
@@ -157,7 +158,7 @@ METRICS: dict[str, Metric] = {
                                   "included)", group="work", where=("time.calls",), passes=("calls",), count=True),
     "kernels_per_step": Metric("", False, DEVICE_CHOICE, "device kernels launched per step (CUDA profiler): "
                                "cuDNN autotuning and library updates change which kernels run", group="work",
-                               where=("time.kernel_calls",), passes=("calls",), count=True),
+                               where=("time.kernel_calls",), passes=("calls",), count=True, cuda_only=True),
 }
 
 
