@@ -899,3 +899,15 @@ def test_a_gate_passes_over_a_newer_plain_pytest_benchmark_run_and_says_so(pytes
     assert gated.ret == 0, gated.stdout.str()
     gated.stdout.fnmatch_lines(["compared with *0001_base.json: the newest complete run of this * (passed over newer "
                                 "runs: not made by trainbench 0002_plain.json)"])
+
+
+@pytest.mark.usefixtures("saved_baseline")
+def test_a_baseline_whose_only_record_is_not_a_dict_is_refused_at_start_up(pytester, gate_options):
+    """It was found only after the whole run ("1 unreadable in the baseline")."""
+    [saved] = pytester.path.rglob("0001_base.json")
+    run = json.loads(saved.read_text())
+    run["benchmarks"][0]["extra_info"] = ["not", "a", "record"]
+    saved.write_text(json.dumps(run))
+    result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "0001_base.json: test_case.py::test_steady: not a trainbench case" in result.stderr.str()

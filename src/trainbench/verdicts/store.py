@@ -285,7 +285,8 @@ class SavedRun:
             raise RunFileError(self.path, problem.removeprefix(f"{self.path}: "))
         try:
             self.cases()
-            has_cases = bool(self._records())
+            # a run trainbench made (its device in machine_info), or one with a case beside the benchmark
+            has_cases = bool(self._records()) or bool(self._machine_identity())
             for name, bench in self._benchmarks():  # a record that lost its case id is still a broken trainbench record
                 info = bench.get(_RECORD) if isinstance(bench, dict) else None
                 # pytest-benchmark writes a dict for every benchmark ({} for a plain test beside trainbench's cases)
