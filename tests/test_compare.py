@@ -911,3 +911,14 @@ def test_a_baseline_whose_only_record_is_not_a_dict_is_refused_at_start_up(pytes
     result = _compare(pytester, gate_options, "--trainbench-compare-fail=deterministic:0%")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "0001_base.json: test_case.py::test_steady: not a trainbench case" in result.stderr.str()
+
+
+def test_a_timed_gate_with_fewer_rounds_than_it_can_judge_is_refused_at_start_up(pytester, gate_options):
+    """--trainbench-rounds=1 under a samples_per_s gate ran the whole session to end "3 baseline and 2 current rounds:
+    at least 3 each are needed"."""
+    pytester.makepyfile(test_case=CASE)
+    result = pytester.runpytest("--benchmark-compare", "--trainbench-compare-fail=samples_per_s:5%", *gate_options,
+                                "--trainbench-rounds=1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--trainbench-rounds=1 with --trainbench-compare-fail on samples_per_s: a timed comparison needs at least 3 " \
+           "rounds a side" in result.stderr.str()

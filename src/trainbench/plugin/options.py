@@ -382,7 +382,8 @@ def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
 
 def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
-    from trainbench.core.metrics import ThresholdError, parse_fraction, parse_thresholds
+    from trainbench.core.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
+    from trainbench.core.stats import MIN_ROUNDS
 
     given = config.getoption("--trainbench-compare-fail")  # each time it is given: they add up
     try:
@@ -396,6 +397,13 @@ def _gate_options(config, ab: bool = False):
     if not 0 < alpha < 1:
         raise usage_error(f"--trainbench-compare-alpha must be between 0 and 1 (a significance level, e.g. 0.05), "
                           f"got {alpha}")
+    rounds = config.getoption("--trainbench-rounds")
+    timed = sorted(metric for metric in gate or {} if is_timed(metric))
+    # never judged: it read "3 baseline and 2 current rounds" (an A/B run is judged by its pairs, not these rounds)
+    if timed and not ab and rounds is not None and rounds < MIN_ROUNDS:
+        raise usage_error(f"--trainbench-rounds={rounds} with --trainbench-compare-fail on {', '.join(timed)}: a timed "
+                          f"comparison needs at least {MIN_ROUNDS} rounds a side; expected --trainbench-rounds >= "
+                          f"{MIN_ROUNDS} (or gate only deterministic metrics)")
     if gate is not None and not ab and not config.getoption("benchmark_compare", None):
         raise usage_error("--trainbench-compare-fail gates a comparison, but no --benchmark-compare was given: add "
                           "--benchmark-compare (the latest saved run of this device) or --benchmark-compare=NNNN")
