@@ -122,6 +122,9 @@ def test_could_not_judge_is_said_only_as_the_decision_never_beside_a_failed_one(
     assert alone["decision"] == "could_not_judge" and alone["could_not_judge"]
     with pytest.raises(VerdictFileError, match="decision = 'passed' beside its comparisons"):
         read_verdict({**data, "decision": "passed"}, "verdict.json")
+    # a file written before verdicts named their decision reads as it did
+    passed = verdict("unchanged", gated=True).to_json()
+    assert read_verdict({k: v for k, v in passed.items() if k != "decision"}, "old.json")["failed"] is False
 
 
 # -- the one rule of a timed change -----------------------------------------------------------------------------

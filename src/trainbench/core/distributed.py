@@ -52,9 +52,9 @@ import torch
 from trainbench.core.costs import case_ledger, spent
 from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.core.recipes import NotApplicable, TrainConfig
-from trainbench.core.training import dropout_switched_off, gradient_copy
 from trainbench.core.result import RELAUNCH_NOTE, Result
 from trainbench.core.spec import SpecError, TrainingSpec
+from trainbench.core.training import dropout_switched_off, gradient_copy
 from trainbench.core.watchdog import suspended, watch
 from trainbench.core.workloads import PROFILES, WORKLOADS, Profile, resolve_spec
 from trainbench.devices.device import Backend

@@ -195,8 +195,7 @@ class _OpCounter(TorchDispatchMode):
         self.sites = sites  # where each op runs (trainbench.core.attribution), if asked
         self.ops: Counter[str] = Counter()
         self.ops_by_site: Counter[str] = Counter()
-        self.syncs_by_site: Counter[str] = Counter()
-        self.blocking_copies = 0
+        self.syncs_by_site: Counter[str] = Counter()  # each sync: an ``.item()``-like read or a blocking copy
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -211,14 +210,13 @@ class _OpCounter(TorchDispatchMode):
         elif name == "aten.copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             blocking = self.backend.blocking_copy(args[1], args[0].device, bool(non_blocking))
-        self.blocking_copies += blocking
         if blocking or name == "aten._local_scalar_dense":
             self.syncs_by_site[f"{name}{' (blocking copy)' if blocking else ''} at {python_call_site()}"] += 1
         return func(*args, **kwargs)
 
     @property
     def syncs(self) -> int:
-        return self.ops["aten._local_scalar_dense"] + self.blocking_copies
+        return sum(self.syncs_by_site.values())
 
 
 _MEMTRACKER_CATEGORIES = {

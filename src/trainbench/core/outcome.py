@@ -13,11 +13,9 @@ from trainbench.core.budgets import BoundCheck, CaseBudget
 from trainbench.core.guards import GuardCheck
 from trainbench.core.recipes import Recipe
 from trainbench.core.result import Result, budget_status, case_id, case_record
-
-__all__ = ["CaseOutcome", "case_id", "failed_without_result"]
 from trainbench.core.stats import busy_reason
 
-
+__all__ = ["CaseOutcome", "case_id", "failed_without_result"]  # case_id: the records' own, named here too
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,8 @@ class Verdict:
         # decision: the gate's, one of failed, could_not_judge, passed, not_gated; could_not_judge is true only where
         # that decision is it (a FAILED gate may hold inconclusive comparisons too: counts["inconclusive"])
         return {"baseline": self.baseline, "device": self.device, "counts": self.counts, "decision": decision(said),
-                "failed": self.failed, "could_not_judge": self.could_not_judge, "comparisons": [c.to_json() for c in self.comparisons], **ab,
+                "failed": self.failed, "could_not_judge": self.could_not_judge,
+                "comparisons": [c.to_json() for c in self.comparisons], **ab,
                 "gated": self.gated,
                 "new_cases": list(self.new_cases), "new_cases_allowed": self.new_cases_allowed,
                 "errors": list(self.errors), "allow_inconclusive": self.allow_inconclusive,
@@ -236,10 +237,10 @@ def read_verdict(data: object, where: str) -> dict:
                    errors=tuple(data.get("errors") or ()), nothing_compared=data.get("nothing_compared"))
     said = {"failed": data["failed"], "could_not_judge": data.get("could_not_judge", rule.could_not_judge),
             "counts": data.get("counts", rule.counts)}
-    said["decision"] = data.get("decision") or decision(said)
+    ruled = decision({"failed": rule.failed, "could_not_judge": rule.could_not_judge, "gated": rule.gated})
+    said["decision"] = data.get("decision") or ruled  # a file written before verdicts named their decision: the rule's
     for key, value in (("failed", rule.failed), ("could_not_judge", rule.could_not_judge), ("counts", rule.counts),
-                       ("decision", decision({**said, "failed": rule.failed, "could_not_judge": rule.could_not_judge,
-                                              "gated": rule.gated}))):
+                       ("decision", ruled)):
         if said[key] != value and not (key == "counts" and {k: n for k, n in said[key].items() if n} ==
                                        {k: n for k, n in value.items() if n}):
             raise VerdictFileError(f"{where}: {key} = {said[key]!r} beside its comparisons, which give {value!r} by "

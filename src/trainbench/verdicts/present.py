@@ -10,7 +10,6 @@ session's table of its cases. Figures are formatted by ``trainbench.verdicts.ren
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -348,13 +347,12 @@ def verdict_sections(verdict: dict, title: Section | None = None, preface: tuple
     compared with), the counts, the table (``every_row``: every comparison, else those not unchanged with the whole
     folded away), then a line per case and comparison the reader must know about. ``judged``: the gate's decision
     is shown (False: two saved runs explained, which never fail); ``current``: the newer side, as the lines name it."""
-    # grouped (many changes): the causes, then a line per case, in place of the table (``GROUPED_BEYOND``); Markdown
-    # still folds the whole table away beneath (the terminal shows no folded table)
-    table = (Section(folded=comparison_table(verdict.get("comparisons") or [])) if grouped(verdict) else
-             _comparisons(verdict, every_row))
-    return [title or _title(verdict), _head(verdict, preface), _findings(verdict, judged, current), table] \
-        if grouped(verdict) else [title or _title(verdict), _head(verdict, preface), table,
-                                  _findings(verdict, judged, current)]
+    head = [title or _title(verdict), _head(verdict, preface)]
+    if grouped(verdict):  # the causes, then a line per case, in place of the table (``GROUPED_BEYOND``); Markdown
+        # still folds the whole table away beneath (the terminal shows no folded table)
+        return [*head, _findings(verdict, judged, current),
+                Section(folded=comparison_table(verdict.get("comparisons") or []))]
+    return [*head, _comparisons(verdict, every_row), _findings(verdict, judged, current)]
 
 
 def verdict_markdown(verdict: dict) -> str:
@@ -446,9 +444,7 @@ def other_baseline_row(record: CaseRecord, records: list[CaseRecord]) -> CaseRec
     used, base = record.baseline_samples_per_s, record.baseline_case
     row = next((r for r in records if r.case == base), None) if base else None
     shown = row.metrics.get("samples_per_s") if row is not None else None
-    if used is None or not shown or math.isclose(used, shown, rel_tol=1e-9):
-        return None
-    return row if abs(used / shown - 1) > ROWS_DISAGREE else None
+    return row if used is not None and shown and abs(used / shown - 1) > ROWS_DISAGREE else None
 
 
 def vs_base_lines(records: list[CaseRecord]) -> list[Line]:

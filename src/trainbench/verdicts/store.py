@@ -10,9 +10,9 @@ records in their ``machine_info``. File names are matched as pytest-benchmark ma
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 # The plugin loads this module in every pytest session: the records (result, ~50 ms of imports) load when a run is read.
