@@ -123,20 +123,23 @@ def device_of_memory():
     return DeviceOfMemory
 
 
+# An inner pytest session (pytester) that measures on the CPU with just enough rounds and steps to exercise every
+# path. A test that needs other numbers appends its own options: the last one given wins.
+INNER_OPTIONS = ("--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
+                 "--trainbench-min-warmup=1", "-p", "no:cacheprovider")
+
+
 @pytest.fixture
-def quick_options(attributed_options):
-    """``attributed_options`` without the attribution pass: like the memory prediction (off above), the profiler's
+def quick_options():
+    """``INNER_OPTIONS`` without the attribution pass: like the memory prediction (off above), the profiler's
     per-step op tables are seconds of a small case that only the tests reading them need."""
-    return [*attributed_options, "--trainbench-no-attribution"]
+    return [*INNER_OPTIONS, "--trainbench-no-attribution"]
 
 
 @pytest.fixture
 def attributed_options():
-    """The command line of an inner pytest session (pytester) that measures on the CPU with just enough rounds and
-    steps to exercise every path, attribution included. A test that needs other numbers appends its own options:
-    the last one given wins."""
-    return ["--trainbench-device=cpu", "--trainbench-rounds=2", "--trainbench-steps-per-round=2",
-            "--trainbench-min-warmup=1", "-p", "no:cacheprovider"]
+    """``INNER_OPTIONS`` with the attribution taken (a plain run leaves it out)."""
+    return [*INNER_OPTIONS, "--trainbench-attribution"]
 
 
 @pytest.fixture

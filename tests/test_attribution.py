@@ -170,10 +170,11 @@ def _timed(rows: dict[str, list[float]]) -> dict:
 
 
 def test_the_op_that_slowed_is_named_first_with_its_share_and_noise_is_not():
-    base = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::gelu": [1.0, 1.1, 0.9], "aten::add_": [2.0, 2.6, 1.4],
-                   BETWEEN_OPS: [1.0, 1.0, 1.0]})
-    head = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::gelu": [11.0, 11.2, 10.9], "aten::add_": [2.3, 1.5, 2.4],
-                   BETWEEN_OPS: [1.0, 1.0, 1.0]})
+    # 4 profiled steps a side (measure's profiled_steps): the fewest whose interval can place a row's change
+    base = _timed({"aten::mm": [5.0, 5.1, 4.9, 5.0], "aten::gelu": [1.0, 1.1, 0.9, 1.0],
+                   "aten::add_": [2.0, 2.6, 1.4, 2.1], BETWEEN_OPS: [1.0, 1.0, 1.0, 1.0]})
+    head = _timed({"aten::mm": [5.0, 5.1, 4.9, 5.0], "aten::gelu": [11.0, 11.2, 10.9, 11.0],
+                   "aten::add_": [2.3, 1.5, 2.4, 2.0], BETWEEN_OPS: [1.0, 1.0, 1.0, 1.0]})
     found = causes("step_time_ms", base, head)
     assert [c.row for c in found] == ["aten::gelu"]  # add_ moved +0.3 within its scatter: not named
     gelu = found[0]
@@ -195,9 +196,9 @@ def _steps(*ms: float) -> list[float]:
     return [t / 1e3 for t in ms]
 
 
-STEADY = _timed({"aten::mm": [5.0, 5.1, 4.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})
-DRIFTED = _timed({"aten::mm": [5.3, 5.4, 5.35], BETWEEN_OPS: [1.1, 1.15, 1.05]})  # +0.4 ms/step, beyond noise
-SLOWED = _timed({"aten::mm": [10.0, 10.1, 9.9], BETWEEN_OPS: [1.0, 1.05, 0.95]})  # +5 ms/step in aten::mm
+STEADY = _timed({"aten::mm": [5.0, 5.1, 4.9, 5.0], BETWEEN_OPS: [1.0, 1.05, 0.95, 1.0]})
+DRIFTED = _timed({"aten::mm": [5.3, 5.4, 5.35, 5.3], BETWEEN_OPS: [1.1, 1.15, 1.05, 1.1]})  # +0.4 ms/step, beyond noise
+SLOWED = _timed({"aten::mm": [10.0, 10.1, 9.9, 10.0], BETWEEN_OPS: [1.0, 1.05, 0.95, 1.0]})  # +5 ms/step in aten::mm
 
 
 @pytest.mark.parametrize("base, head, slower, shown", [
@@ -215,8 +216,10 @@ def test_rows_that_moved_the_verdicts_way_are_leads_under_a_change_the_steps_do_
     # The gate's planted wait beside ops that drifted the other way between two sessions: the steps' total moved
     # the other way, the wait outside every op stands out; a row that moved a thirtieth as far as the rounds is no
     # lead (relu: +0.1 ms beyond its noise), and nothing is named where nothing moved the verdict's way.
-    base = _timed({"aten::mm": [9.0, 9.1, 8.9], "aten::relu": [0.5, 0.51, 0.49], BETWEEN_OPS: [1.0, 1.05, 0.95]})
-    head = _timed({"aten::mm": [5.0, 5.1, 4.9], "aten::relu": [0.6, 0.61, 0.59], BETWEEN_OPS: [4.0, 4.05, 3.95]})
+    base = _timed({"aten::mm": [9.0, 9.1, 8.9, 9.0], "aten::relu": [0.5, 0.51, 0.49, 0.5],
+                   BETWEEN_OPS: [1.0, 1.05, 0.95, 1.0]})
+    head = _timed({"aten::mm": [5.0, 5.1, 4.9, 5.0], "aten::relu": [0.6, 0.61, 0.59, 0.6],
+                   BETWEEN_OPS: [4.0, 4.05, 3.95, 4.0]})
     rounds_s = (_steps(12.0, 12.1, 11.9), _steps(15.0, 15.1, 14.9))
     assert explanation("step_time_ms", base, head, slower=True, rounds_s=rounds_s)[1:] == (
         LEADS, f"  op self time: {BETWEEN_OPS} +3 ms/step (95% CI +2.9..+3.1)")
@@ -234,7 +237,7 @@ def test_a_timed_change_the_profiled_steps_show_as_far_as_the_rounds_is_explaine
 
 def test_kernels_that_did_not_move_do_not_hide_the_ops_that_did():
     # a host-bound step slowed on the host: the ops' wall time shows it, the kernels' device time does not
-    kernels = {"gemm": [3.0, 3.05, 2.95]}
+    kernels = {"gemm": [3.0, 3.05, 2.95, 3.0]}
     base = {"time": {**STEADY["time"], "kernels_ms": kernels}}
     head = {"time": {**SLOWED["time"], "kernels_ms": kernels}}
     rounds_s = (_steps(6.0, 6.1, 5.9), _steps(11.0, 11.1, 10.9))

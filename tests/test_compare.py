@@ -126,7 +126,7 @@ def test_a_median_inside_the_threshold_is_not_unchanged_when_its_interval_reache
 
 def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
     [c] = compare_case(run_of(step_ms=(10.0, 10.0)), run_of(), {"step_time_ms": 0.5})
-    assert c.verdict == "inconclusive" and "at least 3 each" in c.reason
+    assert c.verdict == "inconclusive" and "cannot place a change at 95% however they fall: at least 4" in c.reason
 
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
@@ -356,7 +356,7 @@ def test_an_unchanged_run_passes_the_gate_and_a_planted_slowdown_fails_it(pytest
     slow.assert_outcomes(passed=1, failed=1)
     slow.stdout.fnmatch_lines(["FAILED trainbench gate - trainbench gate: FAILED, 1 regressed (exit 1)",
                                "*= 1 failed, 1 passed*in *"])
-    slow.stdout.fnmatch_lines([("*REGRESSION steady-baseline samples_per_s: * -> * samples/s (-*%, 95% CI *, p=*) "
+    slow.stdout.fnmatch_lines([("*REGRESSION steady-baseline samples_per_s: * -> * samples/s (-*%, 97.5% CI *, p=*) "
                                 "regressed (threshold 10.0%)*")])
     verdict = json.loads((pytester.path / "verdict.json").read_text())
     assert verdict["failed"] and verdict["gated"] and verdict["comparisons"][0]["verdict"] == "regressed"
@@ -391,7 +391,7 @@ def test_a_7x_slowdown_on_a_busy_machine_ends_could_not_judge_never_green(pytest
                     "--trainbench-inject-slowdown=600%", "--trainbench-remeasure-s=0")
     assert busy.ret == EXIT_COULD_NOT_JUDGE, busy.stdout.str()
     busy.stdout.fnmatch_lines([
-        "*INCONCLUSIVE (fails the gate) steady-baseline samples_per_s: * -> * samples/s (-8*%, 95% CI *) inconclusive (threshold "
+        "*INCONCLUSIVE (fails the gate) steady-baseline samples_per_s: * -> * samples/s (-8*%, 97.5% CI *) inconclusive (threshold "
         "50.0%): regressed beyond the threshold, on timing that cannot be trusted: busy machine: other processes "
         "used 1.01 of 2 CPUs*",
         "*trainbench: COULD NOT JUDGE: 1 timed comparison(s) stayed inconclusive after measuring again*"])
@@ -920,5 +920,5 @@ def test_a_timed_gate_with_fewer_rounds_than_it_can_judge_is_refused_at_start_up
     result = pytester.runpytest("--benchmark-compare", "--trainbench-compare-fail=samples_per_s:5%", *gate_options,
                                 "--trainbench-rounds=1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--trainbench-rounds=1 with --trainbench-compare-fail on samples_per_s: a timed comparison needs at least 3 " \
-           "rounds a side" in result.stderr.str()
+    assert "--trainbench-rounds=1 with --trainbench-compare-fail on samples_per_s: a timed comparison's 95% interval " \
+           "cannot place a change with fewer than 5 rounds a side; expected --trainbench-rounds >= 5" in result.stderr.str()

@@ -23,7 +23,7 @@ GATE_KEYS = ["baseline", "device", "counts", "decision", "failed", "could_not_ju
              "new_cases", "new_cases_allowed", "errors", "allow_inconclusive", "not_run", "nothing_compared",
              "environment_differs", "not_measured"]
 COMPARISON_KEYS = {"case", "metric", "baseline", "current", "change", "threshold", "verdict", "p_value", "ci",
-                   "reason", "explanation", "causes", "unit", "line"}
+                   "reason", "explanation", "causes", "ci_level", "unit", "line"}
 
 
 def comparison(verdict: str, metric: str = "samples_per_s", change: float | None = -0.2) -> MetricComparison:

@@ -30,7 +30,8 @@ def result(profile, quick):
     """One measured MLP baseline, shared: the judge reads it and never changes what it measured."""
     with TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile),
                        CpuBackend(torch.device("cpu"))) as setup:
-        return measure(setup, "mlp-baseline", "baseline", quick, 0, profile.name)
+        # 8 rounds: as the CPU profile, enough for a first look of two to judge a timed bound (stats.least_rounds)
+        return measure(setup, "mlp-baseline", "baseline", dataclasses.replace(quick, rounds=8), 0, profile.name)
 
 
 def _outcome(result, *bounds, load=None):
@@ -130,7 +131,7 @@ def test_rounds_the_gates_rule_cannot_judge_never_read_budget_ok(result):
     step = judged.bound_checks[0]
     assert len(again) == 1 and judged.failures == () and not step.ok
     # measured twice: the interval of both measurements' rounds still reaches the limit
-    assert step.inconclusive.startswith("rounds too noisy to judge: 95% interval 10.8..12.4 includes the limit 12")
+    assert step.inconclusive.startswith("rounds too noisy to judge: 97.5% interval 10.4..13 includes the limit 12")
     assert judged.budget_status == "ok 1, 1 inconclusive"
     steady = _outcome(result, STEP, load=QUIET)
     steady = dataclasses.replace(steady, result=dataclasses.replace(steady.result, round_step_times_s=[0.0115] * 7))
@@ -194,8 +195,10 @@ def test_strict_timing_fails_what_a_busy_machine_leaves_inconclusive(machine_loa
 def test_a_speed_budget_missed_on_a_quiet_machine_by_every_pair_fails_at_once(machine_load, profile, quick,
                                                                               impossible_speedup):
     machine_load(QUIET)
-    outcome = Runner(CpuBackend(torch.device("cpu")), profile, quick).run("set_to_none", "mlp",
-                                                                          budgets=impossible_speedup)
+    # 8 pairs: as many as a first look of two needs to place anything (3 cannot, however they fall)
+    settings = dataclasses.replace(quick, rounds=8)
+    outcome = Runner(CpuBackend(torch.device("cpu")), profile, settings).run("set_to_none", "mlp",
+                                                                             budgets=impossible_speedup)
     [failure] = outcome.failures  # 100x is outside any interval of the pairs: conclusive, not measured again
     assert "short by" in failure and not outcome.inconclusive
     assert not any(n.startswith("measured again") for n in outcome.result.notes)

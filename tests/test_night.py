@@ -150,12 +150,12 @@ def test_the_window_profile_is_chosen_by_the_budget_and_recorded(tmp_path):
     assert short.pytest_args() == ("--trainbench-rounds=10", "--trainbench-steps-per-round=5",
                                    "--trainbench-min-warmup=5", "--trainbench-no-attribution")
     assert full.pytest_args() == () and "as is" in full.why
-    assert window_profile(240, "cpu").pytest_args() == ("--trainbench-rounds=5", "--trainbench-steps-per-round=2",
+    assert window_profile(240, "cpu").pytest_args() == ("--trainbench-rounds=8", "--trainbench-steps-per-round=2",
                                                         "--trainbench-no-attribution")
-    # the rounds never drop below the count whose 95% interval keeps its claim in the statistics' tests
-    from trainbench.core.stats import MIN_ROUNDS
+    # the rounds never drop below the count a first look of a budget measured again can decide from
+    from trainbench.core.stats import least_rounds
 
-    assert all(p.rounds is None or p.rounds >= MIN_ROUNDS + 2 for p in (short, window_profile(60, "cpu")))
+    assert all(p.rounds is None or p.rounds > least_rounds("paired", 2) for p in (short, window_profile(60, "cpu")))
     _, manifest, _ = _night(tmp_path, VirtualNight(), simulate=None)
     assert manifest["profile"]["name"] == "short" and manifest["profile"]["rounds"] == 10
     assert "--trainbench-rounds=10" in _cases_argv(tmp_path)

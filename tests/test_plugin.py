@@ -193,10 +193,16 @@ def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(py
     saved = {b["extra_info"]["case"]: b["extra_info"] for b in json.loads((pytester.path / "out.json").read_text())["benchmarks"]}
     assert saved["mlp-baseline"]["attribution"] == compact(whole)  # the run keeps each table's top rows
     assert len(whole["time"]["ops_ms"]) > len(saved["mlp-baseline"]["attribution"]["time"]["ops_ms"])
-    off = pytester.runpytest("-k", "baseline", "--benchmark-json=off.json", "--trainbench-no-attribution", *attributed_options)
+    # a plain run explains no verdict: it leaves the attribution out and says how to get it
+    plain = [o for o in attributed_options if o != "--trainbench-attribution"]
+    off = pytester.runpytest("-k", "baseline", "--benchmark-json=off.json", *plain)
     off.assert_outcomes(passed=1, deselected=3, warnings=1)
     (bench,) = json.loads((pytester.path / "off.json").read_text())["benchmarks"]
     assert bench["extra_info"]["attribution"] is None and bench["extra_info"]["ops_per_step"] > 0
+    off.stdout.fnmatch_lines(["attribution: not taken (a plain run explains no verdict, *--trainbench-attribution*"])
+    both = pytester.runpytest("--trainbench-no-attribution", *attributed_options)
+    assert both.ret == 4
+    both.stderr.fnmatch_lines(["*--trainbench-attribution and --trainbench-no-attribution contradict each other*"])
 
 
 def test_cuda_requested_without_cuda_is_a_usage_error(pytester):

@@ -116,7 +116,7 @@ def window_profile(budget_s: float, device: str) -> WindowProfile:
         return WindowProfile("full", f"a budget of {budget_s:g} s >= {SHORT_NIGHT_S:g} s: the device profile as is")
     why = f"a budget of {budget_s:g} s < {SHORT_NIGHT_S:g} s"
     if device == "cpu":  # ~0.1-0.3 s steps: 2 a round serve the interval better than fewer rounds of more
-        return WindowProfile("short", why + ": 5 rounds of 2 steps, no attribution", rounds=5, steps_per_round=2,
+        return WindowProfile("short", why + ": 8 rounds of 2 steps, no attribution", rounds=8, steps_per_round=2,
                              attribution=False)
     # ms steps: the rounds cost little, the passes after them most; warm-up still runs until steady
     return WindowProfile("short", why + ": 10 rounds of 5 steps, warm-up from 5 steps, no attribution",

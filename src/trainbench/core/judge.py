@@ -6,7 +6,9 @@ of its limit they lie on (``stats.judge_bound``, the gate's rule), or a gate's t
 (``inconclusive_comparisons``), is measured again: ``remeasure_inconclusive`` times, then, for a gate's comparison
 (which fails the session if it stays inconclusive), again while less than ``remeasure_s`` seconds went
 into it (at most ``MAX_REMEASURES``). Each measurement adds its rounds to
-the earlier ones, so the interval narrows. Every step returns a new ``CaseOutcome``; the one given
+the earlier ones, so the interval narrows; each is a look planned before the first (``planned_looks``) whose
+verdicts spend only their share of the error (``stats.look_alpha``), so that judging the pooled rounds again does
+not claim more often than one look would. A case stops at the first look that decides all its timed checks. Every step returns a new ``CaseOutcome``; the one given
 is never changed. A bound still inconclusive is reported; ``strict_timing``
 fails it instead. A session whose timing means nothing (``untimed``: parallel workers sharing the
 device) judges its deterministic bounds only.
@@ -22,11 +24,11 @@ from trainbench.core.budgets import BoundCheck, evaluate
 from trainbench.core.metrics import is_timed, per_round, rounds_of
 from trainbench.core.outcome import CaseOutcome, failed_without_result
 from trainbench.core.result import Result
-from trainbench.core.stats import judge_bound
+from trainbench.core.stats import MAX_LOOKS, judge_bound, look_alpha, planned_looks, rounds_needed
 from trainbench.core.training import NonFiniteLoss
 from trainbench.core.watchdog import NoProgress
 
-MAX_REMEASURES = 4  # a case measured five times that still cannot be judged will not be by a sixth
+MAX_REMEASURES = MAX_LOOKS - 1
 # Why a case's timed comparisons with a stored run cannot be judged yet ([]: they can): set by a gate.
 InconclusiveComparisons = Callable[[CaseOutcome], list[str]]
 # The outcome given, with its case and baseline measured once more (``Executor.measure_again``).
@@ -48,15 +50,18 @@ class Judge:
         """``outcome`` with its budget checked, measured again (``measure_again``) while a timed bound, or a timed
         comparison ``inconclusive_comparisons`` names, is inconclusive. ``untimed``: why this session's timing means
         nothing, or None."""
+        planned = planned_looks(self.remeasure_inconclusive, self.remeasure_s, inconclusive_comparisons is not None)
+        if outcome.result is not None:  # the looks its timed verdicts share the error over, known before the first
+            outcome = replace(outcome, result=outcome.result.replace(planned_looks=planned))
         outcome = self.check_budget(outcome, untimed)
         started = time.monotonic()
-        for attempt in range(2, MAX_REMEASURES + 2):
+        for attempt in range(2, planned + 1):
             gate = inconclusive_comparisons(outcome) if inconclusive_comparisons else []
             why = "; ".join(dict.fromkeys([*(v.inconclusive for v in outcome.bound_checks if v.inconclusive), *gate]))
             # A budget gets its re-measurements; a gate's comparison, which fails the session when it stays
             # inconclusive, gets more while the time budget lasts.
             more = attempt - 2 < self.remeasure_inconclusive or (gate and time.monotonic() - started < self.remeasure_s)
-            if not why or not more:
+            if not why or not more or not _next_look_can_decide(outcome.result):
                 break
             judged_before = set(outcome.budget_failures())  # the new measurement is judged afresh
             outcome = replace(outcome, failures=tuple(f for f in outcome.failures if f not in judged_before))
@@ -104,7 +109,8 @@ class Judge:
         current = per_round(b.metric, result.metrics().get(b.metric), rounds_of(b.metric, result))
         reference = per_round(b.metric, base.metrics().get(b.metric), rounds_of(b.metric, base)) if base else None
         ok, reason = judge_bound(b.metric, b.bound, b.limit, verdict.measured, current, reference, outcome.paired,
-                                 [result.machine_load] + ([base.machine_load] if base else []))
+                                 [result.machine_load] + ([base.machine_load] if base else []),
+                                 alpha_side=look_alpha(result.looks, result.planned_looks))
         if reason and self.strict_timing:
             return replace(verdict, ok=False, message=f"{verdict.message}: inconclusive ({reason}), a failure under "
                                                       "--trainbench-strict-timing")
@@ -127,10 +133,20 @@ class Judge:
         return replace(again, result=result, baseline=baseline)
 
 
+def _next_look_can_decide(result: Result | None) -> bool:
+    """Whether measuring again once more gives rounds that an interval at the next look's share of the error can
+    place at all (a one-round smoke run's would not: it is not measured again for nothing)."""
+    if result is None or not result.rounds:
+        return False
+    per_look = result.rounds / max(result.looks, 1)
+    need = rounds_needed("paired", look_alpha(result.looks + 1, result.planned_looks))
+    return result.rounds + per_look >= need
+
+
 def _with_rounds_of(earlier: Result, later: Result) -> Result:
     """``later`` with ``earlier``'s timed rounds before its own: more rounds of the same setup, a narrower interval.
     (Rounds stay in measuring order, so the rounds of a case and of its interleaved baseline stay paired.)"""
     times = [*earlier.round_step_times_s, *later.round_step_times_s]
     cpu = [*earlier.round_cpu_times_s, *later.round_cpu_times_s]
-    return later.replace(round_step_times_s=times, rounds=len(times),
-                         round_cpu_times_s=cpu if len(cpu) == len(times) else [])
+    return later.replace(round_step_times_s=times, rounds=len(times), looks=earlier.looks + 1,
+                         planned_looks=earlier.planned_looks, round_cpu_times_s=cpu if len(cpu) == len(times) else [])

@@ -70,15 +70,15 @@ class MeasureSettings:
     max_warmup_steps: int = 30
     steady_window: int = 3
     steady_tolerance: float = 0.10
-    rounds: int = 5
-    steps_per_round: int = 3
+    rounds: int = 8  # the fewest whose paired interval decides at a first look of two (stats.least_rounds), and one more
+    steps_per_round: int = 2  # more rounds of fewer steps serve the interval better than the reverse
     memory_steps: int = 2
     breakdown: bool = True  # MemTracker pass
     work: bool = True  # FLOP / op / sync pass
     # Where the step's ops, time, FLOPs and memory go (trainbench.core.attribution), recorded in the passes after
     # timing: what explains a changed verdict. ``profiled_steps``: steps the profiler times, one at a time.
     attribution: bool = True
-    profiled_steps: int = 3
+    profiled_steps: int = 4  # a side: the fewest whose interval can place a change (stats.rounds_needed)
     # Exactly min_warmup_steps (+ the recipe's extra), no settling windows: ranks of a
     # process group must run the same number of steps, or their collectives deadlock.
     fixed_warmup: bool = False

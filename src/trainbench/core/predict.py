@@ -31,6 +31,7 @@ import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -347,13 +348,14 @@ class PredictionCache:
     or more, the memory check before a case, ladders and the GPU-profile prediction after it ask for the same setups
     again, and many recipes differ from another only in knobs that change no tensor (loader, cuDNN, logging)."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, kept: Path | None = None):
         self.backend = backend
         self._predictions: dict[tuple, dict] = {}  # by (profile, spec name, memory setup)
         # By the spec object and memory setup: a spec the caller gave as it is (not a workload built per profile)
         # is the same spec in every profile, so where the setups match, so do the predictions.
         self._by_spec: dict[tuple, tuple[TrainingSpec, dict]] = {}
-        self._shared = SharedPredictions.from_environment(backend)
+        # a job's file (TRAINBENCH_PREDICTIONS_FILE) over ``kept``, the file kept across sessions (pytest's cache)
+        self._shared = SharedPredictions.from_environment(backend, default=kept)
 
     def __call__(self, profile_name: str, config: TrainConfig, spec: TrainingSpec) -> dict:
         setup = memory_setup(config)
@@ -373,25 +375,25 @@ class PredictionCache:
 
 class SharedPredictions:
     """Predictions kept in a JSON file for the processes of one job (the GPU night's steps all predict the same
-    setups of the built-in workloads): named by ``TRAINBENCH_PREDICTIONS_FILE``, off where it is unset. Keyed by
+    setups of the built-in workloads), named by ``TRAINBENCH_PREDICTIONS_FILE``, or across a project's sessions
+    (the plugin's file in pytest's cache: a second ``make bench`` predicts nothing it predicted before). Keyed by
     what is predicted (memory, the roofline's step counts), torch's version and the predicting device too; a file
     that cannot be read is started anew."""
 
     ENV = "TRAINBENCH_PREDICTIONS_FILE"
 
     def __init__(self, path, backend: Backend | None, what: str = "memory"):
-        from pathlib import Path
-
         self.path = Path(path) if path else None
         # fake tensors differ by device kind; ``what``: the kind of answer (memory predictions, roofline counts)
         self.prefix = f"{what}|{torch.__version__}|{getattr(backend, 'kind', '')}|"
         self._entries: dict[str, dict] | None = None
 
     @classmethod
-    def from_environment(cls, backend: Backend, what: str = "memory") -> SharedPredictions:
+    def from_environment(cls, backend: Backend, what: str = "memory", default=None) -> SharedPredictions:
+        """The file ``TRAINBENCH_PREDICTIONS_FILE`` names, else ``default`` (None: kept in this process only)."""
         from trainbench.devices.host import env_value
 
-        return cls(env_value(cls.ENV), backend, what)
+        return cls(env_value(cls.ENV) or default, backend, what)
 
     def _key(self, key: tuple) -> str:
         return self.prefix + repr(key)

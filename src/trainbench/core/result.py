@@ -40,6 +40,10 @@ class Result:
     # Mean CPU seconds per step of each round, the whole process (CPU devices; [] elsewhere): other processes'
     # load moves it far less than wall time.
     round_cpu_times_s: list[float] = field(default_factory=list)
+    # The looks at the rounds (a measurement's rounds, then each measuring again adds its own) and how many this
+    # case could get: each look's timed verdicts spend their share of the error (``stats.look_alpha``).
+    looks: int = 1
+    planned_looks: int = 1
     data_wait_s: float = 0.0
     # Items (TrainingSpec.items: tokens...) per timed step in one process, and what they are (None: not counted)
     items_per_step: float | None = None
@@ -218,6 +222,8 @@ def case_record(result: Result, **case_fields) -> dict:
         "steps_per_round": result.steps_per_round,
         "round_step_times_s": result.round_step_times_s,
         "round_cpu_times_s": result.round_cpu_times_s,
+        "looks": result.looks,
+        "planned_looks": result.planned_looks,
         "final_loss": result.final_loss,
         "device": result.device,
         "notes": result.notes,
@@ -345,6 +351,8 @@ _FIELDS = (
     ("ladder", lambda v: isinstance(v, dict), "a dict"),
     ("ranks", lambda v: isinstance(v, dict), "a dict"),
     ("notes", lambda v: isinstance(v, list), "a list of notes"),
+    ("looks", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
+    ("planned_looks", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1"),
     ("phase_seconds", lambda v: isinstance(v, dict) and all(_finite(x) and x >= 0 for x in v.values()),
      "a dict of seconds >= 0 by phase"),
     ("budget", lambda v: isinstance(v, dict) and (v.get("checks") is None or _rows_of(v.get("checks"))),
@@ -487,6 +495,14 @@ class CaseRecord:
         """The note of a spec whose batch shapes vary across the batches work and memory were measured on, or None."""
         return next((str(note) for note in self.raw.get("notes") or [] if str(note).startswith(VARYING_SHAPES_NOTE)),
                     None)
+
+    @property
+    def look_alpha(self) -> float:
+        """The error a side this record's timed verdicts may spend: its look of its planned looks
+        (``stats.look_alpha``; a record saved before looks were recorded: one look of one)."""
+        from trainbench.core.stats import look_alpha
+
+        return look_alpha(self.raw.get("looks") or 1, self.raw.get("planned_looks") or 1)
 
     @property
     def machine_load(self) -> dict | None:

@@ -268,19 +268,33 @@ _CODE_FIELDS = ("model", "loss_fn", "step", "optimizer", "optimizers", "batches"
 
 
 @functools.lru_cache(maxsize=256)
-def code_fingerprint(spec: TrainingSpec) -> str | None:
-    """A digest of the files holding the spec's code (its model, loss or step, optimizer(s) and data factories, as
-    their source files read now) and of trainbench's version: the key under which a prediction made from this spec
-    may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
-    predictions kept from before the edit is never read as this code's. None where a file cannot be read: then
-    nothing is shared."""
+@functools.lru_cache(maxsize=1)
+def _trainbench_digest() -> str:
+    """trainbench's version and a digest of its own source files: a prediction kept across sessions (a user's
+    cache) was made by this trainbench's code, not only by a release of the same number."""
     import hashlib
     from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
 
     try:
         digest = hashlib.sha256(version("pytest-trainbench").encode())
     except PackageNotFoundError:
         digest = hashlib.sha256(b"trainbench (not installed)")
+    package = Path(__file__).resolve().parent.parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def code_fingerprint(spec: TrainingSpec) -> str | None:
+    """A digest of the files holding the spec's code (its model, loss or step, optimizer(s) and data factories, as
+    their source files read now) and of trainbench's version and source: the key under which a prediction made from this spec
+    may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
+    predictions kept from before the edit is never read as this code's. None where a file cannot be read: then
+    nothing is shared."""
+    import hashlib
+
+    digest = hashlib.sha256(_trainbench_digest().encode())
     files = set()
     for name in _CODE_FIELDS:
         code = getattr(spec, name, None)

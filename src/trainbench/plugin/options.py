@@ -49,9 +49,12 @@ def add_options(parser) -> None:
                     help="fail a case that makes no progress (no training step, no batch) for this long, and go on "
                          "with the next (default: 600 on the cpu profile, 1200 on gpu; 0: no limit)")
     group.addoption("--trainbench-no-attribution", action="store_true",
-                    help="do not record where each case's ops, time, FLOPs and memory go (the profiled steps and "
-                         "module sites after the timed rounds, about 10%% of a case's time): changed verdicts then "
-                         "cannot say where")
+                    help="never record where each case's ops, time, FLOPs and memory go (profiled steps and module "
+                         "sites after the rounds): changed verdicts cannot say where. By default it is recorded where "
+                         "a verdict may need it (a gate, a comparison, A/B, --benchmark-save/-autosave, "
+                         "--trainbench-attribution-json); a plain run leaves it out and says so")
+    group.addoption("--trainbench-attribution", action="store_true",
+                    help="record the attribution in a plain run too (see --trainbench-no-attribution)")
     group.addoption("--trainbench-quick", action="store_true",
                     help="a smoke run for big models: warm-up, the timed rounds and only the passes the budgets' metrics "
                          "need; the correctness guard, attribution, the GPU prediction and every other pass are skipped "
@@ -167,6 +170,7 @@ class Options:
     require_budgets: bool
     strict_timing: bool
     settings_overrides: dict  # measurement settings from the command line (None: the profile's default)
+    attribution_left_out: str | None  # why this session takes no attribution (``attribution_wanted``), or None
     budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
     compare_fail: dict | None  # the regression gate's thresholds (trainbench.core.metrics.parse_thresholds)
     compare_alpha: float
@@ -189,6 +193,9 @@ class Options:
     ignore_doctor: bool = False  # TRAINBENCH_IGNORE_DOCTOR: run past the doctor's blockers (recorded all the same)
     costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
     quick: bool = False  # --trainbench-quick: the timed rounds and the passes the budgets need, nothing else
+    # pytest's cache (``config.cache``; None: -p no:cacheprovider): where GPU memory predictions are kept across
+    # sessions (``TrainbenchSession.runner``), made only once a case runs
+    pytest_cache: object = None
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -208,6 +215,7 @@ class Options:
             require_budgets=config.getoption("--trainbench-require-budgets"),
             strict_timing=config.getoption("--trainbench-strict-timing"),
             settings_overrides=_settings_overrides(config),
+            attribution_left_out=attribution_wanted(config),
             budgets_override=_budgets_override(config),
             compare_fail=compare_fail,
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
@@ -223,6 +231,7 @@ class Options:
             ab=ab,
             benchmark_disabled=bool(config.getoption("benchmark_disable", False)),
             rootpath=Path(config.rootpath),
+            pytest_cache=getattr(config, "cache", None),
             xdist_workers=workers,
             xdist_index=index,
             pair_baselines=config.getoption("--trainbench-pair-baselines"),
@@ -245,8 +254,24 @@ def _settings_overrides(config) -> dict:
     if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
         raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
     overrides["no_progress_s"] = timeout
-    overrides["attribution"] = False if config.getoption("--trainbench-no-attribution") else None
+    overrides["attribution"] = attribution_wanted(config) is None
     return overrides
+
+
+def attribution_wanted(config) -> str | None:
+    """Why this session leaves the attribution out, or None where it records it: it explains changed verdicts, so
+    it is taken where one may be explained (a gate, a comparison, an A/B run, a run saved to become a baseline, or
+    its tables asked for) and where asked, and left out of a plain run (``make bench``), which explains nothing."""
+    if config.getoption("--trainbench-no-attribution"):
+        if config.getoption("--trainbench-attribution"):
+            raise usage_error("--trainbench-attribution and --trainbench-no-attribution contradict each other")
+        return "--trainbench-no-attribution"
+    explained = ("--trainbench-attribution", "--trainbench-attribution-json", "--trainbench-compare-fail",
+                 "--trainbench-ab", "benchmark_compare", "benchmark_save", "benchmark_autosave")
+    if any(config.getoption(option, None) for option in explained):
+        return None
+    return ("a plain run explains no verdict, so the attribution (where ops, time and memory go) was not taken; "
+            "--trainbench-attribution, a gate, a comparison, an A/B run or --benchmark-save take it")
 
 
 def _simulated_gpu(config, ab: bool, gated: bool):
@@ -297,6 +322,14 @@ def _quick(config) -> bool:
     return True
 
 
+def least_ab_pairs() -> int:
+    """The fewest ABBA pairs whose first look can claim anything (its pairs measured again while inconclusive)."""
+    from trainbench.core.stats import least_rounds
+    from trainbench.verdicts.ab import MAX_PAIRS_FACTOR
+
+    return least_rounds("paired", MAX_PAIRS_FACTOR)
+
+
 def _ab_options(config) -> ABOptions | None:
     """--trainbench-ab's two environments, or None; options that contradict an A/B run are usage errors."""
     head = config.getoption("--trainbench-ab")
@@ -314,8 +347,10 @@ def _ab_options(config) -> ABOptions | None:
                               "within itself and is neither saved as a baseline nor compared with one "
                               "(--trainbench-compare-json writes its verdict)")
     pairs = AB_PAIRS if pairs is None else pairs
-    if pairs < 3:
-        raise usage_error(f"--trainbench-ab-pairs must be >= 3 (a sign test needs pairs), got {pairs}")
+    least = least_ab_pairs()
+    if pairs < least:
+        raise usage_error(f"--trainbench-ab-pairs must be >= {least} (fewer pairs cannot place a change in a 95% "
+                          f"interval at the first look), got {pairs}")
     for name, python in (("--trainbench-ab", head), ("--trainbench-ab-base", base)):
         if python is not None:
             _check_python(name, python)
@@ -383,7 +418,7 @@ def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
 def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
     from trainbench.core.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
-    from trainbench.core.stats import MIN_ROUNDS
+    from trainbench.core.stats import least_rounds, planned_looks
 
     given = config.getoption("--trainbench-compare-fail")  # each time it is given: they add up
     try:
@@ -400,10 +435,11 @@ def _gate_options(config, ab: bool = False):
     rounds = config.getoption("--trainbench-rounds")
     timed = sorted(metric for metric in gate or {} if is_timed(metric))
     # never judged: it read "3 baseline and 2 current rounds" (an A/B run is judged by its pairs, not these rounds)
-    if timed and not ab and rounds is not None and rounds < MIN_ROUNDS:
+    least = least_rounds("unpaired", planned_looks(1, _remeasure_s(config), gated=True))
+    if timed and not ab and rounds is not None and rounds < least:
         raise usage_error(f"--trainbench-rounds={rounds} with --trainbench-compare-fail on {', '.join(timed)}: a timed "
-                          f"comparison needs at least {MIN_ROUNDS} rounds a side; expected --trainbench-rounds >= "
-                          f"{MIN_ROUNDS} (or gate only deterministic metrics)")
+                          f"comparison's 95% interval cannot place a change with fewer than {least} rounds a side; "
+                          f"expected --trainbench-rounds >= {least} (or gate only deterministic metrics)")
     if gate is not None and not ab and not config.getoption("benchmark_compare", None):
         raise usage_error("--trainbench-compare-fail gates a comparison, but no --benchmark-compare was given: add "
                           "--benchmark-compare (the latest saved run of this device) or --benchmark-compare=NNNN")

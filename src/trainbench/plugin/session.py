@@ -276,12 +276,16 @@ class TrainbenchSession:
             o = self.options
             name = self.backend.profile_name if o.profile_name == "auto" else o.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
-            predictions = None
+            from trainbench.core.predict import PredictionCache
+
+            # kept across sessions in pytest's cache, keyed by the spec's and trainbench's code and torch's version
+            kept = Path(o.pytest_cache.mkdir("trainbench")) / "predictions.json" if o.pytest_cache else None
             if o.simulate_gpu is not None:  # no tensor can be made on it: its memory gate predicts on the CPU
-                from trainbench.core.predict import PredictionCache
                 from trainbench.devices.simulated import prediction_backend
 
-                predictions = PredictionCache(prediction_backend())
+                predictions = PredictionCache(prediction_backend(), kept)
+            else:
+                predictions = PredictionCache(self.backend, kept)
             self._runner = Runner(self.backend, PROFILES[name], settings, o.fault, o.require_budgets,
                                   predict=o.predict_memory, strict_timing=o.strict_timing, trace=o.trace,
                                   remeasure_s=o.remeasure_s, predictions=predictions, pair_baselines=o.pair_baselines,

@@ -31,6 +31,8 @@ def write_summary(terminalreporter, state) -> None:
         terminalreporter.write_line(f"{INCONCLUSIVE} {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
     write_terminal(terminalreporter, [Section(lines=tuple(vs_base_lines(records)))])
+    if records and state.options.attribution_left_out and not state.options.quick:
+        terminalreporter.write_line(f"attribution: not taken ({state.options.attribution_left_out})")
     for line, failed in _prediction_lines(records):
         terminalreporter.write_line(line, yellow=failed)
     for r in records:

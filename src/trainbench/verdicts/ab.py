@@ -6,7 +6,7 @@ is what both sides build (``plan_case``), the order of their rounds and the comp
 sides build the same setup (same recipe, spec, seeds and data), warm up, and then their timed rounds
 alternate on the same device in ABBA order (base, head, head, base, ...), so a slow spell of the machine
 falls on both sides. Round i of each side forms a pair; the per-pair ratios head/base are the sample.
-Their median, a 95% bootstrap interval and one-sided sign tests decide the timed verdict by the gate's
+Their median, its exact 95% interval and one-sided signed-rank tests decide the timed verdict by the gate's
 rule (``stats.judge_change``: *unchanged* only when the interval lies inside the threshold), and an
 inconclusive one is measured again with more pairs, up to a time budget;
 deterministic metrics (memory breakdown, FLOPs, bytes, ops, syncs) compare exactly, and any other
@@ -15,7 +15,7 @@ steps. The verdict is the gate's (``trainbench.verdicts.gate.Verdict``), with bo
 
 After the timed rounds both sides profile a few steps in the same ABBA order (``ATTRIBUTION_PAIRS``), so a
 regressed or improved timed metric is explained pair by pair: the ops (and kernels) whose self time changed,
-each with a bootstrap interval over the pairs, and none whose change is within noise
+each with an exact interval over the pairs, and none whose change is within noise
 (``trainbench.verdicts.explain``); a deterministic change is explained from both sides' whole tables.
 """
 
@@ -30,7 +30,15 @@ from pathlib import Path
 
 from trainbench.core.metrics import METRICS, is_timed, parse_thresholds, per_round, rounds_of, timed_metrics
 from trainbench.core.result import CaseRecord, Result, case_record
-from trainbench.core.stats import judge_change, median_change, median_interval, sign_tests
+from trainbench.core.stats import (
+    change_interval,
+    judge_change,
+    level,
+    look_alpha,
+    median_change,
+    signed_rank_tests,
+    too_few_rounds,
+)
 from trainbench.devices.environment import environment_differences
 from trainbench.verdicts.ab_transport import Side, SideError, start
 from trainbench.verdicts.compare import DEFAULT_ALPHA, compare_case
@@ -45,7 +53,7 @@ MAX_PAIRS_FACTOR = 8
 # round in a row was up to 15% faster than the other, and per-run median ratios spread 0.89-1.06.
 REWARM_STEPS = 1
 # Profiled steps per side after the timed rounds, one per pair in ABBA order like the rounds: a timed change is
-# attributed to ops (and kernels) pair by pair, each row's change with a bootstrap interval over the pairs.
+# attributed to ops (and kernels) pair by pair, each row's change with an exact interval over the pairs.
 ATTRIBUTION_PAIRS = 6
 
 
@@ -142,20 +150,22 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
     # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
     paired = {m: thresholds[m] for m in timed_metrics() if m in thresholds} or DEFAULT_PAIRED
     rounds = _alternate(base, head, pairs, [])
+    # Each look at the pairs spends its share of the error (stats.look_alpha): as many looks as may be made
+    looks = MAX_PAIRS_FACTOR if remeasure_s > 0 else 1
     started = time.monotonic()
     verdicts = None  # the timed verdicts over the rounds so far, once asked for
     while remeasure_s > 0 and len(rounds) < MAX_PAIRS_FACTOR * pairs and time.monotonic() - started < remeasure_s:
-        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha)
+        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha, pairs, looks)
         if "inconclusive" not in verdicts:
             break
         rounds, verdicts = _alternate(base, head, pairs, rounds), None
     # Never between the timed rounds: a profiled step is slower than the step it watches. Only where a timed
     # verdict changed: the pairs explain a change, and an unchanged case (most of a nightly) needs none.
     if attributed and verdicts is None:
-        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha)
+        verdicts = _timed_verdicts(base, head, case.case, rounds, paired, alpha, pairs, looks)
     changed = attributed and {"regressed", "improved"} & set(verdicts)
     profiled = _profile_pairs(base, head, ATTRIBUTION_PAIRS) if changed else None
-    results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds)
+    results = {side.label: _paired(Result.from_dict(side.call("finish")["result"]), side.label, rounds, pairs, looks)
                for side in (base, head)}  # one at a time
     for side in (base, head):  # a side whose training diverged measured nothing worth comparing
         loss = results[side.label].final_loss
@@ -206,10 +216,11 @@ def _alternate(base: Side, head: Side, pairs: int, rounds: list[dict]) -> list[d
     return rounds
 
 
-def _timed_verdicts(base: Side, head: Side, case: str, rounds: list[dict], paired: dict[str, float], alpha: float
-                    ) -> list[str]:
+def _timed_verdicts(base: Side, head: Side, case: str, rounds: list[dict], paired: dict[str, float], alpha: float,
+                    pairs: int, looks: int) -> list[str]:
     """The verdicts of the pair-by-pair metrics over the rounds so far (each side's result as it stands)."""
-    provisional = {side.label: _paired(Result.from_dict(side.call("snapshot")["result"]), side.label, rounds)
+    provisional = {side.label: _paired(Result.from_dict(side.call("snapshot")["result"]), side.label, rounds, pairs,
+                                       looks)
                    for side in (base, head)}
     return [paired_comparison(case, m, provisional["base"], provisional["head"], t, alpha).verdict
             for m, t in paired.items()]
@@ -249,11 +260,13 @@ def _steps(profiled: list[dict], key: str) -> dict[str, list[float]]:
     return {row: [ms for p in profiled for ms in p[key].get(row, [0.0] * len(p["wall_ms"]))] for row in rows}
 
 
-def _paired(result: Result, label: str, rounds: list[dict]) -> Result:
-    """A side's result with its rounds as the pairs ran (its own list may hold rounds no pair has)."""
+def _paired(result: Result, label: str, rounds: list[dict], pairs: int, planned_looks: int) -> Result:
+    """A side's result with its rounds as the pairs ran (its own list may hold rounds no pair has), and the look
+    they are: ``pairs`` more at each look, of ``planned_looks``."""
     cpu = [r[label].get("cpu_time_s") for r in rounds]
     return result.replace(round_step_times_s=[r[label]["step_time_s"] for r in rounds],
-                          round_cpu_times_s=cpu if all(t is not None for t in cpu) else [])
+                          round_cpu_times_s=cpu if all(t is not None for t in cpu) else [],
+                          looks=max(1, -(-len(rounds) // pairs)), planned_looks=planned_looks)
 
 
 def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str, float]) -> dict[str, float]:
@@ -269,8 +282,10 @@ def ab_thresholds(command_line: dict[str, float] | None, budgets_file: dict[str,
 
 def paired_comparison(case: str, metric: str, base: Result, head: Result, threshold: float,
                       alpha: float = DEFAULT_ALPHA) -> MetricComparison:
-    """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its 95% bootstrap
-    interval and one-sided sign tests, judged by the gate's rule (``stats.judge_change``)."""
+    """A timed metric compared pair by pair: the median of head/base over the ABBA pairs, its exact interval and
+    one-sided signed-rank tests (``stats.change_interval``, at the share of the error ``head``'s look may spend:
+    more pairs measured while a verdict was inconclusive are a later look), judged by the gate's rule
+    (``stats.judge_change``)."""
     base_values = per_round(metric, base.metrics()[metric], rounds_of(metric, base))
     head_values = per_round(metric, head.metrics()[metric], rounds_of(metric, head))
     if not base_values or not head_values:  # not measured on a side (MFU off a known GPU): nothing to compare
@@ -282,12 +297,17 @@ def paired_comparison(case: str, metric: str, base: Result, head: Result, thresh
                                 threshold, "missing", reason=f"a non-finite or non-positive {metric} in a round of a side")
     change = median_change(head_values, base_values, paired=True) - 1.0
     higher_is_better = METRICS[metric].higher_is_better
-    ci = median_interval(head_values, base_values, paired=True)
-    p_worse, p_better = sign_tests(ratios, higher_is_better)
-    verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha)
-    p = p_worse if is_worse(change, higher_is_better) else p_better  # the sign test in the direction of the change
+    alpha_side = look_alpha(head.looks, head.planned_looks)
+    few = too_few_rounds(head_values, base_values, True, alpha_side)
+    if few:
+        return MetricComparison(case, metric, statistics.median(base_values), statistics.median(head_values), change,
+                                threshold, "inconclusive", reason=few.replace("--trainbench-rounds", "--pairs"))
+    ci = change_interval(head_values, base_values, paired=True, alpha_side=alpha_side)
+    p_worse, p_better = signed_rank_tests(ratios, higher_is_better)
+    verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha, alpha_side=alpha_side)
+    p = p_worse if is_worse(change, higher_is_better) else p_better  # the test in the direction of the change
     return MetricComparison(case, metric, statistics.median(base_values), statistics.median(head_values), change,
-                            threshold, verdict, p, ci, reason)
+                            threshold, verdict, p, ci, reason, ci_level=level(alpha_side))
 
 
 def verdict(outcomes: list[ABOutcome], identities: dict, gated: bool, allow_inconclusive: bool = False) -> Verdict:

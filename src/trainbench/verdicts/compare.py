@@ -5,7 +5,8 @@ present in both runs and each gated metric:
 
 - **timed metrics** read round by round (samples/s, step time, CPU time, TFLOP/s, MFU: ``metrics.per_round``)
   are compared over the rounds of both runs: the change of the medians, a one-sided Mann-Whitney U test
-  that the current rounds are worse (better), and a bootstrap confidence interval of the ratio, judged by
+  that the current rounds are worse (better), and the exact interval of the ratio that test gives
+  (``stats.change_interval``, at the share of the error the current run's look may spend), judged by
   ``stats.judge_change`` (the rule A/B and timed budgets use too): *unchanged* only when the interval lies inside the
   threshold, *regressed*/*improved* when it lies beyond it, the test is significant and neither run was
   measured on a busy machine (``trainbench.core.stats``); otherwise *inconclusive*, with the reason;
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from trainbench.core.metrics import METRICS, TIMED, deterministic_metrics, parse_thresholds
 from trainbench.core.result import CaseRecord, MeasuredCase, RecordError
-from trainbench.core.stats import MIN_ROUNDS, busy_reason, judge_change, median_interval, rank_tests
+from trainbench.core.stats import busy_reason, change_interval, judge_change, level, rank_tests, too_few_rounds
 from trainbench.devices.environment import environment_differences
 from trainbench.verdicts.explain import moved_rows
 from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
@@ -62,20 +63,23 @@ def _compare_metric(current: CaseRecord, baseline: CaseRecord, metric: str, thre
     change = (cur - base) / abs(base) if base else (0.0 if cur == base else math.copysign(math.inf, cur - base))
     if METRICS[metric].kind == TIMED:  # read round by round, judged by the interval of the change
         cur_rounds, base_rounds = current.per_round(metric), baseline.per_round(metric)
-        if len(cur_rounds) < MIN_ROUNDS or len(base_rounds) < MIN_ROUNDS:
-            return MetricComparison(current.case, metric, base, cur, change, threshold, "inconclusive", reason=(
-                f"{len(base_rounds)} baseline and {len(cur_rounds)} current rounds: at least {MIN_ROUNDS} each are "
-                "needed to place the change"))
+        alpha_side = current.look_alpha  # this look's share of the error (measured again: a smaller one)
+        few = too_few_rounds(cur_rounds, base_rounds, False, alpha_side)
+        if few:
+            return MetricComparison(current.case, metric, base, cur, change, threshold, "inconclusive",
+                                    reason=f"{len(base_rounds)} baseline and {len(cur_rounds)} current rounds: {few}")
         p_worse, p_better = rank_tests(cur_rounds, base_rounds, higher_is_better)
-        ci = median_interval(cur_rounds, base_rounds, paired=False)
+        ci = change_interval(cur_rounds, base_rounds, paired=False, alpha_side=alpha_side)
         # A busy run is slower than its code: a loaded current run cannot show a regression, a loaded baseline
         # cannot show an improvement.
         worse = is_worse(change, higher_is_better)
         busy = busy_reason((current if worse else baseline).machine_load)
         doubts = (busy,) if busy else ()
-        verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha, doubts)
+        verdict, reason = judge_change(ci, p_worse, p_better, threshold, higher_is_better, alpha, doubts,
+                                       alpha_side=alpha_side)
         p = p_worse if worse else p_better  # the test in the direction of the change
-        return MetricComparison(current.case, metric, base, cur, change, threshold, verdict, p, ci, reason)
+        return MetricComparison(current.case, metric, base, cur, change, threshold, verdict, p, ci, reason,
+                                ci_level=level(alpha_side))
     worse = -change if higher_is_better else change  # > 0: worse
     slack = max(threshold, EXACT)
     verdict = "regressed" if worse > slack else "improved" if -worse > slack else "unchanged"

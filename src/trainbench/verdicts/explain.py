@@ -8,7 +8,7 @@ sides' rows:
   part of the table's total change it makes;
 - timed tables (self time per profiled step) carry an interval: the change of a row is the difference of
   the sides' medians (independent profiled steps: two saved runs) or the median of per-pair differences
-  (A/B, whose profiled steps alternate like its rounds), with a 95% bootstrap interval; a row whose
+  (A/B, whose profiled steps alternate like its rounds), with its exact 95% interval; a row whose
   interval holds zero changed within noise and is not named.
 
 Causes are named in the direction of the table's total change, largest first, with their share of it.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from trainbench.core.attribution import OTHER
 from trainbench.core.metrics import METRICS
-from trainbench.core.stats import beyond_noise, median_change, median_interval, side_of
+from trainbench.core.stats import beyond_noise, change_interval, median_change, side_of
 from trainbench.verdicts.render import number
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict
@@ -168,7 +168,7 @@ def _check_shown(base: dict, cur: dict, scale: float, paired: bool, slower: bool
     paired = paired and n_base == n_cur
     base_total, cur_total = _totals(series)
     total = median_change(cur_total, base_total, paired, relative=False)
-    ci = median_interval(cur_total, base_total, paired, relative=False)
+    ci = change_interval(cur_total, base_total, paired, relative=False)
     step_change = rounds_change_ms(rounds_s, paired)
     moved = (f"their time moved {number(total, '+.3g')} ms/step"
              + (f" (95% CI {number(ci[0], '+.3g')}..{number(ci[1], '+.3g')})" if ci else "") + f", {min(n_base, n_cur)} a side"
@@ -203,7 +203,7 @@ def _timed_causes(path: str, base: dict, cur: dict, scale: float, paired: bool) 
     for row, change in changes.items():
         if total and abs(change) >= MIN_SHARE * abs(total):  # only rows that could be named get an interval
             b, c = series[row]
-            intervals[row] = median_interval(c, b, paired, relative=False)
+            intervals[row] = change_interval(c, b, paired, relative=False)
     return _named(path, changes, total, intervals, samples=min(n_base, n_cur))
 
 
@@ -264,7 +264,7 @@ def _moved(path: str, base: dict, cur: dict, paired: bool, wanted=bool) -> list[
     changes = {row: median_change(c, b, paired, relative=False) for row, (b, c) in series.items()}
     rows = sorted((row for row, change in changes.items() if change and wanted(change)),
                   key=lambda row: (-abs(changes[row]), row))
-    return [Cause(path, row, changes[row], None, median_interval(series[row][1], series[row][0], paired, relative=False),
+    return [Cause(path, row, changes[row], None, change_interval(series[row][1], series[row][0], paired, relative=False),
                   min(n_base, n_cur)) for row in rows]
 
 

@@ -43,13 +43,14 @@ class MetricComparison:
     threshold: float
     verdict: str  # one of OUTCOMES
     p_value: float | None = None  # one-sided test in the direction of the change
-    ci: tuple[float, float] | None = None  # 95% bootstrap interval of current / baseline
+    ci: tuple[float, float] | None = None  # the exact interval of current / baseline (``stats.change_interval``)
     reason: str | None = None  # why inconclusive
     # A regressed or improved verdict's "where": the attribution rows that account for the change
     # (``trainbench.verdicts.explain.explanation``), a line each, and those rows (``Cause.to_json``), by which the
     # report groups the changes that one cause made
     explanation: tuple[str, ...] = ()
     causes: tuple[dict, ...] = ()
+    ci_level: str = "95%"  # the interval's confidence: higher at a later look (``stats.level``)
 
     @property
     def unit(self) -> str:
@@ -65,7 +66,7 @@ class MetricComparison:
             side = "the baseline run" if self.baseline is None else "this run"
             return (f"{self.case} {self.metric}: " + (self.reason or f"not measured in {side}") + f" (baseline "
                     f"{number(self.baseline)}, now {number(self.current)}): nothing to compare")
-        stats = f", 95% CI {interval(self.ci)}, p={self.p_value:.3g}" if self.ci is not None else ""
+        stats = f", {self.ci_level} CI {interval(self.ci)}, p={self.p_value:.3g}" if self.ci is not None else ""
         return (f"{self.case} {self.metric}: {number(self.baseline)} -> {number(self.current)} {self.unit} "
                 f"({change(self.change)}{stats}) {self.verdict} (threshold {self.threshold:.1%})"
                 + (f": {self.reason}" if self.reason else ""))

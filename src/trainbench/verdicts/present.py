@@ -120,7 +120,14 @@ _COLUMNS = (Column("case", left=True), Column("metric", left=True), Column("base
 def comparison_table(comparisons: list[dict]) -> Table:
     """A comparison per row, from its JSON form (``MetricComparison.to_json``, or a verdict file's)."""
     return Table(_COLUMNS, tuple((c["case"], c["metric"], number(c.get("baseline")), number(c.get("current")),
-                                  change(c.get("change")), interval(c.get("ci")), c["verdict"]) for c in comparisons))
+                                  change(c.get("change")), _ci_cell(c), c["verdict"]) for c in comparisons))
+
+
+def _ci_cell(comparison: dict) -> str:
+    """The interval, with its confidence where a later look made it other than the 95% the column says
+    (``stats.look_alpha``)."""
+    level = comparison.get("ci_level") or "95%"
+    return interval(comparison.get("ci")) + (f" ({level})" if comparison.get("ci") and level != "95%" else "")
 
 
 def verdict_table(comparisons) -> list[str]:
