@@ -70,8 +70,8 @@ class MeasureSettings:
     max_warmup_steps: int = 30
     steady_window: int = 3
     steady_tolerance: float = 0.10
-    rounds: int = 8  # the fewest whose paired interval decides at a first look of two (stats.least_rounds), and one more
-    steps_per_round: int = 2  # more rounds of fewer steps serve the interval better than the reverse
+    rounds: int = 10  # a first look of two decides from 7 pairs (stats.least_rounds); 10 leave room for a dropped one
+    steps_per_round: int = 1  # on CPU, more rounds of fewer steps serve the interval better than the reverse
     memory_steps: int = 2
     breakdown: bool = True  # MemTracker pass
     work: bool = True  # FLOP / op / sync pass
