@@ -215,3 +215,22 @@ def test_the_coverage_check_catches_an_interval_that_claims_too_much(monkeypatch
     monkeypatch.setattr("trainbench.core.error_rates.change_interval", narrowed)
     cell = simulate("ab", 8, 150, lognormal_noise, "lognormal", seed=7)
     assert cell.worst() > 0.05
+
+
+def test_the_error_rates_command_writes_its_table_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    import json
+
+    from trainbench.cli import main
+
+    out = tmp_path / "rates"
+    assert main(["error-rates", "--trials", "100", "--rounds", "least,8", "--looks", "1", "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "| ab | lognormal | 6 | 1 | regressed" in table and "| gate | lognormal | 4 | 1 |" in table
+    assert table.rstrip().splitlines()[-1].startswith("worst wrong-claim rate ")
+    cells = json.loads((out / "cells.json").read_text())
+    assert {c["design"] for c in cells} == {"budget_paired", "budget_absolute", "gate", "ab"}
+    assert capsys.readouterr().out.startswith("worst wrong-claim rate ")
+    assert main(["error-rates", "--rounds", "0"]) == 2
+    assert capsys.readouterr().err == "trainbench error-rates: --rounds='0': expected numbers >= 1\n"
+    assert main(["error-rates", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.startswith("trainbench error-rates: ")
