@@ -8,7 +8,7 @@ import torch
 
 from trainbench.core import training as training_module
 from trainbench.core.costs import case_ledger
-from trainbench.core.measure import REWARM_STEPS, Measurer, MeasureSettings, _OpCounter, run_rounds
+from trainbench.core.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
 from trainbench.core.recipes import TrainConfig, get_recipe
 from trainbench.core.result import MIB
 from trainbench.core.training import TrainingSetup
@@ -556,23 +556,13 @@ def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, 
 
 def test_a_first_time_baselines_warm_up_round_takes_the_cases_round_beside_it(training):
     settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, rounds=3, steps_per_round=3)
-    # the baseline: its minimum, its rewarm step (measure.REWARM_STEPS), then a slow first round; the case steady
-    base_steps = [0.05, 0.01, 0.01, 0.01] + [0.01] * REWARM_STEPS + [0.02] * 3 + [0.01] * 30
+    # the baseline: its minimum, 3 rewarm steps, then a slow first round; the case steady throughout
+    base_steps = [0.05, 0.01, 0.01, 0.01] + [0.01] * 3 + [0.02] * 3 + [0.01] * 30
     case, base = _interleaved_on_a_virtual_clock(training, settings, [0.05] + [0.01] * 40, base_steps,
                                                  base_in_rounds=True)
     assert base.result.round_step_times_s == pytest.approx([0.01] * 3) and base.result.warmup_steps == 7
     assert case.result.rounds == 3 and case.result.warmup_steps == 7  # its minimum and the round dropped beside
     assert any("1 round dropped beside its baseline's, which were warm-up" in n for n in case.result.notes)
-
-
-def test_a_baseline_settled_earlier_gets_one_step_back_and_a_first_round_still_cold_goes_with_its_pair(training):
-    settings = MeasureSettings(min_warmup_steps=4, max_warmup_steps=12, steady_window=3, rounds=3, steps_per_round=3)
-    # the baseline settled earlier (7 steps: two windows of 3 agree); then its rewarm step and a first round that is
-    # still cold (its caches evicted by the case's warm-up), then steady
-    base_steps = [0.05] + [0.01] * 6 + [0.01] * REWARM_STEPS + [0.02] * 3 + [0.01] * 30
-    case, base = _interleaved_on_a_virtual_clock(training, settings, [0.05] + [0.01] * 40, base_steps)
-    assert base.result.round_step_times_s == pytest.approx([0.01] * 3)
-    assert case.result.rounds == base.result.rounds == 3  # the cold pair went from both sides: still paired
 
 
 @pytest.mark.parametrize("case_rounds, warmup_steps, steady, kept", [

@@ -97,9 +97,6 @@ DEFAULT_SETTINGS = {
 }
 
 
-# Untimed steps that bring a setup warmed earlier in the session back (its caches, its threads) before its rounds;
-# its first round is judged as warm-up still or not. One was enough between A/B's rounds (verdicts.ab.REWARM_STEPS).
-REWARM_STEPS = 1
 GROWTH_STEPS = 2  # steps after the first over which live memory growth is measured (x log_every)
 
 
@@ -988,14 +985,10 @@ class Measurer:
             self._set(attribution={**(self.result.attribution or {}), **tables})
 
     def rewarm(self) -> None:
-        """``REWARM_STEPS`` untimed steps for a setup that settled earlier in the session, after other work ran in
-        between (another setup's warm-up, the passes); its first timed round is then judged by the warm-up's rule
-        (``round_is_warm_up``), as a setup warmed up in its rounds is: a round still cold goes, with its pair."""
+        """A few untimed steps after other work ran in between (another setup's warm-up, the passes)."""
         with spent("warm-up", self.baseline):
-            for _ in range(REWARM_STEPS):
+            for _ in range(self.settings.min_warmup_steps):
                 self.timed_step()
-        s = self.settings
-        self._settling_in_rounds = s.rounds >= 2 and not s.fixed_warmup and s.max_warmup_steps > s.min_warmup_steps
 
     # The fields the memory and work passes fill: exact functions of code and shapes (allocator
     # peaks nearly so), the same whenever the same setup is measured in one process.
