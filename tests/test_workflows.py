@@ -103,8 +103,11 @@ def test_a_pull_request_judges_timing_paired_against_its_merge_base_in_a_cached_
     assert "github.event_name == 'pull_request'" in steps[base]["if"]
     assert steps[base]["env"]["UPSTREAM"] == "origin/${{ github.base_ref }}"
     assert ".ci/ab-base base" in steps[base]["run"] and "make -s ab-base-key" in steps[base]["run"]
-    cache = next(i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("actions/cache"))
-    assert steps[cache]["with"]["path"] == ".trainbench-base/venv"
+    caches = [i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("actions/cache")]
+    cache = next(i for i in caches if steps[i]["with"]["path"] == ".trainbench-base/venv")
+    # the memory predictions of earlier runs restored before the suite (each entry keyed by the code it came from)
+    predictions = next(i for i in caches if steps[i]["with"]["path"] == ".pytest_cache/d/trainbench")
+    assert predictions < suite and "restore-keys" in steps[predictions]["with"]
     assert "${{ steps.base.outputs.key }}" in steps[cache]["with"]["key"]
     ab = next(i for i, s in enumerate(steps) if s.get("run", "").strip() == "make ab-base")
     assert steps[ab]["env"]["BASE"] == "${{ steps.base.outputs.sha }}" and "step_time_ms" in steps[ab]["env"]["AB_FAIL"]
