@@ -234,3 +234,13 @@ def test_the_error_rates_command_writes_its_table_and_refuses_bad_input_in_one_l
     assert capsys.readouterr().err == "trainbench error-rates: --rounds='0': expected numbers >= 1\n"
     assert main(["error-rates", str(tmp_path / "missing.json")]) == 2
     assert capsys.readouterr().err.startswith("trainbench error-rates: ")
+
+
+def test_uneven_sides_are_judged_by_their_own_exact_test():
+    from trainbench.core.stats import too_few_rounds
+
+    # 3 rounds against 10: 1 / C(13, 3) = 1/286 of the orderings is as extreme: an interval exists
+    assert too_few_rounds([1.0] * 3, [1.0] * 10, paired=False) is None
+    assert change_interval([1.1, 1.2, 1.3], [1.0 + i / 100 for i in range(10)], paired=False) is not None
+    # 2 against 3: 1/10 is not rare enough at 2.5%
+    assert too_few_rounds([1.0] * 2, [1.0] * 3, paired=False).startswith("2 rounds a side cannot place a change")

@@ -235,15 +235,20 @@ def design(current: list[float], baseline: list[float] | None, paired: bool) -> 
 
 def too_few_rounds(current: list[float], baseline: list[float] | None, paired: bool,
                    alpha_side: float = ALPHA_SIDE) -> str | None:
-    """Why these rounds cannot give an interval at ``alpha_side`` a side however they fall, or None."""
+    """Why these rounds cannot give an interval at ``alpha_side`` a side however they fall, or None: the exact
+    test's most extreme outcome is itself more likely than ``alpha_side`` under no change."""
     kind = design(current, baseline, paired)
-    need = rounds_needed(kind, alpha_side)
-    have = min(len(current), len(baseline)) if baseline is not None else len(current)
-    if have >= need and change_interval(current, baseline, kind == "paired", alpha_side=alpha_side) is not None:
+    n = len(current)
+    if kind == "unpaired":
+        most_extreme = _rank_sum_cdf(n, len(baseline))[0] if n and baseline else 1.0
+    else:
+        most_extreme = _signed_rank_cdf(n)[0] if kind == "paired" else 0.5 ** n
+    if most_extreme <= alpha_side:
         return None
     counted = {"paired": "pairs of rounds", "unpaired": "rounds a side", "single": "rounds"}[kind]
-    return (f"{have} {counted} cannot place a change at {level(alpha_side)} however they fall: at least {need} are "
-            "needed (--trainbench-rounds)") if have < need else None
+    have = min(n, len(baseline)) if kind == "unpaired" else n
+    return (f"{have} {counted} cannot place a change at {level(alpha_side)} however they fall: at least "
+            f"{rounds_needed(kind, alpha_side)} are needed (--trainbench-rounds)")
 
 
 def judge_change(ci: tuple[float, float] | None, p_worse: float, p_better: float, threshold: float,
