@@ -190,9 +190,10 @@ def test_every_accepted_round_count_claims_wrongly_at_most_as_often_as_its_inter
     error at these trials); the full table is results/error-rates/."""
     from trainbench.core.error_rates import DESIGNS, error_rates, lognormal_noise
 
-    cells = error_rates([None, 10, 15], trials=150, noises={"lognormal": lognormal_noise}, designs=DESIGNS,
+    # 300 trials a cell: a true 2.5% reads above 5% about once in 250 cells; over seeds 1-7 the worst cell read 3.3%
+    cells = error_rates([None, 10], trials=300, noises={"lognormal": lognormal_noise}, designs=DESIGNS,
                         looks=(1, 2), seed=7)
-    assert len(cells) == 4 * 2 * 3
+    assert len(cells) == 4 * 2 * 2
     worst = max(cells, key=lambda c: c.worst())
     assert worst.worst() <= 0.05, worst.as_dict()
 
