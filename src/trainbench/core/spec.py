@@ -267,7 +267,6 @@ def unsplittable(batch: Batch, samples: int) -> str | None:
 _CODE_FIELDS = ("model", "loss_fn", "step", "optimizer", "optimizers", "batches", "dataset", "collate_fn")
 
 
-@functools.lru_cache(maxsize=256)
 @functools.lru_cache(maxsize=1)
 def _trainbench_digest() -> str:
     """trainbench's version and a digest of its own source files: a prediction kept across sessions (a user's
@@ -286,10 +285,11 @@ def _trainbench_digest() -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=256)
 def code_fingerprint(spec: TrainingSpec) -> str | None:
     """A digest of the files holding the spec's code (its model, loss or step, optimizer(s) and data factories, as
-    their source files read now) and of trainbench's version and source: the key under which a prediction made from this spec
-    may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
+    their source files read now) and of trainbench's version and source: the key under which a prediction made
+    from this spec may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
     predictions kept from before the edit is never read as this code's. None where a file cannot be read: then
     nothing is shared."""
     import hashlib

@@ -92,14 +92,20 @@ def _order_rank(cdf: tuple[float, ...], alpha_side: float) -> int:
     return bisect.bisect_right(cdf, alpha_side * (1 + 1e-12))
 
 
+def _most_extreme(kind: str, n: int, m: int | None = None) -> float:
+    """The chance under no change of the exact test's most extreme outcome for ``n`` rounds (against ``m`` for
+    "unpaired"): no interval at a smaller error a side exists, however the rounds fall."""
+    if kind == "unpaired":
+        return _rank_sum_cdf(n, m)[0] if n and m else 1.0
+    return _signed_rank_cdf(n)[0] if kind == "paired" else 0.5 ** n
+
+
 def rounds_needed(design: str, alpha_side: float = ALPHA_SIDE) -> int:
     """The fewest rounds a side (pairs for "paired") from which ``change_interval`` can exclude a change at
     ``alpha_side`` a side: "paired" (signed ranks, 2^-n), "unpaired" (rank sums of n against n, 1/C(2n, n)) or
     "single" (the median of one side's rounds against a limit, sign test, 2^-n)."""
     for n in range(1, 64):
-        cdf = _rank_sum_cdf(n, n) if design == "unpaired" else _signed_rank_cdf(n) if design == "paired" else None
-        first = cdf[0] if cdf is not None else 0.5 ** n
-        if first <= alpha_side:
+        if _most_extreme(design, n, n) <= alpha_side:
             return n
     raise ValueError(f"no round count up to 63 reaches {alpha_side}")
 
@@ -137,7 +143,7 @@ def change_interval(current: list[float], baseline: list[float] | None, paired: 
     if not np.isfinite(cur).all() or (base is not None and not np.isfinite(base).all()):
         return None
     if base is None:
-        values, cdf = np.sort(cur), None
+        values = np.sort(cur)
         n = len(values)
         from scipy import stats
 
@@ -239,11 +245,7 @@ def too_few_rounds(current: list[float], baseline: list[float] | None, paired: b
     test's most extreme outcome is itself more likely than ``alpha_side`` under no change."""
     kind = design(current, baseline, paired)
     n = len(current)
-    if kind == "unpaired":
-        most_extreme = _rank_sum_cdf(n, len(baseline))[0] if n and baseline else 1.0
-    else:
-        most_extreme = _signed_rank_cdf(n)[0] if kind == "paired" else 0.5 ** n
-    if most_extreme <= alpha_side:
+    if _most_extreme(kind, n, len(baseline or [])) <= alpha_side:
         return None
     counted = {"paired": "pairs of rounds", "unpaired": "rounds a side", "single": "rounds"}[kind]
     have = min(n, len(baseline)) if kind == "unpaired" else n

@@ -200,6 +200,7 @@ class Options:
     @classmethod
     def from_config(cls, config) -> Options:
         ab = _ab_options(config)
+        attribution_left_out = attribution_wanted(config)
         workers, index = _xdist_worker(config)
         compare_fail, fault = _gate_options(config, ab=ab is not None)
         _switch("TRAINBENCH_EXPECT_CUDA")  # checked at start-up; doctor.expects_cuda reads it beside the flag
@@ -214,8 +215,8 @@ class Options:
             quick=_quick(config),
             require_budgets=config.getoption("--trainbench-require-budgets"),
             strict_timing=config.getoption("--trainbench-strict-timing"),
-            settings_overrides=_settings_overrides(config),
-            attribution_left_out=attribution_wanted(config),
+            settings_overrides=_settings_overrides(config, attribution=attribution_left_out is None),
+            attribution_left_out=attribution_left_out,
             budgets_override=_budgets_override(config),
             compare_fail=compare_fail,
             compare_alpha=config.getoption("--trainbench-compare-alpha"),
@@ -243,7 +244,7 @@ def _optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
-def _settings_overrides(config) -> dict:
+def _settings_overrides(config, attribution: bool) -> dict:
     options = {"rounds": "--trainbench-rounds", "steps_per_round": "--trainbench-steps-per-round",
                "min_warmup_steps": "--trainbench-min-warmup"}
     overrides = {name: config.getoption(option) for name, option in options.items()}
@@ -254,7 +255,7 @@ def _settings_overrides(config) -> dict:
     if timeout is not None and not (timeout >= 0 and timeout != float("inf")):
         raise usage_error(f"--trainbench-timeout must be a number of seconds >= 0 (0: no limit), got {timeout}")
     overrides["no_progress_s"] = timeout
-    overrides["attribution"] = attribution_wanted(config) is None
+    overrides["attribution"] = attribution  # where a verdict may need it (``attribution_wanted``)
     return overrides
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from trainbench.core.metrics import METRICS
+from trainbench.core.stats import ALPHA_SIDE, level
 from trainbench.verdicts.explain import explained
 from trainbench.verdicts.render import change, interval, number
 
@@ -50,7 +51,7 @@ class MetricComparison:
     # report groups the changes that one cause made
     explanation: tuple[str, ...] = ()
     causes: tuple[dict, ...] = ()
-    ci_level: str = "95%"  # the interval's confidence: higher at a later look (``stats.level``)
+    ci_level: str = level(ALPHA_SIDE)  # the interval's confidence ("95%"): higher at a later look (``stats.level``)
 
     @property
     def unit(self) -> str:

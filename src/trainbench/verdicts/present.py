@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
-from trainbench.core.stats import busy_reason
+from trainbench.core.stats import ALPHA_SIDE, busy_reason, level
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, decision, fails_gate
 from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
@@ -126,8 +126,8 @@ def comparison_table(comparisons: list[dict]) -> Table:
 def _ci_cell(comparison: dict) -> str:
     """The interval, with its confidence where a later look made it other than the 95% the column says
     (``stats.look_alpha``)."""
-    level = comparison.get("ci_level") or "95%"
-    return interval(comparison.get("ci")) + (f" ({level})" if comparison.get("ci") and level != "95%" else "")
+    said, one_look = comparison.get("ci_level"), level(ALPHA_SIDE)
+    return interval(comparison.get("ci")) + (f" ({said})" if comparison.get("ci") and said not in (None, one_look) else "")
 
 
 def verdict_table(comparisons) -> list[str]:
