@@ -267,8 +267,8 @@ def attribution_wanted(config) -> str | None:
         if config.getoption("--trainbench-attribution"):
             raise usage_error("--trainbench-attribution and --trainbench-no-attribution contradict each other")
         return "--trainbench-no-attribution"
-    explained = ("--trainbench-attribution", "--trainbench-attribution-json", "--trainbench-compare-fail",
-                 "--trainbench-ab", "benchmark_compare", "benchmark_save", "benchmark_autosave")
+    explained = ("--trainbench-attribution", "--trainbench-attribution-json", "benchmark_compare",
+                 *(key for _, key in GATED_OR_KEPT))
     if any(config.getoption(option, None) for option in explained):
         return None
     return ("a plain run explains no verdict, so the attribution (where ops, time and memory go) was not taken; "
@@ -311,12 +311,17 @@ def _xdist_worker(config) -> tuple[int, int]:
             int(str(workerinput.get("workerid", "gw0")).removeprefix("gw") or 0))
 
 
+# The options under which a run is gated, A/B-compared or kept as a baseline (as said, as pytest keys them): what a
+# quick run may not be, and where the attribution is taken to explain a verdict.
+GATED_OR_KEPT = (("--trainbench-compare-fail", "--trainbench-compare-fail"), ("--trainbench-ab", "--trainbench-ab"),
+                 ("--benchmark-save", "benchmark_save"), ("--benchmark-autosave", "benchmark_autosave"))
+
+
 def _quick(config) -> bool:
     """--trainbench-quick, refused where what it skips would be compared or kept as a baseline."""
     if not config.getoption("--trainbench-quick"):
         return False
-    for option, key in (("--trainbench-compare-fail", "--trainbench-compare-fail"), ("--trainbench-ab", "--trainbench-ab"),
-                        ("--benchmark-save", "benchmark_save"), ("--benchmark-autosave", "benchmark_autosave")):
+    for option, key in GATED_OR_KEPT:
         if config.getoption(key, None):
             raise usage_error(f"--trainbench-quick with {option}: a quick run measures only what its budgets name, "
                               "so it can be neither gated, nor A/B-compared, nor kept as a baseline")
