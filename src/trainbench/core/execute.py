@@ -179,7 +179,7 @@ class Executor:
         except Exception as e:  # the spec's code or a library it calls: its own traceback, with what likely fixes it
             _add_hint(plan, e)
             raise
-        if self.predict and self._runs(plan, "predict"):  # fake tensors' limits are said (predict.unpredictable)
+        if self.predicts(plan):  # fake tensors' limits are said (predict.unpredictable)
             with spent("predict"), heap_frozen():  # fake tensors' dispatch makes many objects: see heap_frozen
                 predicted = self._predicted_memory(plan, outcome.result)
             outcome = self._revised(plan, outcome, predicted_memory=predicted)
@@ -475,11 +475,14 @@ class Executor:
             runs[c] = run if losses is None else replace(run, losses=losses)
         return runs
 
-    def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
-        """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
-        the prediction of the setup just measured against its measured breakdown (and allocator peak).
+    def predicts(self, plan: CasePlan) -> bool:
+        """Whether the case's memory is predicted after it is measured (``--trainbench-no-predict``, a quick run)."""
+        return self.predict and self._runs(plan, "predict")
 
-        A ladder rung runs on a GPU what ``plan.gpu_recipe`` says, judged on rung 0's data path."""
+    def predicted_setups(self, plan: CasePlan) -> tuple[tuple[str, TrainConfig, TrainingSpec], ...] | str:
+        """The setups the case's memory prediction asks ``predictions`` for, as (profile, config, spec): the GPU
+        profile's, then this profile's (the check of the method on the run itself); or why there is no GPU-profile
+        setup. A ladder rung runs on a GPU what ``plan.gpu_recipe`` says, judged on rung 0's data path."""
         gpu, gpu_recipe = PROFILES["gpu"], plan.gpu_recipe or plan.recipe
         base = plan.baseline if plan.ladder is None else None
         try:
@@ -487,11 +490,20 @@ class Executor:
             judged = judging_overrides(gpu_recipe, base, gpu, gpu_spec, plan.user_overrides) if base else {}
             gpu_config = gpu_recipe.config(gpu, **{**judged, **plan.user_overrides})
         except ConfigError as e:
-            return {"profile": "gpu", "reason": f"no GPU-profile setup: {e}"}
-        predicted = {"profile": "gpu", **self.predictions("gpu", gpu_config, gpu_spec)}
+            return f"no GPU-profile setup: {e}"
+        return ("gpu", gpu_config, gpu_spec), (self.profile.name, plan.config, plan.spec)
+
+    def _predicted_memory(self, plan: CasePlan, result: Result) -> dict:
+        """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
+        the prediction of the setup just measured against its measured breakdown (and allocator peak)."""
+        setups = self.predicted_setups(plan)
+        if isinstance(setups, str):
+            return {"profile": "gpu", "reason": setups}
+        gpu_setup, this_setup = setups
+        predicted = {"profile": "gpu", **self.predictions(*gpu_setup)}
         if "breakdown_bytes" not in predicted:
             return predicted
-        here = self.predictions(self.profile.name, plan.config, plan.spec)
+        here = self.predictions(*this_setup)
         measured = result.memory_breakdown_bytes
         if "breakdown_bytes" in here and measured:
             differences = {k: [here["breakdown_bytes"].get(k, 0), v] for k, v in measured.items()

@@ -362,15 +362,28 @@ class PredictionCache:
         same_spec = (id(spec), setup)
         if same_spec in self._by_spec:
             return self._by_spec[same_spec][1]
-        fingerprint = code_fingerprint(spec)  # another process's prediction of other code is not this one's
-        key = (profile_name, spec.name, fingerprint, setup)
+        key = self.key(profile_name, config, spec)
         if key not in self._predictions:
-            shared = self._shared.get(key) if fingerprint else None
-            self._predictions[key] = shared or predict_memory(setup, spec, self.backend)
-            if fingerprint:
-                self._shared.put(key, self._predictions[key])
+            self.store({key: self.known(key) or predict_memory(setup, spec, self.backend)})
         self._by_spec[same_spec] = (spec, self._predictions[key])  # the spec kept: its id is not reused
         return self._predictions[key]
+
+    @staticmethod
+    def key(profile_name: str, config: TrainConfig, spec: TrainingSpec) -> tuple:
+        """What a prediction is kept under: the profile, the spec's name and code (``code_fingerprint``: another
+        process's prediction of other code is not this one's) and the memory setup."""
+        return profile_name, spec.name, code_fingerprint(spec), memory_setup(config)
+
+    def known(self, key: tuple) -> dict | None:
+        """The prediction kept under ``key`` in this session or in the shared file, else None."""
+        if key in self._predictions:
+            return self._predictions[key]
+        return self._shared.get(key) if key[2] else None
+
+    def store(self, predictions: dict[tuple, dict]) -> None:
+        """Keep ``predictions`` (by ``key``) for this session and, where their code is known, in the shared file."""
+        self._predictions.update(predictions)
+        self._shared.put_many({key: value for key, value in predictions.items() if key[2]})
 
 
 class SharedPredictions:
@@ -416,16 +429,23 @@ class SharedPredictions:
         return found if isinstance(found, dict) else None
 
     def put(self, key: tuple, prediction: dict) -> None:
+        self.put_many({key: prediction})
+
+    def put_many(self, predictions: dict[tuple, dict]) -> None:
+        """Add ``predictions`` to the file in one write (another process may have added to it since it was read)."""
         import json
 
-        if self.path is None or self._read().get(self._key(key)) == prediction:
+        if self.path is None:
+            return
+        new = {self._key(key): value for key, value in predictions.items() if self._read().get(self._key(key)) != value}
+        if not new:
             return
         self._entries = None  # read again: other caches (here or in another process) may have added to the file
         try:
-            text = json.dumps({**self._read(), self._key(key): prediction}, sort_keys=True)
+            text = json.dumps({**self._read(), **new}, sort_keys=True)
         except (TypeError, ValueError):
             return  # a prediction that is not plain data stays in this process
-        self._entries[self._key(key)] = prediction
+        self._entries.update(new)
         try:
             write_text_atomic(self.path, text)
         except OSError:

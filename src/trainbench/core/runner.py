@@ -30,6 +30,7 @@ from trainbench.core.measure import MeasureSettings
 from trainbench.core.outcome import CaseOutcome
 from trainbench.core.plan import CasePlan, Planner
 from trainbench.core.predict import NOMINAL_GPU, PredictionCache
+from trainbench.core.predict_ahead import PredictedAhead, predict_ahead
 from trainbench.core.recipes import Recipe
 from trainbench.core.result import Result
 from trainbench.core.trace import TraceRequest
@@ -110,6 +111,23 @@ class Runner:
         """What ``run_case`` would measure for ``case``, decided and not run; or why a rung cannot run here."""
         reason, recipe, arguments = self._suite_case(case)
         return reason or self.planner.plan(recipe, case.workload, **arguments, budgets=budgets, overrides=overrides)
+
+    def predict_ahead(self, cases: list[Case], processes: int) -> PredictedAhead | None:
+        """The memory predictions ``cases`` will ask for, made now on ``processes`` cores (``core.predict_ahead``):
+        None where none is made (nothing to predict, or forking is unsafe here)."""
+        def setups():
+            for case in cases:
+                try:
+                    plan = self.plan_case(case)
+                except Exception:  # noqa: BLE001 - the case says what is wrong with it when it runs
+                    continue
+                if isinstance(plan, str) or plan.skipped or not self.executor.predicts(plan):
+                    continue
+                asked = self.executor.predicted_setups(plan)
+                if not isinstance(asked, str):
+                    yield from asked
+
+        return predict_ahead(self.executor.predictions, setups(), processes, self.settings.no_progress_s)
 
     def _suite_case(self, case: Case) -> tuple[str | None, Recipe | str | None, dict]:
         """Why a suite case cannot run here before it is planned (a rung needs what its own step needs), else the

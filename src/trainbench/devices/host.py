@@ -226,6 +226,12 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
+def cores_at_once() -> int:
+    """Processes that can run at once here without sharing a core: ``usable_cpus``, fewer under a cgroup CPU quota."""
+    quota = cgroup_cpu_quota()
+    return max(1, min(usable_cpus(), int(quota) if quota else usable_cpus()))
+
+
 def cgroup_cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     """Cores' worth of CPU time a cgroup v2 quota allows (``docker --cpus``, Kubernetes limits), None when unlimited.
 

@@ -92,6 +92,7 @@ class TrainbenchSession:
     _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
     _progress_written: int = 0  # cases recorded when --trainbench-save-progress last wrote the run
     _simulated_counts: object = None  # --trainbench-simulate-gpu: the roofline's step counts (roofline.CountCache)
+    predicted_ahead: object = None  # trainbench.core.predict_ahead.PredictedAhead: the predictions made before the cases
 
     # -- the cases ------------------------------------------------------------------------------------
     def record(self, outcome, fullname: str, budgets) -> dict | None:
@@ -510,10 +511,28 @@ class TrainbenchSession:
         """Once the last case has ended (or the session was interrupted), a SIGTERM waits: the run is written whole,
         the summary printed, and the session then ends as interrupted; a second one stops it at once (a save it
         stops leaves no file)."""
+        if self.collected and not session.config.option.collectonly and not session.testsfailed:
+            self._predict_ahead(session.items)
         try:
             return (yield)
         finally:
             self._finishing = True
+
+    def _predict_ahead(self, items) -> None:
+        """The memory predictions the collected suite cases will ask for, made before the first on every core
+        (``Runner.predict_ahead``): nothing is timed yet. Not under A/B, a simulated GPU or pytest-xdist (its
+        workers share the cores already), nor where predictions are off."""
+        o = self.options
+        if not o.predict_memory or o.simulate_gpu is not None or self.ab is not None or o.xdist_workers > 1:
+            return
+        from trainbench.core.cases import Case
+        from trainbench.devices.host import cores_at_once
+
+        cases = [item.callspec.params["case"] for item in items
+                 if _uses_trainbench(item) and hasattr(item, "callspec") and item.get_closest_marker("skip") is None
+                 and isinstance(item.callspec.params.get("case"), Case)]
+        if cases:
+            self.predicted_ahead = self.runner.predict_ahead(cases, cores_at_once())
 
     @contextlib.contextmanager
     def _saving_run(self):

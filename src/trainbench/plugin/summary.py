@@ -35,6 +35,8 @@ def write_summary(terminalreporter, state) -> None:
         terminalreporter.write_line(f"attribution: not taken ({state.options.attribution_left_out})")
     for line, failed in _prediction_lines(records):
         terminalreporter.write_line(line, yellow=failed)
+    if state.predicted_ahead is not None:  # seconds before the first case that no case's costs hold
+        terminalreporter.write_line(state.predicted_ahead.line())
     for r in records:
         if r.ranks:
             terminalreporter.write_line(_ranks_line(r.case, r.ranks))

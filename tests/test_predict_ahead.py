@@ -1,0 +1,71 @@
+"""Memory predictions made before the first case on every core (trainbench.core.predict_ahead): the same predictions
+a case makes, kept where the case finds them; a forked process that dies or stalls costs only its own setups, which
+their cases then predict; no fork where it is unsafe; and a suite session that says what it made ahead.
+
+The forking scenarios run in a fresh process (tests/predict_ahead_scenarios.py): this one has run backward passes."""
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainbench.core import predict_ahead as ahead
+from trainbench.core.predict import PredictionCache, SharedPredictions
+
+forks = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
+                           reason="the predictions are made ahead only where processes fork")
+
+
+@forks
+def test_forked_predictions_in_a_fresh_process(pytester):
+    pytester.makepyfile(test_scenarios=(Path(__file__).parent / "predict_ahead_scenarios.py").read_text())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-q")
+    result.assert_outcomes(passed=4)
+
+
+def test_no_fork_where_it_is_unsafe(cpu, monkeypatch):
+    cache = PredictionCache(cpu)
+    assert ahead.why_not_forked(cache, 1) == "one core"
+
+    class OnCuda:
+        device = torch.device("cuda")
+
+    assert ahead.why_not_forked(PredictionCache(OnCuda()), 2).startswith("fake tensors on cuda: a forked process")
+    monkeypatch.setattr(ahead, "other_threads", lambda: 2)
+    assert ahead.why_not_forked(cache, 2).startswith("2 other threads running")
+    monkeypatch.setattr(ahead, "other_threads", lambda: 0)
+    if "fork" in multiprocessing.get_all_start_methods():
+        assert ahead.why_not_forked(cache, 2) is None
+
+
+@forks
+def test_a_suite_session_predicts_ahead_and_says_so(pytester, quick_options, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
+    pytester.makepyfile(test_suite="""
+        import pytest
+        from trainbench.core.cases import Case
+        from trainbench.plugin import case_params
+
+        @pytest.mark.parametrize("case", case_params([Case("mlp", "baseline"), Case("mlp", "set_to_none")]))
+        def test_case(train_bench, case):
+            train_bench.case(case)
+    """)
+    result = pytester.runpytest_subprocess(*quick_options)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["memory predictions: 4 setups made before the first case in * s by 2 processes"])
+
+
+def test_a_shared_file_takes_many_predictions_in_one_write(cpu, tmp_path, monkeypatch):
+    from trainbench.core import predict
+
+    writes = []
+    write = predict.write_text_atomic
+    monkeypatch.setattr(predict, "write_text_atomic", lambda *a: writes.append(a[0]) or write(*a))
+    shared = SharedPredictions(tmp_path / "p.json", cpu)
+    shared.put_many({("cpu", "a", "x", 1): {"reason": "a"}, ("cpu", "b", "x", 1): {"reason": "b"}})
+    shared.put(("cpu", "c", "x", 1), {"reason": "c"})
+    shared.put_many({("cpu", "c", "x", 1): {"reason": "c"}})  # nothing new: not written again
+    assert len(writes) == 2
+    again = SharedPredictions(tmp_path / "p.json", cpu)
+    assert [again.get(("cpu", n, "x", 1)) for n in "abc"] == [{"reason": n} for n in "abc"]
