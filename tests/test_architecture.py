@@ -624,3 +624,24 @@ def test_every_timed_judgement_spends_only_its_looks_share_of_the_error(name):
 def test_the_look_share_check_sees_what_it_forbids():
     assert _judgements_without_look_share("v = judge_change(ci, 0.1, 0.1, 0.05, True, 0.05)") == [1]
     assert not _judgements_without_look_share("v = stats.judge_change(ci, 0.1, 0.1, 0.05, True, 0.05, alpha_side=a)")
+
+
+# A process forked from the session inherits its locks, its CUDA context and its autograd threads: one module forks,
+# and only after asking whether it is safe here (predict_ahead.why_not_forked, its children's autograd_refused).
+FORKS = re.compile(r"""\bos\.fork\(|get_context\(\s*["']fork["']|set_start_method\(\s*["']fork["']""")
+
+
+def _forks(source: str) -> bool:
+    return bool(FORKS.search(source))
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.predict_ahead"}))
+def test_only_the_predictions_made_ahead_fork_the_session(name):
+    assert not _forks(MODULES[name].read_text()), f"{name}.py forks the session (only core.predict_ahead may)"
+
+
+def test_the_fork_check_sees_what_it_forbids():
+    assert _forks("pid = os.fork()") and _forks('context = multiprocessing.get_context("fork")')
+    assert _forks("mp.set_start_method('fork')")
+    assert not _forks('context = multiprocessing.get_context("spawn")') and not _forks("# forked children")
+    assert _forks(MODULES["core.predict_ahead"].read_text())  # the one module that does

@@ -28,10 +28,11 @@ def test_no_fork_where_it_is_unsafe(cpu, monkeypatch):
     cache = PredictionCache(cpu)
     assert ahead.why_not_forked(cache, 1) == "one core"
 
-    class OnCuda:
-        device = torch.device("cuda")
+    from trainbench.devices.device import CudaBackend
 
-    assert ahead.why_not_forked(PredictionCache(OnCuda()), 2).startswith("fake tensors on cuda: a forked process")
+    on_cuda = CudaBackend.__new__(CudaBackend)  # not initialized: no CUDA needed to ask it this
+    on_cuda.device = torch.device("cuda", 0)
+    assert ahead.why_not_forked(PredictionCache(on_cuda), 2).startswith("fake tensors on cuda:0: a forked process")
     monkeypatch.setattr(ahead, "other_threads", lambda: 2)
     assert ahead.why_not_forked(cache, 2).startswith("2 other threads running")
     monkeypatch.setattr(ahead, "other_threads", lambda: 0)

@@ -56,8 +56,8 @@ def why_not_forked(cache: PredictionCache, processes: int) -> str | None:
         return "one core"
     if "fork" not in multiprocessing.get_all_start_methods():
         return "this platform does not fork"
-    if cache.backend.device.type != "cpu":
-        return f"fake tensors on {cache.backend.device.type}: a forked process cannot use its parent's device"
+    if not cache.backend.usable_after_fork:
+        return f"fake tensors on {cache.backend.device}: a forked process cannot use its parent's device"
     if other_threads():
         return f"{other_threads()} other threads running: a lock one holds would stay held in a forked process"
     return None

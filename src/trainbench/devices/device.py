@@ -188,6 +188,8 @@ class Backend:
     has_allocator_peaks = False  # a caching allocator records peaks (the peaks pass measures something)
     default_dist_backend = "gloo"  # torch.distributed backend for ranks on this device kind
     profiler_sort_key = "self_cpu_time_total"  # the operators' table of a profile trace, heaviest first
+    # A process forked from one that used this device can use it too (a CUDA context does not survive a fork).
+    usable_after_fork = False
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -369,6 +371,7 @@ class Backend:
 
 class CpuBackend(Backend):
     kind = "cpu"
+    usable_after_fork = True
 
     def synchronize(self) -> None:
         # CPU ops run to completion when they return: there is no queue to drain.
