@@ -412,3 +412,13 @@ def test_a_side_making_progress_says_so_and_is_waited_for_past_the_deadline(monk
                 break
             beaten.wait(0.01)
     assert written and all(line == '{"progress": true}\n' for line in written)
+
+
+def test_the_base_side_imports_the_project_from_its_own_checkout(tmp_path):
+    from trainbench.verdicts.ab import rerooted
+
+    head, base = tmp_path / "head", tmp_path / "base"
+    paths = [str(head), str(head / "src"), "/usr/lib/python3/site-packages"]
+    assert rerooted(paths, str(head), base) == [str(base), str(base / "src"), "/usr/lib/python3/site-packages"]
+    assert rerooted(paths, str(head), None) == paths  # the session's own checkout
+    assert rerooted([str(tmp_path / "headless")], str(head), base) == [str(tmp_path / "headless")]  # a prefix only

@@ -1,6 +1,7 @@
 """The pytest plugin, driven through inner pytest sessions (pytester)."""
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -666,6 +667,9 @@ def test_an_unknown_simulated_gpu_or_a_bad_spec_is_a_usage_error_at_start_up(pyt
 @pytest.mark.parametrize(("options", "expected"), [
     (["--trainbench-min-warmup=-1"], "*trainbench: --trainbench-min-warmup must be >= 1, got -1"),
     (["--trainbench-ab-pairs=8"], "*--trainbench-ab-pairs=8 needs --trainbench-ab=PYTHON (the head)"),
+    (["--trainbench-ab-base-root={tmp}"], "*--trainbench-ab-base-root needs --trainbench-ab=PYTHON (the head)"),
+    ([f"--trainbench-ab={sys.executable}", "--trainbench-ab-base-root={file}"],
+     "*--trainbench-ab-base-root={file}: no such folder; expected another checkout of the project*"),
     (["--trainbench-inject-leak-mib=nan"], "*--trainbench-inject-leak-mib must be a finite number of MiB >= 0, got nan"),
     (["--trainbench-ab=/etc/passwd"], "*--trainbench-ab=/etc/passwd: not an executable Python*"),
     (["--benchmark-compare", "--trainbench-compare-fail=samples_per_s:5%,samples_per_s:10%"],

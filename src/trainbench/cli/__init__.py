@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import calibrate, doctor, error_rates, explain, night, noise, plan, releases, report, torchrun_job, verdict
+from . import (bisect, calibrate, doctor, error_rates, explain, night, noise, plan, releases, report, torchrun_job,
+               verdict)
 
-COMMANDS = (report, calibrate, noise, error_rates, releases, doctor, verdict, explain, torchrun_job, plan, night)
+COMMANDS = (report, calibrate, noise, error_rates, releases, doctor, verdict, explain, bisect, torchrun_job, plan, night)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -121,6 +121,10 @@ def _add_trace_and_ab_options(group) -> None:
                          "rounds alternating, and compare pair by pair; --trainbench-compare-fail gates the verdict")
     group.addoption("--trainbench-ab-base", default=None, metavar="PYTHON",
                     help="with --trainbench-ab: the base environment's Python (default: the one running pytest)")
+    group.addoption("--trainbench-ab-base-root", default=None, metavar="DIR",
+                    help="with --trainbench-ab: the base side imports the project's code (its test modules and "
+                         "source folders) from DIR, another checkout of the project (two commits of it in one "
+                         "environment: python -m trainbench bisect); default the session's own")
     group.addoption("--trainbench-ab-pairs", type=int, default=None, metavar="N",
                     help=f"with --trainbench-ab: ABBA pairs of timed rounds per case (default {AB_PAIRS})")
 
@@ -156,6 +160,7 @@ class ABOptions:
     base_python: str
     head_python: str
     pairs: int
+    base_root: Path | None = None  # the base side's checkout of the project (--trainbench-ab-base-root)
 
 
 @dataclass(frozen=True)
@@ -341,9 +346,12 @@ def _ab_options(config) -> ABOptions | None:
     head = config.getoption("--trainbench-ab")
     base = config.getoption("--trainbench-ab-base")
     pairs = config.getoption("--trainbench-ab-pairs")
+    base_root = config.getoption("--trainbench-ab-base-root")
     if head is None:
         if base is not None:
             raise usage_error("--trainbench-ab-base needs --trainbench-ab=PYTHON (the head)")
+        if base_root is not None:
+            raise usage_error("--trainbench-ab-base-root needs --trainbench-ab=PYTHON (the head)")
         if pairs is not None:  # an A/B option without an A/B run is never silently ignored
             raise usage_error(f"--trainbench-ab-pairs={pairs} needs --trainbench-ab=PYTHON (the head)")
         return None
@@ -360,7 +368,10 @@ def _ab_options(config) -> ABOptions | None:
     for name, python in (("--trainbench-ab", head), ("--trainbench-ab-base", base)):
         if python is not None:
             _check_python(name, python)
-    return ABOptions(base or sys.executable, head, pairs)
+    if base_root is not None and not Path(base_root).is_dir():
+        raise usage_error(f"--trainbench-ab-base-root={base_root}: no such folder; expected another checkout of the "
+                          "project for the base side to import it from")
+    return ABOptions(base or sys.executable, head, pairs, Path(base_root).resolve() if base_root else None)
 
 
 def _check_python(option: str, python: str) -> None:

@@ -157,7 +157,7 @@ class TrainbenchSession:
 
             ab = self.options.ab
             self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec,
-                                self.options.remeasure_s)
+                                self.options.remeasure_s, ab.base_root)
         self._choose_baseline(config)
         self._check_output_files([("--trainbench-compare-json", self.options.compare_json),
                                   ("--trainbench-attribution-json", self.options.attribution_json),

@@ -70,6 +70,7 @@ class ABCase:
     extra_warmup_steps: int = 0
     threads: int | None = None
     paths: list[str] = field(default_factory=list)  # the project's folders a user's spec imports from
+    root: str = ""  # the project's root those folders lie in (the session's)
 
 
 AB_LOSS_RTOL = 1e-5  # an A/B case's loss guard where its recipe sets none: numerics that moved, reported
@@ -106,8 +107,20 @@ def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> AB
         return ABPlan(None, skipped, loss_rtol)
     case = ABCase(case_id(spec.name, recipe.name), recipe.name, asdict(config), spec_reference(spec),
                   runner.profile.name, asdict(runner.settings), recipe.extra_warmup_steps, torch.get_num_threads(),
-                  project_paths(rootpath))
+                  project_paths(rootpath), str(Path(rootpath).resolve()))
     return ABPlan(case, None, loss_rtol)
+
+
+def rerooted(paths: list[str], root: str, other_root: Path | None) -> list[str]:
+    """``paths`` inside ``root`` taken from ``other_root`` instead (another checkout of the project: the base side of
+    two commits compared in one environment); the others, and all of them without ``other_root``, as they are."""
+    if other_root is None or not root:
+        return list(paths)
+    moved = []
+    for path in paths:
+        inside = Path(path) == Path(root) or Path(root) in Path(path).parents
+        moved.append(str(Path(other_root) / Path(path).relative_to(root)) if inside else path)
+    return moved
 
 
 def project_paths(root: str | Path) -> list[str]:
@@ -135,16 +148,17 @@ class ABOutcome:
 
 def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[str, float],
              head_slowdown: float = 0.0, alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None,
-             remeasure_s: float = 0.0) -> ABOutcome:
+             remeasure_s: float = 0.0, base_root: Path | None = None) -> ABOutcome:
     """Build ``case`` on both sides, alternate ``pairs`` ABBA pairs of timed rounds, and compare; while a timed
-    verdict is inconclusive, add ``pairs`` more at a time for up to ``remeasure_s`` seconds (``MAX_PAIRS_FACTOR``)."""
+    verdict is inconclusive, add ``pairs`` more at a time for up to ``remeasure_s`` seconds (``MAX_PAIRS_FACTOR``).
+    ``base_root``: the base side imports the project from this checkout of it (``rerooted``)."""
     attributed = case.settings.get("attribution", True)
     # The work pass's profiled time is replaced by the pairs' (below): one profiled step gives its call counts.
     settings = {**case.settings, "profiled_steps": 1} if attributed else case.settings
     build = {"config": case.config, "recipe": case.recipe, "extra_warmup_steps": case.extra_warmup_steps,
              "spec": case.spec, "profile": case.profile, "settings": settings, "case": case.case,
              "threads": case.threads, "paths": case.paths}
-    base.call("build", **build)
+    base.call("build", **{**build, "paths": rerooted(case.paths, case.root, base_root)})
     head.call("build", **build, slowdown=head_slowdown)
     # The metrics read per round that the thresholds name (DEFAULT_PAIRED when they name none), pair by pair;
     # deterministic ones always, exactly unless a threshold says otherwise; any other metric they name, as a value.
@@ -333,9 +347,10 @@ class ABSession:
     """Both sides for a whole session: started at the first case, closed at the end, every case's outcome kept."""
 
     def __init__(self, base_python: str, head_python: str, pairs: int, device_spec: str = "auto",
-                 remeasure_s: float = 0.0):
+                 remeasure_s: float = 0.0, base_root: Path | None = None):
         self.base_python, self.head_python, self.pairs = base_python, head_python, pairs
         self.remeasure_s = remeasure_s
+        self.base_root = base_root  # the base side's checkout of the project (None: the session's)
         self.env = {"TRAINBENCH_AB_DEVICE": device_spec}
         self.sides: tuple[Side, Side] | None = None
         self.identities: dict = {}
@@ -345,7 +360,8 @@ class ABSession:
     def run(self, case: ABCase, thresholds: dict[str, float], head_slowdown: float = 0.0,
             alpha: float = DEFAULT_ALPHA, loss_rtol: float | None = None) -> ABOutcome:
         self.start(case.settings.get("no_progress_s"))
-        outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol, self.remeasure_s)
+        outcome = run_case(*self.sides, case, self.pairs, thresholds, head_slowdown, alpha, loss_rtol, self.remeasure_s,
+                           self.base_root)
         self.outcomes.append(outcome)
         return outcome
 
