@@ -249,3 +249,14 @@ def test_the_timed_search_finds_the_commit_that_slowed_the_step_or_says_it_canno
     else:
         assert done.stdout.splitlines()[-1].startswith("trainbench bisect: FAILED to find the commit: ")
         assert answer is None or shas[PLANTED_AT - 1] in answer["open"]
+
+
+def test_a_commit_whose_environment_does_not_build_is_skipped_with_its_reason(tmp_path):
+    from trainbench.verdicts.bisect_runs import Unbuildable, environment
+
+    assert environment(tmp_path, None) == sys.executable  # this Python, the commit's code first on sys.path
+    assert environment(tmp_path, f"echo building; echo {sys.executable}") == sys.executable
+    with pytest.raises(Unbuildable, match=r"^the build command exited 3: no wheel for torch==9$"):
+        environment(tmp_path, "echo no wheel for torch==9 >&2; exit 3")
+    with pytest.raises(Unbuildable, match=r"last line \['built'\] is not a Python executable"):
+        environment(tmp_path, "echo built")

@@ -158,8 +158,12 @@ def autograd_refused() -> str | None:
 
 def _predict_taken(cache: PredictionCache, work: list[Setup], taken, sender) -> None:
     """A forked child: predict what it takes and send (index, prediction) home; (None, why) where it cannot."""
+    import signal
+
     import torch
 
+    for interrupt in (signal.SIGINT, signal.SIGTERM):  # the session's handlers are its own: a child just ends
+        signal.signal(interrupt, signal.SIG_DFL)
     torch.set_num_threads(1)  # no kernel runs under fake tensors; a forked OpenMP pool must not be entered
     refused = autograd_refused()
     if refused:

@@ -134,6 +134,12 @@ class Judge:
     timeout_s: float = 1800.0
     remeasure_s: float = 120.0
     pairs: int | None = None
+    pythons: dict[str, str] = field(default_factory=dict)  # each commit's environment, built once
+
+    def python(self, commit: Commit) -> str:
+        if commit.sha not in self.pythons:
+            self.pythons[commit.sha] = environment(self.checkouts.of(commit.sha), self.build)
+        return self.pythons[commit.sha]
 
     @property
     def timed(self) -> bool:
@@ -147,8 +153,7 @@ class Judge:
         path = self.runs / f"{commit.sha}.json"
         if path.exists():
             return path
-        tree = self.checkouts.of(commit.sha)
-        python = environment(tree, self.build)
+        tree, python = self.checkouts.of(commit.sha), self.python(commit)
         partial = path.with_suffix(".partial.json")
         done = run_pytest(python, tree, [*self.pytest_args, f"--benchmark-json={partial}", "--trainbench-attribution",
                                          "-p", "no:cacheprovider", "-q"], self.timeout_s)
@@ -186,7 +191,7 @@ class Judge:
         from trainbench.verdicts.present import terminal_lines, verdict_sections
 
         head_tree, base_tree = self.checkouts.of(commit.sha), self.checkouts.of(base.sha)
-        head_python, base_python = environment(head_tree, self.build), environment(base_tree, self.build)
+        head_python, base_python = self.python(commit), self.python(base)
         out = self.runs / f"{base.sha[:12]}-{commit.sha[:12]}-ab.json"
         fail = ",".join(f"{m}:{self.threshold:.6g}" for m in self.metrics)
         args = [*self.pytest_args, f"--trainbench-ab={head_python}", f"--trainbench-ab-base={base_python}",
