@@ -153,9 +153,9 @@ torch.set_num_threads(1)
 PLANTED_AT = 5  # of commits 1..8: the fifth changes the model
 
 
-def _planted_repo(root, change, planted_at=PLANTED_AT):
+def _planted_repo(root, change, planted_at=PLANTED_AT, broken_at=None):
     """Eight commits of a user project; commit ``planted_at`` makes its model ``change`` (more layers, or a slower
-    step)."""
+    step); commit ``broken_at`` alone has a test module that does not import."""
     def git(*args):
         subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
 
@@ -169,6 +169,7 @@ def _planted_repo(root, change, planted_at=PLANTED_AT):
     for i in range(1, 9):
         layers, slow = (2, 0) if i < planted_at else change
         (root / "model.py").write_text(MODEL.format(layers=layers, slow=slow))
+        (root / "test_speed.py").write_text(TEST + ("\nimport not_a_module\n" if i == broken_at else ""))
         (root / "notes.txt").write_text(f"commit {i}\n")
         git("add", "-A")
         git("commit", "-q", "-m", f"commit {i}")
@@ -184,11 +185,12 @@ def _bisect(root, *args):
                           capture_output=True, text=True, timeout=900)
 
 
-def test_the_exact_search_finds_the_commit_that_added_a_layer(tmp_path):
+def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does_not_run(tmp_path):
     root = tmp_path / "project"
-    shas = _planted_repo(root, change=(3, 0))
-    args = [shas[0], shas[-1], "--pytest-arg=--trainbench-rounds=2", "--pytest-arg=--trainbench-steps-per-round=1",
-            "--pytest-arg=--trainbench-min-warmup=1", "--json", str(tmp_path / "answer.json")]
+    shas = _planted_repo(root, change=(3, 0), broken_at=PLANTED_AT + 1)
+    quick = ["--pytest-arg=--trainbench-rounds=2", "--pytest-arg=--trainbench-steps-per-round=1",
+             "--pytest-arg=--trainbench-min-warmup=1", "--pytest-arg=--trainbench-no-predict"]
+    args = [shas[0], shas[-1], *quick, "--json", str(tmp_path / "answer.json")]
     done = _bisect(root, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -198,6 +200,8 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer(tmp_path):
     assert "param_mib" in answer["metrics"]  # found from GOOD and BAD: the metrics worse at BAD
     assert any(line.startswith(f"first bad commit: {shas[PLANTED_AT - 1][:12]} commit 5") for line in lines)
     assert any("param_mib" in line and "->" in line for line in lines)  # the change at each step and across it
+    skipped = [line for line in lines if line.startswith("  step ") and line.endswith(" s)") and ": skip (" in line]
+    assert len(skipped) == 1 and f"{shas[PLANTED_AT][:12]} commit 6: pytest exited 2: " in skipped[0]  # as git bisect skip
     assert lines[-1].startswith("trainbench bisect: found in ")
     status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
     assert status.stdout == "" and not (root / ".benchmarks").exists()  # the working tree untouched, nothing saved
@@ -207,16 +211,11 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer(tmp_path):
     again = _bisect(root, *args)
     assert again.returncode == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again.stdout
     assert not any(line.startswith("  step ") for line in again.stdout.splitlines())
-
-
-def test_a_bad_commit_that_is_not_worse_is_nothing_to_search(tmp_path):
-    root = tmp_path / "project"
-    shas = _planted_repo(root, change=(2, 0))  # nothing changes
-    done = _bisect(root, shas[0], shas[-1], "--metric=param_mib", "--pytest-arg=--trainbench-rounds=2",
-                   "--pytest-arg=--trainbench-steps-per-round=1", "--pytest-arg=--trainbench-min-warmup=1")
-    assert done.returncode == 1
-    assert done.stdout.splitlines()[-1].startswith("trainbench bisect: FAILED to find the commit: ")
-    assert "nothing to search" in done.stdout.splitlines()[-1]
+    # Searched by a metric the commits did not change (the runs read again): nothing to search, and it says so.
+    unchanged = _bisect(root, shas[0], shas[-1], "--metric=syncs_per_step", *quick)
+    assert unchanged.returncode == 1 and not any(line.startswith("  step ") for line in unchanged.stdout.splitlines())
+    assert unchanged.stdout.splitlines()[-1] == (f"trainbench bisect: FAILED to find the commit: {shas[-1][:12]} is not "
+                                                 f"worse than {shas[0][:12]} by the metric (good): nothing to search")
 
 
 def test_bad_input_is_one_line_before_any_run(tmp_path):

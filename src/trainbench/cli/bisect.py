@@ -87,7 +87,9 @@ def _bisect(args: argparse.Namespace) -> int:
     digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:12]
     log = BisectLog(workdir / f"{digest}.jsonl", header)
     checkouts = Checkouts(repo, workdir / "trees")
-    judge = Judge(checkouts, workdir / "runs" / digest, metrics or [], 0.0, pytest_args, args.build,
+    # a commit's run depends on how it is run, not on what is searched for: another metric's search reads it again
+    runs = hashlib.sha256(json.dumps([pytest_args, args.build]).encode()).hexdigest()[:12]
+    judge = Judge(checkouts, workdir / "runs" / runs, metrics or [], 0.0, pytest_args, args.build,
                   remeasure_s=args.remeasure_s, pairs=args.pairs)
     judge.runs.mkdir(parents=True, exist_ok=True)
     try:

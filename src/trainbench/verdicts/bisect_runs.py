@@ -116,8 +116,10 @@ def run_pytest(python: str, tree: Path, args: list[str], timeout_s: float) -> su
 
 
 def _last_line(done: subprocess.CompletedProcess) -> str:
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else f"exit status {done.returncode}"
+    """What stopped a pytest run, in one line: its last error (pytest's short summary), else its last line."""
+    lines = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("ERROR ", "INTERNALERROR", "trainbench: "))]
+    return (errors or lines or [f"exit status {done.returncode}"])[-1]
 
 
 @dataclass
