@@ -645,3 +645,24 @@ def test_the_fork_check_sees_what_it_forbids():
     assert _forks("mp.set_start_method('fork')")
     assert not _forks('context = multiprocessing.get_context("spawn")') and not _forks("# forked children")
     assert _forks(MODULES["core.predict_ahead"].read_text())  # the one module that does
+
+
+# pytest-benchmark's own options are read once, into plugin.options.BenchmarkOptions; what pytest-benchmark does
+# with them (its storage, its comparison) is the adapter's.
+BENCHMARK_OPTION = re.compile(r"""getoption\(\s*["']-*benchmark[_-]""")
+
+
+def _reads_benchmark_options(source: str) -> bool:
+    return bool(BENCHMARK_OPTION.search(source))
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"plugin.options", "plugin.benchmark_adapter"}))
+def test_pytest_benchmarks_options_are_read_once_into_the_options(name):
+    assert not _reads_benchmark_options(MODULES[name].read_text()), (
+        f"{name}.py reads a pytest-benchmark option itself (read Options.benchmark)")
+
+
+def test_the_benchmark_option_check_sees_what_it_forbids():
+    assert _reads_benchmark_options('storage = config.getoption("benchmark_storage", None)')
+    assert _reads_benchmark_options("config.getoption('--benchmark-json')")
+    assert not _reads_benchmark_options('config.getoption("--trainbench-ab")')

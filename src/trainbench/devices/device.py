@@ -149,7 +149,7 @@ def gpu_name_problem(name: str) -> str | None:
         return "neither a device class nor a GPU's full name, which has several words"
     if name != name.strip():
         return "spaces around a name: a GPU's has none, and sections match it exactly"
-    if _CPU_NAME.search(name) or name == _cpu_model():
+    if _CPU_NAME.search(name) or name == cpu_model():
         return "a CPU's name: a CPU answers to [cpu] only"
     return None
 
@@ -361,7 +361,7 @@ class Backend:
             "bf16_supported": self.supports_bf16(),
             "torch": torch.__version__,
             "torch_git": getattr(torch.version, "git_version", None),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "cpu_threads": torch.get_num_threads(),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -395,7 +395,7 @@ class CpuBackend(Backend):
 
     @property
     def name(self) -> str:
-        return _cpu_model()
+        return cpu_model()
 
     def ideal_ddp_speedup(self, world_size: int) -> float:
         return 1.0  # the ranks share the cores one process had (rank_threads)
@@ -829,7 +829,7 @@ def get_backend(spec: str | None = None) -> Backend:
 
 
 @functools.lru_cache(maxsize=1)  # read once: every measurement records the device identity
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -164,6 +164,29 @@ class ABOptions:
 
 
 @dataclass(frozen=True)
+class BenchmarkOptions:
+    """pytest-benchmark's own options as trainbench reads them, once (None: not given, or pytest-benchmark is not
+    active). What pytest-benchmark does with them stays its own (``benchmark_adapter``)."""
+
+    save: str | None = None  # --benchmark-save's name
+    autosave: bool = False
+    storage: str | None = None  # --benchmark-storage (pytest-benchmark's default: file://./.benchmarks)
+    compare: object = None  # --benchmark-compare: True (the newest run), a run's number or a path
+    json: object = None  # --benchmark-json's file
+
+    @classmethod
+    def from_config(cls, config) -> BenchmarkOptions:
+        return cls(config.getoption("benchmark_save", None), bool(config.getoption("benchmark_autosave", False)),
+                   config.getoption("benchmark_storage", None), config.getoption("benchmark_compare", None),
+                   config.getoption("benchmark_json", None))
+
+    @property
+    def saving(self) -> bool:
+        """The run is saved into the storage (--benchmark-save or --benchmark-autosave)."""
+        return bool(self.save or self.autosave)
+
+
+@dataclass(frozen=True)
 class Options:
     """Everything trainbench reads from pytest's command line and ini, checked."""
 
@@ -201,6 +224,7 @@ class Options:
     # pytest's cache (``config.cache``; None: -p no:cacheprovider): where GPU memory predictions are kept across
     # sessions (``TrainbenchSession.runner``), made only once a case runs
     pytest_cache: object = None
+    benchmark: BenchmarkOptions = BenchmarkOptions()  # pytest-benchmark's own options that trainbench reads
 
     @classmethod
     def from_config(cls, config) -> Options:
@@ -242,6 +266,7 @@ class Options:
             xdist_index=index,
             pair_baselines=config.getoption("--trainbench-pair-baselines"),
             simulate_gpu=_simulated_gpu(config, ab=ab is not None, gated=compare_fail is not None),
+            benchmark=BenchmarkOptions.from_config(config),
         )
 
 

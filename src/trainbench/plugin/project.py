@@ -131,7 +131,7 @@ def pytest_collection(session):
         return None
     config = session.config
     state = config.stash.get(SESSION, None)  # trainbench's session, where its plugin is active
-    storage = config.getoption("benchmark_storage", None)
+    storage = state.options.benchmark.storage if state is not None else None
     error = ("trainbench's pytest plugin is not active in this project (-p no:trainbench?)" if state is None else
              "pytest-benchmark is not active in this project" if storage is None else None)
     override = state.options.budgets_override if state is not None else None

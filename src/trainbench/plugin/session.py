@@ -197,11 +197,10 @@ class TrainbenchSession:
                                   f"{shown(path / 'out.json')})")
             cls._check_writable([(option, path.parent)])
 
-    @staticmethod
-    def _check_save_name(config, storage: str) -> None:
+    def _check_save_name(self, storage: str) -> None:
         """--benchmark-save's file name (``NNNN_<name>.json``) fits the storage folder's file system: a name too long
         failed only at the save, after the whole run."""
-        name = config.getoption("benchmark_save", None)
+        name = self.options.benchmark.save
         if not name:
             return
         folder = storage_folder(storage)
@@ -221,8 +220,8 @@ class TrainbenchSession:
         cannot be used stops a gated session now, and any other at collection if it has trainbench cases (a plain
         pytest-benchmark session is left to pytest-benchmark's own warning)."""
         try:
-            self.baseline = choose_baseline(config.getoption("benchmark_storage", None),
-                                            config.getoption("benchmark_compare", None), self.device_here,
+            self.baseline = choose_baseline(self.options.benchmark.storage, self.options.benchmark.compare,
+                                            self.device_here,
                                             gated=self.options.compare_fail is not None)
         except UnusableBaselineError as e:
             if self.options.compare_fail is not None:
@@ -371,13 +370,12 @@ class TrainbenchSession:
             self.pin_gpu()  # before the doctor's CUDA queries
             self._check_runner()
             self._stop_cleanly_on_sigterm()
-            saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
-            storage = config.getoption("benchmark_storage", None)
-            if saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
+            storage = self.options.benchmark.storage
+            if self.options.benchmark.saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
-                self._check_save_name(config, storage)
+                self._check_save_name(storage)
                 benchmark_adapter.save_atomically(config, self._saved_run, self._saving_run)
-            self._check_output_files([("--benchmark-json", config.getoption("benchmark_json", None))])
+            self._check_output_files([("--benchmark-json", self.options.benchmark.json)])
         paths = set()
         for item in items:
             reason = self._marker_skip_reason(item)
@@ -654,7 +652,7 @@ class TrainbenchSession:
                 or benchmark_adapter.loaded_baseline(config) is not None:
             return
         raise usage_error("--trainbench-compare-fail: no baseline run to compare with: "
-                          + why_no_baseline(config.getoption("benchmark_storage"), compare))
+                          + why_no_baseline(self.options.benchmark.storage, compare))
 
     # -- the verdict ----------------------------------------------------------------------------------
     @pytest.hookimpl(trylast=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainbench.core.files import write_json_atomic
 from trainbench.devices import host
-from trainbench.devices.device import _cpu_model, cuda_runtime, get_backend
+from trainbench.devices.device import cpu_model, cuda_runtime, get_backend
 from trainbench.devices.gpu_state import GpuState, gpu_states, same_gpu
 
 STATUSES = ("ok", "info", "warn", "FAIL")
@@ -166,7 +166,7 @@ def select_device(device_spec: str | None, runtime: dict) -> tuple[Check, bool]:
     if spec == "auto":
         if available:
             return Check("device", "ok", f"auto: cuda:{devices[0]['index']} ({devices[0]['name']}), gpu profile"), True
-        return Check("device", "ok", f"auto: cpu ({_cpu_model()}), cpu profile"), False
+        return Check("device", "ok", f"auto: cpu ({cpu_model()}), cpu profile"), False
     if spec.startswith("cuda"):  # parsed as torch.device does; the GPU itself is looked up in the runtime, not opened
         import torch
 
@@ -542,7 +542,7 @@ def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Ma
     usable = host.usable_cpus()
     checks += check_timing(host.timing_distortions(environ, torch.is_anomaly_enabled(), _profiler_running(),
                                                    torch.get_num_threads(), usable), uses_cuda)
-    checks += check_cpu(_cpu_model(), usable, torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(),
+    checks += check_cpu(cpu_model(), usable, torch.get_num_threads(), torch.backends.cpu.get_cpu_capability(),
                         host.cpu_governors(), host.cgroup_cpu_quota())
     return checks
 
