@@ -105,24 +105,28 @@ def predict_ahead(cache: PredictionCache, setups: Iterable[Setup], processes: in
 
 
 def _collect(pipes: list, keys: list[tuple], no_progress_s: float) -> tuple[dict[tuple, dict], list[str]]:
-    """What the children send, until every one is done or none has sent anything for ``no_progress_s``: the
-    predictions by key, and the reasons of the children that could not predict. ``pipes`` keeps those still open."""
+    """What the children send, until each is done or has sent nothing for ``no_progress_s`` (the others go on): the
+    predictions by key, and the reasons of the children that could not predict. ``pipes`` keeps those left open
+    (their children stalled)."""
     from multiprocessing.connection import wait
 
     made, refused = {}, []
-    last = time.monotonic()
-    while pipes and time.monotonic() - last < no_progress_s:
-        for pipe in wait(pipes, timeout=min(1.0, no_progress_s)):
+    heard = dict.fromkeys(pipes, time.monotonic())  # when each child last sent something
+    while heard:
+        for pipe in wait(list(heard), timeout=min(1.0, no_progress_s)):
             try:
                 index, prediction = pipe.recv()
             except (EOFError, OSError):
+                del heard[pipe]
                 pipes.remove(pipe)
                 continue
+            heard[pipe] = time.monotonic()
             if index is None:
                 refused.append(prediction)
             else:
                 made[keys[index]] = prediction
-                last = time.monotonic()
+        now = time.monotonic()
+        heard = {pipe: at for pipe, at in heard.items() if now - at < no_progress_s}
     return made, refused
 
 
