@@ -49,7 +49,8 @@ def _module_named(parts: list[str]) -> str:
     return ".".join(parts)
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"devices.device"}))
+# devices.caps is the device module's torch-free half (what a device offers, rebuilt from a recorded identity)
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"devices.device", "devices.caps"}))
 def test_only_the_device_module_knows_cuda(name):
     source = MODULES[name].read_text()
     assert "torch.cuda" not in source
@@ -221,7 +222,8 @@ def test_the_saved_run_check_sees_the_reads_it_forbids():
 
 
 def test_reading_a_saved_run_does_not_import_torch():
-    # comparing, explaining and calibrating saved runs need no torch: the record layer must not pull it in
+    # comparing, explaining and calibrating saved runs need no torch: the record layer must not pull it in, nor the
+    # budgets, the fleet or what a device offers (devices.caps; devices.device's live backends import torch)
     import os
     import subprocess
     import sys
@@ -229,7 +231,8 @@ def test_reading_a_saved_run_does_not_import_torch():
     code = (
         "import sys\n"
         "from trainbench.verdicts.store import SavedRun\n"
-        "import trainbench.verdicts.compare, trainbench.core.result\n"
+        "import trainbench.verdicts.compare, trainbench.core.result, trainbench.verdicts.calibrate\n"
+        "import trainbench.core.budgets, trainbench.devices.fleet, trainbench.devices.caps\n"
         "run = SavedRun('run.json', {'machine_info': {'trainbench': {'kind': 'cpu', 'name': 'x'}}, 'benchmarks': ["
         "{'fullname': 't[c]', 'extra_info': {'case': 'c', 'samples_per_step': 1, 'profile': 'cpu'}}]})\n"
         "assert [r.case for r in run.cases()] == ['c'] and run.device['name'] == 'x' and run.profile == 'cpu'\n"

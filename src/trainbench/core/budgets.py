@@ -28,7 +28,7 @@ from pathlib import Path
 
 from trainbench.core.metrics import ALIASES, METRICS, ThresholdError, parse_thresholds, resolve
 from trainbench.core.result import Result
-from trainbench.devices.device import BUDGET_SECTION_EXAMPLES, DeviceCaps, budget_section_problem
+from trainbench.devices.caps import BUDGET_SECTION_EXAMPLES, DeviceCaps, budget_section_problem
 from trainbench.devices.fleet import FLEET
 
 if sys.version_info >= (3, 11):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainbench.devices.device import peak_tflops
+from trainbench.devices.caps import peak_tflops
 
 GiB = 2**30
 

@@ -26,7 +26,7 @@ from trainbench.core.budgets import BudgetError, Budgets, tomllib
 from trainbench.core.files import write_text_atomic
 from trainbench.core.metrics import CALIBRATION_MARGINS, METRICS, calibrated_metrics
 from trainbench.core.result import CaseRecord, RecordError
-from trainbench.devices.device import DeviceCaps
+from trainbench.devices.caps import DeviceCaps
 from trainbench.verdicts.store import INCOMPLETE_KEY, RunFileError, SavedRun, not_a_calibration
 
 
