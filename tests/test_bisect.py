@@ -83,18 +83,24 @@ def test_the_log_continues_an_interrupted_search(tmp_path):
 
 
 def test_a_step_is_bad_only_where_the_metric_regressed_and_undecided_where_it_could_not_be_judged():
+    from trainbench.verdicts.gate import MetricComparison
+
+    def row(metric, verdict):
+        return MetricComparison("c", metric, 1.0, 1.1, 0.1, 0.05, verdict, reason="why")
+
     def verdict(*rows):
-        return {"comparisons": [{"case": "c", "metric": m, "baseline": 1.0, "current": 1.1, "change": 0.1,
-                                 "verdict": v, "reason": "why"} for m, v in rows]}
+        return {"comparisons": [row(m, v).to_json() for m, v in rows]}
 
     assert judged(verdict(("param_mib", "regressed"), ("ops_per_step", "unchanged")), ["param_mib"], [])[0] == BAD
     assert judged(verdict(("ops_per_step", "unchanged"), ("param_mib", "regressed"), ("grad_mib", "unchanged")),
                   ["param_mib", "ops_per_step", "grad_mib"], [])[:2] == (
-        BAD, "c param_mib 1 -> 1.1 (+10.0%) regressed (and 2 more: 2 unchanged)")  # the deciding row in full
+        BAD, row("param_mib", "regressed").describe() + " (and 2 more: 2 unchanged)")  # the deciding row, as printed
+    assert row("param_mib", "regressed").describe().startswith("c param_mib: 1 -> 1.1 MiB (+10.0%) regressed")
     assert judged(verdict(("param_mib", "unchanged")), ["param_mib"], [])[0] == GOOD
     assert judged(verdict(("param_mib", "improved")), ["param_mib"], [])[0] == GOOD
     assert judged(verdict(("step_time_ms", "inconclusive")), ["step_time_ms"], [])[:2] == (
-        UNDECIDED, "c step_time_ms 1 -> 1.1 (+10.0%) inconclusive: why")
+        UNDECIDED, row("step_time_ms", "inconclusive").describe())
+    assert row("step_time_ms", "inconclusive").describe().endswith(" inconclusive (threshold 5.0%): why")
     assert judged(verdict(("param_mib", "missing")), ["param_mib"], [])[0] == UNDECIDED
     assert judged(verdict(("ops_per_step", "regressed")), ["param_mib"], [])[0] == UNDECIDED  # not compared at all
 
@@ -224,7 +230,10 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
     for args, expected in (((shas[-1], shas[0]), "is not an ancestor of"),
                            (("nope", shas[0]), "nope: not a commit of"),
                            ((shas[0], shas[-1], "--metric=nope"), "unknown metric 'nope'"),
-                           ((shas[0], shas[-1], "--metric=param_mib", "--metric=step_time_ms"), "not both")):
+                           ((shas[0], shas[-1], "--metric=param_mib", "--metric=step_time_ms"), "not both"),
+                           ((shas[0], shas[-1], "--pairs=3"), "--pairs=3: expected at least 7"),
+                           ((shas[0], shas[-1], "--remeasure-s=-1"), "--remeasure-s=-1: expected seconds >= 0"),
+                           ((shas[0], shas[-1], f"--workdir={root / 'test_speed.py'}"), "cannot write there")):
         done = _bisect(root, *args)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert expected in done.stderr and done.stdout == ""

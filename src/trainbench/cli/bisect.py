@@ -73,8 +73,22 @@ def _metrics(args: argparse.Namespace) -> tuple[list[str] | None, float | None]:
     return named, threshold
 
 
+def _check_ab_options(args: argparse.Namespace) -> None:
+    """The timed steps' A/B options, checked before anything runs (each A/B session would refuse them)."""
+    import math
+
+    from trainbench.plugin.options import least_ab_pairs
+
+    if not (math.isfinite(args.remeasure_s) and args.remeasure_s >= 0):
+        raise BisectError(f"--remeasure-s={args.remeasure_s:g}: expected seconds >= 0")
+    if args.pairs is not None and args.pairs < least_ab_pairs():
+        raise BisectError(f"--pairs={args.pairs}: expected at least {least_ab_pairs()} (fewer pairs cannot place a "
+                          "change in a 95% interval at the first look)")
+
+
 def _bisect(args: argparse.Namespace) -> int:
     metrics, threshold = _metrics(args)
+    _check_ab_options(args)
     repo = Path(git(Path(args.repo), "rev-parse", "--show-toplevel"))
     good, commits = commits_between(repo, args.good, args.bad)
     if not commits:
@@ -91,7 +105,10 @@ def _bisect(args: argparse.Namespace) -> int:
     runs = hashlib.sha256(json.dumps([pytest_args, args.build]).encode()).hexdigest()[:12]
     judge = Judge(checkouts, workdir / "runs" / runs, metrics or [], 0.0, pytest_args, args.build,
                   remeasure_s=args.remeasure_s, pairs=args.pairs)
-    judge.runs.mkdir(parents=True, exist_ok=True)
+    try:
+        judge.runs.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BisectError(f"--workdir {workdir}: cannot write there ({e.strerror or e})") from None
     try:
         return _search(args, judge, log, good, commits, threshold)
     finally:
@@ -136,13 +153,7 @@ def _search(args, judge: Judge, log: BisectLog, good, commits, threshold: float 
 
 def _worse_at_bad(judge: Judge, good, bad) -> list[str]:
     """The deterministic metrics worse at ``bad`` than at ``good`` (both run once, kept for the search)."""
-    from trainbench.verdicts.compare import CompareError, explain_runs
-
-    try:
-        explained = explain_runs(str(judge.exact_run(good)), str(judge.exact_run(bad)),
-                                 thresholds={m: 0.0 for m in deterministic_metrics()})
-    except CompareError as e:
-        raise Unbuildable(str(e)) from None
+    explained = judge.explained(good, bad, {m: 0.0 for m in deterministic_metrics()})
     return sorted({c.metric for c in explained.verdict.comparisons if c.verdict == "regressed"})
 
 
@@ -159,10 +170,7 @@ def _answer(args, judge: Judge, search: Search, good, verified: Step) -> int:
     step = next((s for s in search.steps if s.commit == bad.sha), verified)
     lines = step.details
     if not judge.timed:  # exact: the change across the commit itself, against its parent's run
-        from trainbench.verdicts.compare import explain_runs
-
-        lines = tuple(explain_runs(str(judge.exact_run(before)), str(judge.exact_run(bad)),
-                                   thresholds=judge.thresholds()).lines())
+        lines = tuple(judge.explained(before, bad, judge.thresholds()).lines())
     result["first_bad"] = {"sha": bad.sha, "subject": bad.subject, "against": step.against, "seen": step.seen}
     _write(args.json, result)
     print(f"first bad commit: {bad.line()}")

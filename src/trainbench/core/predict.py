@@ -364,7 +364,7 @@ class PredictionCache:
             return self._by_spec[same_spec][1]
         key = self.key(profile_name, config, spec)
         if key not in self._predictions:
-            self.store({key: self.known(key) or predict_memory(setup, spec, self.backend)})
+            self.store({key: self.known(key) or self.predicted(config, spec)})
         self._by_spec[same_spec] = (spec, self._predictions[key])  # the spec kept: its id is not reused
         return self._predictions[key]
 
@@ -373,6 +373,10 @@ class PredictionCache:
         """What a prediction is kept under: the profile, the spec's name and code (``code_fingerprint``: another
         process's prediction of other code is not this one's) and the memory setup."""
         return profile_name, spec.name, code_fingerprint(spec), memory_setup(config)
+
+    def predicted(self, config: TrainConfig, spec: TrainingSpec) -> dict:
+        """The prediction of ``config`` on ``spec``, made now (``predict_memory`` of its memory setup)."""
+        return predict_memory(memory_setup(config), spec, self.backend)
 
     def known(self, key: tuple) -> dict | None:
         """The prediction kept under ``key`` in this session or in the shared file, else None."""

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainbench.core.predict import PredictionCache, memory_setup, predict_memory
+from trainbench.core.predict import PredictionCache
 from trainbench.core.recipes import TrainConfig
 from trainbench.core.spec import TrainingSpec
 
@@ -58,8 +58,9 @@ def why_not_forked(cache: PredictionCache, processes: int) -> str | None:
         return "this platform does not fork"
     if not cache.backend.usable_after_fork:
         return f"fake tensors on {cache.backend.device}: a forked process cannot use its parent's device"
-    if other_threads():
-        return f"{other_threads()} other threads running: a lock one holds would stay held in a forked process"
+    threads = other_threads()
+    if threads:
+        return f"{threads} other threads running: a lock one holds would stay held in a forked process"
     return None
 
 
@@ -144,9 +145,9 @@ def _taken(taken, count: int):
 def _predict(cache: PredictionCache, setup: Setup) -> dict:
     from trainbench.core.measure import heap_frozen
 
-    profile_name, config, spec = setup
+    _, config, spec = setup
     with heap_frozen():  # fake tensors' dispatch makes many objects (as in the case's own predict phase)
-        return predict_memory(memory_setup(config), spec, cache.backend)
+        return cache.predicted(config, spec)
 
 
 def autograd_refused() -> str | None:

@@ -371,7 +371,8 @@ class TrainbenchSession:
             self._check_runner()
             self._stop_cleanly_on_sigterm()
             storage = self.options.benchmark.storage
-            if self.options.benchmark.saving and storage:  # trainbench's cases only: a plain pytest-benchmark session is left as it is
+            # trainbench's cases only: a plain pytest-benchmark session is left as it is
+            if self.options.benchmark.saving and storage:
                 self._check_writable([("--benchmark-storage", storage_folder(storage))])
                 self._check_save_name(storage)
                 benchmark_adapter.save_atomically(config, self._saved_run, self._saving_run)

@@ -16,11 +16,12 @@ Nothing is saved into the project's ``.benchmarks``: the runs write JSON files i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,11 +33,16 @@ class BisectError(Exception):
     """A search that cannot start: a ref that is not a commit, a good commit that is not an ancestor of the bad one."""
 
 
+def _last_line(text: str, default: str) -> str:
+    """The last line of a command's output that says something, else ``default``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else default
+
+
 def git(repo: Path, *args: str) -> str:
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise BisectError(f"git {' '.join(args)}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or ['failed']}"
-                          .replace("['", "").replace("']", ""))
+        raise BisectError(f"git {' '.join(args)}: {_last_line(done.stderr or done.stdout, 'failed')}")
     return done.stdout.strip()
 
 
@@ -94,8 +100,8 @@ def environment(tree: Path, build: str | None) -> str:
         return sys.executable
     done = subprocess.run(build, shell=True, cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise Unbuildable(f"the build command exited {done.returncode}: {last[0]}")
+        last = _last_line(done.stderr or done.stdout, "no output")
+        raise Unbuildable(f"the build command exited {done.returncode}: {last}")
     lines = done.stdout.strip().splitlines()
     python = (tree / lines[-1].strip()) if lines else None
     if python is None or not os.access(python, os.X_OK):
@@ -115,11 +121,12 @@ def run_pytest(python: str, tree: Path, args: list[str], timeout_s: float) -> su
         raise Unbuildable(f"pytest ran past {timeout_s:g} s") from None
 
 
-def _last_line(done: subprocess.CompletedProcess) -> str:
+def _what_stopped(done: subprocess.CompletedProcess) -> str:
     """What stopped a pytest run, in one line: its last error (pytest's short summary), else its last line."""
-    lines = [line.strip() for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(("ERROR ", "INTERNALERROR", "trainbench: "))]
-    return (errors or lines or [f"exit status {done.returncode}"])[-1]
+    output = done.stdout + "\n" + done.stderr
+    errors = "\n".join(line for line in output.splitlines()
+                       if line.strip().startswith(("ERROR ", "INTERNALERROR", "trainbench: ")))
+    return _last_line(errors or output, f"exit status {done.returncode}")
 
 
 @dataclass
@@ -160,7 +167,7 @@ class Judge:
         done = run_pytest(python, tree, [*self.pytest_args, f"--benchmark-json={partial}", "--trainbench-attribution",
                                          "-p", "no:cacheprovider", "-q"], self.timeout_s)
         if done.returncode not in (0, 1) or not partial.exists():  # 1: a case failed its budget, and was measured
-            raise Unbuildable(f"pytest exited {done.returncode}: {_last_line(done)}")
+            raise Unbuildable(f"pytest exited {done.returncode}: {_what_stopped(done)}")
         partial.replace(path)
         return path
 
@@ -174,19 +181,20 @@ class Judge:
             verdict, seen, details = SKIP, str(e), ()
         return Step(commit.sha, verdict, seen, against.sha, time.monotonic() - started, details)
 
-    def _exact(self, commit: Commit, good: Commit) -> tuple[str, str, tuple[str, ...]]:
+    def explained(self, base: Commit, current: Commit, thresholds: dict[str, float]):
+        """``current``'s run against ``base``'s by the gate's rules (``compare.explain_runs``; each run made once)."""
         from trainbench.verdicts.compare import CompareError, explain_runs
+        from trainbench.verdicts.store import RunFileError
 
-        from trainbench.verdicts.store import RunFileError, SavedRun
-
-        base, current = self.exact_run(good), self.exact_run(commit)
         try:
-            missing = set(SavedRun.load(base).case_ids().values()) - set(SavedRun.load(current).case_ids().values())
-            explained = explain_runs(str(base), str(current), thresholds=self.thresholds())
+            return explain_runs(str(self.exact_run(base)), str(self.exact_run(current)), thresholds=thresholds)
         except (CompareError, RunFileError) as e:
             raise Unbuildable(str(e)) from None
-        if missing:  # judged on fewer cases than the good commit ran: a regression could hide in the others
-            raise Unbuildable(f"{', '.join(sorted(missing))} not measured at this commit")
+
+    def _exact(self, commit: Commit, good: Commit) -> tuple[str, str, tuple[str, ...]]:
+        explained = self.explained(good, commit, self.thresholds())
+        if explained.verdict.not_run:  # judged on fewer cases than the good commit ran: a regression could hide there
+            raise Unbuildable(f"{', '.join(sorted(explained.verdict.not_run))} not measured at this commit")
         return judged(explained.verdict.to_json(), self.metrics, explained.lines())
 
     def _timed(self, commit: Commit, base: Commit) -> tuple[str, str, tuple[str, ...]]:
@@ -204,11 +212,11 @@ class Judge:
             args.append(f"--trainbench-ab-pairs={self.pairs}")
         done = run_pytest(head_python, head_tree, args, self.timeout_s)
         if not out.exists():
-            raise Unbuildable(f"the A/B session exited {done.returncode}: {_last_line(done)}")
+            raise Unbuildable(f"the A/B session exited {done.returncode}: {_what_stopped(done)}")
         from trainbench.verdicts.gate import VerdictFileError, read_verdict
 
         try:
-            verdict = read_verdict(__import__("json").loads(out.read_text(encoding="utf-8")), str(out))
+            verdict = read_verdict(json.loads(out.read_text(encoding="utf-8")), str(out))
         except (ValueError, VerdictFileError) as e:
             raise Unbuildable(f"{out}: {e}") from None
         return judged(verdict, self.metrics, terminal_lines(verdict_sections(verdict, judged=False)))
@@ -223,7 +231,7 @@ def judged(verdict: dict, metrics: list[str], lines: list[str]) -> tuple[str, st
     # the rows that decide first (regressed, then could not judge), one in full and how many more
     order = {"regressed": 0, "inconclusive": 1, "missing": 1, "improved": 2, "unchanged": 3}
     rows.sort(key=lambda c: (order.get(c.get("verdict"), 1), -abs(c.get("change") or 0)))
-    seen = _change(rows[0]) + (f" (and {len(rows) - 1} more: " + ", ".join(
+    seen = _line(rows[0]) + (f" (and {len(rows) - 1} more: " + ", ".join(
         f"{n} {v}" for v, n in sorted(Counter(c.get("verdict") for c in rows[1:]).items())) + ")" if len(rows) > 1 else "")
     outcomes = {c.get("verdict") for c in rows}
     if "regressed" in outcomes:
@@ -233,13 +241,6 @@ def judged(verdict: dict, metrics: list[str], lines: list[str]) -> tuple[str, st
     return UNDECIDED, seen, tuple(lines)
 
 
-def _change(c: dict) -> str:
-    change = c.get("change")
-    moved = f" ({change:+.1%})" if isinstance(change, (int, float)) else ""
-    reason = f": {c['reason']}" if c.get("reason") and c.get("verdict") not in ("regressed", "unchanged") else ""
-    return (f"{c.get('case')} {c.get('metric')} {_value(c.get('baseline'))} -> {_value(c.get('current'))}{moved} "
-            f"{c.get('verdict')}{reason}")
-
-
-def _value(v) -> str:
-    return f"{v:.6g}" if isinstance(v, (int, float)) else "n/a"
+def _line(c: dict) -> str:
+    """A comparison's one line, as the gate prints it (``MetricComparison.describe``, kept in its JSON)."""
+    return c.get("line") or f"{c.get('case')} {c.get('metric')}: {c.get('verdict')}"
