@@ -97,12 +97,13 @@ def _bisect(args: argparse.Namespace) -> int:
                                                               "--git-common-dir")) / "trainbench-bisect"
     pytest_args = [*args.pytest_arg, *(["-k", args.keyword] if args.keyword else [])]
     header = {"good": good.sha, "bad": commits[-1].sha, "metrics": metrics or "worse at bad", "threshold": threshold,
-              "pytest_args": pytest_args, "build": args.build}
+              "pytest_args": pytest_args, "build": args.build, "environment": _environment()}
     digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:12]
     log = BisectLog(workdir / f"{digest}.jsonl", header)
     checkouts = Checkouts(repo, workdir / "trees")
     # a commit's run depends on how it is run, not on what is searched for: another metric's search reads it again
-    runs = hashlib.sha256(json.dumps([pytest_args, args.build]).encode()).hexdigest()[:12]
+    # (and on the environment: a run made under another torch or trainbench is not this search's)
+    runs = hashlib.sha256(json.dumps([pytest_args, args.build, _environment()]).encode()).hexdigest()[:12]
     judge = Judge(checkouts, workdir / "runs" / runs, metrics or [], 0.0, pytest_args, args.build,
                   remeasure_s=args.remeasure_s, pairs=args.pairs)
     try:
@@ -113,6 +114,19 @@ def _bisect(args: argparse.Namespace) -> int:
         return _search(args, judge, log, good, commits, threshold)
     finally:
         checkouts.close()
+
+
+def _environment() -> list[str]:
+    """What the runs are made with, where no --build names another: this Python, its torch and trainbench."""
+    from importlib import metadata
+
+    import trainbench
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "none"
+    return [sys.executable, torch, trainbench.__version__]
 
 
 def _search(args, judge: Judge, log: BisectLog, good, commits, threshold: float | None) -> int:
