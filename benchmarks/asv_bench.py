@@ -1,9 +1,9 @@
-"""asv benchmarks: the pytest suite's cases (trainbench.core.cases), tracked across commits and PyTorch versions.
+"""asv benchmarks: the pytest suite's cases (trainbench.core.setups.cases), tracked across commits and PyTorch versions.
 
 asv runs ``setup_cache`` once per environment: it measures every case with the same runner
 as the pytest plugin (warm-up, synchronized rounds, interleaved baselines where a ratio
 budget asks, memory and work passes, correctness guards). Each ``track_*`` then reports one
-metric of ``trainbench.core.metrics.METRICS`` for one case, in the unit asv shows, grouped as the
+metric of ``trainbench.core.records.metrics.METRICS`` for one case, in the unit asv shows, grouped as the
 metric says: ``Speed`` (timing), ``Memory`` and ``Work`` (exact signals, the ones a shared CPU
 runner can gate on). Cases this device cannot run (GPU-only, several GPUs) are skipped; so
 are slow ones unless TRAINBENCH_ASV_SLOW=1. TRAINBENCH_ASV_CASES (a regex) limits the cases
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
-from trainbench.core.asv_suite import cache_timeout_s, case_ids, measure_all
-from trainbench.core.metrics import METRICS, metrics_in
-from trainbench.core.result import CaseRecord
+from trainbench.core.method.asv_suite import cache_timeout_s, case_ids, measure_all
+from trainbench.core.records.metrics import METRICS, metrics_in
+from trainbench.core.records.result import CaseRecord
 
 BUDGETS = Path(__file__).parent / "budgets.toml"
 # asv units: bytes and seconds where asv formats them, from the metric's own unit.

@@ -1,13 +1,13 @@
 """Every optimization of the seed articles as one parametrized case, and the articles' ladders.
 
-The case list is ``trainbench.core.cases`` (shared with other runners); budgets per device
+The case list is ``trainbench.core.setups.cases`` (shared with other runners); budgets per device
 class live in budgets.toml. GPU-only cases are collected everywhere and skipped with
 their reason on CPU runners.
 """
 
 import pytest
 
-from trainbench.core.cases import ladder_cases, recipe_cases
+from trainbench.core.setups.cases import ladder_cases, recipe_cases
 from trainbench.plugin import case_params
 
 

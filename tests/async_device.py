@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
 from trainbench.devices.device import CpuBackend
 
 

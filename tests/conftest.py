@@ -16,8 +16,8 @@ import torch.utils.flop_counter
 import torchvision
 import torchvision.transforms  # noqa: F401
 
-from trainbench.core.measure import MeasureSettings
-from trainbench.core.workloads import PROFILES
+from trainbench.core.method.measure import MeasureSettings
+from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.device import CpuBackend
 
 # pytest-benchmark asks py-cpuinfo for the machine's CPU in each session that saves or compares a run: ~0.2 s and a
@@ -84,7 +84,7 @@ def attributed(quick):
 @pytest.fixture
 def impossible_speedup(tmp_path):
     """A speed budget no run can meet (100x its baseline) beside a deterministic one every run meets."""
-    from trainbench.core.budgets import Budgets
+    from trainbench.core.records.budgets import Budgets
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-set_to_none"]\nmin_speedup = 100\nmax_ops_per_step_ratio = 1.5\n')
@@ -145,7 +145,7 @@ def attributed_options():
 @pytest.fixture
 def mlp(profile):
     """The built-in two-layer MLP spec on the CPU profile."""
-    from trainbench.core.workloads import resolve_spec
+    from trainbench.core.setups.workloads import resolve_spec
 
     return resolve_spec("mlp", profile)
 
@@ -153,9 +153,9 @@ def mlp(profile):
 @pytest.fixture
 def training(cpu, profile):
     """``training(recipe, workload="mlp", **overrides)``: the built setup of a recipe on a built-in workload."""
-    from trainbench.core.recipes import get_recipe
-    from trainbench.core.training import TrainingSetup
-    from trainbench.core.workloads import resolve_spec
+    from trainbench.core.setups.recipes import get_recipe
+    from trainbench.core.setups.training import TrainingSetup
+    from trainbench.core.setups.workloads import resolve_spec
 
     def build(recipe="baseline", workload="mlp", backend=None, **overrides):
         config = get_recipe(recipe).config(profile, **overrides)
@@ -167,8 +167,8 @@ def training(cpu, profile):
 @pytest.fixture
 def measured(training, profile, quick):
     """``measured(recipe, workload="mlp", settings=quick, **overrides)``: the Result of the whole method."""
-    from trainbench.core.measure import measure
-    from trainbench.core.recipes import get_recipe
+    from trainbench.core.method.measure import measure
+    from trainbench.core.setups.recipes import get_recipe
 
     def run(recipe="baseline", workload="mlp", settings=None, **overrides):
         with training(recipe, workload, **overrides) as setup:

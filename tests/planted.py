@@ -18,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
 
 SLOW_OP_MS = "TRAINBENCH_TEST_SLOW_OP_MS"
 LEAK = "TRAINBENCH_TEST_LEAK"

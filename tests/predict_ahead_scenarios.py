@@ -1,4 +1,4 @@
-"""Predictions made ahead in forked processes (trainbench.core.predict_ahead), run by tests/test_predict_ahead.py in a
+"""Predictions made ahead in forked processes (trainbench.core.method.predict_ahead), run by tests/test_predict_ahead.py in a
 fresh process of their own: autograd refuses to run in a process forked after its parent ran a backward, so only a
 process that has run none can fork predicting children. In file order: the forking tests first, then the one that
 runs steps here too."""
@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from trainbench.core import predict_ahead as ahead
-from trainbench.core.cases import Case
-from trainbench.core.measure import MeasureSettings
-from trainbench.core.predict import PredictionCache, memory_setup, predict_memory
-from trainbench.core.recipes import get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.method import predict_ahead as ahead
+from trainbench.core.setups.cases import Case
+from trainbench.core.method.measure import MeasureSettings
+from trainbench.core.analyses.predict import PredictionCache, memory_setup, predict_memory
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 from trainbench.devices.device import CpuBackend
 
 CPU, PROFILE = CpuBackend(torch.device("cpu")), PROFILES["cpu"]
@@ -76,7 +76,7 @@ def test_what_is_made_ahead_is_what_the_cases_ask_for_and_would_predict_and_is_k
     asked, call = [], PredictionCache.__call__
     monkeypatch.setattr(PredictionCache, "__call__",
                         lambda self, *setup: asked.append(self.key(*setup)) or call(self, *setup))
-    monkeypatch.setattr("trainbench.core.predict.predict_memory", lambda *a, **k: pytest.fail("predicted again"))
+    monkeypatch.setattr("trainbench.core.analyses.predict.predict_memory", lambda *a, **k: pytest.fail("predicted again"))
     for case in cases:
         assert "breakdown_bytes" in runner.run_case(case).result.predicted_memory, case
     assert set(asked) == set(made)  # no setup made that no case asks for

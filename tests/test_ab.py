@@ -11,12 +11,12 @@ import torch
 
 import trainbench
 
-from trainbench.core.metrics import is_timed
-from trainbench.core.recipes import get_recipe
-from trainbench.core.result import Result
-from trainbench.core.workloads import PROFILES, resolve_spec
-from trainbench.verdicts.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
-from trainbench.verdicts.ab_worker import PROTOCOL
+from trainbench.core.records.metrics import is_timed
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.records.result import Result
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
+from trainbench.jobs.ab import ABCase, SideError, ab_thresholds, run_case, start, verdict
+from trainbench.core.processes.ab_worker import PROTOCOL
 from trainbench.verdicts.present import verdict_table, where_lines
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
@@ -129,7 +129,7 @@ def _wrapper(tmp_path, body: str) -> str:
 
 def test_another_trainbench_on_one_side_is_a_clear_start_up_error(tmp_path):
     other = _wrapper(tmp_path, "import runpy, trainbench; trainbench.__version__ = '9.9'; "
-                               "runpy.run_module('trainbench.verdicts.ab_worker', run_name='__main__')")
+                               "runpy.run_module('trainbench.core.processes.ab_worker', run_name='__main__')")
     with pytest.raises(SideError, match=r"trainbench differs between the sides: base .* has 0\.1\.0 .*head .* has 9\.9"):
         start(sys.executable, other)
 
@@ -300,8 +300,8 @@ STUCK = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="stuck", 
 def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path):
     import time
 
-    from trainbench.core.distributed import spec_reference
-    from trainbench.verdicts.ab import project_paths
+    from trainbench.core.method.distributed import spec_reference
+    from trainbench.jobs.ab import project_paths
 
     settings = {**SETTINGS, "no_progress_s": 2}
     case = ABCase("stuck-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
@@ -318,8 +318,8 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
 
 
 def test_an_ab_case_must_fit_the_device_twice_both_sides_holding_it(profile, quick, device_of_memory, tmp_path):
-    from trainbench.core.runner import Runner
-    from trainbench.verdicts.ab import plan_case
+    from trainbench.core.method.runner import Runner
+    from trainbench.jobs.ab import plan_case
 
     GiB = 2**30
 
@@ -371,7 +371,7 @@ def test_a_metric_one_side_measured_is_still_missing_and_fails():
 def test_a_head_that_never_answers_is_stopped_after_its_deadline_naming_its_python(tmp_path):
     import time
 
-    from trainbench.verdicts.ab import ABSession
+    from trainbench.jobs.ab import ABSession
 
     # a wrapper that never execs a worker (or an interpreter stuck at start): it reads its commands, never answers
     silent = tmp_path / "silent-python"
@@ -390,8 +390,8 @@ def test_a_head_that_never_answers_is_stopped_after_its_deadline_naming_its_pyth
 
 
 def test_a_side_making_progress_says_so_and_is_waited_for_past_the_deadline(monkeypatch):
-    from trainbench.verdicts import ab_worker
-    from trainbench.core.watchdog import Watchdog
+    from trainbench.core.processes import ab_worker
+    from trainbench.core.harness.watchdog import Watchdog
 
     written = []
 
@@ -415,7 +415,7 @@ def test_a_side_making_progress_says_so_and_is_waited_for_past_the_deadline(monk
 
 
 def test_the_base_side_imports_the_project_from_its_own_checkout(tmp_path):
-    from trainbench.verdicts.ab import rerooted
+    from trainbench.jobs.ab import rerooted
 
     head, base = tmp_path / "head", tmp_path / "base"
     paths = [str(head), str(head / "src"), "/usr/lib/python3/site-packages"]

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 from planted import GELU_NET, LEAK, LEAKY_NET, SLOW_OP_MS
 
-from trainbench.core.distributed import spec_reference
-from trainbench.core.recipes import get_recipe
-from trainbench.core.result import Result
-from trainbench.core.workloads import PROFILES
-from trainbench.verdicts.ab import ATTRIBUTION_PAIRS, ABCase, project_paths, run_case, start, verdict
+from trainbench.core.method.distributed import spec_reference
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.records.result import Result
+from trainbench.core.setups.workloads import PROFILES
+from trainbench.jobs.ab import ATTRIBUTION_PAIRS, ABCase, project_paths, run_case, start, verdict
 from trainbench.verdicts.present import verdict_markdown
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 4, "steady_window": 2, "rounds": 3, "steps_per_round": 2,

@@ -14,13 +14,18 @@ MODULES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffi
 
 
 # The layers, lowest first: a module imports its own layer and those below it, never one above. The device backends
-# know no training; the core measures without pytest; verdicts read what was measured; the pytest glue and the
-# command line are the two front ends (the command line may read a user's project as its pytest does).
-LAYERS = ("devices", "core", "verdicts", "plugin", "cli")
+# know no training; the core measures without pytest; verdicts read what was measured; jobs run several runs,
+# processes or sessions (A/B, bisect, the night, the doctor); the pytest glue and the command line are the two
+# front ends (the command line may read a user's project as its pytest does).
+LAYERS = ("devices", "core", "verdicts", "jobs", "plugin", "cli")
+# The core's wings, lowest first, by the same rule: a wing imports its own and those before it. The harness and the
+# records are torch-free; setups build what is trained; analyses read a setup without timing it; the method times
+# it; processes are the entry points of the processes the method starts.
+WINGS = ("harness", "records", "setups", "analyses", "method", "processes")
 
 
 def layer_of(name: str) -> str:
-    """``core.measure`` -> ``core``; the package's own ``__init__`` and ``__main__`` are their own layer."""
+    """``core.method.measure`` -> ``core``; the package's own ``__init__`` and ``__main__`` are their own layer."""
     return name.split(".")[0] if name.split(".")[0] in LAYERS else name or "__init__"
 
 
@@ -90,11 +95,38 @@ def test_every_module_belongs_to_a_layer_and_imports_none_above_it():
     assert not _layer_violations(graph)
 
 
+def wing_of(name: str) -> str | None:
+    """``core.method.measure`` -> ``method``; None outside the core's wings."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "core" else None
+
+
+def _wing_violations(graph: dict[str, set[str]]) -> list[str]:
+    order = {wing: i for i, wing in enumerate(WINGS)}
+    return [f"{name} ({wing_of(name)}) imports {dep} ({wing_of(dep)})" for name, deps in sorted(graph.items())
+            for dep in sorted(deps) if wing_of(name) and wing_of(dep)
+            and order[wing_of(dep)] > order[wing_of(name)]]
+
+
+def test_every_core_module_is_in_a_wing_and_imports_none_after_it():
+    core = [name for name in MODULES if name.startswith("core.")]
+    assert not [name for name in core if wing_of(name) not in WINGS and name.count(".") != 1], core
+    assert {name.split(".")[1] for name in core} == set(WINGS), "a wing without a module, or a module beside them"
+    graph = {name: _trainbench_imports(path) - {name} for name, path in MODULES.items()}
+    assert not _wing_violations(graph)
+
+
+def test_the_wing_check_sees_an_import_from_a_later_wing():
+    assert _wing_violations({"core.records.result": {"core.analyses.attribution"}}) == \
+        ["core.records.result (records) imports core.analyses.attribution (analyses)"]
+    assert not _wing_violations({"core.method.measure": {"core.setups.training", "core.harness.costs"}})
+
+
 def test_the_layer_check_sees_an_import_from_above():
-    assert _layer_violations({"core.budgets": {"verdicts.compare"}}) == \
-        ["core.budgets (core) imports verdicts.compare (verdicts)"]
+    assert _layer_violations({"core.records.budgets": {"verdicts.compare"}}) == \
+        ["core.records.budgets (core) imports verdicts.compare (verdicts)"]
     assert _layer_violations({"devices.host": {"plugin.session"}})
-    assert not _layer_violations({"plugin.session": {"verdicts.store", "core.runner", "devices.device"},
+    assert not _layer_violations({"plugin.session": {"verdicts.store", "core.method.runner", "devices.device"},
                                   "cli.calibrate": {"plugin.project"}})
 
 
@@ -231,8 +263,8 @@ def test_reading_a_saved_run_does_not_import_torch():
     code = (
         "import sys\n"
         "from trainbench.verdicts.store import SavedRun\n"
-        "import trainbench.verdicts.compare, trainbench.core.result, trainbench.verdicts.calibrate\n"
-        "import trainbench.core.budgets, trainbench.devices.fleet, trainbench.devices.caps\n"
+        "import trainbench.verdicts.compare, trainbench.core.records.result, trainbench.verdicts.calibrate\n"
+        "import trainbench.core.records.budgets, trainbench.devices.fleet, trainbench.devices.caps\n"
         "run = SavedRun('run.json', {'machine_info': {'trainbench': {'kind': 'cpu', 'name': 'x'}}, 'benchmarks': ["
         "{'fullname': 't[c]', 'extra_info': {'case': 'c', 'samples_per_step': 1, 'profile': 'cpu'}}]})\n"
         "assert [r.case for r in run.cases()] == ['c'] and run.device['name'] == 'x' and run.profile == 'cpu'\n"
@@ -246,7 +278,7 @@ def test_reading_a_saved_run_does_not_import_torch():
 def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
     """Literal tuples, lists and sets of two or more metric names and nothing else, and constant dicts whose keys
     or values are all metric names: metrics picked by hand, i.e. a definition of a kind of metric."""
-    from trainbench.core.metrics import METRICS
+    from trainbench.core.records.metrics import METRICS
 
     def metric_names(nodes) -> list[str]:
         names = [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
@@ -271,8 +303,8 @@ def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
 
 def test_only_the_metrics_module_lists_metrics_by_kind():
     for name, path in MODULES.items():
-        if name != "core.metrics":
-            assert not _metric_name_collections(path.read_text()), f"{name}.py lists metrics: ask trainbench.core.metrics"
+        if name != "core.records.metrics":
+            assert not _metric_name_collections(path.read_text()), f"{name}.py lists metrics: ask trainbench.core.records.metrics"
 
 
 def test_the_metric_list_check_sees_the_lists_it_forbids():
@@ -291,7 +323,7 @@ def _knob_name_collections(source: str) -> list[tuple[int, list[str]]]:
     constants; and ``config.a or config.b`` over two or more knobs."""
     import dataclasses
 
-    from trainbench.core.recipes import TrainConfig
+    from trainbench.core.setups.recipes import TrainConfig
 
     knobs = {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -323,7 +355,7 @@ def test_only_the_knob_table_lists_knobs():
     # TrainConfig's knob table (recipes.Knob); each module asks TrainConfig.turned. recipes.py holds the table and the
     # recipes' changes.
     for name, path in MODULES.items():
-        if name != "core.recipes":
+        if name != "core.setups.recipes":
             assert not _knob_name_collections(path.read_text()), f"{name}.py lists knobs: ask the knob table (recipes.Knob)"
 
 
@@ -379,7 +411,7 @@ SKIP_REASONS = ("slow case:", "needs a CUDA device; this run uses", "needs compu
                 "a ladder rung is compared through", "a profiler of its own", "for the allocator and workspaces")
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.eligibility", "devices.device"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.setups.eligibility", "devices.device"}))
 def test_only_eligibility_says_whether_a_case_can_run_here(name):
     # device.py measures the facts; eligibility.why_not is the one place that compares them and says why not
     source = MODULES[name].read_text()
@@ -444,7 +476,7 @@ def test_trainbench_variables_are_read_only_through_the_environment_table():
     assert not _environment_reads(ast.parse('env = {**os.environ, "TRAINBENCH_X": "1"}\nos.environ.get("HOME")'))
 
 
-# Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.core.stats's: a second
+# Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.core.records.stats's: a second
 # implementation is a second rule for whether timing can be judged.
 STATISTICS_NAMES = re.compile(r"median|interval|bootstrap|resampl", re.IGNORECASE)
 STATISTICS_CALLS = {"bootstrap", "permutation_test", "mannwhitneyu", "binomtest", "wilcoxon", "ttest_ind", "ttest_rel"}
@@ -472,10 +504,10 @@ def _statistics_of_its_own(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats"}))
 def test_only_the_stats_module_computes_intervals_medians_and_tests(name):
     found = _statistics_of_its_own(MODULES[name].read_text())
-    assert not found, f"{name}.py computes statistics of its own (ask trainbench.core.stats): {found}"
+    assert not found, f"{name}.py computes statistics of its own (ask trainbench.core.records.stats): {found}"
 
 
 def test_the_statistics_check_sees_what_it_forbids():
@@ -553,8 +585,8 @@ def test_the_value_check_sees_the_changes_it_forbids():
 def test_a_case_outcome_cannot_be_changed():
     import dataclasses
 
-    from trainbench.core.outcome import CaseOutcome
-    from trainbench.core.recipes import get_recipe
+    from trainbench.core.records.outcome import CaseOutcome
+    from trainbench.core.setups.recipes import get_recipe
     from trainbench.plugin.session import RecordedCase
 
     outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"))
@@ -572,16 +604,16 @@ def _judges_bounds(source: str) -> bool:
                for node in ast.walk(ast.parse(source)))
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats", "core.judge", "core.error_rates"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats", "core.method.judge", "core.analyses.error_rates"}))
 def test_only_the_judge_decides_a_timed_bound(name):
     # One rule says whether rounds keep or miss a timed budget (stats.judge_bound), and only the judge asks it: every
     # reader of a timed verdict (the summary, the gate, a stop of the rounds one day) takes the judge's. The one
-    # other caller is the simulation that measures how often that rule errs (core.error_rates), by design.
-    assert not _judges_bounds(MODULES[name].read_text()), f"{name}.py judges a timed bound itself (ask core.judge)"
+    # other caller is the simulation that measures how often that rule errs (core.analyses.error_rates), by design.
+    assert not _judges_bounds(MODULES[name].read_text()), f"{name}.py judges a timed bound itself (ask core.method.judge)"
 
 
 def test_the_bound_check_sees_what_it_forbids():
-    assert _judges_bounds("from trainbench.core.stats import judge_bound")
+    assert _judges_bounds("from trainbench.core.records.stats import judge_bound")
     assert _judges_bounds("ok, why = stats.judge_bound('samples_per_s', 'min', 1.0, 1.1, [1], None, True, [])")
     assert not _judges_bounds('"""rounds judged by ``stats.judge_bound``"""')
 
@@ -618,7 +650,7 @@ def _judgements_without_look_share(source: str) -> list[int]:
             in {"judge_change", "judge_bound"} and not any(k.arg == "alpha_side" for k in node.keywords)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.stats"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats"}))
 def test_every_timed_judgement_spends_only_its_looks_share_of_the_error(name):
     lines = _judgements_without_look_share(MODULES[name].read_text())
     assert not lines, f"{name}.py judges a timed verdict without alpha_side= (its look's share) at lines {lines}"
@@ -638,16 +670,16 @@ def _forks(source: str) -> bool:
     return bool(FORKS.search(source))
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.predict_ahead"}))
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.method.predict_ahead"}))
 def test_only_the_predictions_made_ahead_fork_the_session(name):
-    assert not _forks(MODULES[name].read_text()), f"{name}.py forks the session (only core.predict_ahead may)"
+    assert not _forks(MODULES[name].read_text()), f"{name}.py forks the session (only core.method.predict_ahead may)"
 
 
 def test_the_fork_check_sees_what_it_forbids():
     assert _forks("pid = os.fork()") and _forks('context = multiprocessing.get_context("fork")')
     assert _forks("mp.set_start_method('fork')")
     assert not _forks('context = multiprocessing.get_context("spawn")') and not _forks("# forked children")
-    assert _forks(MODULES["core.predict_ahead"].read_text())  # the one module that does
+    assert _forks(MODULES["core.method.predict_ahead"].read_text())  # the one module that does
 
 
 # pytest-benchmark's own options are read once, into plugin.options.BenchmarkOptions; what pytest-benchmark does

@@ -10,7 +10,7 @@ import pytest
 from asv_runner.benchmarks._base import get_setup_cache_key
 from asv_runner.benchmarks.mark import SkipNotImplemented
 
-from trainbench.core.metrics import METRICS, deterministic_metrics, is_timed
+from trainbench.core.records.metrics import METRICS, deterministic_metrics, is_timed
 
 ROOT = Path(__file__).parents[1]
 
@@ -89,7 +89,7 @@ def test_a_case_that_failed_without_a_result_fails_its_tracks_with_the_reason():
 
 
 def test_the_asv_cache_timeout_comes_from_the_environment(monkeypatch):
-    from trainbench.core.asv_suite import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, cache_timeout_s
+    from trainbench.core.method.asv_suite import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, cache_timeout_s
 
     monkeypatch.delenv(TIMEOUT_ENV, raising=False)
     assert cache_timeout_s() == DEFAULT_TIMEOUT_S == 7200

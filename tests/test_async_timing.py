@@ -4,9 +4,9 @@ synchronize waits for the device, and every figure comes from the backend's cloc
 import pytest
 from async_device import AsyncBackend, AsyncClock, spec
 
-from trainbench.core.measure import Measurer, MeasureSettings, run_rounds
-from trainbench.core.recipes import TrainConfig
-from trainbench.core.training import InjectedFault, TrainingSetup
+from trainbench.core.method.measure import Measurer, MeasureSettings, run_rounds
+from trainbench.core.setups.recipes import TrainConfig
+from trainbench.core.setups.training import InjectedFault, TrainingSetup
 from trainbench.devices.device import time_with_events, timer_event_disagreement
 
 DEVICE_S = 0.010  # device work queued by each step

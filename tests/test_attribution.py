@@ -1,4 +1,4 @@
-"""Where a step's ops, time, FLOPs and memory go (trainbench.core.attribution), and what a changed verdict names
+"""Where a step's ops, time, FLOPs and memory go (trainbench.core.analyses.attribution), and what a changed verdict names
 from it (trainbench.verdicts.explain): the tables add up to the metrics they explain, a planted slow op is named first
 with most of the change, a planted leak is named by its module, noise is not named."""
 
@@ -13,9 +13,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainbench.core.attribution import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
-from trainbench.core.result import CaseRecord, case_record
-from trainbench.core.spec import TrainingSpec
+from trainbench.core.records.tables import BETWEEN_OPS, OTHER, OUTSIDE_MODULES, compact, top
+from trainbench.core.records.result import CaseRecord, case_record
+from trainbench.core.setups.spec import TrainingSpec
 from trainbench.verdicts.compare import compare_case
 from trainbench.verdicts.explain import LEADS, causes, explanation
 
@@ -70,9 +70,9 @@ def quick(quick):
 @pytest.fixture
 def run_spec(cpu, profile, quick):
     """``run_spec(spec, recipe="baseline", settings=quick)``: the Result of the whole method on a spec."""
-    from trainbench.core.measure import measure
-    from trainbench.core.recipes import get_recipe
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.method.measure import measure
+    from trainbench.core.setups.recipes import get_recipe
+    from trainbench.core.setups.training import TrainingSetup
 
     def run(spec, recipe="baseline", settings=None):
         with TrainingSetup(get_recipe(recipe).config(profile), spec, cpu) as setup:
@@ -135,7 +135,7 @@ def test_attribution_off_records_nothing_and_profiles_one_step(measured, quick):
 
 
 def test_a_compiled_setup_gets_no_module_sites(run_spec, monkeypatch):
-    from trainbench.core.recipes import TrainConfig
+    from trainbench.core.setups.recipes import TrainConfig
 
     monkeypatch.setattr(TrainConfig, "compiles", property(lambda self: True))  # as compiled, without compiling
     result = run_spec(_spec(GeluNet))
@@ -300,7 +300,7 @@ def test_outside_modules_is_a_site_of_its_own(measured):
 
 
 def test_the_allocator_peak_is_split_by_the_users_line_that_asked_for_it():
-    from trainbench.core.attribution import allocator_sites
+    from trainbench.core.analyses.attribution import allocator_sites
 
     def frames(*where):
         return [{"filename": f, "line": n, "name": fn} for f, n, fn in where]
@@ -358,7 +358,7 @@ def test_the_users_line_is_found_by_where_files_resolve_not_by_words_in_their_pa
     from pathlib import Path
 
     import trainbench
-    from trainbench.core.attribution import allocation_site, is_framework_file
+    from trainbench.core.analyses.attribution import allocation_site, is_framework_file
 
     ours = str(Path(trainbench.__file__).parent / "training.py")
     library = str(Path(sysconfig.get_paths()["purelib"]) / "timm" / "layers" / "mlp.py")
@@ -373,7 +373,7 @@ def test_the_users_line_is_found_by_where_files_resolve_not_by_words_in_their_pa
 
 
 def test_backward_allocations_without_python_frames_are_named_by_their_autograd_node():
-    from trainbench.core.attribution import BACKWARD, NO_STACK, allocation_site, allocator_sites
+    from trainbench.core.analyses.attribution import BACKWARD, NO_STACK, allocation_site, allocator_sites
 
     so = "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cpu.so"
     # As a snapshot with C++ stacks gives an allocation on autograd's device thread: innermost first, no Python frame.
@@ -402,7 +402,7 @@ def test_a_real_backward_stack_names_its_autograd_node():
     from torch._C._profiler import gather_traceback, symbolize_tracebacks
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from trainbench.core.attribution import BACKWARD, allocation_site
+    from trainbench.core.analyses.attribution import BACKWARD, allocation_site
 
     stacks = []
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainbench.verdicts.bisect import BAD, GOOD, SKIP, UNDECIDED, BisectLog, Commit, Search, Step
-from trainbench.verdicts.bisect_runs import judged
+from trainbench.jobs.bisect_runs import judged
 
 COMMITS = [Commit(f"{i:040x}", f"commit {i}") for i in range(64)]
 
@@ -133,7 +133,7 @@ import functools
 import torch
 
 from model import Net
-from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
 
 
 def batches(batch_size, gen):
@@ -262,7 +262,7 @@ def test_the_timed_search_finds_the_commit_that_slowed_the_step_or_says_it_canno
 
 
 def test_a_commit_whose_environment_does_not_build_is_skipped_with_its_reason(tmp_path):
-    from trainbench.verdicts.bisect_runs import Unbuildable, environment
+    from trainbench.jobs.bisect_runs import Unbuildable, environment
 
     assert environment(tmp_path, None) == sys.executable  # this Python, the commit's code first on sys.path
     assert environment(tmp_path, f"echo building; echo {sys.executable}") == sys.executable

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trainbench.core.budgets import BudgetError, Budgets, evaluate, typo_edits
-from trainbench.core.result import Result
+from trainbench.core.records.budgets import BudgetError, Budgets, evaluate, typo_edits
+from trainbench.core.records.result import Result
 from trainbench.devices.device import CpuBackend, DeviceCaps
 
 
@@ -191,7 +191,7 @@ def test_a_section_is_accepted_exactly_when_some_device_answers_to_it(tmp_path):
 
 
 def test_a_case_id_one_typo_from_a_known_one_is_an_error_and_others_stand(tmp_path):
-    from trainbench.core.cases import known_case_ids
+    from trainbench.core.setups.cases import known_case_ids
 
     known = known_case_ids()
     assert "gelu_mlp-baseline" in known and "resnet18-ladder003-3_larger_batch" in known
@@ -223,7 +223,7 @@ def test_a_typo_is_at_most_two_edits_of_letters_or_punctuation(written, meant, e
 
 
 def test_an_entry_two_edits_from_a_case_that_runs_without_a_budget_fails_it(tmp_path):
-    from trainbench.core.cases import known_case_ids
+    from trainbench.core.setups.cases import known_case_ids
 
     budgets = Budgets.load(write(tmp_path, '[cpu."mlp-baslin"]\nmax_ops_per_step = 3\n[cpu."resnet50-baseline"]\n'
                                            'max_ops_per_step = 3\n[cpu."mlp-amp_bf16"]\nmax_ops_per_step = 3\n'))
@@ -252,7 +252,7 @@ def _non_view_ops_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimi
     """aten ops that write data in one training step: a rough count of the kernels a device would launch."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from trainbench.core.workloads import next_token_loss
+    from trainbench.core.setups.workloads import next_token_loss
 
     class Count(TorchDispatchMode):
         ops = 0
@@ -275,7 +275,7 @@ def _non_view_ops_per_step(model: torch.nn.Module, optimizer: torch.optim.Optimi
 def test_the_uncalibrated_fused_optimizer_kernel_bound_says_so_and_lies_between_a_rough_count_and_the_loop():
     from pathlib import Path
 
-    from trainbench.core.workloads import _GPT_SIZES, GPT
+    from trainbench.core.setups.workloads import _GPT_SIZES, GPT
 
     entry = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml").sections["cuda"]["gpt-optimizer_fused"]
     assert "not yet calibrated" in entry.note

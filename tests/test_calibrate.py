@@ -6,7 +6,7 @@ import re
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.core.budgets import Budgets
+from trainbench.core.records.budgets import Budgets
 from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
 
 EXISTING = """# budgets of two devices
@@ -119,12 +119,12 @@ def test_calibrated_budgets_fail_a_layer_added_to_the_model(cpu, profile, quick,
 
     import torch
 
-    from trainbench.core.budgets import evaluate
-    from trainbench.core.measure import measure
-    from trainbench.core.recipes import get_recipe
-    from trainbench.core.result import case_record
-    from trainbench.core.spec import TrainingSpec
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.records.budgets import evaluate
+    from trainbench.core.method.measure import measure
+    from trainbench.core.setups.recipes import get_recipe
+    from trainbench.core.records.result import case_record
+    from trainbench.core.setups.spec import TrainingSpec
+    from trainbench.core.setups.training import TrainingSetup
 
     def measured(extra_layer: bool):
         def model():  # the added layer: +6.3% parameters
@@ -163,7 +163,7 @@ def test_bad_inputs_name_the_file(tmp_path, capsys):
 
 
 def test_only_a_paired_speed_up_is_calibrated():
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
     from trainbench.verdicts.calibrate import bounds_for
 
     def record(paired):
@@ -281,9 +281,9 @@ import functools
 import pytest
 import torch
 from torch import nn
-from trainbench.core.recipes import Recipe
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.workloads import FakeTokens
+from trainbench.core.setups.recipes import Recipe
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.workloads import FakeTokens
 
 SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
                     loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),

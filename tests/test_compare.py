@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.core.metrics import ThresholdError, parse_thresholds
-from trainbench.core.result import CaseRecord
+from trainbench.core.records.metrics import ThresholdError, parse_thresholds
+from trainbench.core.records.result import CaseRecord
 from trainbench.verdicts.compare import compare_case
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, Verdict
 from trainbench.verdicts.present import verdict_table
@@ -93,7 +93,7 @@ def test_a_significant_slowdown_on_a_busy_machine_could_not_be_judged_and_fails_
     [flattered] = compare_case(run_of(step_ms=[7.0] * 7), _loaded(run_of(), 1.1), {"samples_per_s": 0.05})
     assert flattered.verdict == "inconclusive"  # ... so a busy baseline cannot show an improvement
 
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
 
     rows = [MeasuredCase(_loaded(slow, 1.1), "t", {})]
@@ -130,7 +130,7 @@ def test_a_timed_metric_with_too_few_rounds_is_never_unchanged():
 
 
 def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.verdicts.present import verdict_markdown
 
@@ -147,7 +147,7 @@ def test_baseline_cases_this_run_did_not_run_are_named_not_compared():
 
 
 def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_what_differs():
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
     from trainbench.verdicts.present import verdict_markdown
 
@@ -167,7 +167,7 @@ def test_a_baseline_made_with_other_software_is_compared_and_the_verdict_names_w
 
 
 def test_the_gate_names_the_installed_packages_that_differ_from_the_baseline_runs():
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
 
     here = {"kind": "cpu", "name": "cpu", "torch": "2.14.1"}
@@ -221,8 +221,8 @@ from torch import nn
 
 from trainbench.devices.device import CpuBackend
 from trainbench.devices.host import LoadMeter
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.workloads import FakeTokens
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.workloads import FakeTokens
 
 
 class VirtualClock:
@@ -261,7 +261,7 @@ def virtual_time(monkeypatch):
     monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
     # And the profiled steps: their wall on the virtual clock, all of it outside ops (a real profiler would time
     # the ops by the machine's clock, which a loaded machine moves by more than the virtual step).
-    monkeypatch.setattr("trainbench.core.measure.profile_steps", virtual_profile)
+    monkeypatch.setattr("trainbench.core.method.measure.profile_steps", virtual_profile)
 
 
 def virtual_profile(run_step, steps, backend):
@@ -699,7 +699,7 @@ def test_the_verdict_reads_as_markdown_for_a_ci_job_summary(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric(bad):
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
 
     stored = {"t": {"extra_info": {"case": "mlp-baseline", "samples_per_step": 16, "activation_mib": bad,
@@ -717,7 +717,7 @@ def test_a_non_finite_baseline_metric_fails_the_gate_naming_file_case_and_metric
     ({"round_step_times_s": None}, "samples_per_s = 1600.0 without round_step_times_s: expected the rounds"),
 ])
 def test_a_baseline_that_lost_what_a_timed_verdict_needs_fails_the_gate_naming_file_and_case(corrupt, problem):
-    from trainbench.core.result import MeasuredCase
+    from trainbench.core.records.result import MeasuredCase
     from trainbench.verdicts.compare import compare_with_baseline
 
     slow = run_of(step_ms=[t * 1.25 for t in (10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8)])

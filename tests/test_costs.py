@@ -2,8 +2,8 @@
 
 import pytest
 
-from trainbench.core import costs
-from trainbench.core.costs import BASELINE, OTHER, PHASES, TOTAL, by_phase, case_ledger, in_child_process, spent
+from trainbench.core.harness import costs
+from trainbench.core.harness.costs import BASELINE, OTHER, PHASES, TOTAL, by_phase, case_ledger, in_child_process, spent
 
 
 class Clock:
@@ -51,8 +51,8 @@ def test_no_ledger_no_cost_and_an_unknown_phase_is_a_bug():
 
 
 def test_a_case_records_its_phases_and_its_baseline_s_share(cpu, profile, quick):
-    from trainbench.core.predict import PredictionCache
-    from trainbench.core.runner import Runner
+    from trainbench.core.analyses.predict import PredictionCache
+    from trainbench.core.method.runner import Runner
 
     runner = Runner(cpu, profile, quick, predictions=PredictionCache(cpu), pair_baselines=True)
     outcome = runner.run("set_to_none", "mlp")
@@ -127,7 +127,7 @@ def test_a_process_first_optimizer_imports_nothing_once_the_core_is_loaded():
     import subprocess
     import sys
 
-    code = ("import sys, torch, trainbench.core.training\n"
+    code = ("import sys, torch, trainbench.core.setups.training\n"
             "before = set(sys.modules)\n"
             "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
             "new = sorted(set(sys.modules) - before)\n"

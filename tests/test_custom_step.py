@@ -10,12 +10,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainbench import StepContext, TrainingSpec
-from trainbench.core.eligibility import why_not
-from trainbench.core.guards import GUARD_STEPS, compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
-from trainbench.core.measure import Measurer, MeasureSettings
-from trainbench.core.recipes import NotApplicable, TrainConfig, get_recipe, spec_unmet
-from trainbench.core.spec import SpecError
-from trainbench.core.training import TrainingSetup
+from trainbench.core.setups.eligibility import why_not
+from trainbench.core.setups.guards import GUARD_STEPS, compare_gradients, compare_trajectories, first_step_gradients, loss_trajectory
+from trainbench.core.method.measure import Measurer, MeasureSettings
+from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe, spec_unmet
+from trainbench.core.setups.spec import SpecError
+from trainbench.core.setups.training import TrainingSetup
 from trainbench.devices.device import CpuBackend
 
 NOISE, DIM = 8, 16
@@ -474,7 +474,7 @@ def test_a_loss_calling_submodules_directly_gets_the_breakdown_memtracker_gives_
 
 @pytest.mark.parametrize("overrides", [{}, {"amp": "fp16", "grad_scaler": True}])
 def test_the_gan_step_memory_is_predicted_as_measured(config, cpu, overrides):
-    from trainbench.core.predict import PREDICTED_STEPS, predict_memory
+    from trainbench.core.analyses.predict import PREDICTED_STEPS, predict_memory
 
     predicted = predict_memory(config(**overrides), GAN_SPEC, cpu)
     assert predicted["breakdown_bytes"] == breakdown(config(**overrides), GAN_SPEC, cpu, PREDICTED_STEPS)[0]

@@ -276,7 +276,7 @@ def test_runs_are_comparable_on_the_same_device_and_on_the_cpu_with_the_same_ker
 
 
 def test_a_gpu_measures_autotuning_and_deterministic_setups_in_a_fresh_process(monkeypatch):
-    from trainbench.core.recipes import TrainConfig
+    from trainbench.core.setups.recipes import TrainConfig
 
     gpu = _FakeL4()
     assert gpu.fresh_process_reason(TrainConfig()) is None and gpu.fresh_process_env(TrainConfig()) == {}

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.core.distributed import ProcessFailed, measure_ddp
-from trainbench.core.guards import compare_gradients, first_step_gradients
-from trainbench.core.recipes import TrainConfig, get_recipe
-from trainbench.core.result import RELAUNCH_NOTE
-from trainbench.core.spec import SpecError
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.method.distributed import ProcessFailed, measure_ddp
+from trainbench.core.setups.guards import compare_gradients, first_step_gradients
+from trainbench.core.setups.recipes import TrainConfig, get_recipe
+from trainbench.core.records.result import RELAUNCH_NOTE
+from trainbench.core.setups.spec import SpecError
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 
 def _model_that_fails():
@@ -81,7 +81,7 @@ def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, prof
     # The one relaunch spent, a second crash fails the case. Both launch paths take that rule (``_launch``); the
     # one-process job (no torchrun) shows it at a third of a DDP job's start-up. The crash-once test above has
     # torchrun's ranks crash, relaunch and recover.
-    from trainbench.core.distributed import measure_in_fresh_process
+    from trainbench.core.method.distributed import measure_in_fresh_process
 
     monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
     with pytest.raises(ProcessFailed) as failed:
@@ -94,7 +94,7 @@ def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, prof
 
 
 def test_a_native_crash_is_summarized_with_where_each_thread_was(tmp_path):
-    from trainbench.core.distributed import _native_crash
+    from trainbench.core.method.distributed import _native_crash
 
     stderr = tmp_path / "logs" / "run" / "attempt_0" / "1" / "stderr.log"
     stderr.parent.mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_two_nodes_of_one_rank_each_meet_through_c10d_rendezvous_on_localhost(ca
     import shutil
 
     from trainbench.__main__ import main
-    from trainbench.core.result import Result
+    from trainbench.core.records.result import Result
 
     attempts = []
     # As the suite does for its own jobs, a rendezvous whose rank crashed below Python (faulthandler's "Fatal Python
@@ -243,8 +243,8 @@ def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
 
 
 def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.core.budgets import Budgets
-    from trainbench.core.runner import Runner
+    from trainbench.core.records.budgets import Budgets
+    from trainbench.core.method.runner import Runner
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
@@ -302,7 +302,7 @@ STUCK_SPEC = '''
 import dataclasses, signal, time
 import pytest
 import torch
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 class Stuck(torch.utils.data.Dataset):
     def __init__(self, items):
@@ -355,8 +355,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.core.budgets import Budgets
-    from trainbench.core.runner import Runner
+    from trainbench.core.records.budgets import Budgets
+    from trainbench.core.method.runner import Runner
 
     path = tmp_path / "budgets.toml"
     path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
@@ -419,7 +419,7 @@ def test_an_interrupted_session_ends_the_ddp_ranks_and_keeps_the_finished_case(p
 
 def test_gpu_ranks_share_the_cores_their_one_process_baseline_has(monkeypatch):
     # Not torchrun's one thread a rank against DataParallel's every core: the same cores, split between the ranks.
-    from trainbench.core.distributed import _child_env
+    from trainbench.core.method.distributed import _child_env
     from trainbench.devices.device import CpuBackend, CudaBackend
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
@@ -435,8 +435,8 @@ def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_
     import json
     import subprocess
 
-    from trainbench.core import distributed
-    from trainbench.core.result import Result
+    from trainbench.core.method import distributed
+    from trainbench.core.records.result import Result
     from trainbench.devices.device import CpuBackend
 
     events = []
@@ -468,7 +468,7 @@ def test_the_parent_releases_its_cache_before_the_ranks_start_and_notes_what_it_
 
 
 def test_ranks_that_fail_alike_show_their_traceback_once(tmp_path):
-    from trainbench.core.distributed import _errors
+    from trainbench.core.method.distributed import _errors
 
     spec_error = "Traceback (most recent call last):\n  ...\nSpecError: training spec 'bad': loss_fn returned ...\n"
     for rank in (0, 1):
@@ -479,13 +479,13 @@ def test_ranks_that_fail_alike_show_their_traceback_once(tmp_path):
 
 
 def test_a_finished_child_runs_its_exit_handlers_and_skips_the_interpreters_teardown():
-    # How ranks, fresh processes and A/B sides end (trainbench.core.child_exit): what the exit handlers print is
+    # How ranks, fresh processes and A/B sides end (trainbench.core.harness.child_exit): what the exit handlers print is
     # kept, an object torn down with the interpreter never sees its finalizer run, the exit status is the one given.
     import subprocess
     import sys
 
     script = ("import atexit\n"
-              "from trainbench.core.child_exit import exit_without_teardown\n"
+              "from trainbench.core.harness.child_exit import exit_without_teardown\n"
               "class Teardown:\n"
               "    def __del__(self):\n"
               "        print('torn down', flush=True)\n"

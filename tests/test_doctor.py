@@ -8,8 +8,8 @@ import torch
 from trainbench.__main__ import main
 from trainbench.devices import host
 from trainbench.devices.device import DeviceCaps, unsupported_arch
-from trainbench.verdicts import doctor
-from trainbench.verdicts.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
+from trainbench.jobs import doctor
+from trainbench.jobs.doctor import Check, check_cuda, check_device_memory, check_shm, check_timing
 
 CU130_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 MiB, GiB = 1 << 20, 1 << 30
@@ -152,9 +152,9 @@ def fake_prediction(config, spec):
 
 
 def test_a_case_too_large_for_the_gpu_is_skipped_as_the_runner_skips_it_not_a_blocker():
-    from trainbench.core.eligibility import Context, MemoryLimit, why_not
-    from trainbench.core.recipes import get_recipe
-    from trainbench.core.workloads import PROFILES, resolve_spec
+    from trainbench.core.setups.eligibility import Context, MemoryLimit, why_not
+    from trainbench.core.setups.recipes import get_recipe
+    from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
     cases = {c.case_id: c for c in doctor.heaviest_cases(H100, 80 * GiB, fake_prediction)}
     assert set(cases) == set(doctor.HEAVIEST_CASES)
@@ -227,9 +227,9 @@ def test_shm_free_bytes_reads_the_mount(tmp_path):
 def test_the_largest_worker_batch_is_what_its_loader_collates():
     from torch.utils.data import DataLoader
 
-    from trainbench.core.cases import all_cases
-    from trainbench.core.spec import batch_nbytes
-    from trainbench.core.workloads import PROFILES, resolve_spec
+    from trainbench.core.setups.cases import all_cases
+    from trainbench.core.setups.spec import batch_nbytes
+    from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
     case_id, batch_bytes, workers = doctor.largest_worker_batch("cpu")
     assert workers > 0
@@ -448,7 +448,7 @@ class _FakeH100:
 
 def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_needs(quiet_env, monkeypatch, capsys,
                                                                                      tmp_path):
-    from trainbench.core import predict
+    from trainbench.core.analyses import predict
 
     monkeypatch.setattr(doctor, "cuda_runtime", lambda: runtime(devices=[{**gpu(memory=80 * GiB), "uuid": "5a0e9b3e"}]))
     monkeypatch.setattr(doctor, "get_backend", lambda spec: _FakeH100())
@@ -471,7 +471,7 @@ def test_doctor_on_an_h100_passes_and_names_what_the_largest_case_that_will_run_
 
 def test_doctor_refuses_a_json_folder_and_an_empty_gpu_before_any_check(tmp_path, capsys, monkeypatch):
     """doctor --json DIR failed with a traceback after its checks; --simulate-gpu "" ran this machine's doctor."""
-    from trainbench.verdicts import doctor
+    from trainbench.jobs import doctor
 
     monkeypatch.setattr(doctor, "run_checks", lambda *a: pytest.fail("checked before refusing"))
     assert main(["doctor", "--json", str(tmp_path)]) == 2

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from trainbench.core.cases import Case, ladder_cases
-from trainbench.core.eligibility import Context, MemoryLimit, why_not
-from trainbench.core.predict import HEADROOM
-from trainbench.core.recipes import Recipe, Requirements, get_recipe
-from trainbench.core.workloads import PROFILES
+from trainbench.core.setups.cases import Case, ladder_cases
+from trainbench.core.setups.eligibility import Context, MemoryLimit, why_not
+from trainbench.core.setups.eligibility import HEADROOM
+from trainbench.core.setups.recipes import Recipe, Requirements, get_recipe
+from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.device import DeviceCaps
 
 CPU = DeviceCaps("cpu", "Some CPU", bf16=True)
@@ -203,9 +203,9 @@ def test_a_multi_gpu_case_on_a_worker_pinned_to_one_gpu_says_so_and_how_to_run_i
 
 def test_every_knob_entry_names_a_need_its_reader_knows():
     # a need the table names but no reader checks would pass silently
-    from trainbench.core.eligibility import BUILD_NEEDS
-    from trainbench.core.recipes import KNOBS, SPEC_NEEDS, TrainConfig
-    from trainbench.core.spec import TrainingSpec
+    from trainbench.core.setups.eligibility import BUILD_NEEDS
+    from trainbench.core.setups.recipes import KNOBS, SPEC_NEEDS, TrainConfig
+    from trainbench.core.setups.spec import TrainingSpec
 
     for name, knob in KNOBS.items():
         assert knob.spec_needs in (None, *SPEC_NEEDS), name
@@ -217,7 +217,7 @@ def test_every_knob_entry_names_a_need_its_reader_knows():
 
 
 def test_every_cpu_stand_in_names_a_gpu_recipe_that_exists():
-    from trainbench.core.recipes import RECIPES
+    from trainbench.core.setups.recipes import RECIPES
 
     stand_ins = {name: r.requires.gpu_variant for name, r in RECIPES.items() if r.requires.cpu_only}
     assert stand_ins == {"ddp_gloo": "ddp", "fsdp_gloo": "fsdp"}

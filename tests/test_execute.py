@@ -8,14 +8,14 @@ import weakref
 import pytest
 import torch
 
-from trainbench.core.budgets import Budgets
-from trainbench.core.measure import Measurer
-from trainbench.core.recipes import get_recipe
-from trainbench.core.result import CaseRecord
-from trainbench.core.runner import Runner
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.training import InjectedFault
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.records.budgets import Budgets
+from trainbench.core.method.measure import Measurer
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.records.result import CaseRecord
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.training import InjectedFault
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend, PeakMemory
 
 
@@ -325,7 +325,7 @@ def test_each_setup_is_built_and_its_peaks_measured_after_what_earlier_cases_cac
 
 def test_a_paired_guarded_case_builds_each_setup_once_for_its_measurement_and_once_for_its_guards(cpu, profile, quick,
                                                                                                 monkeypatch):
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.training import TrainingSetup
 
     built = []
     real = TrainingSetup.__init__
@@ -360,8 +360,8 @@ def test_a_case_measured_again_for_its_timing_keeps_its_first_passes(log, ratio_
                                               ("convnet", "channels_last"), ("mlp", "optimizer_foreach"),
                                               ("mlp", "multiprocess_loading")])
 def test_a_fresh_setups_first_warm_up_steps_are_the_seeded_trajectory(cpu, profile, quick, workload, recipe):
-    from trainbench.core.guards import GUARD_STEPS, loss_trajectory
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.guards import GUARD_STEPS, loss_trajectory
+    from trainbench.core.setups.training import TrainingSetup
 
     spec, config = resolve_spec(workload, profile), get_recipe(recipe).config(profile)
     settings = dataclasses.replace(quick, min_warmup_steps=GUARD_STEPS)
@@ -372,7 +372,7 @@ def test_a_fresh_setups_first_warm_up_steps_are_the_seeded_trajectory(cpu, profi
 
 
 def test_the_loss_guard_takes_the_measured_setups_trajectories_and_builds_none(cpu, profile, quick, monkeypatch):
-    from trainbench.core import guards
+    from trainbench.core.setups import guards
 
     built = []
     monkeypatch.setattr(guards, "loss_trajectory", lambda *a, **k: built.append(a[0]) or [])
@@ -385,8 +385,8 @@ def test_the_loss_guard_takes_the_measured_setups_trajectories_and_builds_none(c
 
 
 def test_a_setup_that_stepped_before_its_measurement_gives_no_trajectory(cpu, profile, quick, mlp):
-    from trainbench.core.guards import GUARD_STEPS
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.guards import GUARD_STEPS
+    from trainbench.core.setups.training import TrainingSetup
 
     with TrainingSetup(get_recipe("baseline").config(profile), mlp, cpu) as training:
         training.step(training.fetch(training.batches()))  # e.g. a DDP rank's first-step gradients
@@ -398,13 +398,13 @@ def test_a_setup_that_stepped_before_its_measurement_gives_no_trajectory(cpu, pr
 def test_the_gpu_prediction_runs_with_the_heap_frozen_and_unfreezes_it(cpu, profile, quick, monkeypatch):
     import gc
 
-    from trainbench.core.execute import Executor
+    from trainbench.core.method.execute import Executor
 
     seen = []
     monkeypatch.setattr(Executor, "_predicted_memory", lambda self, plan, result: seen.append(gc.get_freeze_count())
                         or {"profile": "gpu", "reason": "not predicted in this test"})
     gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
-    monkeypatch.setattr("trainbench.core.measure._HeapFreeze.elsewhere", False)
+    monkeypatch.setattr("trainbench.core.method.measure._HeapFreeze.elsewhere", False)
     try:
         outcome = Runner(cpu, profile, quick, predict=True).run("baseline", "mlp")
         assert seen and seen[0] > 0 and gc.get_freeze_count() == 0

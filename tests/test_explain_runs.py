@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.core.result import Result, case_record
+from trainbench.core.records.result import Result, case_record
 
 IDENTITY = {"kind": "cpu", "name": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1", "cpu_threads": 2}
 OPS_MS = {"aten::convolution_backward": 3.0, "aten::mm": 2.0, "aten::add_": 1.0, "(outside ops)": 0.5}

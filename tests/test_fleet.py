@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.core.cases import all_cases
-from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
-from trainbench.core.predict import HEADROOM, PredictionCache
-from trainbench.core.roofline import StepCounts
+from trainbench.core.setups.cases import all_cases
+from trainbench.core.analyses.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED
+from trainbench.core.analyses.predict import PredictionCache
+from trainbench.core.setups.eligibility import HEADROOM
+from trainbench.core.analyses.roofline import StepCounts
 from trainbench.devices.fleet import FLEET, H100_SXM, T4, find_gpu
 from trainbench.devices.simulated import NothingRunsHere, SimulatedGpu, prediction_backend
-from trainbench.verdicts.night_plan import format_night, plan_night, plan_record, planned_peak_mib
+from trainbench.jobs.night_plan import format_night, plan_night, plan_record, planned_peak_mib
 
 ROOT = Path(__file__).parents[1]
 
@@ -183,9 +184,9 @@ def test_the_simulated_gpu_answers_what_the_driver_would_and_times_nothing():
 
 def test_the_real_prediction_skips_gpt_larger_batch_on_an_h100():
     # the one real prediction at the GPU profile's sizes (a few seconds): the stand-in's figure is the real one
-    from trainbench.core.measure import DEFAULT_SETTINGS
-    from trainbench.core.runner import Runner
-    from trainbench.core.workloads import PROFILES
+    from trainbench.core.method.measure import DEFAULT_SETTINGS
+    from trainbench.core.method.runner import Runner
+    from trainbench.core.setups.workloads import PROFILES
 
     (case,) = [c for c in all_cases() if c.id == "gpt-larger_batch"]
     runner = Runner(SimulatedGpu(H100_SXM), PROFILES["gpu"], DEFAULT_SETTINGS["gpu"],
@@ -263,7 +264,7 @@ def test_any_gpu_by_name_or_explicit_spec_is_planned():
 
 def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monkeypatch, capsys):
     from trainbench import __main__ as cli
-    from trainbench.verdicts import night_plan
+    from trainbench.jobs import night_plan
 
     real = night_plan.plan_night
     monkeypatch.setattr(night_plan, "plan_night", lambda gpu, budgets, **_: real(
@@ -281,7 +282,7 @@ def test_plan_and_doctor_accept_any_gpu_and_refuse_a_bad_spec_with_one_line(monk
 
 def test_plan_refuses_a_missing_budgets_file_or_an_unwritable_json_before_planning(monkeypatch, capsys, tmp_path):
     from trainbench import __main__ as cli
-    from trainbench.verdicts import night_plan
+    from trainbench.jobs import night_plan
 
     planned = []
     real = night_plan.plan_night
@@ -322,7 +323,7 @@ def _seconds_run(costs: dict[str, dict], folder: str = "night") -> "SavedRun":
 
 
 def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
-    from trainbench.verdicts.night_plan import PASS_STEPS, PlannedCase, predict_seconds
+    from trainbench.jobs.night_plan import PASS_STEPS, PlannedCase, predict_seconds
 
     run = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 9.0},  # 7 s beside its rounds
                         "resnet18-amp_bf16": {"rounds": 1.0, "baseline rounds": 1.0, "total": 5.0},  # 3 s beside
@@ -351,7 +352,7 @@ def test_a_plans_seconds_come_from_an_earlier_night_of_the_gpu(tmp_path):
 def test_a_plans_seconds_come_from_every_earlier_night_given_the_last_one_first():
     from dataclasses import replace
 
-    from trainbench.verdicts.night_plan import PlannedCase, predict_seconds
+    from trainbench.jobs.night_plan import PlannedCase, predict_seconds
 
     first = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 9.0}}, "night-1")
     second = _seconds_run({"resnet18-baseline": {"rounds": 2.0, "total": 11.0},  # measured again: this one counts

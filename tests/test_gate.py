@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainbench.core.stats import judge_change
-from trainbench.verdicts.ab import ABOutcome
-from trainbench.verdicts.ab import verdict as ab_verdict
+from trainbench.core.records.stats import judge_change
+from trainbench.jobs.ab import ABOutcome
+from trainbench.jobs.ab import verdict as ab_verdict
 from trainbench.verdicts.gate import (
     EXIT_COULD_NOT_JUDGE,
     MetricComparison,

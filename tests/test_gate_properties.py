@@ -22,8 +22,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from trainbench.core.metrics import METRICS, is_timed, parse_thresholds
-from trainbench.core.result import MIB, CaseRecord, MeasuredCase, Result, case_record
+from trainbench.core.records.metrics import METRICS, is_timed, parse_thresholds
+from trainbench.core.records.result import MIB, CaseRecord, MeasuredCase, Result, case_record
 from trainbench.verdicts.compare import EXACT, compare_with_baseline
 from trainbench.verdicts.gate import OUTCOMES, Verdict
 from trainbench.verdicts.store import RunFileError, SavedRun, load_run

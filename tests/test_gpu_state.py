@@ -109,7 +109,7 @@ def test_in_a_container_the_drivers_pids_are_not_taken_for_other_processes(monke
 
 
 def test_the_doctor_says_cannot_tell_for_one_unmatched_pid_and_warns_for_more():
-    from trainbench.verdicts.doctor import check_gpu_state
+    from trainbench.jobs.doctor import check_gpu_state
 
     def state(*unmatched, others=()):
         gpu = GpuState(0, H100_UUID, "NVIDIA H100 80GB HBM3", False, 1980, 1980, 1755, 1755, tuple(others),

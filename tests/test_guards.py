@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from trainbench.core import spec as spec_module
-from trainbench.core import training as training_module
-from trainbench.core.guards import compare_trajectories, loss_trajectory
-from trainbench.core.recipes import get_recipe
+from trainbench.core.setups import spec as spec_module
+from trainbench.core.setups import training as training_module
+from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
+from trainbench.core.setups.recipes import get_recipe
 
 
 def test_compare_trajectories_reports_the_worst_step():
@@ -49,7 +49,7 @@ def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, mlp, monkeyp
 
 def test_plugin_fails_a_case_whose_guard_fails(pytester, quick_options):
     pytester.makepyfile(test_broken="""
-from trainbench.core import spec
+from trainbench.core.setups import spec
 
 def test_broken_uint8(train_bench, monkeypatch):
     monkeypatch.setattr(spec, "normalize_uint8", lambda images: images.float())
@@ -64,14 +64,14 @@ def test_broken_uint8(train_bench, monkeypatch):
 # -- the gradient guard: optimizations that promise the same gradients ------------------
 
 def _grads(recipe_name, workload, cpu, profile, **overrides):
-    from trainbench.core.guards import first_step_gradients
-    from trainbench.core.workloads import resolve_spec
+    from trainbench.core.setups.guards import first_step_gradients
+    from trainbench.core.setups.workloads import resolve_spec
 
     return first_step_gradients(get_recipe(recipe_name).config(profile, **overrides), resolve_spec(workload, profile), cpu)
 
 
 def _grad_verdict(recipe_name, workload, cpu, profile):
-    from trainbench.core.guards import compare_gradients
+    from trainbench.core.setups.guards import compare_gradients
 
     r = get_recipe(recipe_name)
     return compare_gradients(_grads(recipe_name, workload, cpu, profile), _grads(r.baseline, workload, cpu, profile),
@@ -112,7 +112,7 @@ def test_checkpointing_that_drops_a_block_fails_the_guard(cpu, profile, monkeypa
 
 def test_a_missing_all_reduce_fails_the_ddp_gradient_guard(cpu, profile):
     """One rank's gradients without the all-reduce (half the global batch) are not the global batch's."""
-    from trainbench.core.guards import compare_gradients
+    from trainbench.core.setups.guards import compare_gradients
 
     one_process = _grads("one_process", "mlp", cpu, profile)  # the global batch of 32
     first_half = _grads("baseline", "mlp", cpu, profile)  # rank 0's 16 samples, never averaged with rank 1
@@ -123,9 +123,9 @@ def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu,
     """The articles' AMP without GradScaler: fine on their loss scale, underflowing gradients on a small one."""
     import dataclasses
 
-    from trainbench.core.guards import compare_gradients, first_step_gradients
-    from trainbench.core.recipes import TrainConfig
-    from trainbench.core.spec import classification_loss
+    from trainbench.core.setups.guards import compare_gradients, first_step_gradients
+    from trainbench.core.setups.recipes import TrainConfig
+    from trainbench.core.setups.spec import classification_loss
 
     tiny = dataclasses.replace(mlp, name="tiny_loss_mlp", loss_fn=lambda model, batch: classification_loss(model, batch) * 1e-6)
     fp32 = first_step_gradients(TrainConfig(), tiny, cpu)
@@ -140,7 +140,7 @@ def test_fp16_without_a_scaler_loses_small_gradients_and_the_guard_shows_it(cpu,
 def test_reduced_precision_is_judged_on_the_steps_direction_not_each_parameters_error():
     """fp16 leaves a BatchNorm bias's small, cancelling gradient far off while the step keeps its way; the
     direction measure passes that and fails a step that turned."""
-    from trainbench.core.guards import compare_gradients
+    from trainbench.core.setups.guards import compare_gradients
 
     recipe = get_recipe("amp_fp16")
     assert recipe.grad_measure == "direction"
@@ -158,7 +158,7 @@ def test_reduced_precision_is_judged_on_the_steps_direction_not_each_parameters_
 def test_a_nan_loss_or_gradient_fails_the_guard():
     import torch
 
-    from trainbench.core.guards import compare_gradients
+    from trainbench.core.setups.guards import compare_gradients
 
     assert not compare_trajectories([1.0, float("nan")], [1.0, 1.0], rtol=0.5).ok
     assert not compare_trajectories([float("nan"), 1.0], [1.0, 1.0], rtol=0.5).ok
@@ -186,9 +186,9 @@ class _Fp16Gradient(torch.autograd.Function):
 def test_the_gradient_guard_compares_the_step_the_grad_scaler_takes_not_one_it_skips(cpu, mlp):
     import dataclasses
 
-    from trainbench.core.guards import compare_gradients, first_step_gradients
-    from trainbench.core.recipes import TrainConfig
-    from trainbench.core.spec import classification_loss
+    from trainbench.core.setups.guards import compare_gradients, first_step_gradients
+    from trainbench.core.setups.recipes import TrainConfig
+    from trainbench.core.setups.spec import classification_loss
 
     # 4 x the loss scale reaches the fp16 cast: 2**18, 2**17, 2**16 overflow (found_inf: the scaler skips the
     # step and halves its scale), 2**15 does not.
@@ -206,9 +206,9 @@ def test_the_gradient_guard_compares_the_step_the_grad_scaler_takes_not_one_it_s
 def test_a_step_the_grad_scaler_would_skip_forever_fails_the_gradient_guard(cpu, mlp, monkeypatch):
     import dataclasses
 
-    from trainbench.core import guards
-    from trainbench.core.recipes import TrainConfig
-    from trainbench.core.spec import classification_loss
+    from trainbench.core.setups import guards
+    from trainbench.core.setups.recipes import TrainConfig
+    from trainbench.core.setups.spec import classification_loss
 
     monkeypatch.setattr(guards, "MAX_SKIPPED_STEPS", 2)
     always_inf = dataclasses.replace(
@@ -223,7 +223,7 @@ def test_a_step_the_grad_scaler_would_skip_forever_fails_the_gradient_guard(cpu,
 def test_one_setup_gives_the_first_gradients_and_losses_each_would_alone(cpu, profile, mlp, zero_grad):
     # The first step's gradients are kept while training goes on: zeroing gradients in place (the baseline's "zeros")
     # must not change what was kept, nor the losses differ from a setup that only trains.
-    from trainbench.core.guards import first_step_gradients, seeded_run
+    from trainbench.core.setups.guards import first_step_gradients, seeded_run
 
     config = get_recipe("baseline").config(profile, zero_grad=zero_grad)
     run = seeded_run(config, mlp, cpu, losses=True, gradients=True)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainbench.core.guards import compare_gradients, first_step_gradients, with_likely_cause
-from trainbench.core.recipes import get_recipe
-from trainbench.core.spec import SpecError, TrainingSpec
+from trainbench.core.setups.guards import compare_gradients, first_step_gradients, with_likely_cause
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.setups.spec import SpecError, TrainingSpec
 
 VOCAB, SEQ = 50, 12
 
@@ -68,8 +68,8 @@ def test_averaging_padded_micro_batches_equally_fails_the_guard_and_says_why(cpu
 
 
 def test_items_are_counted_over_the_timed_steps_and_reported_per_second(cpu, profile):
-    from trainbench.core.measure import Measurer, MeasureSettings
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.method.measure import Measurer, MeasureSettings
+    from trainbench.core.setups.training import TrainingSetup
 
     spec = lm_spec(items=tokens, items_unit="tokens")
     settings = MeasureSettings(rounds=3, steps_per_round=2, min_warmup_steps=1, max_warmup_steps=1, fixed_warmup=True)
@@ -94,8 +94,8 @@ def test_items_are_counted_over_the_timed_steps_and_reported_per_second(cpu, pro
 
 
 def test_a_spec_without_items_reports_no_items_per_s(cpu, profile):
-    from trainbench.core.measure import Measurer, MeasureSettings
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.method.measure import Measurer, MeasureSettings
+    from trainbench.core.setups.training import TrainingSetup
 
     settings = MeasureSettings(rounds=2, steps_per_round=1, min_warmup_steps=1, max_warmup_steps=1, fixed_warmup=True)
     with TrainingSetup(get_recipe("baseline").config(profile), lm_spec(), cpu) as training:
@@ -119,7 +119,7 @@ def test_items_unit_must_be_a_word():
 
 
 def test_a_collate_fn_pads_a_datasets_samples_of_different_lengths(cpu, profile):
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.training import TrainingSetup
 
     class Sentences(torch.utils.data.Dataset):
         def __len__(self):
@@ -145,8 +145,8 @@ def test_weighting_micro_batches_by_their_items_copies_nothing_to_the_device(pro
     """On a GPU a count made on the host and copied to the device per micro-batch is a sync each: the step must count
     the items where the batches are. The CPU is host and device at once, so this backend calls every copy to the
     device what a GPU's pageable host-to-device copy is, a sync."""
-    from trainbench.core.measure import Measurer, MeasureSettings
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.method.measure import Measurer, MeasureSettings
+    from trainbench.core.setups.training import TrainingSetup
     from trainbench.devices.device import CpuBackend
 
     class CopiesSyncAsOnAGpu(CpuBackend):

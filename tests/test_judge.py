@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.core.budgets import Bound, CaseBudget
-from trainbench.core.judge import MAX_REMEASURES, Judge
-from trainbench.core.measure import measure
-from trainbench.core.outcome import CaseOutcome
-from trainbench.core.recipes import get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.training import TrainingSetup
-from trainbench.core.watchdog import NoProgress
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.records.budgets import Bound, CaseBudget
+from trainbench.core.method.judge import MAX_REMEASURES, Judge
+from trainbench.core.method.measure import measure
+from trainbench.core.records.outcome import CaseOutcome
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.harness.watchdog import NoProgress
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 HOG = {"cpus": 2, "seconds": 3.0, "other_cpus": 1.05, "load_average_1m": [3.8, 4.1]}
@@ -170,7 +170,7 @@ def test_a_measurement_again_that_makes_no_progress_fails_the_case_alone(result)
 
 
 def test_a_loss_that_diverges_while_measured_again_fails_the_case_alone(result):
-    from trainbench.core.training import NonFiniteLoss
+    from trainbench.core.setups.training import NonFiniteLoss
 
     def diverges(given):
         raise NonFiniteLoss("the loss of training spec 'mlp' is nan at step 12")

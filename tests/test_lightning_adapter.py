@@ -8,10 +8,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainbench import from_lightning
-from trainbench.core.guards import compare_trajectories, first_step_gradients, loss_trajectory
-from trainbench.core.recipes import get_recipe
-from trainbench.core.spec import SpecError
-from trainbench.core.training import TrainingSetup
+from trainbench.core.setups.guards import compare_trajectories, first_step_gradients, loss_trajectory
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.setups.spec import SpecError
+from trainbench.core.setups.training import TrainingSetup
 
 L = pytest.importorskip("lightning.pytorch")
 
@@ -144,7 +144,7 @@ class DeviceReader(Regressor):
 
 def test_moving_the_setups_model_moves_the_lightning_modules_own_device():
     # The setup moves its model with module_to (nn.Module.to on the root): Lightning's device must follow it.
-    from trainbench.core.training import module_to
+    from trainbench.core.setups.training import module_to
 
     spec = from_lightning(DeviceReader, name="reader", batch_size=4,
                           batches=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)))

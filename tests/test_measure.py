@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.core import training as training_module
-from trainbench.core.costs import case_ledger
-from trainbench.core.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
-from trainbench.core.recipes import TrainConfig, get_recipe
-from trainbench.core.result import MIB
-from trainbench.core.training import TrainingSetup
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.setups import training as training_module
+from trainbench.core.harness.costs import case_ledger
+from trainbench.core.method.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
+from trainbench.core.setups.recipes import TrainConfig, get_recipe
+from trainbench.core.records.result import MIB
+from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 MLP_PARAMS = 3072 * 256 + 256 + 256 * 10 + 10  # Flatten -> Linear(3072, 256) -> ReLU -> Linear(256, 10)
@@ -94,8 +94,8 @@ def test_the_passes_after_timing_step_with_the_heap_frozen_and_leave_the_collect
                                                                                                       monkeypatch):
     import gc
 
-    from trainbench.core import measure
-    from trainbench.core.measure import heap_frozen
+    from trainbench.core.method import measure
+    from trainbench.core.method.measure import heap_frozen
 
     log = []
     gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
@@ -212,7 +212,7 @@ def test_the_breakdown_by_storage_identity_is_memtrackers_where_both_follow_the_
 def test_memtracker_updating_only_its_global_peak_gives_the_stock_trackers_breakdown(cpu, profile, workload, recipe,
                                                                                      monkeypatch):
     # The per-module peaks the stock tracker updates after every op are never read: without them, the same figures.
-    from trainbench.core import measure as measure_module
+    from trainbench.core.method import measure as measure_module
 
     with TrainingSetup(get_recipe(recipe).config(profile, batch_size=4), resolve_spec(workload, profile), cpu) as training:
         m = Measurer(training, "case", recipe, MeasureSettings())
@@ -228,7 +228,7 @@ def test_memtracker_updating_only_its_global_peak_gives_the_stock_trackers_break
 
 
 def test_a_tracker_that_keeps_its_peak_under_other_names_keeps_its_own_update():
-    from trainbench.core.measure import global_peak_only
+    from trainbench.core.method.measure import global_peak_only
 
     class Renamed:  # what a torch that renamed the tracker's modules would hand over
         def _update_peak_stats(self, peak_state):
@@ -434,8 +434,8 @@ def test_the_op_counter_counts_item_as_a_sync_and_a_dtype_cast_as_none():
 # -- passes a setup's threads escape ---------------------------------------------------------------------
 
 def test_data_parallel_skips_the_passes_its_replica_threads_escape(cpu, profile, quick):
-    from trainbench.core.costs import case_ledger
-    from trainbench.core.measure import Measurer
+    from trainbench.core.harness.costs import case_ledger
+    from trainbench.core.method.measure import Measurer
 
     with training_module.TrainingSetup(get_recipe("baseline").config(profile), resolve_spec("mlp", profile), cpu) as training:
         # DataParallel needs 2 GPUs; the pass selection only reads the config, so the CPU setup stands in.
@@ -460,7 +460,7 @@ def _flops_by_op(model: torch.nn.Module, batch: torch.Tensor) -> dict:
 
 
 def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
-    from trainbench.core.measure import convolution_share
+    from trainbench.devices.caps import convolution_share
 
     convnet = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 16, 3), torch.nn.Flatten(),
                                   torch.nn.Linear(16 * 4 * 4, 4))
@@ -471,7 +471,7 @@ def test_the_convolution_share_of_a_step_tells_a_convnet_from_a_matmul_model():
 
 
 def test_a_mig_slice_records_why_it_has_no_mfu(training, quick):
-    from trainbench.core.measure import Measurer
+    from trainbench.core.method.measure import Measurer
     from trainbench.devices import device
     from trainbench.devices.device import CpuBackend
 
@@ -541,7 +541,7 @@ def test_warm_up_ends_two_steady_windows_after_the_first_step_on_a_virtual_clock
 
 def _interleaved_on_a_virtual_clock(training, settings, case_steps, base_steps, base_in_rounds=False):
     """A case and its baseline (warmed up first) interleaved on a clock only their steps move: (case, baseline)."""
-    from trainbench.core.measure import interleave_rounds
+    from trainbench.core.method.measure import interleave_rounds
 
     clock = _VirtualClock()
     with training() as case_setup, training() as base_setup:

@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from trainbench.core.budgets import parse_key
-from trainbench.core.metrics import (
+from trainbench.core.records.budgets import parse_key
+from trainbench.core.records.metrics import (
     DETERMINISTIC,
     DEVICE_CHOICE,
     KINDS,
@@ -24,7 +24,7 @@ from trainbench.core.metrics import (
     rounds_of,
     timed_metrics,
 )
-from trainbench.core.result import CaseRecord, Result, case_record
+from trainbench.core.records.result import CaseRecord, Result, case_record
 
 
 def test_every_metric_has_one_kind_and_speed_is_exactly_the_timed_ones():
@@ -122,7 +122,7 @@ def test_a_stored_records_rounds_are_read_by_the_same_rule():
 
 
 def test_a_metric_twice_in_a_gate_spec_is_refused_and_one_beside_deterministic_keeps_its_own():
-    from trainbench.core.metrics import ThresholdError, parse_thresholds
+    from trainbench.core.records.metrics import ThresholdError, parse_thresholds
 
     for spec in ("samples_per_s:5%,samples_per_s:10%", "peak_memory:2%,peak_memory_mib:3%",
                  "deterministic:0%,deterministic:1%"):
@@ -134,8 +134,8 @@ def test_a_metric_twice_in_a_gate_spec_is_refused_and_one_beside_deterministic_k
 
 
 def test_every_metric_is_measured_by_phases_of_the_cost_table():
-    from trainbench.core.costs import PHASES
-    from trainbench.core.metrics import METRICS, passes_measuring
+    from trainbench.core.harness.costs import PHASES
+    from trainbench.core.records.metrics import METRICS, passes_measuring
 
     assert all(set(m.measured_by) <= set(PHASES) for m in METRICS.values())
     assert passes_measuring(["samples_per_s"]) == {"rounds"}

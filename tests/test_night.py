@@ -33,7 +33,7 @@ from trainbench.cli.night import (
     window_profile,
     write_archive,
 )
-from trainbench.verdicts.doctor import Check, write_checks
+from trainbench.jobs.doctor import Check, write_checks
 from trainbench.verdicts.store import INCOMPLETE_KEY, PLANTED_KEY
 
 ROOT = Path(__file__).parents[1]
@@ -153,7 +153,7 @@ def test_the_window_profile_is_chosen_by_the_budget_and_recorded(tmp_path):
     assert window_profile(240, "cpu").pytest_args() == ("--trainbench-rounds=8", "--trainbench-steps-per-round=2",
                                                         "--trainbench-no-attribution")
     # the rounds never drop below the count a first look of a budget measured again can decide from
-    from trainbench.core.stats import least_rounds
+    from trainbench.core.records.stats import least_rounds
 
     assert all(p.rounds is None or p.rounds > least_rounds("paired", 2) for p in (short, window_profile(60, "cpu")))
     _, manifest, _ = _night(tmp_path, VirtualNight(), simulate=None)
@@ -471,8 +471,8 @@ def test_a_step_at_its_deadline_is_interrupted_as_ctrl_c_would_before_it_is_kill
 
 
 def test_a_jobs_processes_share_predictions_and_counts_through_one_file(tmp_path, monkeypatch, cpu, profile, mlp):
-    from trainbench.core import predict, roofline
-    from trainbench.core.recipes import get_recipe
+    from trainbench.core.analyses import predict, roofline
+    from trainbench.core.setups.recipes import get_recipe
 
     monkeypatch.setenv("TRAINBENCH_PREDICTIONS_FILE", str(tmp_path / "shared.json"))
     calls = []
@@ -649,8 +649,8 @@ def test_a_shared_prediction_of_other_code_is_never_read_as_this_codes(tmp_path,
     import torch
 
     from trainbench import TrainingSpec
-    from trainbench.core import predict
-    from trainbench.core.recipes import get_recipe
+    from trainbench.core.analyses import predict
+    from trainbench.core.setups.recipes import get_recipe
 
     source = tmp_path / "user_model.py"
     source.write_text("import torch\nfrom torch import nn\n\ndef model():\n    return nn.Linear(8, 8)\n")

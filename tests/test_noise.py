@@ -1,9 +1,9 @@
-"""When timing can be judged (``trainbench.core.stats``): a budget's limit by the gate's rule, one interval for every
+"""When timing can be judged (``trainbench.core.records.stats``): a budget's limit by the gate's rule, one interval for every
 caller, a busy machine, and the load meter's arithmetic."""
 
 import pytest
 
-from trainbench.core.stats import (
+from trainbench.core.records.stats import (
     ALPHA_SIDE,
     beyond_noise,
     change_interval,
@@ -185,10 +185,10 @@ def test_the_load_meter_reads_this_machine():
 
 
 def test_every_accepted_round_count_claims_wrongly_at_most_as_often_as_its_interval_says():
-    """The seeded coverage check (``core.error_rates``): cases whose truth sits exactly at the edge, through the
+    """The seeded coverage check (``core.analyses.error_rates``): cases whose truth sits exactly at the edge, through the
     functions that judge, with and without measuring again: each wrong claim stays <= 5% (2.5% + the simulation's
     error at these trials); the full table is results/error-rates/."""
-    from trainbench.core.error_rates import DESIGNS, error_rates, lognormal_noise
+    from trainbench.core.analyses.error_rates import DESIGNS, error_rates, lognormal_noise
 
     # 300 trials a cell: a true 2.5% reads above 5% about once in 250 cells; over seeds 1-7 the worst cell read 3.3%
     cells = error_rates([None, 10], trials=300, noises={"lognormal": lognormal_noise}, designs=DESIGNS,
@@ -200,8 +200,8 @@ def test_every_accepted_round_count_claims_wrongly_at_most_as_often_as_its_inter
 
 def test_the_coverage_check_catches_an_interval_that_claims_too_much(monkeypatch):
     """The same check with the interval narrowed to its middle half (a fault planted): it must fail."""
-    import trainbench.core.stats as stats
-    from trainbench.core.error_rates import lognormal_noise, simulate
+    import trainbench.core.records.stats as stats
+    from trainbench.core.analyses.error_rates import lognormal_noise, simulate
 
     exact = stats.change_interval
 
@@ -213,7 +213,7 @@ def test_the_coverage_check_catches_an_interval_that_claims_too_much(monkeypatch
         return middle - half, middle + half
 
     monkeypatch.setattr(stats, "change_interval", narrowed)
-    monkeypatch.setattr("trainbench.core.error_rates.change_interval", narrowed)
+    monkeypatch.setattr("trainbench.core.analyses.error_rates.change_interval", narrowed)
     cell = simulate("ab", 8, 150, lognormal_noise, "lognormal", seed=7)
     assert cell.worst() > 0.05
 
@@ -240,7 +240,7 @@ def test_the_error_rates_command_writes_its_table_and_refuses_bad_input_in_one_l
 
 
 def test_uneven_sides_are_judged_by_their_own_exact_test():
-    from trainbench.core.stats import too_few_rounds
+    from trainbench.core.records.stats import too_few_rounds
 
     # 3 rounds against 10: 1 / C(13, 3) = 1/286 of the orderings is as extreme: an interval exists
     assert too_few_rounds([1.0] * 3, [1.0] * 10, paired=False) is None

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from trainbench.core.metrics import METRICS
+from trainbench.core.records.metrics import METRICS
 from trainbench.devices.fleet import FLEET, Gpu
 from trainbench.devices.host import ENVIRONMENT, SWITCHES, EnvError, env_value
 from trainbench.plugin.options import Options, add_options
@@ -213,7 +213,7 @@ NAME = st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=20)
 @FAST
 @given(name=NAME, as_file=st.booleans())
 def test_any_output_or_budgets_path_is_taken_or_refused_in_one_line(name, as_file, tmp_path_factory):
-    from trainbench.core.budgets import BudgetError, Budgets
+    from trainbench.core.records.budgets import BudgetError, Budgets
     from trainbench.plugin.session import TrainbenchSession
 
     folder = tmp_path_factory.mktemp("out")
@@ -235,7 +235,7 @@ def test_what_the_properties_found_is_refused_in_one_line(tmp_path):
         with pytest.raises(pytest.UsageError) as raised:
             Options.from_config(_Config({**defaults, "--trainbench-ab": sys.executable, option: value}, "", tmp_path))
         assert str(raised.value).startswith(f"trainbench: {option}={value!r}: ") and "\n" not in str(raised.value)
-    from trainbench.core.budgets import BudgetError, Budgets
+    from trainbench.core.records.budgets import BudgetError, Budgets
     from trainbench.plugin.session import TrainbenchSession
 
     with pytest.raises(pytest.UsageError, match=r"^trainbench: --trainbench-compare-json: cannot write into "

@@ -5,14 +5,14 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.core.budgets import Bound, BoundCheck, CaseBudget
-from trainbench.core.guards import GuardCheck
-from trainbench.core.measure import measure
-from trainbench.core.outcome import CaseOutcome, failed_without_result
-from trainbench.core.recipes import get_recipe
-from trainbench.core.result import CaseRecord
-from trainbench.core.training import TrainingSetup
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.records.budgets import Bound, BoundCheck, CaseBudget
+from trainbench.core.records.outcome import GuardCheck
+from trainbench.core.method.measure import measure
+from trainbench.core.records.outcome import CaseOutcome, failed_without_result
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.records.result import CaseRecord
+from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 OPS = Bound("ops_per_step", "max", True, 1.5, "max_ops_per_step_ratio")
@@ -76,8 +76,8 @@ def test_a_case_that_failed_before_its_result_keeps_no_numbers(measured):
 
 
 def test_scaling_efficiency_is_n_ranks_over_n_times_one_rank_at_the_per_rank_batch():
-    from trainbench.core.outcome import scaling_efficiency
-    from trainbench.core.result import Result
+    from trainbench.core.records.outcome import scaling_efficiency
+    from trainbench.core.records.result import Result
 
     def run(recipe, batch, step_s, parallel=None, world=1, ideal=None):
         return Result(f"resnet18-{recipe}", "resnet18", recipe, "gpu", batch_size=batch, config={"parallel": parallel},

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from trainbench.core.measure import Measurer, MeasureSettings
-from trainbench.core.recipes import TrainConfig
-from trainbench.core.training import TrainingSetup
+from trainbench.core.method.measure import Measurer, MeasureSettings
+from trainbench.core.setups.recipes import TrainConfig
+from trainbench.core.setups.training import TrainingSetup
 
 REPETITIONS = 41  # pairs of adjacent rounds
 ROUNDS, STEPS_PER_ROUND = 1, 20

@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.core.budgets import Budgets
-from trainbench.core.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED, Planner, interleave_blocker
-from trainbench.core.predict import PredictionCache
-from trainbench.core.recipes import ConfigError, TrainConfig
+from trainbench.core.records.budgets import Budgets
+from trainbench.core.analyses.plan import ALONE, BASELINE_AFTER, FRESH_PROCESSES, PAIRED, Planner, interleave_blocker
+from trainbench.core.analyses.predict import PredictionCache
+from trainbench.core.setups.recipes import ConfigError, TrainConfig
 from trainbench.devices.device import CpuBackend
 
 GiB = 2**30
@@ -155,7 +155,7 @@ def test_a_case_and_its_baseline_that_fit_only_one_at_a_time_are_not_interleaved
 
 
 def test_a_case_measured_with_its_baseline_after_says_why_in_its_result(profile, quick, device_of_memory, budgets):
-    from trainbench.core.runner import Runner
+    from trainbench.core.method.runner import Runner
 
     runner = Runner(device_of_memory(GiB), profile, quick, predict=False)
     runner.planner.predictions = lambda profile_name, config, spec: {"breakdown_bytes": {"total": GiB // 2}}

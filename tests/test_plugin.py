@@ -180,7 +180,7 @@ def test_benchmark_json_carries_every_metric(baseline_without_budgets):
 
 
 def test_the_complete_attribution_goes_to_its_side_file_and_can_be_turned_off(pytester, attributed_options):
-    from trainbench.core.attribution import compact
+    from trainbench.core.records.tables import compact
 
     pytester.makepyfile(test_cases=CASES)
     result = pytester.runpytest("-k", "baseline or set_to_none", "--benchmark-json=out.json",
@@ -265,9 +265,9 @@ import functools
 
 import torch
 from torch import nn
-from trainbench.core.recipes import Recipe
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.workloads import FakeTokens
+from trainbench.core.setups.recipes import Recipe
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.workloads import FakeTokens
 
 SPEC = TrainingSpec(
     name="my_bag_of_words",
@@ -383,8 +383,8 @@ import functools
 
 import torch
 from torch import nn
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.workloads import FakeTokens
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.workloads import FakeTokens
 
 CALLS = [0]
 
@@ -432,7 +432,7 @@ import time
 import torch
 from torch import nn
 from torch.utils.data import Dataset
-from trainbench.core.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
 
 
 class Hangs(Dataset):
@@ -472,7 +472,7 @@ HUNG_IN_MAIN = HUNG.replace('train_bench("multiprocess_loading", SPEC, loader_ti
 
 def test_z_after(train_bench):
     import dataclasses
-    from trainbench.core.workloads import FakeTokens
+    from trainbench.core.setups.workloads import FakeTokens
 
     train_bench("baseline", dataclasses.replace(SPEC, name="fine", dataset=lambda: FakeTokens(64, 8, 100)))
 """
@@ -502,8 +502,8 @@ import dataclasses
 
 import torch
 from torch import nn
-from trainbench.core.spec import classification_loss
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.setups.spec import classification_loss
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 MLP = resolve_spec("mlp", PROFILES["cpu"])
 STEPS = [0]

@@ -1,4 +1,4 @@
-"""Memory predicted under FakeTensorMode (trainbench.core.predict): the same breakdown the measurement tracks, from fake
+"""Memory predicted under FakeTensorMode (trainbench.core.analyses.predict): the same breakdown the measurement tracks, from fake
 tensors, at sizes this machine need not hold; and the setups it cannot fake, said with a reason instead of a crash."""
 
 import contextlib
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainbench.core.measure import Measurer, MeasureSettings
-from trainbench.core.predict import (
+from trainbench.core.method.measure import Measurer, MeasureSettings
+from trainbench.core.analyses.predict import (
     PredictionCache,
     allocator_peak_bounds,
     cublas_workspace_bytes,
@@ -19,13 +19,12 @@ from trainbench.core.predict import (
     optimizer_path_of_real_tensors,
     predict_memory,
     unpredictable,
-    without_unpredictable,
 )
-from trainbench.core.recipes import get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.training import TrainingSetup
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.setups.recipes import get_recipe, without_unpredictable
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 MIB = 2**20
 
@@ -285,7 +284,7 @@ def test_a_model_whose_constructor_asks_a_tensor_its_value_is_built_for_real_the
 
 
 def test_a_model_fake_tensors_can_build_is_built_once_and_never_for_real(cpu, profile, monkeypatch):
-    from trainbench.core import predict
+    from trainbench.core.analyses import predict
 
     builds = []
     monkeypatch.setattr(predict, "_made_fake", lambda *a: pytest.fail("a fake-buildable model was built for real"))
@@ -385,7 +384,7 @@ def test_setups_that_share_a_memory_setup_measure_the_same_breakdown(cpu, profil
 
 
 def test_the_cache_predicts_once_per_memory_setup_and_spec(cpu, profile, monkeypatch):
-    from trainbench.core import predict
+    from trainbench.core.analyses import predict
 
     made = []
     monkeypatch.setattr(predict, "predict_memory",
@@ -417,7 +416,7 @@ def test_a_prediction_leaves_memtracker_as_it_found_it(cpu, profile, mlp):
 # -- a prediction that cannot be made says why in the summary -------------------------------------------------------
 
 def test_the_summary_gives_the_reason_a_case_was_not_predicted(cpu, profile, quick):
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
     from trainbench.plugin.summary import _prediction_lines
     from trainbench.verdicts.present import summary_table
 

@@ -1,4 +1,4 @@
-"""Memory predictions made before the first case on every core (trainbench.core.predict_ahead): the same predictions
+"""Memory predictions made before the first case on every core (trainbench.core.method.predict_ahead): the same predictions
 a case makes, kept where the case finds them; a forked process that dies or stalls costs only its own setups, which
 their cases then predict; no fork where it is unsafe; and a suite session that says what it made ahead.
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbench.core import predict_ahead as ahead
-from trainbench.core.predict import PredictionCache, SharedPredictions
+from trainbench.core.method import predict_ahead as ahead
+from trainbench.core.analyses.predict import PredictionCache, SharedPredictions
 
 forks = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
                            reason="the predictions are made ahead only where processes fork")
@@ -45,7 +45,7 @@ def test_a_suite_session_predicts_ahead_and_says_so(pytester, quick_options, mon
     monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
     pytester.makepyfile(test_suite="""
         import pytest
-        from trainbench.core.cases import Case
+        from trainbench.core.setups.cases import Case
         from trainbench.plugin import case_params
 
         @pytest.mark.parametrize("case", case_params([Case("mlp", "baseline"), Case("mlp", "set_to_none")]))
@@ -58,7 +58,7 @@ def test_a_suite_session_predicts_ahead_and_says_so(pytester, quick_options, mon
 
 
 def test_a_shared_file_takes_many_predictions_in_one_write(cpu, tmp_path, monkeypatch):
-    from trainbench.core import predict
+    from trainbench.core.analyses import predict
 
     writes = []
     write = predict.write_text_atomic

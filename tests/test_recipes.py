@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from trainbench.core.recipes import (
+from trainbench.core.setups.recipes import (
     ByProfile,
     ConfigError,
     Recipe,
@@ -18,7 +18,7 @@ from trainbench.core.recipes import (
     judging_overrides,
     spec_unmet,
 )
-from trainbench.core.workloads import PROFILES, resolve_spec
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 
 def test_config_rejects_knob_combinations_that_make_no_sense():
@@ -186,7 +186,7 @@ def test_an_unknown_recipe_name_lists_the_known_ones():
 # -- the convolution-bias recipes: removal on a model with biases, the seeds' comparison on one without --------------------
 
 def _conv_spec(bias: bool):
-    from trainbench.core.spec import TrainingSpec, classification_loss
+    from trainbench.core.setups.spec import TrainingSpec, classification_loss
 
     def model():
         return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=bias), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
@@ -202,8 +202,8 @@ def _conv_spec(bias: bool):
 
 def _sides(name, spec, cpu, profile):
     """The numbers of parameters of the recipe's model and of its baseline's, and the loss guard's verdict."""
-    from trainbench.core.guards import compare_trajectories, loss_trajectory
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
+    from trainbench.core.setups.training import TrainingSetup
 
     recipe = get_recipe(name)
     configs = [recipe.config(profile), get_recipe(recipe.baseline).config(profile)]
@@ -237,8 +237,8 @@ def test_conv_bias_free_compares_a_bias_free_model_with_the_seeds_redundant_bias
     ("conv_bias_free", True, "every convolution of the model has a bias already: nothing to add"),
 ])
 def test_the_conv_bias_recipe_that_would_compare_a_model_with_itself_is_not_applicable(recipe, bias, reason, cpu, profile):
-    from trainbench.core.recipes import NotApplicable
-    from trainbench.core.training import TrainingSetup
+    from trainbench.core.setups.recipes import NotApplicable
+    from trainbench.core.setups.training import TrainingSetup
 
     r = get_recipe(recipe)
     with pytest.raises(NotApplicable) as raised:

@@ -38,7 +38,7 @@ def test_a_row_of_the_wrong_width_is_refused():
 # -- the GPU prediction column and its legend -------------------------------------------------------------------------
 
 def _predicted_record(case: str, predicted: dict | None):
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
 
     peak = (predicted or {}).get("breakdown_bytes", {}).get("total")
     return CaseRecord.read({"case": case, "samples_per_step": 16, "samples_per_s": 100.0, "step_time_ms": 160.0,
@@ -86,7 +86,7 @@ def test_the_prediction_legend_claims_exactness_only_for_the_cases_it_checked():
 
 def _speedup_record(case: str, samples_per_s: float, speedup: float | None = None, base_used: float | None = None,
                     paired: bool = True):
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
 
     workload, recipe = case.split("-", 1)
     info = {"case": case, "workload": workload, "recipe": recipe, "samples_per_step": 16,
@@ -115,7 +115,7 @@ def test_a_speed_up_against_another_baseline_measurement_than_its_row_is_marked_
 
 def test_a_row_timed_on_a_busy_machine_is_marked_and_said_beneath_the_table():
     """Under load one baseline read 164 ms a step in one run and 41.6 ms in the next: its row is its busy spell's."""
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
     from trainbench.verdicts.present import summary_table, vs_base_lines
 
     def record(case, other_cpus):

@@ -6,9 +6,9 @@ import os
 import pytest
 
 from trainbench.__main__ import main
-from trainbench.core.ladders import LADDERS
-from trainbench.core.result import CaseRecord
-from trainbench.core.workloads import PROFILES
+from trainbench.core.setups.ladders import LADDERS
+from trainbench.core.records.result import CaseRecord
+from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.device import DeviceCaps
 from trainbench.verdicts.report import device_slug, ladder_runs, write_ladder_report
 from trainbench.verdicts.store import INCOMPLETE_KEY, RunFileError, SavedRun
@@ -33,7 +33,7 @@ def ladder_benchmark(ladder, rung: int, samples_per_s: float, device: dict) -> d
     }
     if rung:
         info["speedup_vs_baseline"] = samples_per_s / 100.0
-    if rung == 2:  # the GPU profile's memory as trainbench.core.predict records it (batch 128 at 224 px)
+    if rung == 2:  # the GPU profile's memory as trainbench.core.analyses.predict records it (batch 128 at 224 px)
         info["predicted_memory"] = {"profile": "gpu", "device": "cpu", "batch_size": 128,
                                     "breakdown_bytes": {"total": 3_210_000_000, "activations": 2_600_000_000}}
     if rung == 1:
@@ -226,7 +226,7 @@ def test_load_errors_are_report_errors(tmp_path):
 
 
 def test_rel_to_base_prefers_the_interleaved_speed_up_over_a_ratio_of_two_runs():
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
     from trainbench.verdicts.report import LadderRun, RungResult
 
     def record(**info):  # rounds that give its throughput: a record whose throughput disagrees with them is refused

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from trainbench.core.result import METRICS, MIB, CaseRecord, RecordError, Result, case_record
+from trainbench.core.records.result import METRICS, MIB, CaseRecord, RecordError, Result, case_record
 
 
 def test_samples_per_s_and_step_time_come_from_the_same_median():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from trainbench.core.roofline import (
+from trainbench.core.analyses.roofline import (
     COMPUTE,
     LAUNCH,
     LAUNCH_S,
@@ -72,14 +72,14 @@ def test_a_measured_step_against_its_bound():
 
 
 def test_a_small_case_planned_on_a_simulated_h100_gets_a_finite_bound():
-    from trainbench.core.measure import DEFAULT_SETTINGS
-    from trainbench.core.predict import PredictionCache
-    from trainbench.core.roofline import CountCache
-    from trainbench.core.runner import Runner
-    from trainbench.core.workloads import PROFILES
+    from trainbench.core.method.measure import DEFAULT_SETTINGS
+    from trainbench.core.analyses.predict import PredictionCache
+    from trainbench.core.analyses.roofline import CountCache
+    from trainbench.core.method.runner import Runner
+    from trainbench.core.setups.workloads import PROFILES
     from trainbench.devices.fleet import H100_SXM
     from trainbench.devices.simulated import SimulatedGpu, prediction_backend
-    from trainbench.verdicts.night_plan import planned
+    from trainbench.jobs.night_plan import planned
 
     # the CPU profile's MLP keeps the fake steps to a second
     runner = Runner(SimulatedGpu(H100_SXM), PROFILES["cpu"], DEFAULT_SETTINGS["cpu"],

@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.core.budgets import Budgets
-from trainbench.core.result import CaseRecord, case_record
-from trainbench.core.recipes import get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.records.budgets import Budgets
+from trainbench.core.records.result import CaseRecord, case_record
+from trainbench.core.setups.recipes import get_recipe
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 
@@ -82,7 +82,7 @@ def test_an_unpaired_speed_up_timed_on_a_busy_machine_is_marked_as_no_finding_wi
 # -- how cases are judged on a GPU, checked on the CPU ----------------------------------------------------
 
 def test_the_runner_judges_a_compute_recipe_and_its_guard_on_device_side_batches(cpu, profile, quick, monkeypatch):
-    from trainbench.core import guards
+    from trainbench.core.setups import guards
 
     guarded = []
     real = guards.loss_trajectory
@@ -208,7 +208,7 @@ def _lengths_from_the_generator(batch_size: int, gen: torch.Generator) -> dict:
 def _padded_lm(data: str):
     import functools
 
-    from trainbench.core.spec import TrainingSpec
+    from trainbench.core.setups.spec import TrainingSpec
 
     def loss(model, batch):
         return torch.nn.functional.cross_entropy(model(batch["ids"]).flatten(0, 1), batch["labels"].flatten())
@@ -267,7 +267,7 @@ def test_a_paired_cases_memory_passes_run_with_its_baseline_gone(cpu, profile, q
     import gc
     import weakref
 
-    from trainbench.core import measure, training
+    from trainbench.core.method import measure, training
 
     models: list[weakref.ref] = []
     built = training.TrainingSetup.__init__

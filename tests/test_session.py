@@ -14,8 +14,8 @@ import functools
 import pytest
 import torch
 from torch import nn
-from trainbench.core.spec import TrainingSpec, classification_loss
-from trainbench.core.workloads import FakeTokens
+from trainbench.core.setups.spec import TrainingSpec, classification_loss
+from trainbench.core.setups.workloads import FakeTokens
 
 SPEC = TrainingSpec(name="tiny", model=lambda: nn.Sequential(nn.EmbeddingBag(100, 8), nn.Linear(8, 10)),
                     loss_fn=classification_loss, optimizer=functools.partial(torch.optim.SGD, lr=0.01),
@@ -59,7 +59,7 @@ def _edited(path, name: str, edit) -> object:
 
 
 class _MidWrite:
-    """Stands in for the ``os`` module of trainbench.core.files: each file it opens takes half of a write, then
+    """Stands in for the ``os`` module of trainbench.core.harness.files: each file it opens takes half of a write, then
     ``midway()`` happens (a full disk, a signal), then, if it returned, the rest."""
 
     def __getattr__(self, name):
@@ -106,7 +106,7 @@ def test_a_save_that_fails_midway_leaves_no_partial_run_and_the_earlier_runs_int
     before = saved.read_bytes()
     with monkeypatch.context() as patched:  # only this one: pytester's own patches (its working folder) stay
         if fault == "disk full mid-write":
-            patched.setattr("trainbench.core.files.os", _DiskFullMidWrite())
+            patched.setattr("trainbench.core.harness.files.os", _DiskFullMidWrite())
         else:  # pytest-benchmark's own save opened the file first: a 0-byte run was left
             patched.setattr("pytest_benchmark.utils.safe_dumps", _unserializable)
             patched.setattr("pytest_benchmark.storage.file.safe_dumps", _unserializable)
@@ -140,7 +140,7 @@ class _SigtermMidWrite(_MidWrite):
 def test_a_sigterm_during_the_save_waits_for_the_whole_run_and_the_summary(pytester, saved, quick_options,
                                                                           monkeypatch):
     with monkeypatch.context() as patched:
-        patched.setattr("trainbench.core.files.os", _SigtermMidWrite(times=1))
+        patched.setattr("trainbench.core.harness.files.os", _SigtermMidWrite(times=1))
         result = pytester.runpytest("--benchmark-save=base", *quick_options)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-baseline *"])
@@ -154,7 +154,7 @@ def test_a_sigterm_during_the_save_waits_for_the_whole_run_and_the_summary(pytes
 def test_a_second_sigterm_during_the_save_stops_it_leaving_no_file_and_the_summary(pytester, saved, quick_options,
                                                                                   monkeypatch):
     with monkeypatch.context() as patched:
-        patched.setattr("trainbench.core.files.os", _SigtermMidWrite(times=2))
+        patched.setattr("trainbench.core.harness.files.os", _SigtermMidWrite(times=2))
         result = pytester.runpytest("--benchmark-save=base", *quick_options)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*trainbench summary*", "tiny-baseline *",
@@ -204,7 +204,7 @@ def test_a_baseline_from_another_host_in_a_storage_outside_the_working_folder_is
     result.stdout.fnmatch_lines(["compared with *0001_base.json*"])
 
 
-FAILS = CASE.replace("from trainbench.core.workloads import FakeTokens", """from trainbench.core.workloads import FakeTokens
+FAILS = CASE.replace("from trainbench.core.setups.workloads import FakeTokens", """from trainbench.core.setups.workloads import FakeTokens
 
 
 def runs_out_of_memory(model, batch):
@@ -232,7 +232,7 @@ def test_a_run_whose_every_case_failed_is_saved_with_them_and_never_a_baseline(p
 
 def test_a_plain_benchmark_session_saves_through_pytest_benchmark_itself(pytester, monkeypatch):
     pytester.makepyfile(test_plain="def test_plain(benchmark):\n    benchmark(sum, range(10))\n")
-    monkeypatch.setattr("trainbench.core.files.os", _DiskFullMidWrite())  # not used: the plain session's save is its own
+    monkeypatch.setattr("trainbench.core.harness.files.os", _DiskFullMidWrite())  # not used: the plain session's save is its own
     result = pytester.runpytest("--benchmark-save=plain", "--benchmark-max-time=0.01", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert [p.name for p in pytester.path.rglob("*.json")] == ["0001_plain.json"]
@@ -330,8 +330,8 @@ def test_an_xdist_worker_is_pinned_to_its_gpu_before_the_doctor_asks_cuda_anythi
 
     import torch
 
-    # Through sys.modules: an earlier inner session may have left a stale ``trainbench.verdicts.doctor`` attribute behind.
-    device, doctor = importlib.import_module("trainbench.devices.device"), importlib.import_module("trainbench.verdicts.doctor")
+    # Through sys.modules: an earlier inner session may have left a stale ``trainbench.jobs.doctor`` attribute behind.
+    device, doctor = importlib.import_module("trainbench.devices.device"), importlib.import_module("trainbench.jobs.doctor")
     calls = []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainbench.core.recipes import NotApplicable, TrainConfig
-from trainbench.core.spec import SpecError, TrainingSpec, batch_nbytes, batch_to_device
-from trainbench.core.training import TrainingSetup
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.setups.recipes import NotApplicable, TrainConfig
+from trainbench.core.setups.spec import SpecError, TrainingSpec, batch_nbytes, batch_to_device
+from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.setups.workloads import resolve_spec
 
 
 class TwoInputs(nn.Module):
@@ -43,7 +43,7 @@ def test_nested_batches_move_leaf_by_leaf_and_count_every_tensor():
 
 
 def test_a_two_input_model_with_its_own_loss_and_float_targets_trains(cpu):
-    from trainbench.core.measure import measure
+    from trainbench.core.method.measure import measure
 
     with TrainingSetup(TrainConfig(), NESTED, cpu) as setup:
         same_batch = setup.fetch(setup.batches())
@@ -55,7 +55,7 @@ def test_a_two_input_model_with_its_own_loss_and_float_targets_trains(cpu):
 
 
 def _quick():
-    from trainbench.core.measure import MeasureSettings
+    from trainbench.core.method.measure import MeasureSettings
 
     return MeasureSettings(min_warmup_steps=1, max_warmup_steps=2, steady_window=1, rounds=2, steps_per_round=2,
                            memory_steps=1)
@@ -91,6 +91,6 @@ def test_accumulation_needs_micro_batches_that_divide_the_batch():
 
 
 def test_ddp_shards_synthetic_batches_where_the_spec_has_no_dataset(profile):
-    from trainbench.core.recipes import get_recipe, spec_unmet
+    from trainbench.core.setups.recipes import get_recipe, spec_unmet
 
     assert spec_unmet(NESTED, get_recipe("ddp_gloo").config(profile)) is None

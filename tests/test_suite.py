@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.core.budgets import Budgets
-from trainbench.core.cases import SUITE, all_cases, ladder_cases
-from trainbench.core.eligibility import why_not
-from trainbench.core.ladders import LADDERS
-from trainbench.core.recipes import RECIPES
-from trainbench.core.workloads import PROFILES
+from trainbench.core.records.budgets import Budgets
+from trainbench.core.setups.cases import SUITE, all_cases, ladder_cases
+from trainbench.core.setups.eligibility import why_not
+from trainbench.core.setups.ladders import LADDERS
+from trainbench.core.setups.recipes import RECIPES
+from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.device import DeviceCaps
 
 BUDGETS = Budgets.load(Path(__file__).parents[1] / "benchmarks" / "budgets.toml")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.core.runner import Runner
-from trainbench.core.trace import ACTIVE_STEPS, TraceRequest, case_folder_name
+from trainbench.core.method.runner import Runner
+from trainbench.core.method.trace import ACTIVE_STEPS, TraceRequest, case_folder_name
 
 
 def _load_with_tensorboard_plugin(path: Path, tmp_path: Path):

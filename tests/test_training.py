@@ -9,12 +9,12 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from trainbench.core import training as training_module
-from trainbench.core.recipes import NotApplicable, TrainConfig, get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.spec import SpecError, TrainingSpec, classification_loss
-from trainbench.core.training import TrainingSetup, module_to
-from trainbench.core.workloads import resolve_spec
+from trainbench.core.setups import training as training_module
+from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.spec import SpecError, TrainingSpec, classification_loss
+from trainbench.core.setups.training import TrainingSetup, module_to
+from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
 
@@ -28,8 +28,8 @@ def test_endless_loader_survives_epoch_boundaries(training, profile):
 
 
 def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
-    from trainbench.core.training import add_conv_bias
-    from trainbench.core.workloads import resolve_spec
+    from trainbench.core.setups.training import add_conv_bias
+    from trainbench.core.setups.workloads import resolve_spec
 
     model = resolve_spec("resnet18", profile).model()
     before = sum(p.numel() for p in model.parameters())
@@ -137,7 +137,7 @@ def test_the_injected_slowdown_waits_for_the_device_after_the_step(fault, after_
     assert log == [("clock", 0.0), "optimizer step", *after_the_update]
 
 
-# -- moving a model, fake tensors included (trainbench.core.predict builds models under FakeTensorMode) ----------
+# -- moving a model, fake tensors included (trainbench.core.analyses.predict builds models under FakeTensorMode) ----------
 
 class _Tied(nn.Module):
     def __init__(self):
@@ -323,7 +323,7 @@ def test_the_step_returns_a_detached_loss_and_counts_itself(cpu, profile):
 
 def test_each_rank_makes_its_slice_of_the_global_synthetic_batch(profile):
     # As RankSampler shards a Dataset: the ranks together train on the batch one process of the global batch would.
-    from trainbench.core.training import SyntheticBatches
+    from trainbench.core.setups.training import SyntheticBatches
 
     spec = resolve_spec("mlp", profile)
     cpu = torch.device("cpu")
@@ -391,7 +391,7 @@ def _bias_free(model: nn.Module) -> set[str]:
 
 
 def test_the_biases_a_norm_cancels_go_and_the_outputs_in_training_stay(cpu):
-    from trainbench.core.training import remove_conv_bias_before_norm
+    from trainbench.core.setups.training import remove_conv_bias_before_norm
 
     torch.manual_seed(0)
     model, x = _ConvsBeforeNorms(), torch.randn(4, 3, 8, 8)
@@ -412,7 +412,7 @@ def test_each_bias_the_trace_keeps_changes_the_outputs_when_removed(kept):
 
 
 def test_in_evaluation_batchnorm_uses_running_statistics_and_cancels_no_bias():
-    from trainbench.core.training import convs_before_norms
+    from trainbench.core.setups.training import convs_before_norms
 
     model = _ConvsBeforeNorms()
     names = {id(m): name for name, m in model.named_modules()}
@@ -434,7 +434,7 @@ class _Untraceable(nn.Module):
 
 
 def test_a_model_fx_cannot_trace_is_read_in_registration_order_and_says_so(profile, monkeypatch):
-    from trainbench.core.training import _ConvNormTracer, convs_before_norms
+    from trainbench.core.setups.training import _ConvNormTracer, convs_before_norms
 
     model = _Untraceable()
     convs, found_by = convs_before_norms(model)
@@ -462,8 +462,8 @@ def _conv_spec(model):
 
 
 def test_removing_the_cancelled_biases_trains_the_same_and_a_wrong_removal_fails_the_loss_guard(cpu, monkeypatch):
-    from trainbench.core.guards import compare_trajectories, loss_trajectory
-    from trainbench.core.training import _ConvNormTracer
+    from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
+    from trainbench.core.setups.training import _ConvNormTracer
 
     spec, rtol = _conv_spec(_ConvsBeforeNorms), get_recipe("no_conv_bias").loss_rtol
     as_given = loss_trajectory(TrainConfig(), spec, cpu)
@@ -494,7 +494,7 @@ def test_a_misspelled_checkpoint_block_names_the_closest_submodules(cpu, profile
 
 
 def test_what_building_the_setup_changed_is_a_note_of_its_measured_result(cpu, quick):
-    from trainbench.core.measure import Measurer
+    from trainbench.core.method.measure import Measurer
 
     with TrainingSetup(TrainConfig(conv_bias="remove"), _conv_spec(_ConvsBeforeNorms), cpu) as setup:
         assert setup.notes[0].startswith("conv_bias=remove: removed the bias of 3 of the 3 convolutions")

@@ -14,11 +14,11 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from trainbench import TrainingSpec
-from trainbench.core.measure import Measurer, MeasureSettings
-from trainbench.core.recipes import NotApplicable, get_recipe
-from trainbench.core.runner import Runner
-from trainbench.core.spec import batch_nbytes, batch_to_device, classification_loss
-from trainbench.core.training import TrainingSetup, batch_statistics_norms
+from trainbench.core.method.measure import Measurer, MeasureSettings
+from trainbench.core.setups.recipes import NotApplicable, get_recipe
+from trainbench.core.method.runner import Runner
+from trainbench.core.setups.spec import batch_nbytes, batch_to_device, classification_loss
+from trainbench.core.setups.training import TrainingSetup, batch_statistics_norms
 
 SGD = functools.partial(torch.optim.SGD, lr=0.05)
 
@@ -109,7 +109,7 @@ def test_batch_statistics_norms_are_those_that_normalize_by_the_batch(cpu, profi
 
 
 def test_the_guard_of_a_ddp_case_builds_its_one_process_reference_with_batchnorm_per_shard(runner, monkeypatch):
-    from trainbench.core import guards
+    from trainbench.core.setups import guards
 
     built = {}
     monkeypatch.setattr(guards, "seeded_run", lambda config, *args, micro_batches_are_shards=False, **kwargs:

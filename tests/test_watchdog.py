@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trainbench.core.watchdog import NoProgress, beat, phase, suspended, watch
+from trainbench.core.harness.watchdog import NoProgress, beat, phase, suspended, watch
 
 
 def test_a_wait_that_never_returns_is_interrupted_naming_the_phase():

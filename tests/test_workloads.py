@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trainbench.core.spec import SpecError, TrainingSpec
-from trainbench.core.workloads import GPT, PROFILES, WORKLOADS, FakeCIFAR, FakeText, FakeTokens, image_transform, resolve_spec
+from trainbench.core.setups.spec import SpecError, TrainingSpec
+from trainbench.core.setups.workloads import GPT, PROFILES, WORKLOADS, FakeCIFAR, FakeText, FakeTokens, image_transform, resolve_spec
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

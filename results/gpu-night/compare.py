@@ -23,7 +23,7 @@ TIME_FLAG, MEMORY_FLAG = 2.0, 0.05
 
 
 def main(folder: Path, plan_path: Path | None = None) -> None:
-    from trainbench.verdicts.night_plan import planned_peak_mib
+    from trainbench.jobs.night_plan import planned_peak_mib
 
     run = json.loads((folder / "run.json").read_text())
     plan_path = plan_path or folder / "plan.json"  # made before the night
@@ -82,7 +82,7 @@ def _left_out_predictions(folder: Path, run: dict, plan: dict) -> dict[str, floa
     """Each measured case's seconds as ``predict_seconds`` models them with the case left out of the run."""
     from dataclasses import fields
 
-    from trainbench.verdicts.night_plan import PlannedCase, predict_seconds
+    from trainbench.jobs.night_plan import PlannedCase, predict_seconds
     from trainbench.verdicts.store import SavedRun
 
     names = {f.name for f in fields(PlannedCase)}

@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from trainbench.core.metrics import METRICS, ThresholdError, deterministic_metrics, parse_thresholds
+from trainbench.core.records.metrics import METRICS, ThresholdError, deterministic_metrics, parse_thresholds
 from trainbench.verdicts.bisect import BAD, BisectLog, Search, Step
-from trainbench.verdicts.bisect_runs import BisectError, Checkouts, Judge, Unbuildable, commits_between, git
+from trainbench.jobs.bisect_runs import BisectError, Checkouts, Judge, Unbuildable, commits_between, git
 
 NAME = "bisect"
 HELP = "find the commit between GOOD and BAD where a metric of the chosen cases got worse"
@@ -202,7 +202,7 @@ def _stopped(why: str) -> int:
 
 def _write(path: str | None, result: dict) -> None:
     if path:
-        from trainbench.core.files import write_json_atomic
+        from trainbench.core.harness.files import write_json_atomic
 
         write_json_atomic(Path(path), result)
 

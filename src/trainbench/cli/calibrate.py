@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from trainbench.core.metrics import ThresholdError, parse_fraction
+from trainbench.core.records.metrics import ThresholdError, parse_fraction
 from trainbench.verdicts.store import RunFileError, latest_run
 
 NAME = "calibrate"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.files import output_file_problem
+from trainbench.core.harness.files import output_file_problem
 from trainbench.devices.host import EnvError
 
 from .shared import gpu_to_simulate
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the doctor and the night's plan load torch: imported when the subcommand runs, not for --help
-    from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks, write_checks
+    from trainbench.jobs.doctor import doctor_record, format_checks, run_checks, write_checks
 
     if args.json:  # found before the checks, not after them
         problem = output_file_problem(Path(args.json))
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     # an empty --simulate-gpu "" is a GPU that cannot be, never this machine's doctor
     if args.simulate_gpu is not None:  # the checks of a machine with a fleet GPU, as the doctor would make them there
-        from trainbench.verdicts.night_plan import simulated_doctor
+        from trainbench.jobs.night_plan import simulated_doctor
 
         gpu = gpu_to_simulate(args, "doctor")
         if gpu is None:

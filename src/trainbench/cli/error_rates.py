@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.error_rates import (
+from trainbench.core.analyses.error_rates import (
     DESIGNS,
     error_rates,
     lognormal_noise,
@@ -15,8 +15,8 @@ from trainbench.core.error_rates import (
     rounds_of_runs,
     simulation_error,
 )
-from trainbench.core.files import output_file_problem, write_json_atomic, write_text_atomic
-from trainbench.core.result import RecordError
+from trainbench.core.harness.files import output_file_problem, write_json_atomic, write_text_atomic
+from trainbench.core.records.result import RecordError
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 NAME = "error-rates"

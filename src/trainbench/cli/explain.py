@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.files import write_json_atomic
-from trainbench.core.metrics import ThresholdError, parse_thresholds
+from trainbench.core.harness.files import write_json_atomic
+from trainbench.core.records.metrics import ThresholdError, parse_thresholds
 from trainbench.verdicts.compare import EXPLAIN_THRESHOLDS, CompareError, explain_runs
 from trainbench.verdicts.store import RunFileError
 

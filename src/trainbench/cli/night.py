@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from trainbench.core.files import cannot_write, write_atomic, write_json_atomic, write_text_atomic
+from trainbench.core.harness.files import cannot_write, write_atomic, write_json_atomic, write_text_atomic
 from trainbench.verdicts.render import Column, Table, number
 from trainbench.verdicts.store import RunFileError, SavedRun
 
@@ -250,7 +250,7 @@ def _check_seconds_from(path: Path, simulate_gpu: str | None) -> None:
         raise NightError("--seconds-from: only a rehearsal (--simulate-gpu) makes a plan; for a night on a GPU, make "
                          "the plan beforehand with plan --seconds-from and pass it as --plan")
     from trainbench.devices.fleet import parse_gpu
-    from trainbench.verdicts.night_plan import seconds_source
+    from trainbench.jobs.night_plan import seconds_source
     from trainbench.verdicts.store import RunFileError
 
     try:
@@ -260,7 +260,7 @@ def _check_seconds_from(path: Path, simulate_gpu: str | None) -> None:
 
 
 def _check_plan(plan: Path) -> None:
-    from trainbench.verdicts.night_plan import PlanFileError, read_plan
+    from trainbench.jobs.night_plan import PlanFileError, read_plan
 
     try:
         read_plan(plan)
@@ -294,7 +294,7 @@ def _plugin_installed() -> bool:
 def suite_node_ids(group: CaseGroup, taken: set[str]) -> list[str]:
     """The pytest node ids of ``group``'s cases in its order (``taken``: ids earlier groups ran, updated). A group
     of every case left takes those whose slowness is its own (the cheap ones first, those that compile after)."""
-    from trainbench.core.cases import ladder_cases, recipe_cases
+    from trainbench.core.setups.cases import ladder_cases, recipe_cases
 
     if group.ladders:
         ids = [case.id for case in ladder_cases()]
@@ -358,7 +358,7 @@ def smoke_node_ids(root: Path, measured: list[str]) -> list[str]:
 def doctor_deselections(doctor_json: Path) -> dict[str, str]:
     """Cases the doctor's blockers would kill, with why: with too little shared memory (its ``shm`` check FAILs),
     every case whose DataLoader workers would die of a bus error, ladder rungs included."""
-    from trainbench.verdicts.doctor import loader_worker_cases, read_checks
+    from trainbench.jobs.doctor import loader_worker_cases, read_checks
 
     shm = [c for c in read_checks(doctor_json) if c.name == "shm" and c.status == "FAIL"]
     if not shm:
@@ -732,7 +732,7 @@ def _summary_head(night: Night, run: SavedRun | None, plan: dict | None) -> list
 def _night_plan(out: Path) -> tuple[dict | None, str | None]:
     """The plan beside the night (``night_plan.read_plan``), or why it is left out of the summary: the run's own
     figures still stand."""
-    from trainbench.verdicts.night_plan import PlanFileError, read_plan
+    from trainbench.jobs.night_plan import PlanFileError, read_plan
 
     if not (out / "plan.json").exists():
         return None, None
@@ -766,9 +766,9 @@ def summary_lines(night: Night, out: Path) -> list[str]:
     lines += _table(("step", "status", "s", "note"),
                     [(s.name, s.status, "" if s.seconds is None else f"{s.seconds:.0f}", s.note or s.why)
                      for s in night.steps if s.name != "summary"])  # this file, being written
-    from trainbench.core.predict import HEADROOM
-    from trainbench.core.roofline import versus_measured
-    from trainbench.verdicts.night_plan import planned_peak_mib
+    from trainbench.core.setups.eligibility import HEADROOM
+    from trainbench.core.analyses.roofline import versus_measured
+    from trainbench.jobs.night_plan import planned_peak_mib
 
     planned = {c["case"]: c for c in (plan or {}).get("cases", [])}
     rows, differs, bounds = [], [], []
@@ -872,7 +872,7 @@ def _measured_cases(run: SavedRun | None) -> dict[str, dict]:
     """The metrics of each case the night's run measured (a record that cannot be read: left out)."""
     if run is None:
         return {}
-    from trainbench.core.costs import TOTAL
+    from trainbench.core.harness.costs import TOTAL
 
     # beside the metrics, the case's own seconds (its cost ledger's total), for a case the JUnit report missed
     return {record.case: {**record.metrics, "case_seconds": record.phase_seconds.get(TOTAL)}
@@ -889,7 +889,7 @@ def _read_json(path: Path) -> dict | None:
 
 def child_environment(out: Path, simulate_gpu: str | None) -> dict[str, str]:
     """What the night's steps get beside this process's environment."""
-    from trainbench.core.predict import SharedPredictions
+    from trainbench.core.analyses.predict import SharedPredictions
 
     # every pytest session and the plan predict the same setups: once for the night
     env = {SharedPredictions.ENV: str(out / "predictions.json")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trainbench.core.metrics import ThresholdError, parse_fraction, timed_metrics
+from trainbench.core.records.metrics import ThresholdError, parse_fraction, timed_metrics
 from trainbench.verdicts.compare import CompareError, noise_study, noise_table
 from trainbench.verdicts.store import RunFileError, SavedRun
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainbench.core.files import output_file_problem, write_json_atomic
+from trainbench.core.harness.files import output_file_problem, write_json_atomic
 
 from .shared import gpu_to_simulate
 
@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
-    from trainbench.core.budgets import BudgetError
-    from trainbench.verdicts.night_plan import (  # loads torch: only when planning
+    from trainbench.core.records.budgets import BudgetError
+    from trainbench.jobs.night_plan import (  # loads torch: only when planning
         format_night,
         plan_night,
         plan_record,

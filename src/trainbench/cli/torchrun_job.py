@@ -27,11 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # all of these load torch: imported when the subcommand runs, not for --help
-    from trainbench.core.distributed import scale_out_job, torchrun_command
-    from trainbench.core.measure import DEFAULT_SETTINGS, with_overrides
-    from trainbench.core.recipes import ConfigError
-    from trainbench.core.spec import SpecError
-    from trainbench.core.workloads import PROFILES
+    from trainbench.core.method.distributed import scale_out_job, torchrun_command
+    from trainbench.core.method.measure import DEFAULT_SETTINGS, with_overrides
+    from trainbench.core.setups.recipes import ConfigError
+    from trainbench.core.setups.spec import SpecError
+    from trainbench.core.setups.workloads import PROFILES
     from trainbench.devices.device import get_backend
 
     backend = get_backend(args.device)

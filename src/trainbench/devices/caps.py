@@ -1,7 +1,7 @@
 """What a device offers and how budgets name it, without torch: peak throughput by GPU name, the precision a step
 computes in, ``DeviceCaps`` (also rebuilt from a recorded identity), budgets-file section names, the host CPU's model.
 
-Torch-free so that reading saved runs, budgets and verdicts (``core.budgets``, ``verdicts.calibrate``, the fleet) never
+Torch-free so that reading saved runs, budgets and verdicts (``core.records.budgets``, ``verdicts.calibrate``, the fleet) never
 imports torch; the live backends are ``trainbench.devices.device``'s, which re-exports these names.
 """
 
@@ -179,3 +179,10 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def convolution_share(flops_by_op: dict) -> float:
+    """The share of a step's FLOPs in convolutions (forward and backward), from ``FlopCounterMode``'s per-op
+    counts: which TF32 flag (cuDNN's or cuBLAS's) decides the precision the step computes in."""
+    total = sum(flops_by_op.values())
+    return sum(n for op, n in flops_by_op.items() if "conv" in str(op)) / total if total else 0.0

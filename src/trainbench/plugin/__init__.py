@@ -3,7 +3,7 @@
 Glue only. The options are read once into ``trainbench.plugin.options.Options``; the session object
 (``trainbench.plugin.session``) is registered as a plugin and owns the device, runner, budgets, A/B sides, gate and
 signals; the fixture is ``trainbench.plugin.fixture``. How a case is measured and judged is the pytest-free core
-(``trainbench.core.runner``, which asv uses too). Everything here touches trainbench cases only: its markers are
+(``trainbench.core.method.runner``, which asv uses too). Everything here touches trainbench cases only: its markers are
 namespaced (``trainbench_*``), and a session that runs no trainbench case imports no torch and stores its
 pytest-benchmark runs exactly as without the plugin.
 """
@@ -71,7 +71,7 @@ def recipe_params(*names):
     Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
     recipes are collected everywhere and skipped with a reason on CPU runners.
     """
-    from trainbench.core.recipes import RECIPES, get_recipe
+    from trainbench.core.setups.recipes import RECIPES, get_recipe
 
     flat = [n for name in names for n in ([name] if isinstance(name, str) else list(name))]
     odd = [repr(n) for n in flat if not isinstance(n, str)]
@@ -81,5 +81,5 @@ def recipe_params(*names):
 
 
 def case_params(cases):
-    """``pytest.param`` per ``trainbench.core.cases.Case``, id = the case id (the budgets key)."""
+    """``pytest.param`` per ``trainbench.core.setups.cases.Case``, id = the case id (the budgets key)."""
     return [pytest.param(case, id=case.id, marks=marks_for(case.own_recipe())) for case in cases]

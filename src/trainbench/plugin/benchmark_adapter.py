@@ -30,7 +30,7 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
-from trainbench.core.files import write_text_atomic
+from trainbench.core.harness.files import write_text_atomic
 
 
 def _session(config):

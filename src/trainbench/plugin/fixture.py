@@ -46,8 +46,8 @@ class TrainBench:
     def __call__(self, recipe, spec, baseline=None, **overrides):
         """Measure ``recipe`` (a name or a ``Recipe``) on ``spec`` (a ``TrainingSpec`` or a built-in workload's name)
         against ``baseline`` (default: the recipe's own); ``overrides`` set config knobs (e.g. ``batch_size=8``)."""
-        from trainbench.core.recipes import ConfigError
-        from trainbench.core.spec import SpecError
+        from trainbench.core.setups.recipes import ConfigError
+        from trainbench.core.setups.spec import SpecError
 
         simulated = self.session.options.simulate_gpu is not None
         if not simulated:
@@ -68,12 +68,12 @@ class TrainBench:
         return self._finish(outcome)
 
     def case(self, case, **overrides):
-        """Measure a ``trainbench.core.cases.Case``: a recipe on a workload, or a ladder rung."""
+        """Measure a ``trainbench.core.setups.cases.Case``: a recipe on a workload, or a ladder rung."""
         if self.session.options.simulate_gpu is not None:
             return self._simulated(self.session.runner.plan_case(case, self.budgets, **overrides), case.id)
         self._refuse_parallel_timing()
         if self.session.ab is not None:
-            from trainbench.core.eligibility import Context, why_not
+            from trainbench.core.setups.eligibility import Context, why_not
 
             skipped = why_not(case, self.session.runner.caps, self.session.runner.profile, context=Context(ab=True))
             if skipped:  # e.g. a ladder rung, which A/B runs leave to its recipe's own case
@@ -91,10 +91,10 @@ class TrainBench:
         skip(why)
 
     def _ab(self, recipe, spec, overrides: dict):
-        """Measure the case in both environments, rounds alternating, and compare them (``trainbench.verdicts.ab``)."""
-        from trainbench.core.recipes import ConfigError
-        from trainbench.core.spec import SpecError
-        from trainbench.verdicts.ab import SideError, ab_thresholds, plan_case
+        """Measure the case in both environments, rounds alternating, and compare them (``trainbench.jobs.ab``)."""
+        from trainbench.core.setups.recipes import ConfigError
+        from trainbench.core.setups.spec import SpecError
+        from trainbench.jobs.ab import SideError, ab_thresholds, plan_case
 
         options, runner = self.session.options, self.session.runner
         try:

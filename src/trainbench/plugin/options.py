@@ -200,7 +200,7 @@ class Options:
     settings_overrides: dict  # measurement settings from the command line (None: the profile's default)
     attribution_left_out: str | None  # why this session takes no attribution (``attribution_wanted``), or None
     budgets_override: Path | None  # --trainbench-budgets or the ini value: one file for every case
-    compare_fail: dict | None  # the regression gate's thresholds (trainbench.core.metrics.parse_thresholds)
+    compare_fail: dict | None  # the regression gate's thresholds (trainbench.core.records.metrics.parse_thresholds)
     compare_alpha: float
     compare_json: Path | None
     attribution_json: Path | None  # every case's complete attribution tables (--trainbench-attribution-json)
@@ -209,8 +209,8 @@ class Options:
     remeasure_s: float  # seconds per case spent measuring an inconclusive timed comparison again
     allow_new_cases: bool
     allow_cross_device: bool
-    fault: object  # trainbench.core.training.InjectedFault planted by --trainbench-inject-*, or None
-    trace: object  # trainbench.core.trace.TraceRequest from --trainbench-profile-trace, or None
+    fault: object  # trainbench.core.setups.training.InjectedFault planted by --trainbench-inject-*, or None
+    trace: object  # trainbench.core.method.trace.TraceRequest from --trainbench-profile-trace, or None
     ab: ABOptions | None
     benchmark_disabled: bool  # --benchmark-disable: nothing is timed or stored
     rootpath: Path  # pytest's rootdir: where a user's specs are imported from in other processes
@@ -360,8 +360,8 @@ def _quick(config) -> bool:
 
 def least_ab_pairs() -> int:
     """The fewest ABBA pairs whose first look can claim anything (its pairs measured again while inconclusive)."""
-    from trainbench.core.stats import least_rounds
-    from trainbench.verdicts.ab import MAX_PAIRS_FACTOR
+    from trainbench.core.records.stats import least_rounds
+    from trainbench.jobs.ab import MAX_PAIRS_FACTOR
 
     return least_rounds("paired", MAX_PAIRS_FACTOR)
 
@@ -421,7 +421,7 @@ def _trace_request(config):
         if expression is not None:
             raise usage_error("--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR")
         return None
-    from trainbench.core.trace import TraceRequest
+    from trainbench.core.method.trace import TraceRequest
 
     if expression is None:
         return TraceRequest(Path(folder))
@@ -459,8 +459,8 @@ def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
 
 def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
-    from trainbench.core.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
-    from trainbench.core.stats import least_rounds, planned_looks
+    from trainbench.core.records.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
+    from trainbench.core.records.stats import least_rounds, planned_looks
 
     given = config.getoption("--trainbench-compare-fail")  # each time it is given: they add up
     try:
@@ -490,6 +490,6 @@ def _gate_options(config, ab: bool = False):
         raise usage_error(f"--trainbench-inject-leak-mib must be a finite number of MiB >= 0, got {leak}")
     if not (slowdown or leak):
         return gate, None
-    from trainbench.core.training import InjectedFault
+    from trainbench.core.setups.training import InjectedFault
 
     return gate, InjectedFault(slowdown=slowdown, leak_mib=leak)

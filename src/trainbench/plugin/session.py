@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbench.core.files import cannot_write, write_json_atomic
+from trainbench.core.harness.files import cannot_write, write_json_atomic
 from trainbench.plugin import benchmark_adapter
 from trainbench.plugin.options import Options, discover_budgets, shown, usage_error
 from trainbench.plugin.summary import write_ab, write_nothing_compared, write_summary
@@ -59,7 +59,7 @@ class RecordedCase:
 
     case: str
     fullname: str  # pytest-benchmark's key of the case in a saved run
-    measured: object = None  # trainbench.core.result.MeasuredCase
+    measured: object = None  # trainbench.core.records.result.MeasuredCase
     error: str | None = None
     trace: dict | None = None  # what its trace request gave
     attribution: dict | None = None  # its complete attribution tables (--trainbench-attribution-json)
@@ -70,16 +70,16 @@ class RecordedCase:
 class TrainbenchSession:
     options: Options
     recorded: list[RecordedCase] = field(default_factory=list)  # every finished case, in order (``record``)
-    budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.core.budgets.Budgets
+    budget_files: dict = field(default_factory=dict)  # path (or None) -> trainbench.core.records.budgets.Budgets
     comparison: object = None  # trainbench.verdicts.gate.Verdict, filled at session end when compared (or A/B ran)
     exit_status: int | None = None  # the session's, once the verdict has set it
     baseline: Baseline | None = None  # the run chosen to compare with, and why (None: pytest-benchmark's choice)
     unusable_baseline: str | None = None  # why the run to compare with cannot be used: stops a trainbench session
     collected: int = 0  # trainbench cases collected
     interrupted: bool = False  # Ctrl-C or SIGTERM: the saved run is marked incomplete
-    doctor: dict | None = None  # trainbench.verdicts.doctor.doctor_record of the checks run before the first case
+    doctor: dict | None = None  # trainbench.jobs.doctor.doctor_record of the checks run before the first case
     pinned_gpu: str | None = None  # the one GPU this worker sees (CUDA_VISIBLE_DEVICES), one worker per GPU
-    ab: object = None  # trainbench.verdicts.ab.ABSession from --trainbench-ab
+    ab: object = None  # trainbench.jobs.ab.ABSession from --trainbench-ab
     previous_sigterm: object = None  # the SIGTERM handler to restore at the end
     saved: Path | None = None  # the run --benchmark-save wrote (or tried to: ``save_problem`` says why not)
     save_problem: str | None = None
@@ -92,7 +92,7 @@ class TrainbenchSession:
     _packages: dict | None = None  # this process's installed packages, read once (installed_packages)
     _progress_written: int = 0  # cases recorded when --trainbench-save-progress last wrote the run
     _simulated_counts: object = None  # --trainbench-simulate-gpu: the roofline's step counts (roofline.CountCache)
-    predicted_ahead: object = None  # trainbench.core.predict_ahead.PredictedAhead: the predictions made before the cases
+    predicted_ahead: object = None  # trainbench.core.method.predict_ahead.PredictedAhead: the predictions made before the cases
 
     # -- the cases ------------------------------------------------------------------------------------
     def record(self, outcome, fullname: str, budgets) -> dict | None:
@@ -101,7 +101,7 @@ class TrainbenchSession:
         if outcome.error is not None:
             self.recorded.append(RecordedCase(outcome.case, fullname, error=outcome.error))
             return None
-        from trainbench.core.result import CaseRecord, MeasuredCase
+        from trainbench.core.records.result import CaseRecord, MeasuredCase
 
         record = outcome.record()
         measured = MeasuredCase(CaseRecord.read(record, outcome.case, fullname), fullname,
@@ -114,7 +114,7 @@ class TrainbenchSession:
     def forecast(self, outcome, config) -> None:
         """After the first measured case of a long session, what the rest will cost at its pace
         (``costs.cost_forecast``)."""
-        from trainbench.core.costs import TOTAL, cost_forecast
+        from trainbench.core.harness.costs import TOTAL, cost_forecast
 
         if len(self.recorded) != 1 or outcome.result is None:
             return
@@ -153,7 +153,7 @@ class TrainbenchSession:
         if self.options.budgets_override is not None:
             self.budgets(self.options.budgets_override)  # a malformed file stops the session here
         if self.options.ab is not None:
-            from trainbench.verdicts.ab import ABSession
+            from trainbench.jobs.ab import ABSession
 
             ab = self.options.ab
             self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec,
@@ -269,14 +269,14 @@ class TrainbenchSession:
     @property
     def runner(self):
         if self._runner is None:
-            from trainbench.core.measure import DEFAULT_SETTINGS, with_overrides
-            from trainbench.core.runner import Runner
-            from trainbench.core.workloads import PROFILES
+            from trainbench.core.method.measure import DEFAULT_SETTINGS, with_overrides
+            from trainbench.core.method.runner import Runner
+            from trainbench.core.setups.workloads import PROFILES
 
             o = self.options
             name = self.backend.profile_name if o.profile_name == "auto" else o.profile_name
             settings = with_overrides(DEFAULT_SETTINGS[name], **o.settings_overrides)
-            from trainbench.core.predict import PredictionCache
+            from trainbench.core.analyses.predict import PredictionCache
 
             # kept across sessions in pytest's cache, keyed by the spec's and trainbench's code and torch's version
             kept = Path(o.pytest_cache.mkdir("trainbench")) / "predictions.json" if o.pytest_cache else None
@@ -295,7 +295,7 @@ class TrainbenchSession:
     def budgets(self, path: Path | None):
         """The budgets file at ``path`` (None: none configured), loaded once; a malformed one is a usage error."""
         if path not in self.budget_files:
-            from trainbench.core.budgets import BudgetError, Budgets
+            from trainbench.core.records.budgets import BudgetError, Budgets
 
             try:
                 self.budget_files[path] = Budgets.load(path) if path is not None else Budgets.empty()
@@ -309,7 +309,7 @@ class TrainbenchSession:
         baseline = benchmark_adapter.loaded_baseline(config)
         if not baseline or self.options.compare_fail is None:
             return None
-        from trainbench.core.result import CaseRecord, RecordError
+        from trainbench.core.records.result import CaseRecord, RecordError
         from trainbench.verdicts.compare import case_thresholds, inconclusive_comparisons
 
         try:
@@ -330,10 +330,10 @@ class TrainbenchSession:
         """Under --trainbench-simulate-gpu, what a case planned for that GPU (a ``CasePlan``, or why it cannot run)
         does there: ("fail", why the night would crash on it or refuse it wrongly) or ("skip", why it cannot run
         there, or what it would do there: ``night_plan.would_run``)."""
-        from trainbench.core.predict import not_applicable
-        from trainbench.core.roofline import CountCache
+        from trainbench.core.analyses.predict import not_applicable
+        from trainbench.core.analyses.roofline import CountCache
         from trainbench.devices.simulated import prediction_backend
-        from trainbench.verdicts.night_plan import planned, would_run
+        from trainbench.jobs.night_plan import planned, would_run
 
         gpu = self.options.simulate_gpu
         if self._simulated_counts is None:  # the roofline's step counts, once per setup for the session
@@ -394,8 +394,8 @@ class TrainbenchSession:
 
     def _check_budget_case_ids(self, paths: set, items) -> None:
         """A budgets entry one typo away from a case id fails the session at start-up, not silently at the end."""
-        from trainbench.core.budgets import BudgetError
-        from trainbench.core.cases import known_case_ids
+        from trainbench.core.records.budgets import BudgetError
+        from trainbench.core.setups.cases import known_case_ids
 
         known = known_case_ids() | {item.callspec.id for item in items if hasattr(item, "callspec")}
         for path in paths:
@@ -408,10 +408,10 @@ class TrainbenchSession:
         """``python -m trainbench doctor``'s checks, once, before the first trainbench case: a blocker (CUDA
         expected and missing, a GPU the build has no kernels for, too little /dev/shm...) stops the session;
         every check is recorded in the saved run's machine info."""
-        from trainbench.verdicts.doctor import doctor_record, format_checks, run_checks
+        from trainbench.jobs.doctor import doctor_record, format_checks, run_checks
 
         if self.options.simulate_gpu is not None:  # the checks the night would make there: this machine runs nothing
-            from trainbench.verdicts.night_plan import simulated_checks
+            from trainbench.jobs.night_plan import simulated_checks
 
             checks = simulated_checks(self.options.simulate_gpu)
         else:
@@ -429,7 +429,7 @@ class TrainbenchSession:
         import trainbench, or speaks another protocol, stops the session in one line (it failed every case alike)."""
         if self.ab is None:
             return
-        from trainbench.verdicts.ab import SideError
+        from trainbench.jobs.ab import SideError
 
         try:
             self.ab.start(self.runner.settings.no_progress_s)
@@ -444,9 +444,9 @@ class TrainbenchSession:
         capability = item.get_closest_marker("trainbench_min_capability")
         if not (slow or gpu or gpus or capability):
             return None
-        from trainbench.core.eligibility import Context, why_not
-        from trainbench.core.recipes import Recipe, Requirements
-        from trainbench.core.workloads import PROFILES
+        from trainbench.core.setups.eligibility import Context, why_not
+        from trainbench.core.setups.recipes import Recipe, Requirements
+        from trainbench.core.setups.workloads import PROFILES
 
         try:
             caps = self.backend.caps()
@@ -524,7 +524,7 @@ class TrainbenchSession:
         o = self.options
         if not o.predict_memory or o.simulate_gpu is not None or self.ab is not None or o.xdist_workers > 1:
             return
-        from trainbench.core.cases import Case
+        from trainbench.core.setups.cases import Case
         from trainbench.devices.host import cores_at_once
 
         cases = [item.callspec.params["case"] for item in items

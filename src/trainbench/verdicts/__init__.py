@@ -1,1 +1,1 @@
-"""What measurements conclude: saved runs, comparisons, the gate, A/B, explanations, reports, the machine's fitness and a GPU's plan."""
+"""What measurements conclude: saved runs, comparisons, the gate, explanations, presentation, calibration, reports and\nthe bisect search."""

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.core.files import write_text_atomic
+from trainbench.core.harness.files import write_text_atomic
 
 EXACT_CLASSES = ("Memory", "Work")
 STEP_TIME = "Speed.track_step_time"

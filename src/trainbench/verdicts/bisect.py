@@ -4,7 +4,7 @@ The search knows nothing of how a commit is judged: ``Search`` takes each step's
 for a commit that cannot be built or measured, as ``git bisect skip``; ``undecided`` for a measurement that could
 not tell, which stops it) and names the next commit to judge, the one nearest the middle of what is still open. The
 steps are kept in a log (``BisectLog``, one JSON line a step, written as each ends), so an interrupted search
-continues where it stood. ``trainbench.verdicts.bisect_runs`` judges commits: one run each on an exact signal, a
+continues where it stood. ``trainbench.jobs.bisect_runs`` judges commits: one run each on an exact signal, a
 paired A/B against the last good commit on a timed one.
 """
 

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbench.core.budgets import BudgetError, Budgets, tomllib
-from trainbench.core.files import write_text_atomic
-from trainbench.core.metrics import CALIBRATION_MARGINS, METRICS, calibrated_metrics
-from trainbench.core.result import CaseRecord, RecordError
+from trainbench.core.records.budgets import BudgetError, Budgets, tomllib
+from trainbench.core.harness.files import write_text_atomic
+from trainbench.core.records.metrics import CALIBRATION_MARGINS, METRICS, calibrated_metrics
+from trainbench.core.records.result import CaseRecord, RecordError
 from trainbench.devices.caps import DeviceCaps
 from trainbench.verdicts.store import INCOMPLETE_KEY, RunFileError, SavedRun, not_a_calibration
 

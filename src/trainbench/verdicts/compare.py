@@ -9,7 +9,7 @@ present in both runs and each gated metric:
   (``stats.change_interval``, at the share of the error the current run's look may spend), judged by
   ``stats.judge_change`` (the rule A/B and timed budgets use too): *unchanged* only when the interval lies inside the
   threshold, *regressed*/*improved* when it lies beyond it, the test is significant and neither run was
-  measured on a busy machine (``trainbench.core.stats``); otherwise *inconclusive*, with the reason;
+  measured on a busy machine (``trainbench.core.records.stats``); otherwise *inconclusive*, with the reason;
 - **every other metric** (deterministic ones: memory breakdown, FLOPs, bytes, ops, syncs; allocator
   peaks; single-value timings) is compared as a value against the threshold (0% = exactly).
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainbench.core.metrics import METRICS, TIMED, deterministic_metrics, parse_thresholds
-from trainbench.core.result import CaseRecord, MeasuredCase, RecordError
-from trainbench.core.stats import busy_reason, change_interval, judge_change, level, rank_tests, too_few_rounds
+from trainbench.core.records.metrics import METRICS, TIMED, deterministic_metrics, parse_thresholds
+from trainbench.core.records.result import CaseRecord, MeasuredCase, RecordError
+from trainbench.core.records.stats import busy_reason, change_interval, judge_change, level, rank_tests, too_few_rounds
 from trainbench.devices.environment import environment_differences
 from trainbench.verdicts.explain import moved_rows
 from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse

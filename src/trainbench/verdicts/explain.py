@@ -1,4 +1,4 @@
-"""What accounts for a changed metric: the rows of the attribution tables (``trainbench.core.attribution``) that moved.
+"""What accounts for a changed metric: the rows of the attribution tables (``trainbench.core.analyses.attribution``) that moved.
 
 A metric names the tables that explain it (``Metric.where``: step time by op self time and kernel time, op
 counts by op and by module, FLOPs by op, memory by allocation site). For each, ``causes`` compares the two
@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainbench.core.attribution import OTHER
-from trainbench.core.metrics import METRICS
-from trainbench.core.stats import beyond_noise, change_interval, median_change, side_of
+from trainbench.core.records.tables import OTHER
+from trainbench.core.records.metrics import METRICS
+from trainbench.core.records.stats import beyond_noise, change_interval, median_change, side_of
 from trainbench.verdicts.render import number
 
 MAX_CAUSES = 4  # causes named per table under a changed verdict

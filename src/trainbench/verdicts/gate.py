@@ -1,6 +1,6 @@
 """What a comparison concluded: each metric's comparison, and one verdict that says whether it failed.
 
-``trainbench.verdicts.compare`` (a run against a stored run) and ``trainbench.verdicts.ab`` (two environments, rounds
+``trainbench.verdicts.compare`` (a run against a stored run) and ``trainbench.jobs.ab`` (two environments, rounds
 alternating) compute their comparisons differently and hand them here; ``Verdict`` decides
 failure by one rule for both, and is written as the JSON ``--trainbench-compare-json`` reads
 back (``Verdict.to_json``), which ``trainbench.verdicts.present`` prints in the terminal or as Markdown.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from trainbench.core.metrics import METRICS
-from trainbench.core.stats import ALPHA_SIDE, level
+from trainbench.core.records.metrics import METRICS
+from trainbench.core.records.stats import ALPHA_SIDE, level
 from trainbench.verdicts.explain import explained
 from trainbench.verdicts.render import change, interval, number
 
@@ -80,7 +80,7 @@ class MetricComparison:
     def explained(self, baseline: dict | None, current: dict | None, paired: bool = False,
                   rounds_s: tuple[list[float], list[float]] | None = None) -> MetricComparison:
         """This comparison with its "where" (a regressed or improved verdict only) from both sides' attribution
-        tables (``trainbench.core.attribution``; ``paired``: their profiled steps alternated, and ``rounds_s``, both
+        tables (``trainbench.core.analyses.attribution``; ``paired``: their profiled steps alternated, and ``rounds_s``, both
         sides' round step times, their rounds)."""
         if self.verdict not in ("regressed", "improved"):
             return self

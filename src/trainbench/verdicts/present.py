@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trainbench.core.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
-from trainbench.core.stats import ALPHA_SIDE, busy_reason, level
+from trainbench.core.harness.costs import OTHER, PHASES, TOTAL, by_phase, timed_rounds_s
+from trainbench.core.records.stats import ALPHA_SIDE, busy_reason, level
 from trainbench.verdicts.gate import EXIT_COULD_NOT_JUDGE, decision, fails_gate
 from trainbench.verdicts.render import MISSING, NOT_PREDICTED, Column, Table, change, interval, listed, number
 
 if TYPE_CHECKING:
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
 
 # A gate's decision, as its title, the session's last line and the Markdown heading say it.
 STATUS = {"could_not_judge": "COULD NOT JUDGE", "failed": "FAILED", "passed": "passed", "not_gated": "not gated"}
@@ -496,7 +496,7 @@ def _predicted_cell(record: CaseRecord) -> str:
 
 
 def costs_lines(records: list[CaseRecord], session_s: float | None = None) -> list[str]:
-    """``--trainbench-costs``: each case's wall seconds by phase (``trainbench.core.costs.PHASES``, its baseline's share
+    """``--trainbench-costs``: each case's wall seconds by phase (``trainbench.core.harness.costs.PHASES``, its baseline's share
     added in), a row of their sums, and how much of it the timed rounds were: what the summary's figures cost."""
     costed = [r for r in records if r.phase_seconds]
     if not costed:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainbench.core.files import write_atomic, write_text_atomic
-from trainbench.core.result import CaseRecord, RecordError
+from trainbench.core.harness.files import write_atomic, write_text_atomic
+from trainbench.core.records.result import CaseRecord, RecordError
 from trainbench.verdicts.render import Column, Table, number
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 if TYPE_CHECKING:  # the ladders import torch: load them only where a report is made
-    from trainbench.core.ladders import Ladder, LadderStep
+    from trainbench.core.setups.ladders import Ladder, LadderStep
 
 
 # -- the ladder report: a saved pytest-benchmark run next to the seed articles' figures ----------
@@ -38,7 +38,7 @@ class RungResult:
     not_run_reason: str = ""
 
     def value(self, metric: str) -> float | None:
-        """A metric of ``trainbench.core.metrics.METRICS``, or ``speedup_vs_baseline`` / ``batch_size``."""
+        """A metric of ``trainbench.core.records.metrics.METRICS``, or ``speedup_vs_baseline`` / ``batch_size``."""
         if self.measured is None:
             return None
         if metric == "speedup_vs_baseline":
@@ -50,7 +50,7 @@ class RungResult:
 
 @dataclass(frozen=True)
 class LadderRun:
-    """A ladder's rungs (all of them, from ``trainbench.core.ladders``) with this run's measurements."""
+    """A ladder's rungs (all of them, from ``trainbench.core.setups.ladders``) with this run's measurements."""
 
     ladder: Ladder
     rungs: list[RungResult]
@@ -89,8 +89,8 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def _not_run_reason(step, device: dict, profile_name: str | None, complete: bool = True) -> str:
     """Why a rung is absent from the run, as far as the step's requirements, the recorded device and whether the run
     finished tell: a rung of a run stopped before its end was not reached, whatever else may hold for it."""
-    from trainbench.core.eligibility import Context, why_not
-    from trainbench.core.workloads import PROFILES
+    from trainbench.core.setups.eligibility import Context, why_not
+    from trainbench.core.setups.workloads import PROFILES
     from trainbench.devices.device import DeviceCaps
 
     caps = DeviceCaps.from_identity(device)
@@ -109,7 +109,7 @@ NOT_REACHED = "not reached: the run was stopped before it"
 
 def ladder_runs(run: SavedRun) -> list[LadderRun]:
     """Every ladder with at least one rung in ``run``, in ``LADDERS`` order, each with all its rungs."""
-    from trainbench.core.ladders import LADDERS
+    from trainbench.core.setups.ladders import LADDERS
 
     measured: dict[str, dict[int, CaseRecord]] = {}
     try:

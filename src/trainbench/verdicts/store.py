@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 # The plugin loads this module in every pytest session: the records (result, ~50 ms of imports) load when a run is read.
 if TYPE_CHECKING:
-    from trainbench.core.result import CaseRecord
+    from trainbench.core.records.result import CaseRecord
 
 # A run saved from a session that was interrupted (Ctrl-C, SIGTERM): kept, never a bare compare's baseline.
 INCOMPLETE_KEY = "trainbench_incomplete"
@@ -278,7 +278,7 @@ class SavedRun:
         """This run read whole, as a baseline or calibration reads it: its marks, the device that made it, every
         trainbench record (``cases``), each benchmark once. Raises ``RunFileError`` naming the file, the case and
         the field where any of them cannot be read; found at start-up, never after a whole run."""
-        from trainbench.core.result import CaseRecord, RecordError
+        from trainbench.core.records.result import CaseRecord, RecordError
 
         problem = self.problem or self.marks_problem or self.device_problem
         if problem:
@@ -345,7 +345,7 @@ class SavedRun:
         """Every trainbench case (``having``: whose record has that field, e.g. ``ladder``), read and checked
         (``CaseRecord.read``), in the run's order. A record that cannot be read raises ``RecordError`` naming the
         run and the case; with ``errors``, its message goes there instead and the case is left out."""
-        from trainbench.core.result import CaseRecord, RecordError
+        from trainbench.core.records.result import CaseRecord, RecordError
 
         found, seen = [], {}
         for index, (name, info) in enumerate(self._records()):
@@ -369,7 +369,7 @@ class SavedRun:
     def case(self, fullname: str) -> CaseRecord | None:
         """The benchmark named ``fullname``, read as a trainbench case (None: the run has no such benchmark); raises
         ``RecordError`` where it is not one or its record cannot be read."""
-        from trainbench.core.result import CaseRecord
+        from trainbench.core.records.result import CaseRecord
 
         for name, bench in self._benchmarks():
             if name == fullname:

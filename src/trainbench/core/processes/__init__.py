@@ -1,0 +1,1 @@
+"""Entry points of the processes trainbench starts and their transport: a torchrun rank, an A/B side's worker."""

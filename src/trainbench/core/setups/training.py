@@ -1,0 +1,1229 @@
+"""Builds the loader, model, optimizer, GradScaler and the training step from a spec and a config.
+
+The one place where each knob of ``TrainConfig`` takes effect on a ``TrainingSpec``, so a
+recipe means the same thing in every benchmark, test and asv run, on built-in and
+users' specs alike. What only the built model can tell (no convolution for
+channels-last, no convolution before a norm with a bias to add or remove, no ``pointwise``
+function, an optimizer that ignores ``fused=``) raises ``NotApplicable`` naming what is missing.
+
+A *step* is one optimizer update: ``step(fetch(batches))``. ``fetch`` takes as many
+loader batches as the step consumes (the micro-batches of gradient accumulation), so
+the time blocked on the loader can be measured apart from the step itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import inspect
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optimizer.__init__ is wrapped by
+# torch._disable_dynamo): ~1 s of one-time start-up, taken here with the core rather than in the first case's setup
+import torch.fx
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, Sampler
+
+from trainbench.core.setups.recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
+from trainbench.core.setups.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
+from trainbench.core.harness.watchdog import beat
+from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
+
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class EndlessSampler(Sampler[int]):
+    """Seeded random permutations, one after another, forever.
+
+    The loader iterator never ends, so workers keep prefetching across epoch
+    boundaries and no timed round ever pays for starting an epoch.
+    """
+
+    def __init__(self, length: int, seed: int = 0):
+        self.length = length
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        gen = torch.Generator().manual_seed(self.seed)
+        while True:
+            yield from torch.randperm(self.length, generator=gen).tolist()
+
+
+class SyntheticBatches:
+    """The spec's batch factory as an endless iterator, its batches made on the host (then copied) or on the device.
+
+    The seeds' "construct tensors directly on the device": ``torch.rand(...).to(dev)``
+    allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
+
+    Each step's whole batch (all ranks, all micro-batches) is made at once and sliced, so a step trains on the
+    same samples however it is split: what the accumulation and DDP guards compare with the one big batch.
+    """
+
+    def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int,
+                 rank: int = 0, world_size: int = 1, micro_batches: int = 1):
+        self.make = spec.batches
+        self.batch_size = batch_size  # one micro-batch of one rank
+        self.generator = torch.Generator(device if on_device else torch.device("cpu")).manual_seed(seed)
+        self.rank, self.world_size, self.micro_batches = rank, world_size, micro_batches
+        self._pending: list = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.world_size == 1 and self.micro_batches == 1:
+            return self.make(self.batch_size, self.generator)
+        if not self._pending:
+            # Rank ``rank``'s slice of the global batch, as RankSampler gives a Dataset's, then its micro-batches (copies,
+            # so the rest of the global batch is freed at once).
+            step = self.batch_size * self.micro_batches
+            whole = self.make(step * self.world_size, self.generator)
+            reason = unsplittable(whole, step * self.world_size)
+            if reason:
+                raise NotApplicable(f"a step's batch is split into {self.micro_batches * self.world_size} micro-batches "
+                                    f"or ranks' shares, and the spec's batches hold {reason}")
+            start = self.rank * step
+            self._pending = [map_tensors(lambda t, i=i: t[start + i * self.batch_size:
+                                                          start + (i + 1) * self.batch_size].clone(), whole)
+                             for i in range(self.micro_batches)]
+        return self._pending.pop(0)
+
+
+class SeededStream:
+    """``batches`` with torch's and Python's global random generators on states of their own, seeded with ``seed``,
+    while each batch is made (and restored after): what a dataset or collate draws from them is the same for batch i
+    whatever else drew from them before."""
+
+    def __init__(self, batches: Iterator, seed: int):
+        self.batches = batches
+        self._torch_state = torch.Generator().manual_seed(seed).get_state()
+        self._python_state = random.Random(seed).getstate()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        torch_state, python_state = torch.random.get_rng_state(), random.getstate()
+        torch.random.set_rng_state(self._torch_state)
+        random.setstate(self._python_state)
+        try:
+            return next(self.batches)
+        finally:
+            self._torch_state, self._python_state = torch.random.get_rng_state(), random.getstate()
+            torch.random.set_rng_state(torch_state)
+            random.setstate(python_state)
+
+
+class RankSampler(Sampler[int]):
+    """This rank's share of the endless sampler: slice ``rank`` of every global batch.
+
+    With ``world_size`` ranks of ``batch_size`` each, the ranks together see exactly
+    the samples a single process with the global batch would see, step for step, so
+    DDP gradients can be compared with one-process gradients.
+    """
+
+    def __init__(self, length: int, batch_size: int, rank: int, world_size: int, seed: int = 0):
+        self.endless = EndlessSampler(length, seed)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        stream = iter(self.endless)
+        while True:
+            global_batch = [next(stream) for _ in range(self.batch_size * self.world_size)]
+            yield from global_batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+
+def checkpointing_already(model: torch.nn.Module) -> str | None:
+    """Where the spec's model recomputes activations itself, as Hugging Face models do after
+    ``gradient_checkpointing_enable()`` (their ``is_gradient_checkpointing``, a module's ``gradient_checkpointing``
+    flag), or None."""
+    if getattr(model, "is_gradient_checkpointing", False) is True:
+        return "is_gradient_checkpointing"
+    on = [name or type(model).__name__ for name, module in model.named_modules()
+          if getattr(module, "gradient_checkpointing", False) is True]
+    return f"gradient_checkpointing on {', '.join(on[:3])}{', ...' if len(on) > 3 else ''}" if on else None
+
+
+def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None:
+    """Recompute each named block in backward instead of keeping its activations.
+
+    Patches the blocks' ``forward`` in place, so parameter names (and the guard's
+    gradient comparison by name) stay the same as without checkpointing.
+    """
+    for name in block_names:
+        try:
+            block = model.get_submodule(name)
+        except AttributeError:
+            close = difflib.get_close_matches(name, [n for n, _ in model.named_modules() if n], n=3)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise SpecError(f"checkpoint block {name!r} is not a submodule of the model{hint}") from None
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+_ConvNd = torch.nn.modules.conv._ConvNd
+_BatchNorm = torch.nn.modules.batchnorm._BatchNorm
+_InstanceNorm = torch.nn.modules.instancenorm._InstanceNorm
+CANCELLING_NORMS = ("BatchNorm or InstanceNorm normalizing with the input's own statistics, as in training; GroupNorm "
+                    "with one channel per group")
+
+
+def batch_statistics_norms(model: torch.nn.Module) -> list[str]:
+    """The BatchNorms of ``model`` that normalize with the statistics of the batch they see (in training, or without
+    running statistics), by name: their output depends on which samples share a batch."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)]
+
+
+def cancels_channel_bias(norm: torch.nn.Module, channels: int, training: bool) -> bool:
+    """Whether ``norm``, reading ``channels`` channels, cancels any constant added to each channel (a convolution's bias).
+
+    BatchNorm subtracts each channel's mean over the batch, InstanceNorm each channel's mean over one
+    sample: a constant added to a channel moves its mean by as much and leaves its variance, so the output
+    is the same. Only with the input's own statistics: in evaluation, running statistics let the bias
+    through. GroupNorm subtracts one mean per group: a per-channel bias is cancelled only where a group is
+    one channel; across the channels of a larger group it shifts their deviations from the group's mean
+    (and the group's variance). LayerNorm after a convolution normalizes over the channels too: not cancelled.
+    """
+    if isinstance(norm, (_BatchNorm, _InstanceNorm)):
+        return norm.num_features == channels and (training or not norm.track_running_stats)
+    if isinstance(norm, torch.nn.GroupNorm):
+        return norm.num_groups == norm.num_channels == channels
+    return False
+
+
+class _ConvNormTracer(torch.fx.Tracer):
+    """Keeps every convolution and norm (subclasses from other libraries too) one node of the traced graph."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, (_ConvNd, _BatchNorm, _InstanceNorm, torch.nn.GroupNorm)) or \
+            super().is_leaf_module(m, module_qualified_name)
+
+
+def convs_before_norms(model: torch.nn.Module, training: bool = True) -> tuple[list[torch.nn.Module], str]:
+    """The convolutions whose output only a norm that cancels their bias reads (``cancels_channel_bias``), and how
+    they were found.
+
+    From the data flow of the graph torch.fx traces: every call of the convolution feeds a cancelling norm
+    and nothing else (an output also read before its norm, by a skip connection or as a feature map, keeps
+    its bias). Where tracing fails (data-dependent control flow, ops fx cannot trace), from registration
+    order: a convolution registered right before such a norm of its channel count among its parent's
+    children, the order nn.Sequential runs them in (and the usual order of a module's ``__init__``, which
+    does not prove the data flow: the guards compare the training with and without the change).
+    """
+    try:
+        graph = _ConvNormTracer().trace(model)
+    except Exception as e:  # whatever stops the trace (control flow on values, untraceable ops): the fallback
+        why = (str(e).strip().splitlines() or [""])[0][:160]
+        return (_by_registration_order(model, training),
+                f"by registration order: torch.fx could not trace the model ({type(e).__name__}: {why})")
+    calls: dict[int, tuple[torch.nn.Module, list[bool]]] = {}
+    for node in graph.nodes:
+        module = model.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(module, _ConvNd):
+            users = list(node.users)
+            user = users[0] if len(users) == 1 else None
+            feeds_norm = (user is not None and user.op == "call_module" and bool(user.args) and user.args[0] is node
+                          and cancels_channel_bias(model.get_submodule(user.target), module.out_channels, training))
+            calls.setdefault(id(module), (module, []))[1].append(feeds_norm)
+    return [module for module, feeds_norm in calls.values() if all(feeds_norm)], "by tracing the model with torch.fx"
+
+
+def _by_registration_order(model: torch.nn.Module, training: bool) -> list[torch.nn.Module]:
+    found: dict[int, torch.nn.Module] = {}
+    for parent in model.modules():
+        children = list(parent.children())
+        for conv, following in zip(children, children[1:]):
+            if isinstance(conv, _ConvNd) and cancels_channel_bias(following, conv.out_channels, training):
+                found[id(conv)] = conv
+    return list(found.values())
+
+
+@dataclass(frozen=True)
+class ConvBiasChange:
+    """What ``add_conv_bias`` or ``remove_conv_bias_before_norm`` did."""
+
+    changed: int  # convolutions given a bias, or relieved of theirs
+    before_norms: int  # convolutions followed by a norm that cancels their bias (``convs_before_norms``)
+    found_by: str  # how those were found
+
+
+def add_conv_bias(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
+    """Give each bias-free convolution followed by a norm that cancels it a zero-initialized bias: the redundant
+    bias of the seeds' "with bias" model (the same function at first, one more parameter and add per layer)."""
+    convs, found_by = convs_before_norms(model, training)
+    bias_free = [conv for conv in convs if conv.bias is None]
+    for conv in bias_free:
+        conv.bias = torch.nn.Parameter(torch.zeros(conv.out_channels, dtype=conv.weight.dtype, device=conv.weight.device))
+    return ConvBiasChange(len(bias_free), len(convs), found_by)
+
+
+def remove_conv_bias_before_norm(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
+    """Remove the bias of each convolution followed by a norm that cancels it: the same outputs (the norm subtracts
+    the bias with the channel's mean), one parameter and add per layer fewer. Weights stay as built."""
+    convs, found_by = convs_before_norms(model, training)
+    biased = [conv for conv in convs if conv.bias is not None]
+    for conv in biased:
+        conv.bias = None
+    return ConvBiasChange(len(biased), len(convs), found_by)
+
+
+_BIAS_FREE_HINT = "recipe conv_bias_free measures them as they are against conv_bias's added biases"
+
+
+def change_conv_bias(model: torch.nn.Module, how: str, training: bool) -> str:
+    """The ``conv_bias`` knob on a built model ("add" or "remove"): what it did, as a result note; ``NotApplicable``
+    where the model has no convolution before a cancelling norm, or none to change."""
+    convs = [m for m in model.modules() if isinstance(m, _ConvNd)]
+    if not convs:
+        raise NotApplicable("the model has no convolution")
+    if how == "remove" and all(conv.bias is None for conv in convs):
+        raise NotApplicable(f"the model's convolutions have no bias already: nothing to remove ({_BIAS_FREE_HINT})")
+    if how == "add" and all(conv.bias is not None for conv in convs):
+        raise NotApplicable("every convolution of the model has a bias already: nothing to add")
+    change = (remove_conv_bias_before_norm if how == "remove" else add_conv_bias)(model, training)
+    found = f"found {change.found_by}"
+    if not change.before_norms:
+        raise NotApplicable(f"no convolution of the model is followed by a norm that cancels its bias ({CANCELLING_NORMS}; "
+                            f"{found})")
+    if not change.changed and how == "remove":
+        raise NotApplicable(f"the model's convolutions before a norm have no bias already: nothing to remove "
+                            f"({_BIAS_FREE_HINT}; {found})")
+    if not change.changed:
+        raise NotApplicable(f"the model's convolutions before a norm have a bias already: nothing to add (no_conv_bias "
+                            f"measures removing them; {found})")
+    done = "removed the bias of" if how == "remove" else "added a zero bias to"
+    return f"conv_bias={how}: {done} {change.changed} of the {change.before_norms} convolutions followed by a norm that " \
+           f"cancels their bias ({found})"
+
+
+def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
+    """Replace each module's ``pointwise`` function by its scripted or compiled version. Returns how many."""
+    fused = 0
+    for module in model.modules():
+        fn = getattr(module, "pointwise", None)
+        if fn is None:
+            continue
+        module.pointwise = torch.jit.script(fn) if how == "script" else torch.compile(fn)
+        fused += 1
+    return fused
+
+
+def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
+    """The spec's ``optimizer(params)`` with the implementation ``impl`` asks for, checked to have taken effect."""
+    params = list(params)
+    if not params:  # torch's own "optimizer got an empty parameter list" names neither the spec nor the cause
+        raise SpecError(f"training spec {spec.name!r}: the model has no parameters to train")
+    return with_implementation(lambda **kwargs: spec.optimizer(params, **kwargs), impl, spec.name, "optimizer")
+
+
+def build_optimizers(spec: TrainingSpec, model: torch.nn.Module, impl: str | None) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers of a spec by name: ``{"0": optimizer}`` for ``optimizer``; for ``optimizers(model)`` what it
+    returns (a list's by position: "0", "1", ...), each rebuilt with the implementation ``impl`` asks for."""
+    if spec.optimizer is not None:
+        return {"0": build_optimizer(spec, model.parameters(), impl)}
+    returned = spec.optimizers(model)
+    if isinstance(returned, torch.optim.Optimizer):
+        named = {"0": returned}
+    elif isinstance(returned, Mapping):
+        named = {str(name): optimizer for name, optimizer in returned.items()}
+    elif isinstance(returned, Sequence) and not isinstance(returned, str):
+        named = {str(i): optimizer for i, optimizer in enumerate(returned)}
+    else:
+        raise SpecError(f"training spec {spec.name!r}: optimizers returned {type(returned).__name__}, expected an "
+                        "optimizer, a list of them or a dict of them by name")
+    if not named:
+        raise SpecError(f"training spec {spec.name!r}: optimizers returned no optimizer")
+    for name, optimizer in named.items():
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise SpecError(f"training spec {spec.name!r}: optimizers returned {type(optimizer).__name__} as "
+                            f"optimizer {name!r}, expected a torch.optim.Optimizer")
+    return {name: with_implementation(functools.partial(_rebuilt, optimizer), impl, spec.name, f"optimizers[{name!r}]")
+            for name, optimizer in named.items()}
+
+
+def with_implementation(build: Callable[..., torch.optim.Optimizer], impl: str | None, spec_name: str,
+                        what: str) -> torch.optim.Optimizer:
+    """``build(**kwargs)`` with the ``foreach=``/``fused=`` arguments ``impl`` asks for, checked to be an optimizer
+    that took them: the one answer to "this optimizer with implementation X", for ``optimizer`` and ``optimizers``."""
+    kwargs = OPTIMIZER_IMPL_KWARGS.get(impl, {})
+    optimizer = build(**kwargs)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise SpecError(f"training spec {spec_name!r}: {what} returned {type(optimizer).__name__}, "
+                        "expected a torch.optim.Optimizer")
+    for key, value in kwargs.items():
+        if bool(optimizer.defaults.get(key)) != value:
+            raise NotApplicable(f"{type(optimizer).__name__} did not take {key}={value} (its defaults say "
+                                f"{key}={optimizer.defaults.get(key)!r})")
+    return optimizer
+
+
+def _rebuilt(optimizer: torch.optim.Optimizer, **impl) -> torch.optim.Optimizer:
+    """``optimizer`` (not stepped yet) built again by its class with ``impl`` (foreach=/fused=), its parameter groups
+    and hyperparameters kept: how the implementation recipes change optimizers the spec built itself."""
+    if not impl:
+        return optimizer
+    cls = type(optimizer)
+    unknown = [key for key in impl if key not in optimizer.defaults]
+    if unknown:
+        raise NotApplicable(f"{cls.__name__} has no {'/'.join(unknown)} option to choose its implementation with")
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    # The groups carry every hyperparameter; the constructor's defaults only what it takes by name.
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted and key not in impl}
+    groups = [{key: value for key, value in group.items() if key not in impl} for group in optimizer.param_groups]
+    try:
+        return cls(groups, **defaults, **impl)
+    except (TypeError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise NotApplicable(f"{cls.__name__} could not be built again with "
+                            f"{', '.join(f'{k}={v}' for k, v in impl.items())}: {type(e).__name__}: {first}") from e
+
+
+def compile_in_place(model: torch.nn.Module) -> None:
+    """``nn.Module.compile()`` of the modules a custom step calls: the top-level children that hold parameters (the
+    model itself where none does).
+
+    A custom step calls ``model.G(...)`` and ``model.D(...)``, not the root's forward, so ``torch.compile(model)``
+    would compile nothing it runs; compiled in place, every call of those modules runs compiled code, whatever
+    calls them, and parameter names stay as they are (no ``_orig_mod.`` prefix) for the optimizers and guards.
+    """
+    children = [child for child in model.children() if next(child.parameters(), None) is not None]
+    for module in children or [model]:
+        module.compile()
+
+
+_SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def sdpa_context(backend: str | None):
+    """scaled_dot_product_attention restricted to one kernel family (a no-op context for None)."""
+    if backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
+
+
+class NonFiniteLoss(Exception):
+    """The training diverged: a loss turned NaN or infinite, so its steps measure no real training."""
+
+
+def check_finite_loss(value: float, spec_name: str, when: str) -> None:
+    """Raise ``NonFiniteLoss`` naming the spec and ``when`` (the step) if ``value`` is NaN or infinite."""
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"the loss of training spec {spec_name!r} is {value} {when}: the training diverged "
+                            "(a learning rate too high, an fp16 overflow, bad data?)")
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """A regression planted on purpose, to prove that a regression gate catches it.
+
+    ``slowdown``: after each step, wait for the device, then hold the host that fraction of
+    the step's wall time (on a GPU the sync itself costs the overlap of one step with the next,
+    so the planted slowdown is at least the fraction asked for).
+    ``leak_mib``: keep that many MiB allocated on the device per step, never freed.
+    """
+
+    slowdown: float = 0.0
+    leak_mib: float = 0.0
+
+
+class StepContext:
+    """What a custom step (``TrainingSpec.step(model, batch, ctx)``) is given besides the model and its batch: the
+    optimizers, and the recipe's precision, gradient zeroing and optimizer stepping as calls, so one step states
+    the training and every recipe changes how it runs.
+
+    - ``ctx.optimizers``: the optimizers by name (a list's by position "0", "1", ...; a single one "0");
+      ``ctx.optimizer(name)`` one of them (no name: the only one);
+    - ``with ctx.autocast():`` the recipe's autocast dtype and attention kernel (a no-op without them);
+    - ``ctx.backward(loss)``: ``loss.backward()``, through the recipe's GradScaler where it has one (one scaler
+      for every loss and optimizer, as PyTorch's AMP examples use it); keyword arguments go to ``backward``;
+    - ``ctx.zero_grad(optimizer)``: the recipe's way of clearing that optimizer's gradients (zeros, set_to_none,
+      ``param.grad = None``);
+    - ``ctx.step(optimizer)``: ``scaler.step(optimizer)`` or ``optimizer.step()`` (trainbench calls
+      ``scaler.update()`` once after the whole step, and before an optimizer's second update in one step: see
+      ``TrainingSetup.update_scaler``);
+    - ``ctx.generator``: a generator on the device, seeded as the setup is, for the step's own random numbers
+      (noise): a recipe and its baseline draw the same, whatever else draws from the global generator.
+
+    Optimizers may be given by name wherever one is expected: ``ctx.step("D")``; with one optimizer, no name is
+    needed: ``ctx.zero_grad()``, ``ctx.step()``.
+    """
+
+    def __init__(self, training: TrainingSetup):
+        self._training = training
+        self.optimizers = dict(training.optimizers)
+        self.device = training.device
+        self.generator = torch.Generator(training.device).manual_seed(training.config.seed)
+        self._names = {id(optimizer): name for name, optimizer in self.optimizers.items()}
+
+    def optimizer(self, name: str | int | None = None) -> torch.optim.Optimizer:
+        if name is None:
+            if len(self.optimizers) == 1:
+                return next(iter(self.optimizers.values()))
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step named no optimizer and it has "
+                            f"{len(self.optimizers)}, {sorted(self.optimizers)}: name one (ctx.step(\"name\"))")
+        try:
+            return self.optimizers[str(name)]
+        except KeyError:
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step asked for optimizer {name!r}; "
+                            f"its optimizers are {sorted(self.optimizers)}") from None
+
+    def _resolve(self, optimizer: torch.optim.Optimizer | str | int | None) -> tuple[str, torch.optim.Optimizer]:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = self.optimizer(optimizer)
+        name = self._names.get(id(optimizer))
+        if name is None:
+            raise SpecError(f"training spec {self._training.spec.name!r}: the step passed an optimizer that is not "
+                            f"one of ctx.optimizers ({sorted(self.optimizers)}); take them from ctx")
+        return name, optimizer
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return self._training.autocast()
+
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        scaler = self._training.scaler
+        with self._training.through_context("backward"):
+            (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
+        self._training.zero_grad(self._resolve(optimizer)[1])
+
+    def step(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
+        name, optimizer = self._resolve(optimizer)
+        with self._training.through_context("step"):
+            self._training.step_optimizer(optimizer, name)
+
+
+class FirstStepWatch:
+    """What a custom step does beside its ``ctx`` at its first step, where the recipe works through ``ctx.step`` and
+    ``ctx.backward``: an optimizer's ``step()`` called outside ``ctx.step`` (optimizer step pre-hooks), a backward
+    outside ``ctx.backward`` where the recipe's GradScaler must scale it (hooks after each parameter's gradient
+    accumulates), or no ``ctx.step`` at all. ``problem`` says which, once; its hooks are then removed, so no timed
+    step pays for them."""
+
+    def __init__(self, spec_name: str, optimizers: Mapping[str, torch.optim.Optimizer], parameters, scaled: bool):
+        self.spec_name = spec_name
+        self.inside: set[str] = set()  # the ctx calls running now ("step", "backward")
+        self.ctx_steps = 0
+        self.stray_steps: list[str] = []  # optimizers stepped outside ctx.step, by name
+        self.stray_backward = False
+        self._handles = [optimizer.register_step_pre_hook(functools.partial(self._stepped, name))
+                         for name, optimizer in optimizers.items()]
+        if scaled:  # only a GradScaler changes what ctx.backward does
+            self._handles += [p.register_post_accumulate_grad_hook(self._accumulated)
+                              for p in parameters if p.requires_grad]
+
+    @contextlib.contextmanager
+    def through(self, call: str) -> Iterator[None]:
+        if call == "step" and self.stray_backward:  # before the GradScaler unscales what it never scaled (or asserts)
+            raise SpecError(self.problem())
+        self.inside.add(call)
+        try:
+            yield
+        finally:
+            self.inside.discard(call)
+            self.ctx_steps += call == "step"
+
+    def _stepped(self, name: str, optimizer, args, kwargs) -> None:
+        if "step" not in self.inside and name not in self.stray_steps:
+            self.stray_steps.append(name)
+
+    def _accumulated(self, parameter: torch.Tensor) -> None:
+        if "backward" not in self.inside:
+            self.stray_backward = True
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def problem(self) -> str | None:
+        """What the first step did beside the recipe, and what it must do instead; None where it went through ctx."""
+        where = f"training spec {self.spec_name!r}: the step"
+        if self.stray_steps:
+            name = self.stray_steps[0]
+            return (f"{where} called optimizer {name!r}'s step() itself, outside ctx.step: the recipe's optimizer step "
+                    f"(its GradScaler, the guards' view of the update) never applied to it; call ctx.step({name!r}) "
+                    "instead")
+        if self.stray_backward:
+            return (f"{where} ran a backward outside ctx.backward (loss.backward()?) under a recipe with a GradScaler: "
+                    "that loss was never scaled, yet ctx.step unscales its gradients; call ctx.backward(loss) instead")
+        if not self.ctx_steps:
+            return (f"{where} never called ctx.step: no optimizer was updated through the recipe, so what it measures "
+                    "is no training step; update each optimizer with ctx.step(optimizer)")
+        return None
+
+
+class TrainingSetup:
+    """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
+
+    notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
+
+    # Steps (and forward-backward passes) run since the seeds: a measurement that starts at 0 sees the seeded
+    # trajectory in its first steps (Measurer.seeded_losses), the loss guard's reference
+    steps_run = 0
+
+    def __init__(self, config: TrainConfig, spec: TrainingSpec, backend: Backend, fault: InjectedFault | None = None,
+                 micro_batches_are_shards: bool = False, dropout_off: bool = False):
+        """``micro_batches_are_shards``: the accumulated micro-batches stand for the shards of data-parallel ranks (the
+        one-process reference of a DDP case), which each normalize their own samples as the micro-batches do; any
+        other accumulation over a BatchNorm that uses batch statistics trains differently and is ``NotApplicable``.
+        ``dropout_off``: the model's dropout draws nothing (``switch_dropout_off``), for a guard that compares a batch
+        with its micro-batches."""
+        self.config = config = config.validate()
+        self.micro_batches_are_shards, self.dropout_off = micro_batches_are_shards, dropout_off
+        reason = spec_unmet(spec, config)
+        if reason:
+            raise NotApplicable(reason)
+        self.spec, self.fault, self.backend, self.device = spec, fault, backend, backend.device
+        self._leaked: list[torch.Tensor] = []
+        self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
+        self.samples_per_step = config.step_batch_size(spec)
+        self.synthetic = config.synthetic or (None if spec.dataset is not None else "host")
+        self._closers = contextlib.ExitStack()
+        torch.manual_seed(config.seed)
+
+        self.loader = None if self.synthetic else self._loader(spec, config)
+        self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizers
+        wrapped = self._parallel(self.model, spec, config)
+        if spec.custom_step and config.compile:
+            compile_in_place(self.model)
+        self.forward = torch.compile(wrapped) if config.compile and not spec.custom_step else wrapped
+        self.optimizers = build_optimizers(spec, self.model, config.optimizer_impl)
+        self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
+        self.context = StepContext(self) if spec.custom_step else None
+        # A custom step's first step is watched for what it does beside ctx (custom_step checks it)
+        self._watch = FirstStepWatch(spec.name, self.optimizers, self.model.parameters(), self.scaler is not None) \
+            if spec.custom_step else None
+        if self._watch is not None:
+            self._closers.callback(self._watch.remove)
+        # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
+        self.stepped_gradients: dict[str, torch.Tensor] | None = None
+        self._times_stepped: Counter[str] = Counter()
+        self._scaled_steps: set[int] = set()  # the optimizers (ids) the GradScaler stepped since its last update
+        self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
+        self._normalize = spec.pixel_normalize()
+        self._loss_checked = False
+
+        previous = set_cudnn_benchmark(config.cudnn_benchmark)
+        self._closers.callback(set_cudnn_benchmark, previous)
+        if config.deterministic:
+            self._closers.enter_context(_deterministic_algorithms())
+        self._debug = self._closers.enter_context(_debug_api(config.debug))
+
+        # Called before every loss computation: the memory tracker follows one forward of the
+        # root module at a time, and a step may run several (accumulation, a loss computed twice).
+        self.before_forward = None
+        self.last_items: torch.Tensor | None = None  # the items of the last fetched step (TrainingSpec.items)
+        self.steps_done = 0
+        self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
+        self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
+        self._iterator = None
+        self._last_loss: torch.Tensor | None = None  # what the last step returned, for check_loss
+        self._finite_at = 0  # the last step whose loss check_loss found finite
+
+    def _rank(self) -> tuple[int, int]:
+        """(this process's rank, the number of ranks) under DDP/FSDP; (0, 1) otherwise."""
+        config = self.config
+        if not config.rank_processes:
+            return 0, 1
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() != config.world_size:
+            raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
+                               f"{config.world_size} ranks (trainbench.core.method.distributed launches them)")
+        return dist.get_rank(), config.world_size
+
+    def _loader(self, spec: TrainingSpec, config: TrainConfig) -> DataLoader:
+        """The spec's dataset behind an endless sampler (this rank's share under DDP/FSDP), workers persistent."""
+        dataset = spec.make_dataset(config.pixels)
+        if len(dataset) == 0:  # the endless sampler would look for a first index forever
+            raise SpecError(f"the dataset of training spec {spec.name!r} yields no batches (its length is 0)")
+        rank, world_size = self._rank()
+        if world_size > 1:
+            sampler = RankSampler(len(dataset), self.batch_size, rank, world_size, config.seed)
+        else:
+            sampler = EndlessSampler(len(dataset), config.seed)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
+                          num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
+                          persistent_workers=config.num_workers > 0, collate_fn=spec.collate_fn,
+                          generator=torch.Generator().manual_seed(config.seed),  # the workers' seeds: the seed's
+                          timeout=config.loader_timeout_s if config.num_workers else 0)
+
+    def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
+        """The spec's model on the device with the config's model changes, each checked to have had an effect."""
+        model = spec.model()
+        if not isinstance(model, torch.nn.Module):
+            raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
+        if config.conv_bias:
+            self.notes = (*self.notes, change_conv_bias(model, config.conv_bias, training=config.eval_mode is None))
+        model = module_to(model, self.device)
+        if config.channels_last:
+            if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+                raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
+            if channels_last_already(model) and not config.amp:  # channels_last_amp still changes the precision
+                raise NotApplicable("the model is channels-last already (its convolution weights are NHWC): "
+                                    "converting it again changes nothing the baseline does not do")
+            model = module_to(model, memory_format=torch.channels_last)
+        if config.compiles and compiled_by_user(model):
+            raise NotApplicable(ALREADY_COMPILED)
+        if config.checkpointing:
+            already = checkpointing_already(model)
+            if already:
+                raise NotApplicable(f"the model checkpoints already ({already}): recomputing its blocks again "
+                                    "changes nothing the baseline does not do")
+            enable_checkpointing(model, list(spec.checkpoint_blocks))
+        if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
+            raise NotApplicable("the model has no module with a `pointwise` function to fuse")
+        model.train(config.eval_mode is None)
+        if self.dropout_off:
+            switch_dropout_off(model)
+        if config.accumulation_steps > 1 and not self.micro_batches_are_shards:
+            norms = batch_statistics_norms(model)
+            if norms:
+                raise NotApplicable(f"the model's BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}) "
+                                    "normalizes each micro-batch by its own statistics: accumulated micro-batches do "
+                                    "not train as the whole batch does")
+        return model
+
+    def _parallel(self, model: torch.nn.Module, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
+        """The module a step calls: DataParallel, DDP, FSDP2 (sharded in place) or the model itself."""
+        if config.parallel == "dp":
+            # The same GPUs as the DDP case, starting at this one (by default DataParallel takes every GPU, from 0).
+            device_ids = self.backend.parallel_device_ids(config.replicas)
+            return torch.nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
+        if config.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model, device_ids=self.backend.ddp_device_ids())
+        if config.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            if sparse_gradients(model):
+                raise NotApplicable("FSDP2 shards dense gradients only: its reduce-scatter has no kernel for the "
+                                    "sparse gradients of an embedding with sparse=True (DDP all-reduces them)")
+
+            # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
+            # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
+            for name in spec.checkpoint_blocks:
+                fully_shard(model.get_submodule(name))
+            fully_shard(model)  # in place: the parameters become DTensor shards, the names stay
+        return model
+
+    # -- data ---------------------------------------------------------------------
+    def batches(self) -> Iterator:
+        """The live, endless batch iterator (created once; workers persist)."""
+        if self._iterator is None:
+            self._iterator = self._stream(live=True)
+        return self._iterator
+
+    def batches_from_start(self) -> Iterator:
+        """The batch stream again from its first batch, apart from the live one (which the warm-up and the rounds
+        have moved on): the fixed window the measurement's memory and work passes read."""
+        return self._stream(live=False)
+
+    def _stream(self, live: bool) -> Iterator:
+        """The batch stream: batch i is a function of the seed and i alone, whatever the recipe, save its batch size.
+
+        The spec's factory on a generator seeded afresh, or the loader's seeded sampler and collate, its workers
+        seeded from the seed. The window (``live=False``) also seeds torch's and Python's global generators while
+        each of its batches is made (a dataset or collate that draws from them, which the steps draw from too); the
+        live stream leaves them alone, as the cost of switching them (~0.1 ms a batch) would be in the timed rounds.
+        A recipe with another batch size draws batches of its own size from the same seed: from a dataset, its batch
+        i holds the samples the seeded order puts there (a 4x batch: the baseline's batches 4i..4i+3), from a factory
+        what it makes at that size."""
+        if self.synthetic:
+            stream = self._synthetic_batches()
+        elif live:
+            stream = iter(self.loader)
+        else:  # read in this process, apart from the live loader and its workers
+            stream = iter(DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=self.loader.sampler,
+                                     collate_fn=self.loader.collate_fn, pin_memory=self.loader.pin_memory,
+                                     drop_last=True))
+        return stream if live else SeededStream(stream, self.config.seed)
+
+    def _synthetic_batches(self) -> SyntheticBatches:
+        return SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device", self.config.seed,
+                                *self._rank(), self.config.accumulation_steps)
+
+    def fetch(self, batches: Iterator) -> list:
+        """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""
+        try:
+            micro_batches = [next(batches) for _ in range(self.config.accumulation_steps)]
+        except StopIteration:  # the loader's sampler is endless: only a batches factory can run dry
+            raise SpecError(f"the data of training spec {self.spec.name!r} yields no more batches") from None
+        beat()  # progress for the case's watchdog (trainbench.core.harness.watchdog)
+        self.last_items = self.items_of(micro_batches)
+        return micro_batches
+
+    def items_of(self, micro_batches: list) -> torch.Tensor | None:
+        """The items (``TrainingSpec.items``: tokens...) of one step's micro-batches in this process, as a tensor
+        (no host sync); None where the spec counts none."""
+        counts = [self.spec.count_items(batch) for batch in micro_batches]
+        if not counts or counts[0] is None:
+            return None
+        return sum(counts[1:], counts[0])
+
+    def h2d_bytes(self, micro_batches: list) -> int:
+        """Bytes one step's data crosses from the host to the device (none when made on the device)."""
+        return 0 if self.synthetic == "device" else batch_nbytes(micro_batches)
+
+    def to_device(self, batch: Batch) -> Batch:
+        """Every tensor of the batch on the device; uint8 images normalized there, channels-last where asked."""
+        config = self.config
+        batch = batch_to_device(batch, self.device, config.non_blocking)
+        if config.uint8_transfer:
+            batch = map_tensors(self._pixels_on_device, batch)
+        if config.channels_last:
+            batch = map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
+                                if t.dim() == 4 and t.is_floating_point() else t, batch)
+        return batch
+
+    def _pixels_on_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A 4-D uint8 tensor is a batch of images: normalized on the device (NHWC seen as channels-last NCHW)."""
+        if t.dim() != 4 or t.dtype != torch.uint8:
+            return t
+        if self.config.channels_last_input:
+            t = t.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels-last strides, no copy
+        return self._normalize(t)
+
+    # -- the step -------------------------------------------------------------------
+    def _loss(self, batch, on_device: bool = False) -> torch.Tensor:
+        if not on_device:
+            batch = self.to_device(batch)
+        if self.before_forward is not None:
+            self.before_forward()
+        with self.autocast():
+            loss = self.spec.loss_fn(self.forward, batch)
+        if not self._loss_checked:
+            self._check_loss_returned(loss, "loss_fn")
+            if not self.config.eval_mode and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
+                raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned a loss that does not require "
+                                "grad (computed under no_grad, detached, or from no trainable parameter)")
+            self._loss_checked = True
+        return loss
+
+    def _check_loss_returned(self, loss, what: str) -> None:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise SpecError(f"training spec {self.spec.name!r}: {what} returned {got}, expected a scalar "
+                            "floating-point tensor")
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The recipe's autocast dtype and attention kernel around a forward (a no-op context without them)."""
+        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
+                sdpa_context(self.config.sdpa_backend):
+            try:
+                yield
+            except RuntimeError as e:  # the kernel the recipe asks for cannot run this model's attention here
+                if self.config.sdpa_backend is None or "No available kernel" not in str(e):
+                    raise
+                raise NotApplicable(f"scaled_dot_product_attention has no {self.config.sdpa_backend} kernel for this "
+                                    f"model's attention on {self.device.type} (its mask, dtype, dropout or head "
+                                    f"size): {str(e).strip().splitlines()[0]}") from e
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's.
+
+        Clearing an optimizer the GradScaler stepped since its last update starts that optimizer's next update in
+        the step (a critic's n updates): the scaler is updated first, before the backward that scales its gradients.
+        """
+        if optimizer is None or id(optimizer) in self._scaled_steps:
+            self.update_scaler()
+        mode = self.config.zero_grad
+        if mode == "param_none":
+            params = self.model.parameters() if optimizer is None else (
+                p for group in optimizer.param_groups for p in group["params"])
+            for p in params:
+                p.grad = None
+        else:
+            for one in self.optimizers.values() if optimizer is None else (optimizer,):
+                one.zero_grad(set_to_none=mode == "set_to_none")
+
+    def forward_backward(self, micro_batches: list) -> torch.Tensor:
+        """Gradients of one optimizer step's data, in the seeds' order (forward, zero_grad, backward).
+
+        Under accumulation each micro-batch's loss is weighted by its share of the step (1/k, or its share of the
+        step's items where the spec counts them), so the summed gradients equal those of the whole batch.
+        Returns the step's (mean) loss with its graph, as a training loop sees it.
+        """
+        self.steps_run += 1
+        items_weighted = len(micro_batches) > 1 and self.spec.items is not None
+        if items_weighted:
+            # Every micro-batch on the device first and its items counted there: counts made on the host would each
+            # be copied to the device inside the step, a host-device sync per micro-batch on a GPU.
+            micro_batches = [self.to_device(batch) for batch in micro_batches]
+        weights = self.accumulation_weights(micro_batches)
+        total = None
+        for i, batch in enumerate(micro_batches):
+            loss = self._loss(batch, on_device=items_weighted)
+            if isinstance(weights, list):
+                loss = loss * weights[i].to(dtype=loss.dtype)  # a dtype only: the weight is where its batch is
+            elif weights is not None:
+                loss = loss / weights
+            if i == 0:
+                self.zero_grad()
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total = loss if total is None else total + loss
+        return total
+
+    def accumulation_weights(self, micro_batches: list) -> list[torch.Tensor] | int | None:
+        """Each micro-batch's share of the step's mean loss: a divisor k, or a weight per micro-batch (None: one
+        batch, nothing to weight).
+
+        A loss that is a mean over a batch's samples is divided by k (the k micro-batches are equal). A loss that is a mean over items
+        whose count differs between micro-batches (a padded LM's non-padding tokens) gets its share of the step's
+        items: averaging k micro-batch means equally is not the whole batch's mean. The weights are computed where
+        the counts are (the device, for batches moved there; an ``items`` returning a number gives a host scalar,
+        which a device op reads as an argument), never copied.
+        """
+        k = len(micro_batches)
+        if k == 1:
+            return None
+        counts = [self.spec.count_items(batch) for batch in micro_batches]
+        if counts[0] is None:
+            return k
+        total = sum(counts[1:], counts[0]).clamp(min=1e-12)  # a step without items: weights 0, not NaN
+        return [count / total for count in counts]
+
+    def evaluate(self, micro_batches: list) -> torch.Tensor:
+        """An evaluation step: forward and loss only, under the config's grad mode."""
+        mode = self.config.eval_mode
+        context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
+        with context():
+            return self._loss(micro_batches[0])
+
+    def step(self, micro_batches: list) -> torch.Tensor:
+        """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
+        try:
+            self.steps_run += 1
+            loss = self._step(micro_batches)
+            beat()
+            return loss
+        except RuntimeError as e:
+            if not self.config.deterministic or "deterministic" not in str(e):
+                raise
+            raise NotApplicable(f"an op of the model has no deterministic kernel here: {str(e).splitlines()[0]}") from e
+
+    def _step(self, micro_batches: list) -> torch.Tensor:
+        started = self.backend.clock()
+        if self.config.eval_mode:
+            loss = self.evaluate(micro_batches)
+        elif self.context is not None:
+            loss = self.custom_step(micro_batches)
+        else:
+            loss = self.forward_backward(micro_batches)
+            self.optimizer_step()
+        self._track_loss(loss)
+        if self.config.empty_cache:
+            self.backend.empty_cache()
+        if self._debug is not None:
+            self._debug.step()
+        self.steps_done += 1
+        if self.fault is not None and self.fault.slowdown:
+            # The whole step, device work included: on a GPU the host's share is only the launches,
+            # and a wait of a fraction of that would hide behind the queued kernels.
+            self.backend.busy_wait(self.fault.slowdown * self.backend.elapsed_since(started))
+        if self.fault is not None and self.fault.leak_mib:
+            self._leaked.append(torch.empty(int(self.fault.leak_mib * 2**20), dtype=torch.uint8, device=self.device))
+        self._last_loss = loss.detach()
+        return self._last_loss
+
+    def check_loss(self, when: str) -> None:
+        """``NonFiniteLoss`` if the last step's loss is NaN or infinite, naming that step and the last one found
+        finite. It waits for the device: call it outside timed rounds (the steps themselves never sync for it)."""
+        if self._last_loss is None:
+            return
+        since = f"; finite when checked at step {self._finite_at}" if self._finite_at else ""
+        check_finite_loss(float(self._last_loss), self.spec.name, f"at step {self.steps_done} ({when}{since})")
+        self._finite_at = self.steps_done
+
+    def custom_step(self, micro_batches: list) -> torch.Tensor:
+        """The spec's own step on the step's batch (one: no accumulation for a custom step), then the GradScaler's
+        one update. Returns the loss the step reports."""
+        [batch] = micro_batches
+        self._times_stepped.clear()
+        loss = self.spec.step(self.forward, self.to_device(batch), self.context)
+        if not self._loss_checked:
+            self._check_loss_returned(loss, "step")
+            self._loss_checked = True
+        if self._watch is not None:  # the first step: did the recipe apply?
+            watch, self._watch = self._watch, None
+            watch.remove()
+            problem = watch.problem()
+            if problem:
+                raise SpecError(problem)
+        self.update_scaler()
+        return loss
+
+    def through_context(self, call: str) -> contextlib.AbstractContextManager[None]:
+        """Around ``ctx.step`` and ``ctx.backward``: what the first step's watch counts as done through the recipe."""
+        return self._watch.through(call) if self._watch is not None else contextlib.nullcontext()
+
+    def optimizer_step(self) -> None:
+        """The update of every optimizer, through the GradScaler where there is one (it skips a step whose gradients
+        overflowed), whose scale is then updated once."""
+        for name, optimizer in self.optimizers.items():
+            self.step_optimizer(optimizer, name)
+        self.update_scaler()
+
+    def update_scaler(self) -> None:
+        """``scaler.update()`` where the GradScaler stepped an optimizer since its last update (it fails where none
+        stepped): once per step, after every optimizer stepped, as PyTorch's AMP examples do; and before an optimizer
+        is stepped again in the same step, which GradScaler refuses without an update between. That one comes where
+        the optimizer's gradients are cleared (``zero_grad``), so the gradients of its next update are scaled and
+        unscaled at the same scale; an optimizer stepped again without being cleared through trainbench gets it
+        just before the step, whose gradients are then unscaled at the updated scale (the same but after an
+        overflow or a growth)."""
+        if self.scaler is not None and self._scaled_steps:
+            self.scaler.update()
+        self._scaled_steps.clear()
+
+    def step_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        """One optimizer's update: ``scaler.step(optimizer)`` or ``optimizer.step()``; while ``stepped_gradients`` is
+        a dict, the (unscaled) gradients it steps on are kept there first."""
+        if id(optimizer) in self._scaled_steps:
+            self.update_scaler()
+        if self.stepped_gradients is not None:
+            self._keep_stepped_gradients(optimizer, name)
+        self._apply_step(optimizer)
+
+    def _apply_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self._scaled_steps.add(id(optimizer))
+        else:
+            optimizer.step()
+
+    def _keep_stepped_gradients(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)  # scaler.step then steps on these, unscaling no further
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        # An optimizer stepped again in one step (a critic's n updates per generator update) is "D#2", "D#3", ...
+        self._times_stepped[name] += 1
+        label = name if self._times_stepped[name] == 1 else f"{name}#{self._times_stepped[name]}"
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
+                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = gradient_copy(p.grad)
+
+    def _track_loss(self, loss: torch.Tensor) -> None:
+        """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
+        mode = self.config.loss_history
+        if mode == "tensor":
+            self.loss_total = self.loss_total + loss  # keeps every step's autograd graph alive: the leak
+        elif mode == "detach":
+            self.loss_total = self.loss_total + loss.detach()
+        elif mode == "item":
+            pending = loss.detach() if self._pending is None else self._pending + loss.detach()
+            if (self.steps_done + 1) % self.config.log_every == 0:
+                self.loss_total += pending.item()  # a host-device sync
+                pending = None
+            self._pending = pending
+
+    def retained_graph_nodes(self) -> int:
+        """Autograd nodes reachable from the running loss: what ``total_loss += loss`` keeps alive.
+
+        Backward frees the tensors the graph saved, but not the graph: its nodes (and
+        their metadata) pile up on the host, one step's backward graph per step.
+        """
+        total = self.loss_total
+        root = getattr(total, "grad_fn", None)
+        seen, stack = set(), [root] if root is not None else []
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+        return len(seen)
+
+    @property
+    def compiles(self) -> bool:
+        """Whether this setup's step runs compiled code: the recipe compiles it, or the spec's model came compiled
+        (``compiled_by_user``)."""
+        return self.config.compiles or compiled_by_user(self.model)
+
+    def close(self) -> None:
+        """Stop loader workers and restore global flags this setup changed."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._closers.close()
+        if self.compiles:
+            # Dynamo's caches and guards outlive the model: a later case would reuse or recompile them
+            # (a new batch size recompiles with a dynamic batch dimension). Each compiled case starts clean.
+            torch._dynamo.reset()
+
+    def __enter__(self) -> TrainingSetup:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def dropout_sites(model: torch.nn.Module) -> list[str]:
+    """The model's modules that draw random masks in training: ``nn.Dropout`` and its kin with p > 0, and modules
+    that keep a dropout probability of their own for a functional call (Hugging Face attention's ``dropout_prob``,
+    ``attention_dropout``)."""
+    return [name or type(module).__name__ for name, module in model.named_modules()
+            if (isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0)
+            or any(_dropout_probability(module, attr) for attr in vars(module))]
+
+
+def _dropout_probability(module: torch.nn.Module, attr: str) -> bool:
+    value = getattr(module, attr, None)
+    return "dropout" in attr and isinstance(value, float) and 0 < value < 1
+
+
+def switch_dropout_off(model: torch.nn.Module) -> None:
+    """Every ``dropout_sites`` module's probability to 0: the model trains as before, drawing no random mask."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for attr in [a for a in vars(module) if _dropout_probability(module, a)]:
+            setattr(module, attr, 0.0)
+
+
+@contextlib.contextmanager
+def dropout_switched_off(model: torch.nn.Module):
+    """``switch_dropout_off`` for the block only: each probability is put back after it (a rank's guard gradients
+    are taken without masks, its measured steps with them)."""
+    saved = [(module, "p", module.p) for module in model.modules()
+             if isinstance(module, torch.nn.modules.dropout._DropoutNd)]
+    saved += [(module, attr, getattr(module, attr)) for module in model.modules() for attr in list(vars(module))
+              if _dropout_probability(module, attr)]
+    switch_dropout_off(model)
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
+def channels_last_already(model: torch.nn.Module) -> bool:
+    """Whether the spec's model came in the channels-last memory format (``model.to(memory_format=torch.channels_last)``):
+    every 2-D convolution's weight is NHWC (and not also NCHW-contiguous, as a 1x1 kernel is either way)."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+               and not m.weight.is_contiguous()]
+    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+
+
+def sparse_gradients(model: torch.nn.Module) -> bool:
+    """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
+    return any(getattr(module, "sparse", False) is True for module in model.modules())
+
+
+def gradient_copy(grad: torch.Tensor, device: str = "cpu") -> torch.Tensor:
+    """A float32 copy of a gradient to compare with another (guards, ranks): a sparse one (an embedding with
+    ``sparse=True``) as the dense tensor it adds to its parameter, so that every gradient compares element by element
+    whatever its layout. A copy: a later backward may add to the live one."""
+    grad = grad.detach()
+    if grad.is_sparse:
+        grad = grad.to_dense()
+    return grad.to(device, torch.float32, copy=True)
+
+
+ALREADY_COMPILED = "the spec's model came compiled (torch.compile): compiling it again changes nothing"
+
+
+def compiled_by_user(model: torch.nn.Module) -> bool:
+    """Whether the spec's model, or a module in it, came compiled: ``torch.compile(module)`` (an
+    ``OptimizedModule``) or ``module.compile()``. Its step runs Inductor's code, whatever the recipe says."""
+    return any(type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
+               for module in model.modules())
+
+
+def module_to(model: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """``model.to(...)``, also for a model built under FakeTensorMode (trainbench.core.analyses.predict).
+
+    ``Module.to`` swaps a fake parameter with its converted copy, which fails while the fake
+    mode holds a weak reference to it; new Parameters in place of the old do the same job
+    before any optimizer has seen them.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not any(isinstance(p, FakeTensor) for p in model.parameters()):
+        return model.to(*args, **kwargs)
+    def convert(t: torch.Tensor) -> torch.Tensor:  # as Module.to: a memory format applies to 4-D and 5-D tensors only
+        return t.to(*args, **(kwargs if t.dim() in (4, 5) else {k: v for k, v in kwargs.items() if k != "memory_format"}))
+
+    converted: dict[int, torch.nn.Parameter] = {}  # one new Parameter per old one: tied weights stay tied
+    with torch.no_grad():
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    if id(param) not in converted:
+                        converted[id(param)] = torch.nn.Parameter(convert(param), requires_grad=param.requires_grad)
+                    module._parameters[name] = converted[id(param)]
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = convert(buffer)
+    return model
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic)
+    # Fail, not warn, where an op has no deterministic kernel: a warning would let the case measure
+    # nondeterministic kernels under the name "deterministic" (the step reports it as not applicable).
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic = previous[2]
+
+
+class _ProfilerLeftOn:
+    """The seeds' profiler setup left running: records shapes and memory, step after step.
+
+    Without ``with_stack``: its Python-level hook cannot be paused and restored by
+    pytest-benchmark's instrumentation guard, and the cost that matters here is the
+    per-op recording, which stays on.
+    """
+
+    def __init__(self):
+        from torch.profiler import profile, schedule
+
+        self.profiler = profile(activities=host_profiler_activities(), schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
+                                on_trace_ready=lambda prof: None, record_shapes=True, profile_memory=True)
+
+    def step(self) -> None:
+        self.profiler.step()
+
+
+class _NoStep:
+    def step(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _debug_api(mode: str | None):
+    """A debug API switched on for the life of the setup, as when left on by mistake."""
+    if mode is None:
+        yield None
+    elif mode == "anomaly":
+        with torch.autograd.detect_anomaly(check_nan=True):
+            yield _NoStep()
+    elif mode == DEBUG_NVTX:
+        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            yield _NoStep()
+    elif mode == DEBUG_PROFILER:
+        left_on = _ProfilerLeftOn()
+        with left_on.profiler:
+            yield left_on
