@@ -30,9 +30,9 @@ MULTI_GPU_PATHS = [("resnet18", "data_parallel"), ("resnet18", "ddp")]
 
 
 def _runner(device: str = "cuda"):
-    from trainbench.core.measure import MeasureSettings
-    from trainbench.core.runner import Runner
-    from trainbench.core.workloads import PROFILES
+    from trainbench.core.method.measure import MeasureSettings
+    from trainbench.core.method.runner import Runner
+    from trainbench.core.setups.workloads import PROFILES
     from trainbench.devices.device import get_backend
 
     settings = MeasureSettings(min_warmup_steps=5, max_warmup_steps=40, steady_window=3, steady_tolerance=0.10,
@@ -46,7 +46,7 @@ def runner():
 
 
 def _check_outcome(outcome) -> None:
-    from trainbench.core.recipes import PROFILING_DEBUG_MODES
+    from trainbench.core.setups.recipes import PROFILING_DEBUG_MODES
 
     if outcome.skipped:
         pytest.skip(outcome.skipped)
@@ -109,7 +109,7 @@ def test_a_case_peak_does_not_depend_on_what_ran_before(runner):
 
 
 def test_interleaved_peaks_are_each_setup_alone(runner):
-    from trainbench.core.budgets import Budgets
+    from trainbench.core.records.budgets import Budgets
 
     # A ratio budget (one no speed can fail) makes the runner interleave the case with its baseline.
     budgets = Budgets.from_text('[cuda."resnet18-amp_bf16"]\nmin_speedup = 0.01\n', source="<smoke>")
@@ -129,9 +129,9 @@ def test_kernel_counts_are_stable(runner):
 
 
 def test_grad_scaler_and_guard_gradients_are_finite(runner):
-    from trainbench.core.recipes import get_recipe
-    from trainbench.core.training import TrainingSetup
-    from trainbench.core.workloads import resolve_spec
+    from trainbench.core.setups.recipes import get_recipe
+    from trainbench.core.setups.training import TrainingSetup
+    from trainbench.core.setups.workloads import resolve_spec
 
     profile = runner.profile
     with TrainingSetup(get_recipe("amp_fp16").config(profile), resolve_spec("resnet18", profile), runner.backend) as t:
@@ -148,7 +148,7 @@ def test_grad_scaler_and_guard_gradients_are_finite(runner):
 def test_predicted_memory_is_the_allocator_peak_within_ten_percent_and_the_library_workspaces(runner):
     import os
 
-    from trainbench.core.predict import allocator_peak_bounds
+    from trainbench.core.analyses.predict import allocator_peak_bounds
     from trainbench.devices.host import cublas_workspace_config
 
     result = runner.run("baseline", "resnet18").result
@@ -170,7 +170,7 @@ class _GeluNet:
 
         import torch
 
-        from trainbench.core.spec import TrainingSpec
+        from trainbench.core.setups.spec import TrainingSpec
 
         def batches(batch_size, generator):
             return (torch.randn(batch_size, 256, generator=generator),
@@ -188,7 +188,7 @@ def test_attribution_names_a_planted_slow_op_and_its_kernel(runner):
     of the change."""
     import torch
 
-    from trainbench.core.result import CaseRecord, case_record
+    from trainbench.core.records.result import CaseRecord, case_record
     from trainbench.verdicts.compare import compare_case
 
     spec = _GeluNet.spec()
