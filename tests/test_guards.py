@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trainbench.core.setups import spec as spec_module
+from trainbench.core.setups import effects as effects_module
 from trainbench.core.setups import training as training_module
 from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
 from trainbench.core.setups.recipes import get_recipe
@@ -98,13 +99,13 @@ def test_checkpointing_gives_identical_gradients(cpu, profile):
 
 
 def test_checkpointing_that_drops_a_block_fails_the_guard(cpu, profile, monkeypatch):
-    real = training_module.enable_checkpointing
+    real = effects_module.enable_checkpointing
 
     def drops_first_block(model, names):
         real(model, names)
         model.get_submodule(names[0]).forward = lambda src, *args, **kwargs: src  # the block's output never computed
 
-    monkeypatch.setattr(training_module, "enable_checkpointing", drops_first_block)
+    monkeypatch.setattr(effects_module, "enable_checkpointing", drops_first_block)
     verdict = _grad_verdict("checkpointing", "transformer", cpu, profile)
     assert not verdict.ok
     assert "no gradient for encoder.layers.0" in verdict.message

@@ -144,7 +144,7 @@ class DeviceReader(Regressor):
 
 def test_moving_the_setups_model_moves_the_lightning_modules_own_device():
     # The setup moves its model with module_to (nn.Module.to on the root): Lightning's device must follow it.
-    from trainbench.core.setups.training import module_to
+    from trainbench.core.setups.effects import module_to
 
     spec = from_lightning(DeviceReader, name="reader", batch_size=4,
                           batches=lambda n, g: (torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)))

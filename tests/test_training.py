@@ -13,7 +13,9 @@ from trainbench.core.setups import training as training_module
 from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.core.method.runner import Runner
 from trainbench.core.setups.spec import SpecError, TrainingSpec, classification_loss
-from trainbench.core.setups.training import TrainingSetup, module_to
+from trainbench.core.setups import effects as effects_module
+from trainbench.core.setups.effects import module_to
+from trainbench.core.setups.training import TrainingSetup
 from trainbench.core.setups.workloads import resolve_spec
 from trainbench.devices.device import CpuBackend
 
@@ -28,7 +30,7 @@ def test_endless_loader_survives_epoch_boundaries(training, profile):
 
 
 def test_conv_bias_before_batchnorm_adds_one_bias_per_convolution(profile):
-    from trainbench.core.setups.training import add_conv_bias
+    from trainbench.core.setups.effects import add_conv_bias
     from trainbench.core.setups.workloads import resolve_spec
 
     model = resolve_spec("resnet18", profile).model()
@@ -61,7 +63,7 @@ def test_deterministic_algorithms_fail_rather_than_warn_and_restore_the_previous
     try:
         torch.use_deterministic_algorithms(warn_only, warn_only=warn_only)  # (True, warn) or all off
         torch.backends.cudnn.deterministic = False
-        with training_module._deterministic_algorithms():
+        with effects_module._deterministic_algorithms():
             assert torch.are_deterministic_algorithms_enabled()
             assert not torch.is_deterministic_algorithms_warn_only_enabled()
             assert torch.backends.cudnn.deterministic
@@ -282,7 +284,7 @@ def test_the_loss_check_names_the_step_it_found_non_finite_and_the_last_finite_o
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_fusing_swaps_each_pointwise_function_for_its_scripted_version(profile):
     model = resolve_spec("gelu_mlp", profile).model()
-    assert training_module.fuse_pointwise(model, "script") == 1
+    assert effects_module.fuse_pointwise(model, "script") == 1
     assert isinstance(model.pointwise, torch.jit.ScriptFunction)
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(model(x), model.head(model.pointwise(model.fc2(model.pointwise(model.fc1(x.flatten(1)))))))
@@ -391,7 +393,7 @@ def _bias_free(model: nn.Module) -> set[str]:
 
 
 def test_the_biases_a_norm_cancels_go_and_the_outputs_in_training_stay(cpu):
-    from trainbench.core.setups.training import remove_conv_bias_before_norm
+    from trainbench.core.setups.effects import remove_conv_bias_before_norm
 
     torch.manual_seed(0)
     model, x = _ConvsBeforeNorms(), torch.randn(4, 3, 8, 8)
@@ -412,7 +414,7 @@ def test_each_bias_the_trace_keeps_changes_the_outputs_when_removed(kept):
 
 
 def test_in_evaluation_batchnorm_uses_running_statistics_and_cancels_no_bias():
-    from trainbench.core.setups.training import convs_before_norms
+    from trainbench.core.setups.effects import convs_before_norms
 
     model = _ConvsBeforeNorms()
     names = {id(m): name for name, m in model.named_modules()}
@@ -434,7 +436,7 @@ class _Untraceable(nn.Module):
 
 
 def test_a_model_fx_cannot_trace_is_read_in_registration_order_and_says_so(profile, monkeypatch):
-    from trainbench.core.setups.training import _ConvNormTracer, convs_before_norms
+    from trainbench.core.setups.effects import _ConvNormTracer, convs_before_norms
 
     model = _Untraceable()
     convs, found_by = convs_before_norms(model)
@@ -463,7 +465,7 @@ def _conv_spec(model):
 
 def test_removing_the_cancelled_biases_trains_the_same_and_a_wrong_removal_fails_the_loss_guard(cpu, monkeypatch):
     from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
-    from trainbench.core.setups.training import _ConvNormTracer
+    from trainbench.core.setups.effects import _ConvNormTracer
 
     spec, rtol = _conv_spec(_ConvsBeforeNorms), get_recipe("no_conv_bias").loss_rtol
     as_given = loss_trajectory(TrainConfig(), spec, cpu)

@@ -18,7 +18,8 @@ from trainbench.core.method.measure import Measurer, MeasureSettings
 from trainbench.core.setups.recipes import NotApplicable, get_recipe
 from trainbench.core.method.runner import Runner
 from trainbench.core.setups.spec import batch_nbytes, batch_to_device, classification_loss
-from trainbench.core.setups.training import TrainingSetup, batch_statistics_norms
+from trainbench.core.setups.effects import batch_statistics_norms
+from trainbench.core.setups.training import TrainingSetup
 
 SGD = functools.partial(torch.optim.SGD, lr=0.05)
 

@@ -72,7 +72,7 @@ def spec_reference(spec: TrainingSpec) -> str:
     A user's spec is looked up among the module-level names of the modules that define its
     functions (the test module, usually), then of every loaded module.
     """
-    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == __package__ + ".workloads":
+    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == resolve_spec.__module__:  # built by the workloads module
         return f"builtin:{spec.name}"
     owners = [getattr(fn, "__module__", None) for fn in (spec.model, spec.loss_fn, spec.dataset, spec.batches)]
     candidates = [m for m in dict.fromkeys(owners) if m in sys.modules] + list(sys.modules)

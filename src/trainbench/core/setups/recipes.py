@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainbench.core.setups.spec import TrainingSpec
+from trainbench.core.setups import effects
+from trainbench.core.setups.effects import DEBUG_NVTX, DEBUG_PROFILER, STAGES, Effect
+from trainbench.core.setups.spec import NotApplicable, TrainingSpec  # noqa: F401 - NotApplicable: named where recipes are
 from trainbench.core.setups.workloads import Profile
 
 AMP_DTYPES = ("fp16", "bf16")
 ZERO_GRAD_MODES = ("zeros", "set_to_none", "param_none")
 OPTIMIZER_IMPLS = (None, "loop", "foreach", "fused")
-DEBUG_PROFILER, DEBUG_NVTX = "profiler", "emit_nvtx"
 DEBUG_MODES = (None, "anomaly", DEBUG_PROFILER, DEBUG_NVTX)
 # Left-on debug APIs that run a profiler of their own (emit_nvtx is the autograd profiler in NVTX mode):
 # no second profiler (a trace, the kernel count) can start beside them.
@@ -67,6 +68,7 @@ class Knob:
     unpredictable: Any = None  # why fake tensors cannot run it (predict.unpredictable)
     predicted_at_default: bool = False  # only shapes what an unpredictable knob starts: predicted at its default
     compiled: bool = False  # the model's code runs compiled (TorchScript, torch.compile), not op by op
+    effect: Effect | None = None  # what it does to a training setup, stage by stage (trainbench.core.setups.effects)
 
 
 def knob(default: Any, **entries) -> Any:
@@ -89,67 +91,67 @@ class TrainConfig:
     # -- data path
     batch_size: int | None = None  # samples per optimizer step before batch_multiplier (None: the spec's)
     batch_multiplier: int = knob(1, minimum=1)  # a larger batch: the step trains batch_size x this many samples
-    num_workers: int = knob(0, minimum=0, data_path=True, spec_needs="dataset", same_tensors=True)
+    num_workers: int = knob(0, minimum=0, data_path=True, spec_needs="dataset", same_tensors=True, effect=effects.WORKERS)
     # with workers: a batch that takes longer fails the case (a hung dataset)
     loader_timeout_s: float = knob(300.0, same_tensors=True)
-    pin_memory: bool = knob(False, data_path=True, spec_needs="dataset", same_tensors=True)
+    pin_memory: bool = knob(False, data_path=True, spec_needs="dataset", same_tensors=True, effect=effects.PINNED)
     non_blocking: bool = knob(False, data_path=True, same_tensors=True)
-    uint8_transfer: bool = knob(False, data_path=True, spec_needs="dataset")  # copy uint8 pixels, normalize on the device
+    uint8_transfer: bool = knob(False, data_path=True, spec_needs="dataset", effect=effects.UINT8_PIXELS)  # copy uint8 pixels, normalize on the device
     # loader yields NHWC uint8; the device sees a channels-last view
     channels_last_input: bool = knob(False, data_path=True)
     # no loader: random batches made on the host and copied, or made on the device
     synthetic: str | None = knob(None, choices=SYNTHETIC_MODES, data_path=True, spec_needs="batches")
     # -- precision
-    amp: str | None = knob(None, choices=(None,) + AMP_DTYPES, build_needs={"bf16": ("bf16",)})  # "fp16" | "bf16"
-    grad_scaler: bool = False
+    amp: str | None = knob(None, choices=(None,) + AMP_DTYPES, build_needs={"bf16": ("bf16",)}, effect=effects.AUTOCAST)  # "fp16" | "bf16"
+    grad_scaler: bool = knob(False, effect=effects.GRAD_SCALER)
     # -- batch and memory
     # the step's batch split into this many loader micro-batches
-    accumulation_steps: int = knob(1, minimum=1, custom_step="a custom step interleaves its updates with its forwards: "
+    accumulation_steps: int = knob(1, minimum=1, effect=effects.ACCUMULATION, custom_step="a custom step interleaves its updates with its forwards: "
                                    "accumulating micro-batches would reorder them")
     # recompute the spec's checkpoint blocks in backward instead of saving activations
-    checkpointing: bool = knob(False, spec_needs="checkpoint_blocks")
+    checkpointing: bool = knob(False, spec_needs="checkpoint_blocks", effect=effects.CHECKPOINTING)
     # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
     # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
-    zero_grad: str = knob("zeros", choices=ZERO_GRAD_MODES)  # "zeros" | "set_to_none" | "param_none" (param.grad = None)
+    zero_grad: str = knob("zeros", choices=ZERO_GRAD_MODES, effect=effects.ZERO_GRAD)  # "zeros" | "set_to_none" | "param_none" (param.grad = None)
     # running loss kept as: "tensor" (the leak), "detach", "item"; "item" every step keeps a float on the host, no
     # device sum between steps
-    loss_history: str | None = knob(None, choices=LOSS_HISTORY_MODES,
+    loss_history: str | None = knob(None, choices=LOSS_HISTORY_MODES, effect=effects.LOSS_HISTORY,
                                     same_tensors=lambda config: config.loss_history == "item" and config.log_every == 1)
     log_every: int = knob(1, minimum=1)  # with loss_history="item": one .item() (a host sync) every N steps
     # evaluation step instead of training: "autograd" | "no_grad" | "inference_mode"
-    eval_mode: str | None = knob(None, choices=EVAL_MODES, custom_step="a custom step is a training step: evaluation "
+    eval_mode: str | None = knob(None, choices=EVAL_MODES, effect=effects.EVALUATION, custom_step="a custom step is a training step: evaluation "
                                  "measures a loss_fn's forward, which the spec does not state")
     # release cached allocator blocks after every step (on the allocator, not on tensors)
-    empty_cache: bool = knob(False, process_wide="the caching allocator's cache", same_tensors=True)
+    empty_cache: bool = knob(False, process_wide="the caching allocator's cache", same_tensors=True, effect=effects.EMPTY_CACHE)
     # -- compute
-    compile: bool = knob(False, unpredictable=_COMPILED_CODE, compiled=True)
-    cudnn_benchmark: bool = knob(False, process_wide="torch.backends.cudnn.benchmark", same_tensors=True, fresh_process=(
+    compile: bool = knob(False, unpredictable=_COMPILED_CODE, compiled=True, effect=effects.COMPILE)
+    cudnn_benchmark: bool = knob(False, process_wide="torch.backends.cudnn.benchmark", same_tensors=True, effect=effects.CUDNN_BENCHMARK, fresh_process=(
         "cuDNN's plan cache lives as long as the process and its key ignores the benchmark flag: after any earlier "
         "convolution the autotuner would not run, and the ratio would be ~1.0"))
-    channels_last: bool = False
+    channels_last: bool = knob(False, effect=effects.CHANNELS_LAST)
     # The biases of convolutions followed by a norm that cancels them (training.convs_before_norms): None leaves the
     # model as built; "add" gives the bias-free ones a zero bias (the seeds' "with bias"); "remove" removes theirs.
-    conv_bias: str | None = knob(None, choices=CONV_BIAS_CHANGES)
+    conv_bias: str | None = knob(None, choices=CONV_BIAS_CHANGES, effect=effects.CONV_BIAS)
     # the model's ``pointwise`` functions: "script" | "compile"
-    fuse_pointwise: str | None = knob(None, choices=FUSE_MODES, unpredictable=_COMPILED_CODE, compiled=True)
+    fuse_pointwise: str | None = knob(None, choices=FUSE_MODES, unpredictable=_COMPILED_CODE, compiled=True, effect=effects.FUSE_POINTWISE)
     # scaled_dot_product_attention restricted to "math" | "flash" | "efficient"
-    sdpa_backend: str | None = knob(None, choices=SDPA_BACKENDS)
+    sdpa_backend: str | None = knob(None, choices=SDPA_BACKENDS, effect=effects.SDPA)
     optimizer_impl: str | None = knob(None, choices=OPTIMIZER_IMPLS)  # None: PyTorch's default; "loop" | "foreach" | "fused"
     # left-on debug API: "anomaly" | "profiler" | "emit_nvtx"; NVTX ranges hold no tensor (and a CPU cannot fake them)
-    debug: str | None = knob(None, choices=DEBUG_MODES, process_wide="autograd's anomaly mode or profiler",
+    debug: str | None = knob(None, choices=DEBUG_MODES, process_wide="autograd's anomaly mode or profiler", effect=effects.DEBUG,
                              same_tensors={DEBUG_NVTX: True}, unpredictable={
                                  "anomaly": "anomaly mode checks every gradient for NaN: a data-dependent test fake "
                                             "tensors cannot answer",
                                  DEBUG_PROFILER: "the profiler records real kernels, none of which run under fake tensors"})
     # torch.use_deterministic_algorithms(True)
-    deterministic: bool = knob(False, process_wide="torch.use_deterministic_algorithms", fresh_process=(
+    deterministic: bool = knob(False, process_wide="torch.use_deterministic_algorithms", effect=effects.DETERMINISTIC, fresh_process=(
         "cuBLAS reads CUBLAS_WORKSPACE_CONFIG (needed for deterministic matmuls) once, when it starts"),
         fresh_env=("CUBLAS_WORKSPACE_CONFIG", (":4096:8", ":16:8")))  # the two settings PyTorch documents as deterministic
     # -- scale
     # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank; "fsdp": FSDP2
     # (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded over the ranks)
     parallel: str | None = knob(
-        None, choices=PARALLEL_MODES,
+        None, choices=PARALLEL_MODES, effect=effects.DATA_PARALLEL,
         build_needs={"ddp": ("torch.distributed",), "fsdp": ("torch.distributed", "fully_shard")},
         unpredictable="data parallelism runs replicas in other threads or processes, outside the fake mode",
         custom_step={"dp": _wraps_the_forward("DataParallel"), "ddp": _wraps_the_forward("DistributedDataParallel"),
@@ -160,6 +162,59 @@ class TrainConfig:
     # "gloo" | "nccl" (None: nccl on CUDA, gloo on the CPU)
     dist_backend: str | None = knob(None, choices=(None, "gloo", "nccl"), predicted_at_default=True)
     seed: int = 0
+    # Users' own knobs (``register_knob``) off their defaults, as sorted (name, value) pairs: hashable, and absent
+    # from a config that turns none, so records of built-in recipes read as before.
+    user_knobs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, **values) -> TrainConfig:
+        """A config from knob values, built-in or users' (``register_knob``), by name."""
+        unknown = set(values) - set(KNOBS) - set(USER_KNOBS) - {"batch_size", "seed"}
+        if unknown:
+            raise ConfigError(f"unknown knobs {sorted(unknown)}; known: {sorted(set(KNOBS) | set(USER_KNOBS))}")
+        own = {k: v for k, v in values.items() if k in USER_KNOBS}
+        user = tuple(sorted((k, v) for k, v in own.items() if v != USER_KNOBS[k][1]))
+        return cls(**{k: v for k, v in values.items() if k not in USER_KNOBS}, user_knobs=user)
+
+    def replaced(self, **values) -> TrainConfig:
+        """This config with ``values`` (built-in or users' knobs) in place of its own."""
+        return TrainConfig.of(**{**self.record(), **values})
+
+    def value(self, name: str) -> Any:
+        """A knob's value, built-in or a user's."""
+        if name in KNOBS:
+            return getattr(self, name)
+        return dict(self.user_knobs).get(name, USER_KNOBS[name][1])
+
+    def record(self) -> dict[str, Any]:
+        """The config as a saved record and a child process read it: every built-in knob, and each user knob turned."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "user_knobs"}
+        return {**fields, **dict(self.user_knobs)}
+
+    def effects(self, stage: str) -> list[tuple[str, Any, Any]]:
+        """(knob, value, hook) for each knob whose effect acts at ``stage`` (``effects.STAGES``) in this config: turned
+        off its default (or acting at it, ``Effect.at_default``), in the table's order, users' knobs last."""
+        found = []
+        for name, entry in self._entries():
+            hook = getattr(entry.effect, stage, None) if entry.effect is not None else None
+            value = self.value(name)
+            if hook is not None and (value != self._default(name) or entry.effect.at_default):
+                found.append((name, value, hook))
+        return found
+
+    def _entries(self):
+        yield from KNOBS.items()
+        for name, (entry, _) in USER_KNOBS.items():
+            yield name, entry
+
+    @staticmethod
+    def _default(name: str) -> Any:
+        return _DEFAULTS[name] if name in _DEFAULTS else USER_KNOBS[name][1]
+
+    @property
+    def trains(self) -> bool:
+        """A training step (forward, backward, update), not an evaluation forward (``eval_mode``)."""
+        return self.eval_mode is None
 
     @property
     def compiles(self) -> bool:
@@ -171,8 +226,8 @@ class TrainConfig:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
-        for name, entries in KNOBS.items():
-            value = getattr(self, name)
+        for name, entries in self._entries():
+            value = self.value(name)
             if entries.minimum is not None and (not isinstance(value, int) or value < entries.minimum):
                 raise ConfigError(f"{name} must be an int >= {entries.minimum}, got {value!r}")
             if entries.choices is not None and value not in entries.choices:
@@ -200,9 +255,9 @@ class TrainConfig:
         """(knob, what its ``Knob`` ``entry`` says) for each knob off its default where that entry applies, in field
         order: e.g. ``turned("unpredictable")`` gives each knob fake tensors cannot run, with why."""
         found = []
-        for name, entries in KNOBS.items():
-            value = getattr(self, name)
-            if value == _DEFAULTS[name]:
+        for name, entries in self._entries():
+            value = self.value(name)
+            if value == self._default(name):
                 continue
             said = getattr(entries, entry)
             said = said.get(value) if isinstance(said, Mapping) else said(self) if callable(said) else said
@@ -212,7 +267,7 @@ class TrainConfig:
 
     def with_defaults(self, *entries: str) -> TrainConfig:
         """This config with every knob that ``turned`` finds under one of ``entries`` back at its default."""
-        return dataclasses.replace(self, **{name: _DEFAULTS[name] for entry in entries for name, _ in self.turned(entry)})
+        return self.replaced(**{name: self._default(name) for entry in entries for name, _ in self.turned(entry)})
 
     @property
     def runs_compiled_code(self) -> bool:
@@ -268,9 +323,16 @@ class TrainConfig:
         return ("uint8_hwc" if self.channels_last_input else "uint8") if self.uint8_transfer else None
 
 
-KNOBS: dict[str, Knob] = {f.name: f.metadata.get("knob", Knob()) for f in dataclasses.fields(TrainConfig)}
+KNOBS: dict[str, Knob] = {f.name: f.metadata.get("knob", Knob()) for f in dataclasses.fields(TrainConfig)
+                          if f.name != "user_knobs"}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-_CONFIG_FIELDS = set(KNOBS)
+# Users' knobs (register_knob): name -> (entry, default). Read by TrainConfig as the built-in table is.
+USER_KNOBS: dict[str, tuple[Knob, Any]] = {}
+
+
+def known_knobs() -> set[str]:
+    """Every knob a recipe may turn: the built-in table's, ``batch_size`` and ``seed``, and users' own."""
+    return set(_DEFAULTS) - {"user_knobs"} | set(USER_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -339,9 +401,9 @@ class Recipe:
         if self.grad_measure not in GRADIENT_MEASURES:
             raise ConfigError(f"recipe {self.name!r}: grad_measure must be one of {GRADIENT_MEASURES}, "
                               f"got {self.grad_measure!r}")
-        unknown = set(self.changes) - _CONFIG_FIELDS
+        unknown = set(self.changes) - known_knobs()
         if unknown:
-            raise ConfigError(f"recipe {self.name!r} changes unknown knobs {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
+            raise ConfigError(f"recipe {self.name!r} changes unknown knobs {sorted(unknown)}; known: {sorted(known_knobs())}")
 
     def changes_for(self, profile: Profile) -> dict[str, Any]:
         return {k: (v.pick(profile) if isinstance(v, ByProfile) else v) for k, v in self.changes.items()}
@@ -352,20 +414,16 @@ class Recipe:
         An override composes with the recipe (``batch_size`` sets the batch that ``larger_batch``
         multiplies); one that would cancel a knob the recipe turns is an error, never silent.
         """
-        unknown = set(overrides) - _CONFIG_FIELDS
+        unknown = set(overrides) - known_knobs()
         if unknown:
-            raise ConfigError(f"unknown override {sorted(unknown)}; known knobs: {sorted(_CONFIG_FIELDS)}")
+            raise ConfigError(f"unknown override {sorted(unknown)}; known knobs: {sorted(known_knobs())}")
         values = self.changes_for(profile)
         for key, value in overrides.items():
             if key in values and values[key] != value:
                 raise ConfigError(f"the override {key}={value!r} would cancel recipe {self.name!r}'s {key}={values[key]!r}; "
                                  "drop the override, or state that value in the spec or a recipe of your own")
         values.update(overrides)
-        return dataclasses.replace(base or TrainConfig(), **values).validate()
-
-
-class NotApplicable(Exception):
-    """A recipe that cannot apply to a spec: the message says what the spec lacks (the case is skipped)."""
+        return (base or TrainConfig()).replaced(**values).validate()
 
 
 # The optimizer arguments each implementation choice passes (both, so a spec's own foreach/fused is overridden).
@@ -653,13 +711,80 @@ RECIPES: dict[str, Recipe] = {
 
 
 def get_recipe(name: str) -> Recipe:
-    try:
-        return RECIPES[name]
-    except KeyError:
-        raise KeyError(f"unknown recipe {name!r}: expected one of {sorted(RECIPES)}") from None
+    """A built-in recipe, or a user's own (``register_recipe``), by name."""
+    found = RECIPES.get(name) or USER_RECIPES.get(name)
+    if found is None:
+        raise KeyError(f"unknown recipe {name!r}: expected one of {sorted(RECIPES | USER_RECIPES)}")
+    return found
 
 
 def without_unpredictable(config: TrainConfig) -> TrainConfig:
     """The nearest setup fake tensors can run: no compilation, one process with the same per-process batch
     (the unpredictable knobs, and those that only shape what they start, at their defaults)."""
     return config.with_defaults("unpredictable", "predicted_at_default")
+
+
+# -- users' own knobs and recipes ------------------------------------------------------------------------------
+# A user's recipe is the same entry as a built-in one: a knob with its rules and its effect (register_knob), and a
+# recipe turning it with its guard tolerances, requirements and baseline (register_recipe). Cases find it by name
+# (get_recipe), its budgets are keyed by its case id as any other's. The suite's own table (RECIPES) stays as it is.
+USER_RECIPES: dict[str, Recipe] = {}
+
+
+def register_knob(name: str, default: Any = False, effect: Effect | None = None, **entries) -> str:
+    """A knob of a user's own (``trainbench.knob``): its default, what it does (``effect``, or the stage hooks as
+    keywords: ``model=``, ``batch=``, ``forward=``, ``after_step=``, ``process=`` ...) and the table's rules
+    (``Knob``'s fields: ``choices``, ``unpredictable``, ``same_tensors`` ...). Registering the same entry again
+    (a module imported twice) is a no-op; another entry under a taken name is an error."""
+    hooks = {stage: entries.pop(stage) for stage in STAGES if stage in entries}
+    if effect is not None and hooks:
+        raise ConfigError(f"knob {name!r}: give its effect as effect= or as stage hooks, not both")
+    unknown = set(entries) - {f.name for f in dataclasses.fields(Knob)} - {"at_default"}
+    if unknown:
+        raise ConfigError(f"knob {name!r}: unknown entries {sorted(unknown)}; expected stage hooks {list(STAGES)} or "
+                          f"rules {sorted(f.name for f in dataclasses.fields(Knob) if f.name != 'effect')}")
+    if hooks or "at_default" in entries:
+        effect = Effect(**hooks, at_default=entries.pop("at_default", False))
+    if not name.isidentifier() or name in _DEFAULTS or hasattr(TrainConfig, name):
+        raise ConfigError(f"knob {name!r}: expected a new identifier (the built-in knobs are {sorted(KNOBS)})")
+    entry = (Knob(**entries, effect=effect), default)
+    if name in USER_KNOBS and _identity(USER_KNOBS[name]) != _identity(entry):
+        raise ConfigError(f"knob {name!r} is registered already with other entries")
+    USER_KNOBS[name] = entry
+    return name
+
+
+def _identity(entry) -> tuple:
+    """An entry as comparable data: its hooks by qualified name (a module imported again makes new function objects
+    of the same hooks)."""
+    def named(value):
+        if callable(value) and hasattr(value, "__qualname__"):
+            return f"{value.__module__}.{value.__qualname__}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return tuple((f.name, named(getattr(value, f.name))) for f in dataclasses.fields(value))
+        return value if not isinstance(value, (tuple, list)) else tuple(map(named, value))
+    return named(entry)
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    """A user's recipe (``trainbench.recipe``), found by name beside the built-in ones."""
+    if recipe.name in RECIPES:
+        raise ConfigError(f"recipe {recipe.name!r} is a built-in recipe: give yours another name")
+    if USER_RECIPES.get(recipe.name, recipe) != recipe:
+        raise ConfigError(f"recipe {recipe.name!r} is registered already with other changes")
+    USER_RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def user_entries() -> tuple[dict, dict]:
+    """The users' knobs and recipes registered now: a session restores them at its end (``restore_user_entries``),
+    so one pytest session's registrations do not outlive it in a process that runs several."""
+    return dict(USER_KNOBS), dict(USER_RECIPES)
+
+
+def restore_user_entries(saved: tuple[dict, dict]) -> None:
+    knobs, recipes = saved
+    USER_KNOBS.clear()
+    USER_KNOBS.update(knobs)
+    USER_RECIPES.clear()
+    USER_RECIPES.update(recipes)

@@ -39,6 +39,10 @@ class SpecError(ValueError):
     """A spec that cannot be trained as given; the message names the spec and what was expected."""
 
 
+class NotApplicable(Exception):
+    """A recipe that cannot apply to a spec: the message says what the spec lacks (the case is skipped)."""
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """A training, stated as a user states it.

@@ -14,7 +14,6 @@ the time blocked on the loader can be measured apart from the step itself.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import inspect
 import math
@@ -27,15 +26,14 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optimizer.__init__ is wrapped by
 # torch._disable_dynamo): ~1 s of one-time start-up, taken here with the core rather than in the first case's setup
 import torch.fx
-from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, Sampler
 
-from trainbench.core.setups.recipes import DEBUG_NVTX, DEBUG_PROFILER, OPTIMIZER_IMPL_KWARGS, NotApplicable, TrainConfig, spec_unmet
-from trainbench.core.setups.spec import Batch, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
+from trainbench.core.setups.effects import ALREADY_COMPILED, compiled_by_user, module_to  # noqa: F401 - ALREADY_COMPILED: predict reads it here
+from trainbench.core.setups.recipes import OPTIMIZER_IMPL_KWARGS, TrainConfig, spec_unmet
+from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
 from trainbench.core.harness.watchdog import beat
-from trainbench.devices.device import Backend, host_profiler_activities, set_cudnn_benchmark
+from trainbench.devices.device import Backend
 
-_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class EndlessSampler(Sampler[int]):
@@ -139,181 +137,6 @@ class RankSampler(Sampler[int]):
             yield from global_batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
-def checkpointing_already(model: torch.nn.Module) -> str | None:
-    """Where the spec's model recomputes activations itself, as Hugging Face models do after
-    ``gradient_checkpointing_enable()`` (their ``is_gradient_checkpointing``, a module's ``gradient_checkpointing``
-    flag), or None."""
-    if getattr(model, "is_gradient_checkpointing", False) is True:
-        return "is_gradient_checkpointing"
-    on = [name or type(model).__name__ for name, module in model.named_modules()
-          if getattr(module, "gradient_checkpointing", False) is True]
-    return f"gradient_checkpointing on {', '.join(on[:3])}{', ...' if len(on) > 3 else ''}" if on else None
-
-
-def enable_checkpointing(model: torch.nn.Module, block_names: list[str]) -> None:
-    """Recompute each named block in backward instead of keeping its activations.
-
-    Patches the blocks' ``forward`` in place, so parameter names (and the guard's
-    gradient comparison by name) stay the same as without checkpointing.
-    """
-    for name in block_names:
-        try:
-            block = model.get_submodule(name)
-        except AttributeError:
-            close = difflib.get_close_matches(name, [n for n, _ in model.named_modules() if n], n=3)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise SpecError(f"checkpoint block {name!r} is not a submodule of the model{hint}") from None
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-
-
-_ConvNd = torch.nn.modules.conv._ConvNd
-_BatchNorm = torch.nn.modules.batchnorm._BatchNorm
-_InstanceNorm = torch.nn.modules.instancenorm._InstanceNorm
-CANCELLING_NORMS = ("BatchNorm or InstanceNorm normalizing with the input's own statistics, as in training; GroupNorm "
-                    "with one channel per group")
-
-
-def batch_statistics_norms(model: torch.nn.Module) -> list[str]:
-    """The BatchNorms of ``model`` that normalize with the statistics of the batch they see (in training, or without
-    running statistics), by name: their output depends on which samples share a batch."""
-    return [name or type(m).__name__ for name, m in model.named_modules()
-            if isinstance(m, _BatchNorm) and (m.training or not m.track_running_stats)]
-
-
-def cancels_channel_bias(norm: torch.nn.Module, channels: int, training: bool) -> bool:
-    """Whether ``norm``, reading ``channels`` channels, cancels any constant added to each channel (a convolution's bias).
-
-    BatchNorm subtracts each channel's mean over the batch, InstanceNorm each channel's mean over one
-    sample: a constant added to a channel moves its mean by as much and leaves its variance, so the output
-    is the same. Only with the input's own statistics: in evaluation, running statistics let the bias
-    through. GroupNorm subtracts one mean per group: a per-channel bias is cancelled only where a group is
-    one channel; across the channels of a larger group it shifts their deviations from the group's mean
-    (and the group's variance). LayerNorm after a convolution normalizes over the channels too: not cancelled.
-    """
-    if isinstance(norm, (_BatchNorm, _InstanceNorm)):
-        return norm.num_features == channels and (training or not norm.track_running_stats)
-    if isinstance(norm, torch.nn.GroupNorm):
-        return norm.num_groups == norm.num_channels == channels
-    return False
-
-
-class _ConvNormTracer(torch.fx.Tracer):
-    """Keeps every convolution and norm (subclasses from other libraries too) one node of the traced graph."""
-
-    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, (_ConvNd, _BatchNorm, _InstanceNorm, torch.nn.GroupNorm)) or \
-            super().is_leaf_module(m, module_qualified_name)
-
-
-def convs_before_norms(model: torch.nn.Module, training: bool = True) -> tuple[list[torch.nn.Module], str]:
-    """The convolutions whose output only a norm that cancels their bias reads (``cancels_channel_bias``), and how
-    they were found.
-
-    From the data flow of the graph torch.fx traces: every call of the convolution feeds a cancelling norm
-    and nothing else (an output also read before its norm, by a skip connection or as a feature map, keeps
-    its bias). Where tracing fails (data-dependent control flow, ops fx cannot trace), from registration
-    order: a convolution registered right before such a norm of its channel count among its parent's
-    children, the order nn.Sequential runs them in (and the usual order of a module's ``__init__``, which
-    does not prove the data flow: the guards compare the training with and without the change).
-    """
-    try:
-        graph = _ConvNormTracer().trace(model)
-    except Exception as e:  # whatever stops the trace (control flow on values, untraceable ops): the fallback
-        why = (str(e).strip().splitlines() or [""])[0][:160]
-        return (_by_registration_order(model, training),
-                f"by registration order: torch.fx could not trace the model ({type(e).__name__}: {why})")
-    calls: dict[int, tuple[torch.nn.Module, list[bool]]] = {}
-    for node in graph.nodes:
-        module = model.get_submodule(node.target) if node.op == "call_module" else None
-        if isinstance(module, _ConvNd):
-            users = list(node.users)
-            user = users[0] if len(users) == 1 else None
-            feeds_norm = (user is not None and user.op == "call_module" and bool(user.args) and user.args[0] is node
-                          and cancels_channel_bias(model.get_submodule(user.target), module.out_channels, training))
-            calls.setdefault(id(module), (module, []))[1].append(feeds_norm)
-    return [module for module, feeds_norm in calls.values() if all(feeds_norm)], "by tracing the model with torch.fx"
-
-
-def _by_registration_order(model: torch.nn.Module, training: bool) -> list[torch.nn.Module]:
-    found: dict[int, torch.nn.Module] = {}
-    for parent in model.modules():
-        children = list(parent.children())
-        for conv, following in zip(children, children[1:]):
-            if isinstance(conv, _ConvNd) and cancels_channel_bias(following, conv.out_channels, training):
-                found[id(conv)] = conv
-    return list(found.values())
-
-
-@dataclass(frozen=True)
-class ConvBiasChange:
-    """What ``add_conv_bias`` or ``remove_conv_bias_before_norm`` did."""
-
-    changed: int  # convolutions given a bias, or relieved of theirs
-    before_norms: int  # convolutions followed by a norm that cancels their bias (``convs_before_norms``)
-    found_by: str  # how those were found
-
-
-def add_conv_bias(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
-    """Give each bias-free convolution followed by a norm that cancels it a zero-initialized bias: the redundant
-    bias of the seeds' "with bias" model (the same function at first, one more parameter and add per layer)."""
-    convs, found_by = convs_before_norms(model, training)
-    bias_free = [conv for conv in convs if conv.bias is None]
-    for conv in bias_free:
-        conv.bias = torch.nn.Parameter(torch.zeros(conv.out_channels, dtype=conv.weight.dtype, device=conv.weight.device))
-    return ConvBiasChange(len(bias_free), len(convs), found_by)
-
-
-def remove_conv_bias_before_norm(model: torch.nn.Module, training: bool = True) -> ConvBiasChange:
-    """Remove the bias of each convolution followed by a norm that cancels it: the same outputs (the norm subtracts
-    the bias with the channel's mean), one parameter and add per layer fewer. Weights stay as built."""
-    convs, found_by = convs_before_norms(model, training)
-    biased = [conv for conv in convs if conv.bias is not None]
-    for conv in biased:
-        conv.bias = None
-    return ConvBiasChange(len(biased), len(convs), found_by)
-
-
-_BIAS_FREE_HINT = "recipe conv_bias_free measures them as they are against conv_bias's added biases"
-
-
-def change_conv_bias(model: torch.nn.Module, how: str, training: bool) -> str:
-    """The ``conv_bias`` knob on a built model ("add" or "remove"): what it did, as a result note; ``NotApplicable``
-    where the model has no convolution before a cancelling norm, or none to change."""
-    convs = [m for m in model.modules() if isinstance(m, _ConvNd)]
-    if not convs:
-        raise NotApplicable("the model has no convolution")
-    if how == "remove" and all(conv.bias is None for conv in convs):
-        raise NotApplicable(f"the model's convolutions have no bias already: nothing to remove ({_BIAS_FREE_HINT})")
-    if how == "add" and all(conv.bias is not None for conv in convs):
-        raise NotApplicable("every convolution of the model has a bias already: nothing to add")
-    change = (remove_conv_bias_before_norm if how == "remove" else add_conv_bias)(model, training)
-    found = f"found {change.found_by}"
-    if not change.before_norms:
-        raise NotApplicable(f"no convolution of the model is followed by a norm that cancels its bias ({CANCELLING_NORMS}; "
-                            f"{found})")
-    if not change.changed and how == "remove":
-        raise NotApplicable(f"the model's convolutions before a norm have no bias already: nothing to remove "
-                            f"({_BIAS_FREE_HINT}; {found})")
-    if not change.changed:
-        raise NotApplicable(f"the model's convolutions before a norm have a bias already: nothing to add (no_conv_bias "
-                            f"measures removing them; {found})")
-    done = "removed the bias of" if how == "remove" else "added a zero bias to"
-    return f"conv_bias={how}: {done} {change.changed} of the {change.before_norms} convolutions followed by a norm that " \
-           f"cancels their bias ({found})"
-
-
-def fuse_pointwise(model: torch.nn.Module, how: str) -> int:
-    """Replace each module's ``pointwise`` function by its scripted or compiled version. Returns how many."""
-    fused = 0
-    for module in model.modules():
-        fn = getattr(module, "pointwise", None)
-        if fn is None:
-            continue
-        module.pointwise = torch.jit.script(fn) if how == "script" else torch.compile(fn)
-        fused += 1
-    return fused
-
-
 def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
     """The spec's ``optimizer(params)`` with the implementation ``impl`` asks for, checked to have taken effect."""
     params = list(params)
@@ -385,31 +208,6 @@ def _rebuilt(optimizer: torch.optim.Optimizer, **impl) -> torch.optim.Optimizer:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise NotApplicable(f"{cls.__name__} could not be built again with "
                             f"{', '.join(f'{k}={v}' for k, v in impl.items())}: {type(e).__name__}: {first}") from e
-
-
-def compile_in_place(model: torch.nn.Module) -> None:
-    """``nn.Module.compile()`` of the modules a custom step calls: the top-level children that hold parameters (the
-    model itself where none does).
-
-    A custom step calls ``model.G(...)`` and ``model.D(...)``, not the root's forward, so ``torch.compile(model)``
-    would compile nothing it runs; compiled in place, every call of those modules runs compiled code, whatever
-    calls them, and parameter names stay as they are (no ``_orig_mod.`` prefix) for the optimizers and guards.
-    """
-    children = [child for child in model.children() if next(child.parameters(), None) is not None]
-    for module in children or [model]:
-        module.compile()
-
-
-_SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
-
-
-def sdpa_context(backend: str | None):
-    """scaled_dot_product_attention restricted to one kernel family (a no-op context for None)."""
-    if backend is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
 
 
 class NonFiniteLoss(Exception):
@@ -592,15 +390,26 @@ class TrainingSetup:
         self.synthetic = config.synthetic or (None if spec.dataset is not None else "host")
         self._closers = contextlib.ExitStack()
         torch.manual_seed(config.seed)
+        self.notes = ()
+        self.loss_total: torch.Tensor | float = 0.0  # the running loss a loss_history knob keeps
+        self.pending_loss: torch.Tensor | None = None  # summed on the device until the next logged sync
+        self.steps_done = 0
+        self.normalize_pixels = spec.pixel_normalize()
+        # What each knob's process-wide setting yielded, for its later hooks (the left-on profiler to step)
+        self.entered = {name: self._closers.enter_context(hook(value))
+                        for name, value, hook in config.effects("process")}
 
         self.loader = None if self.synthetic else self._loader(spec, config)
         self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizers
-        wrapped = self._parallel(self.model, spec, config)
-        if spec.custom_step and config.compile:
-            compile_in_place(self.model)
-        self.forward = torch.compile(wrapped) if config.compile and not spec.custom_step else wrapped
+        module = self.model
+        for stage in ("parallel", "compiled"):  # data parallelism first, then compiling what the step calls
+            for _, value, hook in config.effects(stage):
+                module = hook(self, module, value)
+        self.forward = module
         self.optimizers = build_optimizers(spec, self.model, config.optimizer_impl)
-        self.scaler = torch.amp.GradScaler(self.device.type) if config.grad_scaler else None
+        self.scaler: torch.amp.GradScaler | None = None  # a GradScaler, where a knob's setup hook makes one
+        for _, value, hook in config.effects("setup"):
+            hook(self, value)
         self.context = StepContext(self) if spec.custom_step else None
         # A custom step's first step is watched for what it does beside ctx (custom_step checks it)
         self._watch = FirstStepWatch(spec.name, self.optimizers, self.model.parameters(), self.scaler is not None) \
@@ -611,23 +420,12 @@ class TrainingSetup:
         self.stepped_gradients: dict[str, torch.Tensor] | None = None
         self._times_stepped: Counter[str] = Counter()
         self._scaled_steps: set[int] = set()  # the optimizers (ids) the GradScaler stepped since its last update
-        self._autocast_dtype = _AUTOCAST_DTYPES.get(config.amp)
-        self._normalize = spec.pixel_normalize()
         self._loss_checked = False
-
-        previous = set_cudnn_benchmark(config.cudnn_benchmark)
-        self._closers.callback(set_cudnn_benchmark, previous)
-        if config.deterministic:
-            self._closers.enter_context(_deterministic_algorithms())
-        self._debug = self._closers.enter_context(_debug_api(config.debug))
 
         # Called before every loss computation: the memory tracker follows one forward of the
         # root module at a time, and a step may run several (accumulation, a loss computed twice).
         self.before_forward = None
         self.last_items: torch.Tensor | None = None  # the items of the last fetched step (TrainingSpec.items)
-        self.steps_done = 0
-        self.loss_total: torch.Tensor | float = 0.0  # the running loss kept by config.loss_history
-        self._pending = None  # loss_history="item" with log_every > 1: summed on the device until the next sync
         self._iterator = None
         self._last_loss: torch.Tensor | None = None  # what the last step returned, for check_loss
         self._finite_at = 0  # the last step whose loss check_loss found finite
@@ -654,70 +452,23 @@ class TrainingSetup:
             sampler = RankSampler(len(dataset), self.batch_size, rank, world_size, config.seed)
         else:
             sampler = EndlessSampler(len(dataset), config.seed)
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler,
-                          num_workers=config.num_workers, pin_memory=config.pin_memory, drop_last=True,
-                          persistent_workers=config.num_workers > 0, collate_fn=spec.collate_fn,
+        knobs = {key: given for _, value, hook in config.effects("loader") for key, given in hook(self, value).items()}
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True,
+                          collate_fn=spec.collate_fn,
                           generator=torch.Generator().manual_seed(config.seed),  # the workers' seeds: the seed's
-                          timeout=config.loader_timeout_s if config.num_workers else 0)
+                          **knobs)
 
     def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
-        """The spec's model on the device with the config's model changes, each checked to have had an effect."""
+        """The spec's model on the device in training mode, with each knob's model change (each checked to have had
+        an effect: what only the built model tells raises ``NotApplicable``)."""
         model = spec.model()
         if not isinstance(model, torch.nn.Module):
             raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
-        if config.conv_bias:
-            self.notes = (*self.notes, change_conv_bias(model, config.conv_bias, training=config.eval_mode is None))
-        model = module_to(model, self.device)
-        if config.channels_last:
-            if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
-                raise NotApplicable("the model has no 2-D convolution (channels-last changes nothing)")
-            if channels_last_already(model) and not config.amp:  # channels_last_amp still changes the precision
-                raise NotApplicable("the model is channels-last already (its convolution weights are NHWC): "
-                                    "converting it again changes nothing the baseline does not do")
-            model = module_to(model, memory_format=torch.channels_last)
-        if config.compiles and compiled_by_user(model):
-            raise NotApplicable(ALREADY_COMPILED)
-        if config.checkpointing:
-            already = checkpointing_already(model)
-            if already:
-                raise NotApplicable(f"the model checkpoints already ({already}): recomputing its blocks again "
-                                    "changes nothing the baseline does not do")
-            enable_checkpointing(model, list(spec.checkpoint_blocks))
-        if config.fuse_pointwise and not fuse_pointwise(model, config.fuse_pointwise):
-            raise NotApplicable("the model has no module with a `pointwise` function to fuse")
-        model.train(config.eval_mode is None)
+        model = module_to(model, self.device).train()
+        for _, value, hook in config.effects("model"):
+            model = hook(self, model, value)
         if self.dropout_off:
             switch_dropout_off(model)
-        if config.accumulation_steps > 1 and not self.micro_batches_are_shards:
-            norms = batch_statistics_norms(model)
-            if norms:
-                raise NotApplicable(f"the model's BatchNorm ({', '.join(norms[:3])}{', ...' if len(norms) > 3 else ''}) "
-                                    "normalizes each micro-batch by its own statistics: accumulated micro-batches do "
-                                    "not train as the whole batch does")
-        return model
-
-    def _parallel(self, model: torch.nn.Module, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
-        """The module a step calls: DataParallel, DDP, FSDP2 (sharded in place) or the model itself."""
-        if config.parallel == "dp":
-            # The same GPUs as the DDP case, starting at this one (by default DataParallel takes every GPU, from 0).
-            device_ids = self.backend.parallel_device_ids(config.replicas)
-            return torch.nn.DataParallel(model, device_ids=device_ids, output_device=device_ids[0])
-        if config.parallel == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            return DistributedDataParallel(model, device_ids=self.backend.ddp_device_ids())
-        if config.parallel == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            if sparse_gradients(model):
-                raise NotApplicable("FSDP2 shards dense gradients only: its reduce-scatter has no kernel for the "
-                                    "sparse gradients of an embedding with sparse=True (DDP all-reduces them)")
-
-            # Each block a unit of its own (its parameters gathered just before it runs and freed after, as the
-            # seeds' transformer blocks are), then the model for what is left: FSDP2's usual wrapping.
-            for name in spec.checkpoint_blocks:
-                fully_shard(model.get_submodule(name))
-            fully_shard(model)  # in place: the parameters become DTensor shards, the names stay
         return model
 
     # -- data ---------------------------------------------------------------------
@@ -780,22 +531,10 @@ class TrainingSetup:
 
     def to_device(self, batch: Batch) -> Batch:
         """Every tensor of the batch on the device; uint8 images normalized there, channels-last where asked."""
-        config = self.config
-        batch = batch_to_device(batch, self.device, config.non_blocking)
-        if config.uint8_transfer:
-            batch = map_tensors(self._pixels_on_device, batch)
-        if config.channels_last:
-            batch = map_tensors(lambda t: t.contiguous(memory_format=torch.channels_last)
-                                if t.dim() == 4 and t.is_floating_point() else t, batch)
+        batch = batch_to_device(batch, self.device, self.config.non_blocking)
+        for _, value, hook in self.config.effects("batch"):
+            batch = hook(self, batch, value)
         return batch
-
-    def _pixels_on_device(self, t: torch.Tensor) -> torch.Tensor:
-        """A 4-D uint8 tensor is a batch of images: normalized on the device (NHWC seen as channels-last NCHW)."""
-        if t.dim() != 4 or t.dtype != torch.uint8:
-            return t
-        if self.config.channels_last_input:
-            t = t.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels-last strides, no copy
-        return self._normalize(t)
 
     # -- the step -------------------------------------------------------------------
     def _loss(self, batch, on_device: bool = False) -> torch.Tensor:
@@ -807,7 +546,7 @@ class TrainingSetup:
             loss = self.spec.loss_fn(self.forward, batch)
         if not self._loss_checked:
             self._check_loss_returned(loss, "loss_fn")
-            if not self.config.eval_mode and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
+            if self.config.trains and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
                 raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned a loss that does not require "
                                 "grad (computed under no_grad, detached, or from no trainable parameter)")
             self._loss_checked = True
@@ -821,17 +560,11 @@ class TrainingSetup:
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """The recipe's autocast dtype and attention kernel around a forward (a no-op context without them)."""
-        with torch.autocast(self.device.type, dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None), \
-                sdpa_context(self.config.sdpa_backend):
-            try:
-                yield
-            except RuntimeError as e:  # the kernel the recipe asks for cannot run this model's attention here
-                if self.config.sdpa_backend is None or "No available kernel" not in str(e):
-                    raise
-                raise NotApplicable(f"scaled_dot_product_attention has no {self.config.sdpa_backend} kernel for this "
-                                    f"model's attention on {self.device.type} (its mask, dtype, dropout or head "
-                                    f"size): {str(e).strip().splitlines()[0]}") from e
+        """The knobs' contexts around a forward and its loss (autocast, an attention kernel, a grad mode)."""
+        with contextlib.ExitStack() as around:
+            for _, value, hook in self.config.effects("forward"):
+                around.enter_context(hook(self, value))
+            yield
 
     def zero_grad(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """The config's way of clearing gradients: of ``optimizer``'s parameters, or (None) of the whole model's.
@@ -841,15 +574,8 @@ class TrainingSetup:
         """
         if optimizer is None or id(optimizer) in self._scaled_steps:
             self.update_scaler()
-        mode = self.config.zero_grad
-        if mode == "param_none":
-            params = self.model.parameters() if optimizer is None else (
-                p for group in optimizer.param_groups for p in group["params"])
-            for p in params:
-                p.grad = None
-        else:
-            for one in self.optimizers.values() if optimizer is None else (optimizer,):
-                one.zero_grad(set_to_none=mode == "set_to_none")
+        for _, value, hook in self.config.effects("zero_grad"):
+            hook(self, optimizer, value)
 
     def forward_backward(self, micro_batches: list) -> torch.Tensor:
         """Gradients of one optimizer step's data, in the seeds' order (forward, zero_grad, backward).
@@ -898,11 +624,8 @@ class TrainingSetup:
         return [count / total for count in counts]
 
     def evaluate(self, micro_batches: list) -> torch.Tensor:
-        """An evaluation step: forward and loss only, under the config's grad mode."""
-        mode = self.config.eval_mode
-        context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, contextlib.nullcontext)
-        with context():
-            return self._loss(micro_batches[0])
+        """An evaluation step: forward and loss only (under the grad mode of the evaluation knob's forward hook)."""
+        return self._loss(micro_batches[0])
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step (or one evaluation batch). Returns the detached loss (no host sync)."""
@@ -911,25 +634,24 @@ class TrainingSetup:
             loss = self._step(micro_batches)
             beat()
             return loss
-        except RuntimeError as e:
-            if not self.config.deterministic or "deterministic" not in str(e):
-                raise
-            raise NotApplicable(f"an op of the model has no deterministic kernel here: {str(e).splitlines()[0]}") from e
+        except RuntimeError as e:  # a knob may know what the error means for the recipe (no such kernel here)
+            for _, value, hook in self.config.effects("error"):
+                instead = hook(self, e, value)
+                if instead is not None:
+                    raise instead from e
+            raise
 
     def _step(self, micro_batches: list) -> torch.Tensor:
         started = self.backend.clock()
-        if self.config.eval_mode:
+        if not self.config.trains:
             loss = self.evaluate(micro_batches)
         elif self.context is not None:
             loss = self.custom_step(micro_batches)
         else:
             loss = self.forward_backward(micro_batches)
             self.optimizer_step()
-        self._track_loss(loss)
-        if self.config.empty_cache:
-            self.backend.empty_cache()
-        if self._debug is not None:
-            self._debug.step()
+        for _, value, hook in self.config.effects("after_step"):
+            hook(self, loss, value)
         self.steps_done += 1
         if self.fault is not None and self.fault.slowdown:
             # The whole step, device work included: on a GPU the host's share is only the launches,
@@ -1019,20 +741,6 @@ class TrainingSetup:
                     # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
                     self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = gradient_copy(p.grad)
 
-    def _track_loss(self, loss: torch.Tensor) -> None:
-        """Keep a running loss the way a training loop would (seed 001's ``total_loss += loss``)."""
-        mode = self.config.loss_history
-        if mode == "tensor":
-            self.loss_total = self.loss_total + loss  # keeps every step's autograd graph alive: the leak
-        elif mode == "detach":
-            self.loss_total = self.loss_total + loss.detach()
-        elif mode == "item":
-            pending = loss.detach() if self._pending is None else self._pending + loss.detach()
-            if (self.steps_done + 1) % self.config.log_every == 0:
-                self.loss_total += pending.item()  # a host-device sync
-                pending = None
-            self._pending = pending
-
     def retained_graph_nodes(self) -> int:
         """Autograd nodes reachable from the running loss: what ``total_loss += loss`` keeps alive.
 
@@ -1113,14 +821,6 @@ def dropout_switched_off(model: torch.nn.Module):
             setattr(module, attr, value)
 
 
-def channels_last_already(model: torch.nn.Module) -> bool:
-    """Whether the spec's model came in the channels-last memory format (``model.to(memory_format=torch.channels_last)``):
-    every 2-D convolution's weight is NHWC (and not also NCHW-contiguous, as a 1x1 kernel is either way)."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Conv2d)
-               and not m.weight.is_contiguous()]
-    return bool(weights) and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
-
-
 def sparse_gradients(model: torch.nn.Module) -> bool:
     """Whether the model's backward makes sparse gradients (``nn.Embedding``/``nn.EmbeddingBag`` with sparse=True)."""
     return any(getattr(module, "sparse", False) is True for module in model.modules())
@@ -1136,94 +836,3 @@ def gradient_copy(grad: torch.Tensor, device: str = "cpu") -> torch.Tensor:
     return grad.to(device, torch.float32, copy=True)
 
 
-ALREADY_COMPILED = "the spec's model came compiled (torch.compile): compiling it again changes nothing"
-
-
-def compiled_by_user(model: torch.nn.Module) -> bool:
-    """Whether the spec's model, or a module in it, came compiled: ``torch.compile(module)`` (an
-    ``OptimizedModule``) or ``module.compile()``. Its step runs Inductor's code, whatever the recipe says."""
-    return any(type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
-               for module in model.modules())
-
-
-def module_to(model: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
-    """``model.to(...)``, also for a model built under FakeTensorMode (trainbench.core.analyses.predict).
-
-    ``Module.to`` swaps a fake parameter with its converted copy, which fails while the fake
-    mode holds a weak reference to it; new Parameters in place of the old do the same job
-    before any optimizer has seen them.
-    """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if not any(isinstance(p, FakeTensor) for p in model.parameters()):
-        return model.to(*args, **kwargs)
-    def convert(t: torch.Tensor) -> torch.Tensor:  # as Module.to: a memory format applies to 4-D and 5-D tensors only
-        return t.to(*args, **(kwargs if t.dim() in (4, 5) else {k: v for k, v in kwargs.items() if k != "memory_format"}))
-
-    converted: dict[int, torch.nn.Parameter] = {}  # one new Parameter per old one: tied weights stay tied
-    with torch.no_grad():
-        for module in model.modules():
-            for name, param in module._parameters.items():
-                if param is not None:
-                    if id(param) not in converted:
-                        converted[id(param)] = torch.nn.Parameter(convert(param), requires_grad=param.requires_grad)
-                    module._parameters[name] = converted[id(param)]
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    module._buffers[name] = convert(buffer)
-    return model
-
-
-@contextlib.contextmanager
-def _deterministic_algorithms():
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.deterministic)
-    # Fail, not warn, where an op has no deterministic kernel: a warning would let the case measure
-    # nondeterministic kernels under the name "deterministic" (the step reports it as not applicable).
-    torch.use_deterministic_algorithms(True, warn_only=False)
-    torch.backends.cudnn.deterministic = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.backends.cudnn.deterministic = previous[2]
-
-
-class _ProfilerLeftOn:
-    """The seeds' profiler setup left running: records shapes and memory, step after step.
-
-    Without ``with_stack``: its Python-level hook cannot be paused and restored by
-    pytest-benchmark's instrumentation guard, and the cost that matters here is the
-    per-op recording, which stays on.
-    """
-
-    def __init__(self):
-        from torch.profiler import profile, schedule
-
-        self.profiler = profile(activities=host_profiler_activities(), schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
-                                on_trace_ready=lambda prof: None, record_shapes=True, profile_memory=True)
-
-    def step(self) -> None:
-        self.profiler.step()
-
-
-class _NoStep:
-    def step(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _debug_api(mode: str | None):
-    """A debug API switched on for the life of the setup, as when left on by mistake."""
-    if mode is None:
-        yield None
-    elif mode == "anomaly":
-        with torch.autograd.detect_anomaly(check_nan=True):
-            yield _NoStep()
-    elif mode == DEBUG_NVTX:
-        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
-            yield _NoStep()
-    elif mode == DEBUG_PROFILER:
-        left_on = _ProfilerLeftOn()
-        with left_on.profiler:
-            yield left_on
