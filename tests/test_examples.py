@@ -25,6 +25,7 @@ BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
     ("detection", 3, 0, None),
     ("sparse_recommender", 4, 1, None),  # optimizer_foreach: SparseAdam has no foreach/fused implementation
     ("compiled_model", 1, 1, None),  # compile: the model came compiled; --trainbench-slow runs it (Inductor)
+    ("activation_offload", 2, 0, None),  # a recipe of the user's own, with a knob of its own and its guard
 ])
 def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options):
     if library:
@@ -45,7 +46,7 @@ def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, 
 
 @pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan", "hf_causal_lm",
                                      "timm_classifier", "packed_rnn", "detection", "sparse_recommender",
-                                     "compiled_model"])
+                                     "compiled_model", "activation_offload"])
 def test_example_is_short_and_uses_the_public_api_only(example):
     [test_file] = (EXAMPLES / example).glob("test_*.py")
     source = test_file.read_text()

@@ -105,7 +105,7 @@ def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> AB
                               memory=runner.planner.memory_limit()))
     if skipped:
         return ABPlan(None, skipped, loss_rtol)
-    case = ABCase(case_id(spec.name, recipe.name), recipe.name, asdict(config), spec_reference(spec),
+    case = ABCase(case_id(spec.name, recipe.name), recipe.name, config.record(), spec_reference(spec),
                   runner.profile.name, asdict(runner.settings), recipe.extra_warmup_steps, torch.get_num_threads(),
                   project_paths(rootpath), str(Path(rootpath).resolve()))
     return ABPlan(case, None, loss_rtol)

@@ -10,6 +10,8 @@ pytest-benchmark runs exactly as without the plugin.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from trainbench.plugin.fixture import (  # noqa: F401  (the fixtures)
@@ -27,13 +29,21 @@ MARKERS = {
                        "--trainbench-slow",
 }
 SESSION_PLUGIN = "trainbench-session"
+USER_ENTRIES = pytest.StashKey[tuple]()  # users' knobs and recipes as the session found them
 
 
 def pytest_addoption(parser):
     add_options(parser)
 
 
+def _user_entries_now() -> tuple[dict, dict]:
+    """Users' knobs and recipes registered so far; none where the recipes are not loaded (no torch for it)."""
+    recipes = sys.modules.get("trainbench.core.setups.recipes")
+    return recipes.user_entries() if recipes is not None else ({}, {})
+
+
 def pytest_configure(config):
+    config.stash[USER_ENTRIES] = _user_entries_now()  # this session's registrations end with it
     for line in MARKERS.values():
         config.addinivalue_line("markers", line)
     session = config.stash[SESSION] = TrainbenchSession(Options.from_config(config))
@@ -42,6 +52,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    recipes = sys.modules.get("trainbench.core.setups.recipes")
+    if recipes is not None and USER_ENTRIES in config.stash:
+        recipes.restore_user_entries(config.stash[USER_ENTRIES])
     session = config.stash.get(SESSION, None)
     if session is not None:
         session.write_last_line(config)
@@ -66,18 +79,19 @@ def marks_for(recipe) -> list:
 
 def recipe_params(*names):
     """``pytest.param`` per recipe, with markers derived from its requirements: ``recipe_params("baseline", "amp_bf16")``
-    or ``recipe_params(["baseline", "amp_bf16"])``; none, every built-in recipe.
+    or ``recipe_params(["baseline", "amp_bf16"])``; none, every built-in recipe and every one of the user's own
+    registered by then (``trainbench.recipe``).
 
     Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
     recipes are collected everywhere and skipped with a reason on CPU runners.
     """
-    from trainbench.core.setups.recipes import RECIPES, get_recipe
+    from trainbench.core.setups.recipes import RECIPES, USER_RECIPES, get_recipe
 
     flat = [n for name in names for n in ([name] if isinstance(name, str) else list(name))]
     odd = [repr(n) for n in flat if not isinstance(n, str)]
     if odd:
         raise TypeError(f"recipe_params: {', '.join(odd)}: expected recipe names (str), e.g. recipe_params('baseline')")
-    return [pytest.param(name, id=name, marks=marks_for(get_recipe(name))) for name in flat or tuple(RECIPES)]
+    return [pytest.param(name, id=name, marks=marks_for(get_recipe(name))) for name in flat or (*RECIPES, *USER_RECIPES)]
 
 
 def case_params(cases):

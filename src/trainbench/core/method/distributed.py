@@ -85,6 +85,14 @@ def spec_reference(spec: TrainingSpec) -> str:
                     "bind it to a module-level name (e.g. SPEC = TrainingSpec(...) in the test module)")
 
 
+def import_spec_module(reference: str) -> None:
+    """Import the module that defines a ``spec_reference``'s spec: what it registers (a user's own knobs and recipes,
+    ``trainbench.recipe``) exists in this process before a config that turns them is read."""
+    module_name = reference.partition(":")[0]
+    if module_name != "builtin":
+        importlib.import_module(module_name)
+
+
 def load_spec(reference: str, profile: Profile) -> TrainingSpec:
     """The spec ``spec_reference`` named, in this process."""
     module_name, _, attribute = reference.partition(":")
@@ -163,7 +171,8 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     from trainbench.devices.device import get_backend
 
     sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
-    config = TrainConfig(**job["config"])
+    import_spec_module(job["spec"])  # registers the user's own knobs the config may turn
+    config = TrainConfig.of(**job["config"])
     distributed = config.rank_processes
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -232,7 +241,7 @@ def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, 
 def _job(config: TrainConfig, spec: TrainingSpec, backend: Backend, profile: Profile, settings: MeasureSettings,
          case: str, recipe_name: str, extra_warmup_steps: int, **extra) -> dict:
     return {
-        "config": dataclasses.asdict(config),
+        "config": config.record(),
         "spec": spec_reference(spec),
         "sys_path": list(sys.path),
         "rank_devices": [backend.rank_device_spec(rank) if config.rank_processes else str(backend.device)
@@ -370,7 +379,7 @@ def _shared_device(job: dict, backend: Backend) -> list[str]:
 def _launch_once(job: dict, nprocs: int, backend: Backend, what: str) -> tuple[Path, int]:
     backend.release_memory()  # the parent's cached blocks would share the GPU with the new processes
     out = write_job(job)
-    command = (torchrun_command(nprocs, out, log_dir=out / "logs") if TrainConfig(**job["config"]).rank_processes
+    command = (torchrun_command(nprocs, out, log_dir=out / "logs") if TrainConfig.of(**job["config"]).rank_processes
                else [sys.executable, "-m", "trainbench.core.processes.rank_entry", str(out)])
     with open(out / "launcher.log", "wb") as log:
         process = subprocess.Popen(command, env=_child_env(job), stdout=log, stderr=subprocess.STDOUT,

@@ -32,7 +32,7 @@ import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -474,7 +474,7 @@ class Measurer:
             recipe=recipe_name,
             profile=profile_name,
             batch_size=training.samples_per_step,
-            config=asdict(training.config),
+            config=training.config.record(),
             device=self.backend.identity(),
             steps_per_round=settings.steps_per_round,
             world_size=training.config.world_size,

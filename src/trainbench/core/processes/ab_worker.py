@@ -55,7 +55,7 @@ class _Worker:
         self.no_progress_s = settings.get("no_progress_s")
         sys.path[:0] = [p for p in paths or () if p not in sys.path]  # a spec in the project's test modules
         self.spec = load_spec(spec, PROFILES[profile])
-        self.config = TrainConfig(**config)
+        self.config = TrainConfig.of(**config)
         fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
         self.training = TrainingSetup(self.config, self.spec, self.backend, fault)
         self.measurement = Measurer(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,

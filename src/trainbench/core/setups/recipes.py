@@ -788,3 +788,9 @@ def restore_user_entries(saved: tuple[dict, dict]) -> None:
     USER_KNOBS.update(knobs)
     USER_RECIPES.clear()
     USER_RECIPES.update(recipes)
+
+
+def new_recipe(name: str, description: str, changes: Mapping[str, Any], **fields) -> Recipe:
+    """``trainbench.recipe``: a user's recipe, registered (``register_recipe``) and returned; ``fields`` as
+    ``Recipe``'s (``requires``, ``baseline``, ``loss_rtol``, ``grad_rtol``, ``extra_warmup_steps`` ...)."""
+    return register_recipe(Recipe(name, description, dict(changes), **fields))
