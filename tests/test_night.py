@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainbench.core.setups.cases import all_cases
 from trainbench.cli.night import (
     FINISH_RESERVE_S,
     MIN_STEP_S,
@@ -128,7 +129,7 @@ def test_the_night_measures_its_cases_in_one_session_in_the_order_of_what_they_t
     assert status == 0 and manifest["finished"] and lines[-1].startswith("night: complete")
     argv = _cases_argv(tmp_path)
     cases = [a[a.index("[") + 1:-1] for a in argv if "::" in a]
-    assert len(cases) == len(set(cases)) == 75  # every suite case once
+    assert len(cases) == len(set(cases)) == len(all_cases())  # every suite case once
     assert cases.index("resnet18-baseline") < cases.index("resnet18-amp_fp16") < cases.index("gpt-baseline") \
         < cases.index("resnet18-larger_batch") < cases.index("resnet18-compile") < cases.index(
             "resnet18-ladder003-0_baseline")
