@@ -370,6 +370,44 @@ def test_the_knob_list_check_sees_the_lists_it_forbids():
     assert not _knob_name_collections('if config.amp and config.grad_scaler: pass\nMODES = ("deterministic", "item")')
 
 
+def _knob_branches(source: str) -> list[tuple[int, str]]:
+    """(line, knob) for each branch on a built-in knob's value: a knob of a config named in the test of an ``if``, a
+    conditional expression, a ``while`` or a comprehension's condition (``if config.amp:``, ``x if cfg.compile``)."""
+    import dataclasses
+
+    from trainbench.core.setups.recipes import TrainConfig
+
+    knobs = {f.name for f in dataclasses.fields(TrainConfig)} - {"seed", "batch_size", "user_knobs"}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else \
+            node.ifs if isinstance(node, ast.comprehension) else []
+        for test in tests:
+            for sub in ast.walk(test):
+                if isinstance(sub, ast.Attribute) and sub.attr in knobs and "config" in ast.unparse(sub.value):
+                    found.append((sub.lineno, sub.attr))
+    return found
+
+
+# What a knob does is its entry: its table fields (recipes.py) and its effect (effects.py). Elsewhere a knob's value
+# is passed on or asked through the table (TrainConfig's properties, turned, effects), never branched on.
+KNOB_ENTRIES = {"core.setups.recipes", "core.setups.effects"}
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - KNOB_ENTRIES))
+def test_no_module_branches_on_a_knob_outside_its_entry(name):
+    assert not _knob_branches(MODULES[name].read_text()), \
+        f"{name}.py branches on a knob: give the knob's entry an effect (effects.py) or ask TrainConfig"
+
+
+def test_the_knob_branch_check_sees_what_it_forbids():
+    assert _knob_branches("if config.amp:\n    pass") == [(1, "amp")]
+    assert _knob_branches("x = 1 if self.training.config.parallel == 'dp' else 2") == [(1, "parallel")]
+    assert _knob_branches("[p for p in ps if cfg.config.compile]") == [(1, "compile")]
+    assert not _knob_branches("if config.trains:\n    pass\nbatch = config.loader_batch_size(spec)")
+    assert not _knob_branches("DataLoader(num_workers=config.num_workers)")  # passed on, not branched on
+
+
 # Words pytest, the doctor and the night print too: not a verdict's own, so not looked for.
 SHARED_WORDS = {"FAIL", "FAILED", "passed", "ERROR"}
 

@@ -147,12 +147,10 @@ def with_likely_cause(verdict: GuardCheck, config: TrainConfig, spec: TrainingSp
     """A failed gradient guard's message with what the setup tells of its likely cause (accumulation: an item-weighted
     mean averaged as a sample mean; a BatchNorm's per-micro-batch statistics never get here: ``TrainingSetup`` skips
     such a case)."""
-    if verdict.ok or verdict.kind != "gradients" or config.accumulation_steps == 1 or spec.items is not None:
+    causes = [cause for _, cause in config.turned("gradient_guard_cause")]
+    if verdict.ok or verdict.kind != "gradients" or not causes or spec.items is not None:  # items: weighted already
         return verdict
-    cause = ("the micro-batch losses are averaged equally (loss / k), which gives the whole batch's gradients only if "
-             "loss_fn is a mean over samples; a mean over a count that differs between micro-batches (non-padding "
-             "tokens) needs TrainingSpec.items, so each is weighted by its count")
-    return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {cause}")
+    return dataclasses.replace(verdict, message=f"{verdict.message}; likely cause: {'; '.join(causes)}")
 
 
 def compare_gradients(grads: dict[str, torch.Tensor], baseline: dict[str, torch.Tensor], rtol: float,

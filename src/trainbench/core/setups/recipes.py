@@ -69,6 +69,8 @@ class Knob:
     predicted_at_default: bool = False  # only shapes what an unpredictable knob starts: predicted at its default
     compiled: bool = False  # the model's code runs compiled (TorchScript, torch.compile), not op by op
     effect: Effect | None = None  # what it does to a training setup, stage by stage (trainbench.core.setups.effects)
+    # what a failed gradient guard likely comes from, where the spec counts no items (guards.with_likely_cause)
+    gradient_guard_cause: str | None = None
 
 
 def knob(default: Any, **entries) -> Any:
@@ -106,7 +108,10 @@ class TrainConfig:
     grad_scaler: bool = knob(False, effect=effects.GRAD_SCALER)
     # -- batch and memory
     # the step's batch split into this many loader micro-batches
-    accumulation_steps: int = knob(1, minimum=1, effect=effects.ACCUMULATION, custom_step="a custom step interleaves its updates with its forwards: "
+    accumulation_steps: int = knob(1, minimum=1, effect=effects.ACCUMULATION, gradient_guard_cause=(
+        "the micro-batch losses are averaged equally (loss / k), which gives the whole batch's gradients only if "
+        "loss_fn is a mean over samples; a mean over a count that differs between micro-batches (non-padding "
+        "tokens) needs TrainingSpec.items, so each is weighted by its count"), custom_step="a custom step interleaves its updates with its forwards: "
                                    "accumulating micro-batches would reorder them")
     # recompute the spec's checkpoint blocks in backward instead of saving activations
     checkpointing: bool = knob(False, spec_needs="checkpoint_blocks", effect=effects.CHECKPOINTING)

@@ -437,7 +437,7 @@ class TrainingSetup:
             return 0, 1
         import torch.distributed as dist
 
-        if not dist.is_initialized() or dist.get_world_size() != config.world_size:
+        if not dist.is_initialized() or dist.get_world_size() != config.shards:
             raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
                                f"{config.world_size} ranks (trainbench.core.method.distributed launches them)")
         return dist.get_rank(), config.world_size
