@@ -332,10 +332,10 @@ def test_a_critic_stepped_twice_under_a_grad_scaler_gets_an_update_between(confi
         training.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
         before = {n: p.detach().clone() for n, p in training.model.named_parameters()}
         seen = _scales_seen(training, monkeypatch)
-        training.stepped_gradients = {}
+        training.updates.stepped_gradients = {}
         training.step(training.fetch(training.batches()))
-        assert {n.split(":")[0] for n in training.stepped_gradients} == {"D", "D#2", "G"}
-        assert all(torch.isfinite(g).all() for g in training.stepped_gradients.values())
+        assert {n.split(":")[0] for n in training.updates.stepped_gradients} == {"D", "D#2", "G"}
+        assert all(torch.isfinite(g).all() for g in training.updates.stepped_gradients.values())
         assert all(not torch.equal(before[n], p) for n, p in training.model.named_parameters())
         assert training.scaler.get_scale() == 2.0**12  # the critic's second update, then the step's end
     if clear:  # each update's gradients unscaled at the scale they were scaled with

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from trainbench.core.setups import spec as spec_module
+from trainbench.core.setups import data as data_module
 from trainbench.core.setups import effects as effects_module
 from trainbench.core.setups import training as training_module
 from trainbench.core.setups.guards import compare_trajectories, loss_trajectory
@@ -36,13 +37,13 @@ def test_uint8_transfer_that_forgets_to_scale_fails_the_guard(cpu, profile, mlp,
 
 
 def test_loader_that_reorders_batches_fails_the_guard(cpu, profile, mlp, monkeypatch):
-    original = training_module.EndlessSampler.__init__
+    original = data_module.EndlessSampler.__init__
 
     def shifted_seed(self, length, seed=0):
         original(self, length, seed + 1)  # workers that read other samples than the baseline
 
     base = loss_trajectory(get_recipe("baseline").config(profile), mlp, cpu)
-    monkeypatch.setattr(training_module.EndlessSampler, "__init__", shifted_seed)
+    monkeypatch.setattr(data_module.EndlessSampler, "__init__", shifted_seed)
     r = get_recipe("multiprocess_loading")
     broken = loss_trajectory(r.config(profile), mlp, cpu)
     assert not compare_trajectories(broken, base, r.loss_rtol).ok

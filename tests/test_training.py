@@ -13,6 +13,7 @@ from trainbench.core.setups import training as training_module
 from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.core.method.runner import Runner
 from trainbench.core.setups.spec import SpecError, TrainingSpec, classification_loss
+from trainbench.core.setups import data as data_module
 from trainbench.core.setups import effects as effects_module
 from trainbench.core.setups.effects import module_to
 from trainbench.core.setups.training import TrainingSetup
@@ -184,8 +185,8 @@ def test_a_real_model_is_moved_by_module_to_itself():
 # -- the data a step trains on ----------------------------------------------------------------------------
 
 def test_the_ranks_samplers_together_serve_each_global_batch_of_the_one_process_sampler():
-    one_process = training_module.EndlessSampler(40, seed=3)
-    ranks = [training_module.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
+    one_process = data_module.EndlessSampler(40, seed=3)
+    ranks = [data_module.RankSampler(40, batch_size=4, rank=r, world_size=2, seed=3) for r in range(2)]
     streams = [iter(one_process)] + [iter(r) for r in ranks]
     for _ in range(25):  # past the end of the first permutation
         global_batch = [next(streams[0]) for _ in range(8)]
@@ -325,7 +326,7 @@ def test_the_step_returns_a_detached_loss_and_counts_itself(cpu, profile):
 
 def test_each_rank_makes_its_slice_of_the_global_synthetic_batch(profile):
     # As RankSampler shards a Dataset: the ranks together train on the batch one process of the global batch would.
-    from trainbench.core.setups.training import SyntheticBatches
+    from trainbench.core.setups.data import SyntheticBatches
 
     spec = resolve_spec("mlp", profile)
     cpu = torch.device("cpu")

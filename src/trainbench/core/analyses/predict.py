@@ -39,7 +39,8 @@ from trainbench.core.harness.files import write_text_atomic
 from trainbench.core.harness.failures import failure_line
 from trainbench.core.setups.recipes import TrainConfig, without_unpredictable
 from trainbench.core.setups.spec import TrainingSpec, code_fingerprint, map_tensors
-from trainbench.core.setups.training import TrainingSetup
+from trainbench.core.setups.data import BatchSource
+from trainbench.core.setups.training import TrainingSetup, Updates
 from trainbench.devices.device import Backend, DeviceCaps
 
 PREDICTED_STEPS = 1  # untracked steps before the tracked one: gradients and optimizer state exist
@@ -223,8 +224,8 @@ def optimizer_path_of_real_tensors():
             types.remove(FakeTensor)
 
 
-class _PredictedTraining(TrainingSetup):
-    """A ``TrainingSetup`` whose data never comes from a real loader and whose steps never ask the data a question."""
+class _PredictedBatches(BatchSource):
+    """A setup's batches that never come from a real loader."""
 
     def _loader(self, spec: TrainingSpec, config: TrainConfig):
         # The dataset built as a real run builds it: a constructor may ask its own tensors for values (lengths drawn
@@ -243,13 +244,21 @@ class _PredictedTraining(TrainingSetup):
         # Fake tensors have no values to draw: no global generator to seed around them.
         return self._synthetic_batches() if self.synthetic else _OneSampleBatches(self.loader)
 
+class _PredictedUpdates(Updates):
     def _apply_step(self, optimizer) -> None:
         # GradScaler.step asks whether any gradient overflowed (a host sync on a value fake tensors do
         # not have); its unscaling and the update allocate the same either way.
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+        if self.setup.scaler is not None:
+            self.setup.scaler.unscale_(optimizer)
             self._scaled_steps.add(id(optimizer))
         optimizer.step()
+
+
+class _PredictedTraining(TrainingSetup):
+    """A ``TrainingSetup`` whose data never comes from a real loader and whose steps never ask the data a question."""
+
+    batch_source = _PredictedBatches
+    updates_class = _PredictedUpdates
 
 
 @contextlib.contextmanager

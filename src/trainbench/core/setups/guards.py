@@ -124,9 +124,9 @@ def _first_step(training: TrainingSetup) -> tuple[dict[str, torch.Tensor], torch
     """The first step's gradients and its loss: a custom step taken whole (its gradients those each ``ctx.step``
     stepped on), a plain one up to its update (not applied)."""
     if training.context is not None:
-        training.stepped_gradients = {}
+        training.updates.stepped_gradients = {}
         loss = training.step(training.fetch(training.batches()))
-        grads, training.stepped_gradients = training.stepped_gradients, None
+        grads, training.updates.stepped_gradients = training.updates.stepped_gradients, None
         return grads, loss
     loss = training.forward_backward(training.fetch(training.batches()))
     if training.scaler is not None:

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import inspect
 import math
-import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,115 +25,14 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optimizer.__init__ is wrapped by
 # torch._disable_dynamo): ~1 s of one-time start-up, taken here with the core rather than in the first case's setup
 import torch.fx
-from torch.utils.data import DataLoader, Sampler
 
+from trainbench.core.setups.data import BatchSource
 from trainbench.core.setups.effects import ALREADY_COMPILED, compiled_by_user, module_to  # noqa: F401 - ALREADY_COMPILED: predict reads it here
 from trainbench.core.setups.recipes import OPTIMIZER_IMPL_KWARGS, TrainConfig, spec_unmet
-from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, TrainingSpec, batch_nbytes, batch_to_device, map_tensors, unsplittable
+from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, TrainingSpec, batch_to_device
 from trainbench.core.harness.watchdog import beat
 from trainbench.devices.device import Backend
 
-
-
-class EndlessSampler(Sampler[int]):
-    """Seeded random permutations, one after another, forever.
-
-    The loader iterator never ends, so workers keep prefetching across epoch
-    boundaries and no timed round ever pays for starting an epoch.
-    """
-
-    def __init__(self, length: int, seed: int = 0):
-        self.length = length
-        self.seed = seed
-
-    def __iter__(self) -> Iterator[int]:
-        gen = torch.Generator().manual_seed(self.seed)
-        while True:
-            yield from torch.randperm(self.length, generator=gen).tolist()
-
-
-class SyntheticBatches:
-    """The spec's batch factory as an endless iterator, its batches made on the host (then copied) or on the device.
-
-    The seeds' "construct tensors directly on the device": ``torch.rand(...).to(dev)``
-    allocates, fills and copies on the host; ``torch.rand(..., device=dev)`` does none of it.
-
-    Each step's whole batch (all ranks, all micro-batches) is made at once and sliced, so a step trains on the
-    same samples however it is split: what the accumulation and DDP guards compare with the one big batch.
-    """
-
-    def __init__(self, spec: TrainingSpec, batch_size: int, device: torch.device, on_device: bool, seed: int,
-                 rank: int = 0, world_size: int = 1, micro_batches: int = 1):
-        self.make = spec.batches
-        self.batch_size = batch_size  # one micro-batch of one rank
-        self.generator = torch.Generator(device if on_device else torch.device("cpu")).manual_seed(seed)
-        self.rank, self.world_size, self.micro_batches = rank, world_size, micro_batches
-        self._pending: list = []
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.world_size == 1 and self.micro_batches == 1:
-            return self.make(self.batch_size, self.generator)
-        if not self._pending:
-            # Rank ``rank``'s slice of the global batch, as RankSampler gives a Dataset's, then its micro-batches (copies,
-            # so the rest of the global batch is freed at once).
-            step = self.batch_size * self.micro_batches
-            whole = self.make(step * self.world_size, self.generator)
-            reason = unsplittable(whole, step * self.world_size)
-            if reason:
-                raise NotApplicable(f"a step's batch is split into {self.micro_batches * self.world_size} micro-batches "
-                                    f"or ranks' shares, and the spec's batches hold {reason}")
-            start = self.rank * step
-            self._pending = [map_tensors(lambda t, i=i: t[start + i * self.batch_size:
-                                                          start + (i + 1) * self.batch_size].clone(), whole)
-                             for i in range(self.micro_batches)]
-        return self._pending.pop(0)
-
-
-class SeededStream:
-    """``batches`` with torch's and Python's global random generators on states of their own, seeded with ``seed``,
-    while each batch is made (and restored after): what a dataset or collate draws from them is the same for batch i
-    whatever else drew from them before."""
-
-    def __init__(self, batches: Iterator, seed: int):
-        self.batches = batches
-        self._torch_state = torch.Generator().manual_seed(seed).get_state()
-        self._python_state = random.Random(seed).getstate()
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        torch_state, python_state = torch.random.get_rng_state(), random.getstate()
-        torch.random.set_rng_state(self._torch_state)
-        random.setstate(self._python_state)
-        try:
-            return next(self.batches)
-        finally:
-            self._torch_state, self._python_state = torch.random.get_rng_state(), random.getstate()
-            torch.random.set_rng_state(torch_state)
-            random.setstate(python_state)
-
-
-class RankSampler(Sampler[int]):
-    """This rank's share of the endless sampler: slice ``rank`` of every global batch.
-
-    With ``world_size`` ranks of ``batch_size`` each, the ranks together see exactly
-    the samples a single process with the global batch would see, step for step, so
-    DDP gradients can be compared with one-process gradients.
-    """
-
-    def __init__(self, length: int, batch_size: int, rank: int, world_size: int, seed: int = 0):
-        self.endless = EndlessSampler(length, seed)
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-
-    def __iter__(self) -> Iterator[int]:
-        stream = iter(self.endless)
-        while True:
-            global_batch = [next(stream) for _ in range(self.batch_size * self.world_size)]
-            yield from global_batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
 def build_optimizer(spec: TrainingSpec, params, impl: str | None) -> torch.optim.Optimizer:
@@ -290,7 +188,7 @@ class StepContext:
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         scaler = self._training.scaler
-        with self._training.through_context("backward"):
+        with self._training.custom.through("backward"):
             (scaler.scale(loss) if scaler is not None else loss).backward(**kwargs)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
@@ -298,7 +196,7 @@ class StepContext:
 
     def step(self, optimizer: torch.optim.Optimizer | str | int | None = None) -> None:
         name, optimizer = self._resolve(optimizer)
-        with self._training.through_context("step"):
+        with self._training.custom.through("step"):
             self._training.step_optimizer(optimizer, name)
 
 
@@ -362,10 +260,133 @@ class FirstStepWatch:
         return None
 
 
+def graph_nodes(total) -> int:
+    """Autograd nodes reachable from ``total`` (a running loss): what ``total_loss += loss`` keeps alive.
+
+    Backward frees the tensors the graph saved, but not the graph: its nodes (and
+    their metadata) pile up on the host, one step's backward graph per step.
+    """
+    root = getattr(total, "grad_fn", None)
+    seen, stack = set(), [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(seen)
+
+
+class Updates:
+    """The optimizers' updates of a setup, through its GradScaler where it has one: each optimizer stepped, the scaler
+    updated once per step (and between two updates of one optimizer), the gradients an update steps on kept for the
+    guards while ``stepped_gradients`` is a dict."""
+
+    def __init__(self, setup: TrainingSetup):
+        self.setup = setup
+        # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
+        self.stepped_gradients: dict[str, torch.Tensor] | None = None
+        self._times_stepped: Counter[str] = Counter()
+        self._scaled_steps: set[int] = set()  # the optimizers (ids) the GradScaler stepped since its last update
+
+    def new_step(self) -> None:
+        """A custom step starts: an optimizer stepped again in it is counted from its first update."""
+        self._times_stepped.clear()
+
+    def scaled_since_update(self, optimizer) -> bool:
+        return id(optimizer) in self._scaled_steps
+
+    def optimizer_step(self) -> None:
+        """The update of every optimizer, through the GradScaler where there is one (it skips a step whose gradients
+        overflowed), whose scale is then updated once."""
+        for name, optimizer in self.setup.optimizers.items():
+            self.step_optimizer(optimizer, name)
+        self.update_scaler()
+
+    def update_scaler(self) -> None:
+        """``scaler.update()`` where the GradScaler stepped an optimizer since its last update (it fails where none
+        stepped): once per step, after every optimizer stepped, as PyTorch's AMP examples do; and before an optimizer
+        is stepped again in the same step, which GradScaler refuses without an update between. That one comes where
+        the optimizer's gradients are cleared (``zero_grad``), so the gradients of its next update are scaled and
+        unscaled at the same scale; an optimizer stepped again without being cleared through trainbench gets it
+        just before the step, whose gradients are then unscaled at the updated scale (the same but after an
+        overflow or a growth)."""
+        if self.setup.scaler is not None and self._scaled_steps:
+            self.setup.scaler.update()
+        self._scaled_steps.clear()
+
+    def step_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        """One optimizer's update: ``scaler.step(optimizer)`` or ``optimizer.step()``; while ``stepped_gradients`` is
+        a dict, the (unscaled) gradients it steps on are kept there first."""
+        if id(optimizer) in self._scaled_steps:
+            self.update_scaler()
+        if self.stepped_gradients is not None:
+            self._keep_stepped_gradients(optimizer, name)
+        self._apply_step(optimizer)
+
+    def _apply_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.setup.scaler is not None:
+            self.setup.scaler.step(optimizer)
+            self._scaled_steps.add(id(optimizer))
+        else:
+            optimizer.step()
+
+    def _keep_stepped_gradients(self, optimizer: torch.optim.Optimizer, name: str) -> None:
+        if self.setup.scaler is not None:
+            self.setup.scaler.unscale_(optimizer)  # scaler.step then steps on these, unscaling no further
+        names = {id(p): n for n, p in self.setup.model.named_parameters()}
+        # An optimizer stepped again in one step (a critic's n updates per generator update) is "D#2", "D#3", ...
+        self._times_stepped[name] += 1
+        label = name if self._times_stepped[name] == 1 else f"{name}#{self._times_stepped[name]}"
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
+                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = gradient_copy(p.grad)
+
+
+class CustomStep:
+    """A spec's own step (``TrainingSpec.step``) on a setup: the ``StepContext`` it is given, and the watch of its
+    first step for what it does beside the context (an optimizer stepped or a backward run around the recipe)."""
+
+    def __init__(self, setup: TrainingSetup):
+        self.setup = setup
+        self.context = StepContext(setup)
+        self._watch: FirstStepWatch | None = FirstStepWatch(setup.spec.name, setup.optimizers, setup.model.parameters(),
+                                                            setup.scaler is not None)
+        setup._closers.callback(self._watch.remove)
+
+    def step(self, micro_batches: list) -> torch.Tensor:
+        """The spec's own step on the step's batch (one: no accumulation for a custom step), then the GradScaler's
+        one update. Returns the loss the step reports."""
+        setup = self.setup
+        [batch] = micro_batches
+        setup.updates.new_step()
+        loss = setup.spec.step(setup.forward, setup.to_device(batch), self.context)
+        if not setup._loss_checked:
+            setup.check_loss_returned(loss, "step")
+            setup._loss_checked = True
+        if self._watch is not None:  # the first step: did the recipe apply?
+            watch, self._watch = self._watch, None
+            watch.remove()
+            problem = watch.problem()
+            if problem:
+                raise SpecError(problem)
+        setup.update_scaler()
+        return loss
+
+    def through(self, call: str) -> contextlib.AbstractContextManager[None]:
+        """Around ``ctx.step`` and ``ctx.backward``: what the first step's watch counts as done through the recipe."""
+        return self._watch.through(call) if self._watch is not None else contextlib.nullcontext()
+
+
 class TrainingSetup:
     """A ready-to-run training setup: ``step(fetch(batches()))`` trains on one optimizer step's data."""
 
     notes: tuple[str, ...] = ()  # what building it changed that its results must say (e.g. which conv biases went)
+
+    batch_source = BatchSource  # where its batches come from (a prediction's never reads a real loader)
+    updates_class = Updates  # how its optimizers update (a prediction's asks no gradient for a value)
 
     # Steps (and forward-backward passes) run since the seeds: a measurement that starts at 0 sees the seeded
     # trajectory in its first steps (Measurer.seeded_losses), the loss guard's reference
@@ -385,9 +406,7 @@ class TrainingSetup:
             raise NotApplicable(reason)
         self.spec, self.fault, self.backend, self.device = spec, fault, backend, backend.device
         self._leaked: list[torch.Tensor] = []
-        self.batch_size = config.loader_batch_size(spec)  # per loader batch (micro-batch)
         self.samples_per_step = config.step_batch_size(spec)
-        self.synthetic = config.synthetic or (None if spec.dataset is not None else "host")
         self._closers = contextlib.ExitStack()
         torch.manual_seed(config.seed)
         self.notes = ()
@@ -399,7 +418,11 @@ class TrainingSetup:
         self.entered = {name: self._closers.enter_context(hook(value))
                         for name, value, hook in config.effects("process")}
 
-        self.loader = None if self.synthetic else self._loader(spec, config)
+        self.data = self.batch_source(self)
+        self.loader, self.batch_size, self.synthetic = self.data.loader, self.data.batch_size, self.data.synthetic
+        # the live stream, the fixed window, what a step's micro-batches hold: the batch source's answers
+        self.batches, self.batches_from_start = self.data.batches, self.data.batches_from_start
+        self.items_of, self.h2d_bytes = self.data.items_of, self.data.h2d_bytes
         self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizers
         module = self.model
         for stage in ("parallel", "compiled"):  # data parallelism first, then compiling what the step calls
@@ -410,53 +433,19 @@ class TrainingSetup:
         self.scaler: torch.amp.GradScaler | None = None  # a GradScaler, where a knob's setup hook makes one
         for _, value, hook in config.effects("setup"):
             hook(self, value)
-        self.context = StepContext(self) if spec.custom_step else None
-        # A custom step's first step is watched for what it does beside ctx (custom_step checks it)
-        self._watch = FirstStepWatch(spec.name, self.optimizers, self.model.parameters(), self.scaler is not None) \
-            if spec.custom_step else None
-        if self._watch is not None:
-            self._closers.callback(self._watch.remove)
-        # While a dict: the gradients each optimizer steps on (unscaled), by "optimizer:parameter" (the guards').
-        self.stepped_gradients: dict[str, torch.Tensor] | None = None
-        self._times_stepped: Counter[str] = Counter()
-        self._scaled_steps: set[int] = set()  # the optimizers (ids) the GradScaler stepped since its last update
+        self.custom = CustomStep(self) if spec.custom_step else None  # the spec's own step, where it has one
+        self.context = self.custom.context if self.custom is not None else None
+        self.updates = self.updates_class(self)
+        self.optimizer_step, self.step_optimizer = self.updates.optimizer_step, self.updates.step_optimizer
+        self.update_scaler = self.updates.update_scaler
         self._loss_checked = False
 
         # Called before every loss computation: the memory tracker follows one forward of the
         # root module at a time, and a step may run several (accumulation, a loss computed twice).
         self.before_forward = None
         self.last_items: torch.Tensor | None = None  # the items of the last fetched step (TrainingSpec.items)
-        self._iterator = None
         self._last_loss: torch.Tensor | None = None  # what the last step returned, for check_loss
         self._finite_at = 0  # the last step whose loss check_loss found finite
-
-    def _rank(self) -> tuple[int, int]:
-        """(this process's rank, the number of ranks) under DDP/FSDP; (0, 1) otherwise."""
-        config = self.config
-        if not config.rank_processes:
-            return 0, 1
-        import torch.distributed as dist
-
-        if not dist.is_initialized() or dist.get_world_size() != config.shards:
-            raise RuntimeError(f"parallel={config.parallel!r} needs an initialized process group of "
-                               f"{config.world_size} ranks (trainbench.core.method.distributed launches them)")
-        return dist.get_rank(), config.world_size
-
-    def _loader(self, spec: TrainingSpec, config: TrainConfig) -> DataLoader:
-        """The spec's dataset behind an endless sampler (this rank's share under DDP/FSDP), workers persistent."""
-        dataset = spec.make_dataset(config.pixels)
-        if len(dataset) == 0:  # the endless sampler would look for a first index forever
-            raise SpecError(f"the dataset of training spec {spec.name!r} yields no batches (its length is 0)")
-        rank, world_size = self._rank()
-        if world_size > 1:
-            sampler = RankSampler(len(dataset), self.batch_size, rank, world_size, config.seed)
-        else:
-            sampler = EndlessSampler(len(dataset), config.seed)
-        knobs = {key: given for _, value, hook in config.effects("loader") for key, given in hook(self, value).items()}
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True,
-                          collate_fn=spec.collate_fn,
-                          generator=torch.Generator().manual_seed(config.seed),  # the workers' seeds: the seed's
-                          **knobs)
 
     def _model(self, spec: TrainingSpec, config: TrainConfig) -> torch.nn.Module:
         """The spec's model on the device in training mode, with each knob's model change (each checked to have had
@@ -471,63 +460,12 @@ class TrainingSetup:
             switch_dropout_off(model)
         return model
 
-    # -- data ---------------------------------------------------------------------
-    def batches(self) -> Iterator:
-        """The live, endless batch iterator (created once; workers persist)."""
-        if self._iterator is None:
-            self._iterator = self._stream(live=True)
-        return self._iterator
-
-    def batches_from_start(self) -> Iterator:
-        """The batch stream again from its first batch, apart from the live one (which the warm-up and the rounds
-        have moved on): the fixed window the measurement's memory and work passes read."""
-        return self._stream(live=False)
-
-    def _stream(self, live: bool) -> Iterator:
-        """The batch stream: batch i is a function of the seed and i alone, whatever the recipe, save its batch size.
-
-        The spec's factory on a generator seeded afresh, or the loader's seeded sampler and collate, its workers
-        seeded from the seed. The window (``live=False``) also seeds torch's and Python's global generators while
-        each of its batches is made (a dataset or collate that draws from them, which the steps draw from too); the
-        live stream leaves them alone, as the cost of switching them (~0.1 ms a batch) would be in the timed rounds.
-        A recipe with another batch size draws batches of its own size from the same seed: from a dataset, its batch
-        i holds the samples the seeded order puts there (a 4x batch: the baseline's batches 4i..4i+3), from a factory
-        what it makes at that size."""
-        if self.synthetic:
-            stream = self._synthetic_batches()
-        elif live:
-            stream = iter(self.loader)
-        else:  # read in this process, apart from the live loader and its workers
-            stream = iter(DataLoader(self.loader.dataset, batch_size=self.loader.batch_size, sampler=self.loader.sampler,
-                                     collate_fn=self.loader.collate_fn, pin_memory=self.loader.pin_memory,
-                                     drop_last=True))
-        return stream if live else SeededStream(stream, self.config.seed)
-
-    def _synthetic_batches(self) -> SyntheticBatches:
-        return SyntheticBatches(self.spec, self.batch_size, self.device, self.synthetic == "device", self.config.seed,
-                                *self._rank(), self.config.accumulation_steps)
-
     def fetch(self, batches: Iterator) -> list:
         """The loader batches one optimizer step consumes (``accumulation_steps`` micro-batches)."""
-        try:
-            micro_batches = [next(batches) for _ in range(self.config.accumulation_steps)]
-        except StopIteration:  # the loader's sampler is endless: only a batches factory can run dry
-            raise SpecError(f"the data of training spec {self.spec.name!r} yields no more batches") from None
+        micro_batches = self.data.step_batches(batches)
         beat()  # progress for the case's watchdog (trainbench.core.harness.watchdog)
         self.last_items = self.items_of(micro_batches)
         return micro_batches
-
-    def items_of(self, micro_batches: list) -> torch.Tensor | None:
-        """The items (``TrainingSpec.items``: tokens...) of one step's micro-batches in this process, as a tensor
-        (no host sync); None where the spec counts none."""
-        counts = [self.spec.count_items(batch) for batch in micro_batches]
-        if not counts or counts[0] is None:
-            return None
-        return sum(counts[1:], counts[0])
-
-    def h2d_bytes(self, micro_batches: list) -> int:
-        """Bytes one step's data crosses from the host to the device (none when made on the device)."""
-        return 0 if self.synthetic == "device" else batch_nbytes(micro_batches)
 
     def to_device(self, batch: Batch) -> Batch:
         """Every tensor of the batch on the device; uint8 images normalized there, channels-last where asked."""
@@ -545,14 +483,14 @@ class TrainingSetup:
         with self.autocast():
             loss = self.spec.loss_fn(self.forward, batch)
         if not self._loss_checked:
-            self._check_loss_returned(loss, "loss_fn")
+            self.check_loss_returned(loss, "loss_fn")
             if self.config.trains and not loss.requires_grad:  # else backward's "element 0 of tensors ..."
                 raise SpecError(f"training spec {self.spec.name!r}: loss_fn returned a loss that does not require "
                                 "grad (computed under no_grad, detached, or from no trainable parameter)")
             self._loss_checked = True
         return loss
 
-    def _check_loss_returned(self, loss, what: str) -> None:
+    def check_loss_returned(self, loss, what: str) -> None:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
             got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise SpecError(f"training spec {self.spec.name!r}: {what} returned {got}, expected a scalar "
@@ -572,7 +510,7 @@ class TrainingSetup:
         Clearing an optimizer the GradScaler stepped since its last update starts that optimizer's next update in
         the step (a critic's n updates): the scaler is updated first, before the backward that scales its gradients.
         """
-        if optimizer is None or id(optimizer) in self._scaled_steps:
+        if optimizer is None or self.updates.scaled_since_update(optimizer):
             self.update_scaler()
         for _, value, hook in self.config.effects("zero_grad"):
             hook(self, optimizer, value)
@@ -606,14 +544,10 @@ class TrainingSetup:
 
     def accumulation_weights(self, micro_batches: list) -> list[torch.Tensor] | int | None:
         """Each micro-batch's share of the step's mean loss: a divisor k, or a weight per micro-batch (None: one
-        batch, nothing to weight).
-
-        A loss that is a mean over a batch's samples is divided by k (the k micro-batches are equal). A loss that is a mean over items
-        whose count differs between micro-batches (a padded LM's non-padding tokens) gets its share of the step's
-        items: averaging k micro-batch means equally is not the whole batch's mean. The weights are computed where
-        the counts are (the device, for batches moved there; an ``items`` returning a number gives a host scalar,
-        which a device op reads as an argument), never copied.
-        """
+        batch). A mean over samples is divided by k (equal micro-batches); a mean over items whose count differs
+        between micro-batches (a padded LM's tokens) gets its share of the step's items, as averaging k means equally
+        is not the whole batch's mean. Weights are computed where the counts are (the device for batches moved
+        there; an ``items`` returning a number gives a host scalar, which a device op reads as an argument)."""
         k = len(micro_batches)
         if k == 1:
             return None
@@ -645,8 +579,8 @@ class TrainingSetup:
         started = self.backend.clock()
         if not self.config.trains:
             loss = self.evaluate(micro_batches)
-        elif self.context is not None:
-            loss = self.custom_step(micro_batches)
+        elif self.custom is not None:
+            loss = self.custom.step(micro_batches)
         else:
             loss = self.forward_backward(micro_batches)
             self.optimizer_step()
@@ -671,92 +605,9 @@ class TrainingSetup:
         check_finite_loss(float(self._last_loss), self.spec.name, f"at step {self.steps_done} ({when}{since})")
         self._finite_at = self.steps_done
 
-    def custom_step(self, micro_batches: list) -> torch.Tensor:
-        """The spec's own step on the step's batch (one: no accumulation for a custom step), then the GradScaler's
-        one update. Returns the loss the step reports."""
-        [batch] = micro_batches
-        self._times_stepped.clear()
-        loss = self.spec.step(self.forward, self.to_device(batch), self.context)
-        if not self._loss_checked:
-            self._check_loss_returned(loss, "step")
-            self._loss_checked = True
-        if self._watch is not None:  # the first step: did the recipe apply?
-            watch, self._watch = self._watch, None
-            watch.remove()
-            problem = watch.problem()
-            if problem:
-                raise SpecError(problem)
-        self.update_scaler()
-        return loss
-
-    def through_context(self, call: str) -> contextlib.AbstractContextManager[None]:
-        """Around ``ctx.step`` and ``ctx.backward``: what the first step's watch counts as done through the recipe."""
-        return self._watch.through(call) if self._watch is not None else contextlib.nullcontext()
-
-    def optimizer_step(self) -> None:
-        """The update of every optimizer, through the GradScaler where there is one (it skips a step whose gradients
-        overflowed), whose scale is then updated once."""
-        for name, optimizer in self.optimizers.items():
-            self.step_optimizer(optimizer, name)
-        self.update_scaler()
-
-    def update_scaler(self) -> None:
-        """``scaler.update()`` where the GradScaler stepped an optimizer since its last update (it fails where none
-        stepped): once per step, after every optimizer stepped, as PyTorch's AMP examples do; and before an optimizer
-        is stepped again in the same step, which GradScaler refuses without an update between. That one comes where
-        the optimizer's gradients are cleared (``zero_grad``), so the gradients of its next update are scaled and
-        unscaled at the same scale; an optimizer stepped again without being cleared through trainbench gets it
-        just before the step, whose gradients are then unscaled at the updated scale (the same but after an
-        overflow or a growth)."""
-        if self.scaler is not None and self._scaled_steps:
-            self.scaler.update()
-        self._scaled_steps.clear()
-
-    def step_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> None:
-        """One optimizer's update: ``scaler.step(optimizer)`` or ``optimizer.step()``; while ``stepped_gradients`` is
-        a dict, the (unscaled) gradients it steps on are kept there first."""
-        if id(optimizer) in self._scaled_steps:
-            self.update_scaler()
-        if self.stepped_gradients is not None:
-            self._keep_stepped_gradients(optimizer, name)
-        self._apply_step(optimizer)
-
-    def _apply_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.scaler is not None:
-            self.scaler.step(optimizer)
-            self._scaled_steps.add(id(optimizer))
-        else:
-            optimizer.step()
-
-    def _keep_stepped_gradients(self, optimizer: torch.optim.Optimizer, name: str) -> None:
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)  # scaler.step then steps on these, unscaling no further
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        # An optimizer stepped again in one step (a critic's n updates per generator update) is "D#2", "D#3", ...
-        self._times_stepped[name] += 1
-        label = name if self._times_stepped[name] == 1 else f"{name}#{self._times_stepped[name]}"
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    # a copy: a later backward of the step adds to this very tensor (the generator's loss reaches D)
-                    self.stepped_gradients[f"{label}:{names.get(id(p), '?')}"] = gradient_copy(p.grad)
-
     def retained_graph_nodes(self) -> int:
-        """Autograd nodes reachable from the running loss: what ``total_loss += loss`` keeps alive.
-
-        Backward frees the tensors the graph saved, but not the graph: its nodes (and
-        their metadata) pile up on the host, one step's backward graph per step.
-        """
-        total = self.loss_total
-        root = getattr(total, "grad_fn", None)
-        seen, stack = set(), [root] if root is not None else []
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            stack.extend(next_node for next_node, _ in node.next_functions)
-        return len(seen)
+        """Autograd nodes reachable from the running loss: what ``total_loss += loss`` keeps alive."""
+        return graph_nodes(self.loss_total)
 
     @property
     def compiles(self) -> bool:
@@ -766,9 +617,7 @@ class TrainingSetup:
 
     def close(self) -> None:
         """Stop loader workers and restore global flags this setup changed."""
-        iterator, self._iterator = self._iterator, None
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        self.data.close()
         self._closers.close()
         if self.compiles:
             # Dynamo's caches and guards outlive the model: a later case would reuse or recompile them
@@ -834,5 +683,3 @@ def gradient_copy(grad: torch.Tensor, device: str = "cpu") -> torch.Tensor:
     if grad.is_sparse:
         grad = grad.to_dense()
     return grad.to(device, torch.float32, copy=True)
-
-
