@@ -163,7 +163,7 @@ class BatchSource:
             sampler = RankSampler(len(dataset), self.batch_size, rank, world_size, config.seed)
         else:
             sampler = EndlessSampler(len(dataset), config.seed)
-        knobs = {key: given for _, value, hook in config.effects("loader") for key, given in hook(self.setup, value).items()}
+        knobs = {key: given for _, value, hook in self.setup.hooks["loader"] for key, given in hook(self.setup, value).items()}
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, drop_last=True,
                           collate_fn=spec.collate_fn,
                           generator=torch.Generator().manual_seed(config.seed),  # the workers' seeds: the seed's

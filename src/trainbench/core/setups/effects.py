@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import profile, schedule
 from torch.utils.checkpoint import checkpoint
 
 from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, map_tensors
@@ -261,8 +264,6 @@ def sdpa_context(backend: str | None):
     """scaled_dot_product_attention restricted to one kernel family (a no-op context for None)."""
     if backend is None:
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     return sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[backend]))
 
 
@@ -295,8 +296,6 @@ def module_to(model: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
     mode holds a weak reference to it; new Parameters in place of the old do the same job
     before any optimizer has seen them.
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-
     if not any(isinstance(p, FakeTensor) for p in model.parameters()):
         return model.to(*args, **kwargs)
     def convert(t: torch.Tensor) -> torch.Tensor:  # as Module.to: a memory format applies to 4-D and 5-D tensors only
@@ -340,8 +339,6 @@ class _ProfilerLeftOn:
     """
 
     def __init__(self):
-        from torch.profiler import profile, schedule
-
         self.profiler = profile(activities=host_profiler_activities(), schedule=schedule(wait=0, warmup=1, active=3, repeat=0),
                                 on_trace_ready=lambda prof: None, record_shapes=True, profile_memory=True)
 

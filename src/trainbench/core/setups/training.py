@@ -27,7 +27,7 @@ import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optim
 import torch.fx
 
 from trainbench.core.setups.data import BatchSource
-from trainbench.core.setups.effects import ALREADY_COMPILED, compiled_by_user, module_to  # noqa: F401 - ALREADY_COMPILED: predict reads it here
+from trainbench.core.setups.effects import STAGES, ALREADY_COMPILED, compiled_by_user, module_to  # noqa: F401 - ALREADY_COMPILED: predict reads it here
 from trainbench.core.setups.recipes import OPTIMIZER_IMPL_KWARGS, TrainConfig, spec_unmet
 from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, TrainingSpec, batch_to_device
 from trainbench.core.harness.watchdog import beat
@@ -414,9 +414,10 @@ class TrainingSetup:
         self.pending_loss: torch.Tensor | None = None  # summed on the device until the next logged sync
         self.steps_done = 0
         self.normalize_pixels = spec.pixel_normalize()
+        # Each stage's knob hooks, asked once: a step applies several stages, and the rounds time the step
+        self.hooks = {stage: config.effects(stage) for stage in STAGES}
         # What each knob's process-wide setting yielded, for its later hooks (the left-on profiler to step)
-        self.entered = {name: self._closers.enter_context(hook(value))
-                        for name, value, hook in config.effects("process")}
+        self.entered = {name: self._closers.enter_context(hook(value)) for name, value, hook in self.hooks["process"]}
 
         self.data = self.batch_source(self)
         self.loader, self.batch_size, self.synthetic = self.data.loader, self.data.batch_size, self.data.synthetic
@@ -426,12 +427,12 @@ class TrainingSetup:
         self.model = self._model(spec, config)  # the plain module: parameter names, memory tracking, the optimizers
         module = self.model
         for stage in ("parallel", "compiled"):  # data parallelism first, then compiling what the step calls
-            for _, value, hook in config.effects(stage):
+            for _, value, hook in self.hooks[stage]:
                 module = hook(self, module, value)
         self.forward = module
         self.optimizers = build_optimizers(spec, self.model, config.optimizer_impl)
         self.scaler: torch.amp.GradScaler | None = None  # a GradScaler, where a knob's setup hook makes one
-        for _, value, hook in config.effects("setup"):
+        for _, value, hook in self.hooks["setup"]:
             hook(self, value)
         self.custom = CustomStep(self) if spec.custom_step else None  # the spec's own step, where it has one
         self.context = self.custom.context if self.custom is not None else None
@@ -454,7 +455,7 @@ class TrainingSetup:
         if not isinstance(model, torch.nn.Module):
             raise SpecError(f"training spec {spec.name!r}: model() returned {type(model).__name__}, expected an nn.Module")
         model = module_to(model, self.device).train()
-        for _, value, hook in config.effects("model"):
+        for _, value, hook in self.hooks["model"]:
             model = hook(self, model, value)
         if self.dropout_off:
             switch_dropout_off(model)
@@ -470,7 +471,7 @@ class TrainingSetup:
     def to_device(self, batch: Batch) -> Batch:
         """Every tensor of the batch on the device; uint8 images normalized there, channels-last where asked."""
         batch = batch_to_device(batch, self.device, self.config.non_blocking)
-        for _, value, hook in self.config.effects("batch"):
+        for _, value, hook in self.hooks["batch"]:
             batch = hook(self, batch, value)
         return batch
 
@@ -500,7 +501,7 @@ class TrainingSetup:
     def autocast(self) -> Iterator[None]:
         """The knobs' contexts around a forward and its loss (autocast, an attention kernel, a grad mode)."""
         with contextlib.ExitStack() as around:
-            for _, value, hook in self.config.effects("forward"):
+            for _, value, hook in self.hooks["forward"]:
                 around.enter_context(hook(self, value))
             yield
 
@@ -512,7 +513,7 @@ class TrainingSetup:
         """
         if optimizer is None or self.updates.scaled_since_update(optimizer):
             self.update_scaler()
-        for _, value, hook in self.config.effects("zero_grad"):
+        for _, value, hook in self.hooks["zero_grad"]:
             hook(self, optimizer, value)
 
     def forward_backward(self, micro_batches: list) -> torch.Tensor:
@@ -569,7 +570,7 @@ class TrainingSetup:
             beat()
             return loss
         except RuntimeError as e:  # a knob may know what the error means for the recipe (no such kernel here)
-            for _, value, hook in self.config.effects("error"):
+            for _, value, hook in self.hooks["error"]:
                 instead = hook(self, e, value)
                 if instead is not None:
                     raise instead from e
@@ -584,7 +585,7 @@ class TrainingSetup:
         else:
             loss = self.forward_backward(micro_batches)
             self.optimizer_step()
-        for _, value, hook in self.config.effects("after_step"):
+        for _, value, hook in self.hooks["after_step"]:
             hook(self, loss, value)
         self.steps_done += 1
         if self.fault is not None and self.fault.slowdown:
