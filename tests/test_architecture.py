@@ -739,3 +739,53 @@ def test_the_benchmark_option_check_sees_what_it_forbids():
     assert _reads_benchmark_options('storage = config.getoption("benchmark_storage", None)')
     assert _reads_benchmark_options("config.getoption('--benchmark-json')")
     assert not _reads_benchmark_options('config.getoption("--trainbench-ab")')
+
+
+def _classes_over(source: str, limit: int) -> list[tuple[str, int]]:
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > limit]
+
+
+# A class holds one responsibility; past 250 lines it holds several (split it by what its state is for).
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_class_is_over_250_lines(name):
+    assert not _classes_over(MODULES[name].read_text(), 250), f"{name}.py: a class over 250 lines"
+
+
+def test_the_class_size_check_sees_a_long_class():
+    assert _classes_over("class A:\n" + "    x = 1\n" * 250, 250) == [("A", 251)]
+    assert not _classes_over("class A:\n" + "    x = 1\n" * 249, 250)
+
+
+def _local_imports(source: str) -> list[tuple[int, bool]]:
+    """(line, whether a comment says why) for each import inside a function: on its lines or the line above."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    said = lines[sub.lineno - 2:sub.end_lineno]
+                    found.append((sub.lineno, any("#" in line for line in said)))
+    return found
+
+
+# An import inside a function is invisible to a reader of the module's top: the exception, for a reason said beside
+# it (a heavy or optional package only one path needs, a module that must stay torch-free, a cycle it avoids).
+MAX_LOCAL_IMPORTS = 60
+
+
+def test_function_local_imports_are_few_and_each_says_why():
+    found = {name: _local_imports(path.read_text()) for name, path in MODULES.items()}
+    total = sum(len(imports) for imports in found.values())
+    assert total <= MAX_LOCAL_IMPORTS, f"{total} function-local imports: " + ", ".join(
+        f"{name} {len(imports)}" for name, imports in sorted(found.items(), key=lambda item: -len(item[1])) if imports)
+    unexplained = [f"{name}.py:{line}" for name, imports in found.items() for line, said in imports if not said]
+    assert not unexplained, f"function-local imports without a reason beside them: {unexplained}"
+
+
+def test_the_local_import_check_sees_an_import_without_a_reason():
+    assert _local_imports("def f():\n    import torch\n") == [(2, False)]
+    assert _local_imports("def f():\n    import torch  # only this path trains\n") == [(2, True)]
+    assert _local_imports("def f():\n    # scipy: only the exact test needs it\n    import scipy\n") == [(3, True)]
+    assert _local_imports("import torch\n\n\ndef f():\n    return torch\n") == []
