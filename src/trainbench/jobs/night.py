@@ -16,6 +16,10 @@ run is always kept and summarized; a step that cannot start in time is recorded 
 past its deadline is stopped (SIGINT, then SIGTERM, then SIGKILL: a pytest session reports and saves what it
 measured, marked incomplete), and the manifest ``night.json`` is rewritten after every step. Killed at any
 point, what finished is on disk, and the archive is written on the way out.
+
+This module runs the steps (``NightRun``, ``run_night``); the order, profile and deadlines are
+``night_schedule``'s, the checks at start-up ``night_start``'s, what the sessions left ``night_results``'s, the
+summary ``night_summary``'s and the packing ``night_archive``'s.
 """
 
 from __future__ import annotations
