@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainbench.core.harness.files import write_json_atomic
 
+
 @dataclass
 class StepRecord:
     name: str

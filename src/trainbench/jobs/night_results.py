@@ -11,6 +11,7 @@ from trainbench.core.harness.costs import TOTAL
 from trainbench.core.harness.files import write_json_atomic
 from trainbench.verdicts.store import RunFileError, SavedRun
 
+
 @dataclass(frozen=True)
 class CaseOutcomeLine:
     """A case as one pytest session reported it (its JUnit XML)."""

@@ -107,6 +107,7 @@ class Project:
 
         return targets
 
+
 def read_project(pytest_args: list[str] | tuple[str, ...] = (), python: str = sys.executable) -> Project:
     """The project in the current folder as ``python -m pytest PYTEST_ARGS`` would configure it."""
     with tempfile.TemporaryDirectory(prefix="trainbench-project-") as folder:
