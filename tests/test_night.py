@@ -14,27 +14,22 @@ from pathlib import Path
 import pytest
 
 from trainbench.core.setups.cases import all_cases
-from trainbench.cli.night import (
+from trainbench.jobs.doctor import Check, write_checks
+from trainbench.jobs.night import child_environment, run_night, summarize_again, write_archive
+from trainbench.jobs.night_manifest import Night, NightError
+from trainbench.jobs.night_processes import StepOutcome
+from trainbench.jobs.night_results import junit_cases, keep_run
+from trainbench.jobs.night_schedule import (
     FINISH_RESERVE_S,
     MIN_STEP_S,
     SHORT_NIGHT_S,
     SMOKE_CAP_S,
-    Night,
-    NightError,
-    StepOutcome,
-    child_environment,
     finish_reserve,
-    junit_cases,
-    keep_run,
     least_budget_s,
     night_node_ids,
-    run_night,
     smoke_node_ids,
-    summarize_again,
     window_profile,
-    write_archive,
 )
-from trainbench.jobs.doctor import Check, write_checks
 from trainbench.verdicts.store import INCOMPLETE_KEY, PLANTED_KEY
 
 ROOT = Path(__file__).parents[1]
@@ -454,7 +449,7 @@ def test_junit_cases_read_outcomes_skip_reasons_and_seconds(tmp_path):
 def test_a_step_at_its_deadline_is_interrupted_as_ctrl_c_would_before_it_is_killed(tmp_path):
     """SIGINT first: pytest then reports the failures so far and writes its JUnit XML (a plain SIGTERM kills a
     session that has no handler for it, its report unwritten)."""
-    from trainbench.cli.night import subprocess_runner
+    from trainbench.jobs.night_processes import subprocess_runner
 
     script = ("import sys, time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
               f"    open({str(tmp_path / 'said')!r}, 'w').write('interrupted')\n    sys.exit(2)\n")

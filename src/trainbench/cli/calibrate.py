@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from trainbench.core.records.metrics import ThresholdError, parse_fraction
-from trainbench.verdicts.store import RunFileError, latest_run
+from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
+from trainbench.verdicts.store import RunFileError
 
 NAME = "calibrate"
 HELP = "write this device's budgets from a saved run, with a margin"
@@ -47,9 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # calibrate loads torch and project loads pytest: only this subcommand pays for them
-    from trainbench.plugin.project import ProjectError, measure_run, read_project
-    from trainbench.verdicts.calibrate import CalibrationError, calibrate, write
+    from trainbench.plugin.project import ProjectError, measure_run, read_project  # loads pytest: only calibrate pays for it
 
     chosen: dict = {}  # test file -> (budgets file, how it was chosen)
     try:
@@ -66,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
         if args.run_json is None:
             print(f"storage: {project.describe_storage()}")
         run_path = (args.run_json if args.run_json is not None else
-                    measure_run(project, pytest_args) if args.measure else _newest_run(project))
+                    measure_run(project, pytest_args) if args.measure else project.newest_run())
         print(f"run: {run_path}")
-        budgets = Path(args.budgets) if args.budgets else _budgets_beside_the_tests(project, chosen)
+        budgets = Path(args.budgets) if args.budgets else project.budgets_targets(chosen)
         result = calibrate(run_path, budgets, margin, speed_margin, only)
     except (CalibrationError, ThresholdError, RunFileError, ProjectError) as e:
         print(f"trainbench calibrate: {e}", file=sys.stderr)
@@ -110,36 +109,3 @@ def _shown(path: Path) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _newest_run(project) -> Path:
-    """The newest run saved on this machine in the project's storage: what the last ``pytest --benchmark-save``
-    there wrote (never another machine's)."""
-    from trainbench.plugin.project import ProjectError
-
-    folder = project.runs_folder
-    if folder is None:
-        raise ProjectError(f"--benchmark-storage={project.storage}: not a file storage, which calibrate reads; pass "
-                           "RUN_JSON (--benchmark-json=FILE)")
-    from trainbench.devices.device import comparable_device, get_backend
-
-    # this machine's device: a GPU box's CPU run (or the reverse) would write the other device's section
-    return latest_run(folder.parent, device_here=lambda: comparable_device(get_backend(None).identity()))
-
-
-def _budgets_beside_the_tests(project, chosen: dict):
-    """Each case's budgets file: the one the plugin finds for its test file (the pytest-benchmark fullname is the
-    test's node id, relative to the rootdir), or a new one it will find. ``chosen`` collects the choices."""
-
-    def targets(fullnames: list[str]) -> dict[str, Path]:
-        from trainbench.plugin.project import ProjectError
-
-        unknown = [name for name in fullnames if "::" not in name]
-        if unknown:
-            raise ProjectError(f"{unknown[0]}: the run does not say which test measured it (no pytest node id as its "
-                               "fullname); pass --budgets FILE")
-        test_files = {name: project.rootpath / name.split("::")[0] for name in fullnames}
-        chosen.update(project.budgets_files(sorted(set(test_files.values()))))
-        return {name: chosen[test_file][0] for name, test_file in test_files.items()}
-
-    return targets

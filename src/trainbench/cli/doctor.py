@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     # an empty --simulate-gpu "" is a GPU that cannot be, never this machine's doctor
     if args.simulate_gpu is not None:  # the checks of a machine with a fleet GPU, as the doctor would make them there
-        from trainbench.jobs.night_plan import simulated_doctor
+        from trainbench.jobs.night_plan import simulated_doctor  # the plan's machinery: only a simulated doctor loads it
 
         gpu = gpu_to_simulate(args, "doctor")
         if gpu is None:

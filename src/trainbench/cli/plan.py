@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from trainbench.core.harness.files import output_file_problem, write_json_atomic
+from trainbench.core.records.budgets import BudgetError
+from trainbench.verdicts.store import RunFileError
 
 from .shared import gpu_to_simulate
 
@@ -37,14 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The night's plan on a fleet GPU."""
-    from trainbench.core.records.budgets import BudgetError
-    from trainbench.jobs.night_plan import (  # loads torch: only when planning
-        format_night,
-        plan_night,
-        plan_record,
-        seconds_source,
-    )
-    from trainbench.verdicts.store import RunFileError
+    # the plan loads torch (the cases, their predictions): imported when planning, not for --help
+    from trainbench.jobs.night_plan import format_night, plan_night, plan_record, seconds_source
 
     gpu = gpu_to_simulate(args, "plan")
     if gpu is None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from trainbench.devices.fleet import GpuSpecError, parse_gpu
+
 
 def gpu_to_simulate(args: argparse.Namespace, command: str):
     """The GPU ``--simulate-gpu`` names or specifies (``fleet.parse_gpu``); None after saying why it cannot be."""
-    from trainbench.devices.fleet import GpuSpecError, parse_gpu  # loads torch: only a simulated GPU pays for it
-
     try:
         return parse_gpu(args.simulate_gpu)
     except GpuSpecError as e:

@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 from trainbench.devices.host import env_value
 from trainbench.plugin.fixture import SESSION
 from trainbench.plugin.options import BUDGETS_FILE, discover_budgets
-from trainbench.verdicts.store import matching_runs, storage_folder
+from trainbench.verdicts.store import latest_run, matching_runs, storage_folder
 
 PROBE_ENV = "TRAINBENCH_PROJECT_PROBE"  # where the probing pytest writes what it resolved
 DEFAULT_STORAGE = "file://./.benchmarks"  # pytest-benchmark's own default for --benchmark-storage
@@ -75,6 +76,36 @@ class Project:
                                        "no budgets file for it; pass --budgets")
                 chosen[test_file] = (new, "new: the plugin will find it")
         return chosen
+
+
+    def newest_run(self) -> Path:
+        """The newest run saved on this machine in the project's storage: what the last ``pytest --benchmark-save``
+        there wrote (never another machine's)."""
+        folder = self.runs_folder
+        if folder is None:
+            raise ProjectError(f"--benchmark-storage={self.storage}: not a file storage, which calibrate reads; pass "
+                               "RUN_JSON (--benchmark-json=FILE)")
+        # loads torch: not at the top, where the probing pytest this module is a plugin of would load it too
+        from trainbench.devices.device import comparable_device, get_backend
+
+        # this machine's device: a GPU box's CPU run (or the reverse) would write the other device's section
+        return latest_run(folder.parent, device_here=lambda: comparable_device(get_backend(None).identity()))
+
+    def budgets_targets(self, chosen: dict[Path, tuple[Path, str]]) -> Callable[[list[str]], dict[str, Path]]:
+        """Each case's budgets file by its pytest-benchmark fullname (its test's node id, relative to the rootdir):
+        the one the plugin finds for its test file, or a new one it will find (``budgets_files``). ``chosen``
+        collects the choices: test file -> (budgets file, how it was chosen)."""
+
+        def targets(fullnames: list[str]) -> dict[str, Path]:
+            unknown = [name for name in fullnames if "::" not in name]
+            if unknown:
+                raise ProjectError(f"{unknown[0]}: the run does not say which test measured it (no pytest node id as "
+                                   "its fullname); pass --budgets FILE")
+            test_files = {name: self.rootpath / name.split("::")[0] for name in fullnames}
+            chosen.update(self.budgets_files(sorted(set(test_files.values()))))
+            return {name: chosen[test_file][0] for name, test_file in test_files.items()}
+
+        return targets
 
 
 def read_project(pytest_args: list[str] | tuple[str, ...] = (), python: str = sys.executable) -> Project:
