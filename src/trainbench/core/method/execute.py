@@ -19,7 +19,8 @@ from trainbench.core.setups import guards  # by module: tests replace its functi
 from trainbench.core.harness.costs import in_child_process, spent
 from trainbench.core.method.distributed import ProcessFailed, measure_ddp, measure_in_fresh_process
 from trainbench.core.setups.eligibility import Context, why_not
-from trainbench.core.method.measure import Measurer, MeasureSettings, heap_frozen, interleave_rounds, run_rounds
+from trainbench.core.analyses.step_memory import heap_frozen
+from trainbench.core.method.measure import Measurer, MeasureSettings, interleave_rounds, run_rounds
 from trainbench.core.records.metrics import passes_measuring
 from trainbench.core.records.outcome import CaseOutcome, case_id, failed_without_result
 from trainbench.core.analyses.plan import BASELINE_AFTER, FRESH_PROCESSES, PAIRED, CasePlan

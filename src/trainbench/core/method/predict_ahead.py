@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainbench.core.analyses.predict import PredictionCache
+from trainbench.core.analyses.step_memory import heap_frozen
 from trainbench.core.setups.recipes import TrainConfig
 from trainbench.core.setups.spec import TrainingSpec
 
@@ -143,8 +144,6 @@ def _taken(taken, count: int):
 
 
 def _predict(cache: PredictionCache, setup: Setup) -> dict:
-    from trainbench.core.method.measure import heap_frozen
-
     _, config, spec = setup
     with heap_frozen():  # fake tensors' dispatch makes many objects (as in the case's own predict phase)
         return cache.predicted(config, spec)
