@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-import torch.optim.optimizer
-import torch.utils._foreach_utils
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.optim import optimizer as torch_optimizer  # torch.optim's own namespace drops the module's name
+from torch.utils import _foreach_utils
 
 from trainbench.core.analyses.step_memory import StepMemory
 from trainbench.core.harness.failures import failure_line
@@ -207,7 +207,7 @@ def optimizer_path_of_real_tensors():
     GPT-2). Listing the fake type beside them, as torch itself lists ``DTensor``, leaves the device to decide:
     foreach on ``cuda``, the loop on the CPU, as for real tensors.
     """
-    supported = (torch.optim.optimizer._foreach_supported_types, torch.utils._foreach_utils._foreach_supported_types)
+    supported = (torch_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
     lists = [types for types in supported if FakeTensor not in types]
     for types in lists:
         types.append(FakeTensor)
