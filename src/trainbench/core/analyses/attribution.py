@@ -160,11 +160,6 @@ class Sites:
         return f"{innermost} (backward)" if in_backward else innermost
 
 
-def no_sites(backward: bool = True) -> contextlib.AbstractContextManager[None]:
-    """Where no sites are asked: a context yielding None in the place of a ``Sites``."""
-    return contextlib.nullcontext()
-
-
 def module_names(model) -> dict:
     """Each module of ``model`` -> its site name, as ``ModTracker`` names it: the root's class, then the attribute
     path (``ResNet.layer1.0.conv1``)."""

@@ -18,7 +18,6 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -30,7 +29,6 @@ from trainbench.core.analyses.attribution import (
     Sites,
     allocator_sites,
     module_grad_hooks_removed,
-    no_sites,
     parameter_sites,
 )
 from trainbench.core.harness.failures import failure_line
@@ -299,6 +297,11 @@ def global_peak_only(tracker) -> bool:
     return True
 
 
+def _no_sites(backward: bool = True) -> contextlib.AbstractContextManager[Sites | None]:
+    """Where no sites are asked: a context yielding None in the place of ``attribution.Sites``."""
+    return contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class AllocatorPeaks:
     """The caching allocator's peaks over a few steps as timed, and what it holds between steps."""
@@ -339,7 +342,7 @@ class StepMemory:
     training: TrainingSetup
     window: Callable[[], Iterator] | None = None
     step: Callable[[list], torch.Tensor] | None = None
-    sites: Callable[..., ContextManager[Sites | None]] = no_sites
+    sites: Callable[..., contextlib.AbstractContextManager[Sites | None]] = _no_sites
 
     def _batches(self) -> Iterator:
         return (self.window or self.training.batches_from_start)()

@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -19,7 +18,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainbench.core.analyses.attribution import (
     Sites,
-    no_sites,
     profile_steps,
     python_call_site,
     tracker_warnings_silenced,
@@ -66,6 +64,11 @@ class _OpCounter(TorchDispatchMode):
         return sum(self.syncs_by_site.values())
 
 
+def _no_sites(backward: bool = True) -> contextlib.AbstractContextManager[Sites | None]:
+    """Where no sites are asked: a context yielding None in the place of ``attribution.Sites``."""
+    return contextlib.nullcontext()
+
+
 @dataclass(frozen=True)
 class WorkCount:
     """What the counted steps dispatched: the first one's FLOPs (by op too), and every one's ops and syncs."""
@@ -86,7 +89,7 @@ class StepWork:
     training: TrainingSetup
     window: Callable[[], Iterator] | None = None
     step: Callable[[list], torch.Tensor] | None = None
-    sites: Callable[..., ContextManager[Sites | None]] = no_sites
+    sites: Callable[..., contextlib.AbstractContextManager[Sites | None]] = _no_sites
 
     def fetched(self, steps: int) -> list[list]:
         """The micro-batches of the window's first ``steps`` steps."""
