@@ -3,6 +3,8 @@ after its measurement, with a check of the method on the run itself."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainbench.core.analyses.plan import CasePlan
 from trainbench.core.analyses.predict import PredictionCache
 from trainbench.core.records.result import Result
@@ -11,12 +13,12 @@ from trainbench.core.setups.spec import TrainingSpec
 from trainbench.core.setups.workloads import PROFILES, Profile, resolve_spec
 
 
+@dataclass(frozen=True)
 class CasePrediction:
     """Predicts planned cases' GPU-profile memory from one profile's runs, through the session's ``predictions``."""
 
-    def __init__(self, profile: Profile, predictions: PredictionCache):
-        self._profile = profile
-        self.predictions = predictions
+    profile: Profile
+    predictions: PredictionCache
 
     def predicted_setups(self, plan: CasePlan) -> tuple[tuple[str, TrainConfig, TrainingSpec], ...] | str:
         """The setups the case's memory prediction asks ``predictions`` for, as (profile, config, spec): the GPU
@@ -30,7 +32,7 @@ class CasePrediction:
             gpu_config = gpu_recipe.config(gpu, **{**judged, **plan.user_overrides})
         except ConfigError as e:
             return f"no GPU-profile setup: {e}"
-        return ("gpu", gpu_config, gpu_spec), (self._profile.name, plan.config, plan.spec)
+        return ("gpu", gpu_config, gpu_spec), (self.profile.name, plan.config, plan.spec)
 
     def memory(self, plan: CasePlan, result: Result) -> dict:
         """The GPU profile's memory predicted under FakeTensorMode, with a check of the method on this run itself:
@@ -47,7 +49,7 @@ class CasePrediction:
         if "breakdown_bytes" in here and measured:
             differences = {k: [here["breakdown_bytes"].get(k, 0), v] for k, v in measured.items()
                            if here["breakdown_bytes"].get(k, 0) != v}
-            predicted["check"] = {"profile": self._profile.name, "predicted_total": here["breakdown_bytes"]["total"],
+            predicted["check"] = {"profile": self.profile.name, "predicted_total": here["breakdown_bytes"]["total"],
                                   "measured_total": measured.get("total"), "matches": not differences,
                                   "differences": differences, "peak_allocated_bytes": result.peak_allocated_bytes}
         return predicted
