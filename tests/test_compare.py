@@ -261,7 +261,7 @@ def virtual_time(monkeypatch):
     monkeypatch.setattr(CpuBackend, "busy_wait", lambda self, seconds: CLOCK.wait(seconds))
     # And the profiled steps: their wall on the virtual clock, all of it outside ops (a real profiler would time
     # the ops by the machine's clock, which a loaded machine moves by more than the virtual step).
-    monkeypatch.setattr("trainbench.core.method.measure.profile_steps", virtual_profile)
+    monkeypatch.setattr("trainbench.core.analyses.step_work.profile_steps", virtual_profile)
 
 
 def virtual_profile(run_step, steps, backend):

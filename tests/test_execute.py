@@ -398,13 +398,13 @@ def test_a_setup_that_stepped_before_its_measurement_gives_no_trajectory(cpu, pr
 def test_the_gpu_prediction_runs_with_the_heap_frozen_and_unfreezes_it(cpu, profile, quick, monkeypatch):
     import gc
 
-    from trainbench.core.method.execute import Executor
+    from trainbench.core.method.case_prediction import CasePrediction
 
     seen = []
-    monkeypatch.setattr(Executor, "_predicted_memory", lambda self, plan, result: seen.append(gc.get_freeze_count())
+    monkeypatch.setattr(CasePrediction, "memory", lambda self, plan, result: seen.append(gc.get_freeze_count())
                         or {"profile": "gpu", "reason": "not predicted in this test"})
     gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
-    monkeypatch.setattr("trainbench.core.method.measure._HeapFreeze.elsewhere", False)
+    monkeypatch.setattr("trainbench.core.analyses.step_memory._HeapFreeze.elsewhere", False)
     try:
         outcome = Runner(cpu, profile, quick, predict=True).run("baseline", "mlp")
         assert seen and seen[0] > 0 and gc.get_freeze_count() == 0

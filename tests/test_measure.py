@@ -8,7 +8,9 @@ import torch
 
 from trainbench.core.setups import training as training_module
 from trainbench.core.harness.costs import case_ledger
-from trainbench.core.method.measure import Measurer, MeasureSettings, _OpCounter, run_rounds
+from trainbench.core.analyses.step_memory import StepMemory
+from trainbench.core.analyses.step_work import _OpCounter
+from trainbench.core.method.measure import Measurer, MeasureSettings, run_rounds
 from trainbench.core.setups.recipes import TrainConfig, get_recipe
 from trainbench.core.records.result import MIB
 from trainbench.core.setups.training import TrainingSetup
@@ -94,12 +96,12 @@ def test_the_passes_after_timing_step_with_the_heap_frozen_and_leave_the_collect
                                                                                                       monkeypatch):
     import gc
 
-    from trainbench.core.method import measure
-    from trainbench.core.method.measure import heap_frozen
+    from trainbench.core.analyses import step_memory
+    from trainbench.core.analyses.step_memory import heap_frozen
 
     log = []
     gc.unfreeze()  # this suite freezes the heap before each test (conftest): a user's session does not
-    monkeypatch.setattr(measure._HeapFreeze, "elsewhere", False)  # nor has this process seen it frozen by others yet
+    monkeypatch.setattr(step_memory._HeapFreeze, "elsewhere", False)  # nor has this process seen it frozen by others yet
     try:
         with TrainingSetup(TrainConfig(), mlp, cpu) as training:
             _log_each_step(training, log, gc.get_freeze_count)
@@ -122,7 +124,7 @@ def test_the_passes_after_timing_step_with_the_heap_frozen_and_leave_the_collect
         monkeypatch.setattr(gc, "get_freeze_count", lambda: pytest.fail("the frozen objects counted again"))
         with heap_frozen():
             pass
-        assert measure._HeapFreeze.elsewhere
+        assert step_memory._HeapFreeze.elsewhere
     finally:
         gc.freeze()
 
@@ -198,11 +200,11 @@ def test_the_breakdown_by_storage_identity_is_memtrackers_where_both_follow_the_
     if config.amp == "bf16" and not cpu.supports_bf16():
         pytest.skip("this CPU has no bfloat16")
     with TrainingSetup(config, resolve_spec(workload, profile), cpu) as training:
-        m = Measurer(training, "case", recipe, MeasureSettings())
         batches = training.batches()
         for _ in range(2):  # optimizer state exists, gradients as the recipe leaves them between steps
             training.step(training.fetch(batches))
-        by_identity, by_memtracker = m._storage_breakdown(), m._memtracker_breakdown()
+        memory = StepMemory(training)
+        by_identity, by_memtracker = memory.storage_breakdown(), memory.memtracker_breakdown()
     assert by_memtracker.pop("other") == 0
     assert by_identity == by_memtracker and by_identity["activations"] > 0
 
@@ -212,23 +214,22 @@ def test_the_breakdown_by_storage_identity_is_memtrackers_where_both_follow_the_
 def test_memtracker_updating_only_its_global_peak_gives_the_stock_trackers_breakdown(cpu, profile, workload, recipe,
                                                                                      monkeypatch):
     # The per-module peaks the stock tracker updates after every op are never read: without them, the same figures.
-    from trainbench.core.method import measure as measure_module
+    from trainbench.core.analyses import step_memory
 
     with TrainingSetup(get_recipe(recipe).config(profile, batch_size=4), resolve_spec(workload, profile), cpu) as training:
-        m = Measurer(training, "case", recipe, MeasureSettings())
         batches = training.batches()
         for _ in range(2):
             training.step(training.fetch(batches))
         changed = []
-        monkeypatch.setattr(measure_module, "global_peak_only", lambda tracker: changed.append(tracker) or False)
-        stock = m._memtracker_breakdown()
+        monkeypatch.setattr(step_memory, "global_peak_only", lambda tracker: changed.append(tracker) or False)
+        stock = StepMemory(training).memtracker_breakdown()
         monkeypatch.undo()
-        fast = m._memtracker_breakdown()
+        fast = StepMemory(training).memtracker_breakdown()
     assert len(changed) == 1 and stock == fast and fast["activations"] > 0
 
 
 def test_a_tracker_that_keeps_its_peak_under_other_names_keeps_its_own_update():
-    from trainbench.core.method.measure import global_peak_only
+    from trainbench.core.analyses.step_memory import global_peak_only
 
     class Renamed:  # what a torch that renamed the tracker's modules would hand over
         def _update_peak_stats(self, peak_state):

@@ -117,7 +117,7 @@ def test_the_guard_of_a_ddp_case_builds_its_one_process_reference_with_batchnorm
                         built.setdefault(config, micro_batches_are_shards))
     plan = runner.planner.plan("ddp_gloo", CONVNET)
     assert not plan.skipped
-    runner.executor._seeded_runs(plan, plan.outcome(), plan.setup_key(plan.baseline))
+    runner.executor.guard.seeded_runs(plan, plan.outcome(), plan.setup_key(plan.baseline))
     reference = plan.baseline_config.one_process_equivalent(2)
     assert reference.accumulation_steps == 2 and built == {reference: True}  # its only guard: the gradients
 

@@ -28,20 +28,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.optim import optimizer as torch_optimizer  # torch.optim's own namespace drops the module's name
+from torch.utils import _foreach_utils
 
-from trainbench.core.harness.files import write_text_atomic
+from trainbench.core.analyses.step_memory import StepMemory
 from trainbench.core.harness.failures import failure_line
-from trainbench.core.setups.recipes import TrainConfig, without_unpredictable
+from trainbench.core.harness.files import write_text_atomic
+from trainbench.core.setups.recipes import NotApplicable, TrainConfig, without_unpredictable
 from trainbench.core.setups.spec import TrainingSpec, code_fingerprint, map_tensors
 from trainbench.core.setups.data import BatchSource
-from trainbench.core.setups.training import TrainingSetup, Updates
+from trainbench.core.setups.effects import ALREADY_COMPILED
+from trainbench.core.setups.training import TrainingSetup, Updates, sparse_gradients
 from trainbench.devices.device import Backend, DeviceCaps
+from trainbench.devices.host import env_value
 
 PREDICTED_STEPS = 1  # untracked steps before the tracked one: gradients and optimizer state exist
 
@@ -110,8 +118,6 @@ class _OneSampleBatches:
     function (the spec's, e.g. one that pads, or ``default_collate``) into fake tensors, no data."""
 
     def __init__(self, loader):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():  # a real sample: transforms may test values (Normalize checks std != 0)
             self.sample = _plain_tensors(loader.dataset[0])
         self.batch_size, self.collate = loader.batch_size, loader.collate_fn
@@ -127,8 +133,6 @@ def _plain_tensors(sample):
     """``sample`` with tensor subclasses (torchvision's ``tv_tensors.Image`` from ``v2.ToImage()``, ...) as plain tensors,
     the type collating them gives in a real loader. FakeTensorMode refuses to run an op on a subclass it does not know
     (``aten.stack``: "Multiple dispatch failed ... all __torch_dispatch__ handlers returned NotImplemented")."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     def plain(t):
         return t if type(t) in (torch.Tensor, FakeTensor) else t.as_subclass(torch.Tensor)
 
@@ -143,8 +147,6 @@ def _fake_model(build: Callable[[], torch.nn.Module], mode) -> Callable[[], torc
     tensors fails under fake tensors: timm's ``calculate_drop_path_rates`` (``torch.linspace(...).item()``, ViT,
     ConvNeXt), RegNet's widths. The real build holds the parameters once, uninitialized (``_no_weight_init``).
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     def model() -> torch.nn.Module:
         try:
             return build()
@@ -185,18 +187,16 @@ def _no_weight_init():
     Fake weights have no values to initialize, and some initializers test values (``trunc_normal_``
     resamples until none lies outside its bounds), which fake tensors cannot answer.
     """
-    from torch.nn import init
-
-    names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")
-             and callable(getattr(init, name))]
-    saved = {name: getattr(init, name) for name in names}
+    names = [name for name in dir(torch.nn.init) if name.endswith("_") and not name.startswith("_")
+             and callable(getattr(torch.nn.init, name))]
+    saved = {name: getattr(torch.nn.init, name) for name in names}
     try:
         for name in names:
-            setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
         yield
     finally:
         for name, fn in saved.items():
-            setattr(init, name, fn)
+            setattr(torch.nn.init, name, fn)
 
 
 @contextlib.contextmanager
@@ -209,12 +209,8 @@ def optimizer_path_of_real_tensors():
     GPT-2). Listing the fake type beside them, as torch itself lists ``DTensor``, leaves the device to decide:
     foreach on ``cuda``, the loop on the CPU, as for real tensors.
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.optim import optimizer
-    from torch.utils import _foreach_utils
-
-    lists = [types for types in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
-             if FakeTensor not in types]
+    supported = (torch_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types)
+    lists = [types for types in supported if FakeTensor not in types]
     for types in lists:
         types.append(FakeTensor)
     try:
@@ -230,8 +226,6 @@ class _PredictedBatches(BatchSource):
     def _loader(self, spec: TrainingSpec, config: TrainConfig):
         # The dataset built as a real run builds it: a constructor may ask its own tensors for values (lengths drawn
         # at random, ``.numpy()`` for PIL images), which fake tensors cannot answer. Only its first sample is read.
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():
             return super()._loader(spec, config)
 
@@ -266,9 +260,6 @@ def fake_training(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> 
     """A ``TrainingSetup`` of ``config`` on ``spec`` under ``FakeTensorMode`` on ``backend``'s device: its steps run
     no kernel and hold no memory. ``config`` must be predictable (``unpredictable`` is None). The memory prediction
     and the roofline's counts (``trainbench.core.analyses.roofline``) both step it."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     # A shape environment lets ``.item()`` (a logged loss) return a symbol instead of failing.
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     with mode, optimizer_path_of_real_tensors(), contextlib.ExitStack() as stack:
@@ -299,9 +290,6 @@ def not_applicable(config: TrainConfig, spec: TrainingSpec, backend: Backend) ->
     checkpoints or came compiled already...), from a build under fake tensors on ``backend``'s device that runs no
     step: what a simulated GPU says of the case where a real run would skip it. None where it applies, or where the
     build fails otherwise (the real run says why)."""
-    from trainbench.core.setups.recipes import NotApplicable
-    from trainbench.core.setups.training import ALREADY_COMPILED
-
     buildable = without_unpredictable(config)  # compiling, processes: what a fake build cannot start
     try:
         with fake_training(buildable, spec, backend):
@@ -320,9 +308,6 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
 
     Returns ``{"device", "batch_size", "breakdown_bytes"}``, or ``{"reason"}`` where the setup cannot be faked.
     """
-    from trainbench.core.method.measure import Measurer, MeasureSettings
-    from trainbench.core.setups.training import sparse_gradients
-
     reason = unpredictable(config)
     if reason:
         return {"reason": reason}
@@ -331,11 +316,10 @@ def predict_memory(config: TrainConfig, spec: TrainingSpec, backend: Backend, st
             if sparse_gradients(training.model):
                 raise NotPredictable("sparse gradients (an embedding with sparse=True): fake tensors do not size "
                                      "them, or the optimizer state they make, as the real step does")
-            measurement = Measurer(training, "predicted", "predicted", MeasureSettings(), 0, "")
             batches = training.batches()
             for _ in range(steps):
                 training.step(training.fetch(batches))
-            breakdown = measurement.tracked_breakdown()
+            breakdown = StepMemory(training).tracked_breakdown().by_kind
     except NotPredictable as e:
         return {"reason": str(e)}
     except Exception as e:  # noqa: BLE001 - any op fake tensors cannot run: say which, keep the case
@@ -408,16 +392,12 @@ class SharedPredictions:
     @classmethod
     def from_environment(cls, backend: Backend, what: str = "memory", default=None) -> SharedPredictions:
         """The file ``TRAINBENCH_PREDICTIONS_FILE`` names, else ``default`` (None: kept in this process only)."""
-        from trainbench.devices.host import env_value
-
         return cls(env_value(cls.ENV) or default, backend, what)
 
     def _key(self, key: tuple) -> str:
         return self.prefix + repr(key)
 
     def _read(self) -> dict[str, dict]:
-        import json
-
         if self._entries is None:
             try:
                 entries = json.loads(self.path.read_text(encoding="utf-8"))
@@ -437,8 +417,6 @@ class SharedPredictions:
 
     def put_many(self, predictions: dict[tuple, dict]) -> None:
         """Add ``predictions`` to the file in one write (another process may have added to it since it was read)."""
-        import json
-
         if self.path is None:
             return
         new = {self._key(key): value for key, value in predictions.items() if self._read().get(self._key(key)) != value}

@@ -56,6 +56,7 @@ from trainbench.core.records.result import RELAUNCH_NOTE, Result
 from trainbench.core.setups.spec import SpecError, TrainingSpec
 from trainbench.core.setups.training import dropout_switched_off, gradient_copy
 from trainbench.core.harness.watchdog import suspended, watch
+from trainbench.core.setups import workloads
 from trainbench.core.setups.workloads import PROFILES, WORKLOADS, Profile, resolve_spec
 from trainbench.devices.device import Backend
 
@@ -72,7 +73,7 @@ def spec_reference(spec: TrainingSpec) -> str:
     A user's spec is looked up among the module-level names of the modules that define its
     functions (the test module, usually), then of every loaded module.
     """
-    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == resolve_spec.__module__:  # built by the workloads module
+    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == workloads.__name__:
         return f"builtin:{spec.name}"
     owners = [getattr(fn, "__module__", None) for fn in (spec.model, spec.loss_fn, spec.dataset, spec.batches)]
     candidates = [m for m in dict.fromkeys(owners) if m in sys.modules] + list(sys.modules)

@@ -27,7 +27,7 @@ import torch._dynamo  # noqa: F401 - the first optimizer built imports it (Optim
 import torch.fx
 
 from trainbench.core.setups.data import BatchSource
-from trainbench.core.setups.effects import STAGES, ALREADY_COMPILED, compiled_by_user, module_to  # noqa: F401 - ALREADY_COMPILED: predict reads it here
+from trainbench.core.setups.effects import STAGES, compiled_by_user, module_to
 from trainbench.core.setups.recipes import OPTIMIZER_IMPL_KWARGS, TrainConfig, spec_unmet
 from trainbench.core.setups.spec import Batch, NotApplicable, SpecError, TrainingSpec, batch_to_device
 from trainbench.core.harness.watchdog import beat
