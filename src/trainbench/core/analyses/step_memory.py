@@ -434,7 +434,7 @@ class StepMemory:
         """One step's breakdown by PyTorch's ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 setup)."""
         training = self.training
         optimizers = list(training.optimizers.values())
-        if training.config.parallel == "fsdp":  # sharded and gathered parameters and gradients told apart
+        if training.config.turned("shards_parameters"):  # sharded and gathered parameters and gradients told apart
             # Loaded here: only an FSDP setup's breakdown needs FSDP2's tracker.
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 

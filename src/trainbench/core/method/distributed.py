@@ -177,7 +177,7 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     distributed = config.rank_processes
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if distributed and world != config.world_size:
+    if distributed and world != config.shards:
         raise RuntimeError(f"the case trains {config.world_size} ranks, but torchrun started WORLD_SIZE={world}")
     if job["threads"]:
         torch.set_num_threads(job["threads"])

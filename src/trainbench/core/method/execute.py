@@ -52,7 +52,7 @@ def recomputation_hint(config: TrainConfig, spec: TrainingSpec, error: BaseExcep
     model whose ``config.use_cache`` is on (Hugging Face's): the recomputed forward adds its keys and values to the
     cache a second time, and attention then meets twice the keys (``The size of tensor a (128) must match the size
     of tensor b (64)``). None where that is not the case."""
-    if not config.checkpointing or not any(frame.f_code.co_filename == torch.utils.checkpoint.__file__
+    if not config.turned("recomputes") or not any(frame.f_code.co_filename == torch.utils.checkpoint.__file__
                                            for frame, _ in traceback.walk_tb(error.__traceback__)):
         return None
     try:

@@ -52,12 +52,11 @@ class AfterTiming:
         """
         m = self._measured
         passes = [("peaks", self.peaks), ("calls", self.calls), ("memory", self.memory_pass), ("work", self.work_pass)]
-        if m.training.config.parallel == "dp":
-            # DataParallel runs its replicas in threads of its own: dispatch modes (growth, MemTracker, FLOP and op
-            # counts) see only the main thread's share, and the tracker's module hooks race between them.
+        for _, unseen in m.training.config.turned("unseen_by_dispatch"):
+            # Replicas in threads of their own (DataParallel): dispatch modes (growth, MemTracker, FLOP and op counts)
+            # see only the main thread's share, and the tracker's module hooks race between them.
             passes = passes[:2]
-            m.note("DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are invisible "
-                   "to dispatch modes); allocator peaks are the first GPU's")
+            m.note(unseen)
         if m.settings.passes is not None:
             skipped = [name for name, _ in passes if name not in m.settings.passes]
             passes = [(name, run) for name, run in passes if name in m.settings.passes]

@@ -71,6 +71,10 @@ class Knob:
     effect: Effect | None = None  # what it does to a training setup, stage by stage (trainbench.core.setups.effects)
     # what a failed gradient guard likely comes from, where the spec counts no items (guards.with_likely_cause)
     gradient_guard_cause: str | None = None
+    recomputes: bool = False  # backward runs forwards again (a failure there may be the model's cache: execute)
+    # why dispatch modes do not see the whole step (replicas in threads): no memory or work passes (method.passes)
+    unseen_by_dispatch: Any = None
+    shards_parameters: Any = False  # parameters and gradients are DTensor shards: FSDP2's memory tracker follows them
 
 
 def knob(default: Any, **entries) -> Any:
@@ -114,7 +118,7 @@ class TrainConfig:
         "tokens) needs TrainingSpec.items, so each is weighted by its count"), custom_step="a custom step interleaves its updates with its forwards: "
                                    "accumulating micro-batches would reorder them")
     # recompute the spec's checkpoint blocks in backward instead of saving activations
-    checkpointing: bool = knob(False, spec_needs="checkpoint_blocks", effect=effects.CHECKPOINTING)
+    checkpointing: bool = knob(False, spec_needs="checkpoint_blocks", effect=effects.CHECKPOINTING, recomputes=True)
     # The seeds' baseline calls ``optimizer.zero_grad()`` meaning "write zeros"; PyTorch 2
     # changed the default to set_to_none=True, so the baseline asks for zeros explicitly.
     zero_grad: str = knob("zeros", choices=ZERO_GRAD_MODES, effect=effects.ZERO_GRAD)  # "zeros" | "set_to_none" | "param_none" (param.grad = None)
@@ -156,7 +160,9 @@ class TrainConfig:
     # "dp": nn.DataParallel over the GPUs; "ddp": DistributedDataParallel, one process per rank; "fsdp": FSDP2
     # (torch.distributed.fsdp.fully_shard: parameters, gradients and optimizer state sharded over the ranks)
     parallel: str | None = knob(
-        None, choices=PARALLEL_MODES, effect=effects.DATA_PARALLEL,
+        None, choices=PARALLEL_MODES, effect=effects.DATA_PARALLEL, shards_parameters={"fsdp": True},
+        unseen_by_dispatch={"dp": "DataParallel: no memory breakdown, growth, FLOP or op counts (replica threads are "
+                                  "invisible to dispatch modes); allocator peaks are the first GPU's"},
         build_needs={"ddp": ("torch.distributed",), "fsdp": ("torch.distributed", "fully_shard")},
         unpredictable="data parallelism runs replicas in other threads or processes, outside the fake mode",
         custom_step={"dp": _wraps_the_forward("DataParallel"), "ddp": _wraps_the_forward("DistributedDataParallel"),
