@@ -228,7 +228,7 @@ class Options:
     costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
     quick: bool = False  # --trainbench-quick: the timed rounds and the passes the budgets need, nothing else
     # pytest's cache (``config.cache``; None: -p no:cacheprovider): where GPU memory predictions are kept across
-    # sessions (``TrainbenchSession.runner``), made only once a case runs
+    # sessions (``running.Machine.runner``), made only once a case runs
     pytest_cache: object = None
     benchmark: BenchmarkOptions = BenchmarkOptions()  # pytest-benchmark's own options that trainbench reads
 
