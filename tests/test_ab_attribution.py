@@ -86,8 +86,7 @@ def _terminal_summary(outcome, hello) -> list[str]:
     lines = []
     reporter = SimpleNamespace(write_sep=lambda sep, title: lines.append(title),
                                write_line=lambda line, **markup: lines.append(line))
-    write_ab(reporter, SimpleNamespace(comparison=verdict([outcome], hello, gated=True),
-                                       ab=SimpleNamespace(outcomes=[outcome])))
+    write_ab(reporter, verdict([outcome], hello, gated=True))
     return lines
 
 

@@ -638,7 +638,7 @@ def test_a_case_outcome_cannot_be_changed():
 
     from trainbench.core.records.outcome import CaseOutcome
     from trainbench.core.setups.recipes import get_recipe
-    from trainbench.plugin.session import RecordedCase
+    from trainbench.plugin.recorded import RecordedCase
 
     outcome = CaseOutcome("mlp-baseline", get_recipe("baseline"))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -164,12 +164,12 @@ def test_any_device_option_is_a_device_here_or_refused_in_one_line(spec, tmp_pat
     options = Options.from_config(_Config({**defaults, "--trainbench-device": spec}, "", tmp_path_factory.getbasetemp()))
     session = TrainbenchSession(options)
     try:
-        session._check_device()
+        session.check_device()
     except pytest.UsageError as e:
         _one_line_refusal(e)
         assert str(e).startswith(f"trainbench: --trainbench-device={spec if spec.isprintable() else repr(spec)}: ")
     else:
-        assert spec in ("", "auto") or isinstance(session.backend, Backend)
+        assert spec in ("", "auto") or isinstance(session.machine.backend, Backend)
 
 
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
@@ -214,12 +214,12 @@ NAME = st.text(st.characters(blacklist_characters="/"), min_size=1, max_size=20)
 @given(name=NAME, as_file=st.booleans())
 def test_any_output_or_budgets_path_is_taken_or_refused_in_one_line(name, as_file, tmp_path_factory):
     from trainbench.core.records.budgets import BudgetError, Budgets
-    from trainbench.plugin.session import TrainbenchSession
+    from trainbench.plugin.startup import check_output_files
 
     folder = tmp_path_factory.mktemp("out")
     path = folder / name / "out.json" if as_file else folder / name
     try:
-        TrainbenchSession._check_output_files([("--trainbench-compare-json", path)])
+        check_output_files([("--trainbench-compare-json", path)])
     except pytest.UsageError as e:
         _one_line_refusal(e)
     try:
@@ -236,10 +236,10 @@ def test_what_the_properties_found_is_refused_in_one_line(tmp_path):
             Options.from_config(_Config({**defaults, "--trainbench-ab": sys.executable, option: value}, "", tmp_path))
         assert str(raised.value).startswith(f"trainbench: {option}={value!r}: ") and "\n" not in str(raised.value)
     from trainbench.core.records.budgets import BudgetError, Budgets
-    from trainbench.plugin.session import TrainbenchSession
+    from trainbench.plugin.startup import check_output_files
 
     with pytest.raises(pytest.UsageError, match=r"^trainbench: --trainbench-compare-json: cannot write into "
                                                 r"'.*\\x00' \(embedded null byte\); expected a writable folder$"):
-        TrainbenchSession._check_output_files([("--trainbench-compare-json", tmp_path / "a\0" / "v.json")])
+        check_output_files([("--trainbench-compare-json", tmp_path / "a\0" / "v.json")])
     with pytest.raises(BudgetError, match=r"^'budgets\\ntoml': not a file path \(a control character in it\)"):
         Budgets.load("budgets\ntoml")

@@ -697,10 +697,10 @@ def test_an_option_that_would_fail_only_after_the_run_is_refused_before_any_case
 def test_an_output_file_pytest_benchmark_opened_itself_is_left_to_it(tmp_path):
     """pytest-benchmark < 5.3 (5.2.3 on a GPU box) opens --benchmark-json at start-up and hands the option a file:
     checking it as a path stopped every session there with an INTERNALERROR."""
-    from trainbench.plugin.session import TrainbenchSession
+    from trainbench.plugin.startup import check_output_files
 
     with open(tmp_path / "out.json", "wb") as opened:
-        TrainbenchSession._check_output_files([("--benchmark-json", opened)])
+        check_output_files([("--benchmark-json", opened)])
 
 
 def test_a_missing_folder_of_an_output_file_is_made_at_start_up(pytester, quick_options):

@@ -425,7 +425,7 @@ def test_a_run_pytest_benchmark_loads_itself_is_checked_at_start_up(pytester, sa
     # e.g. a storage trainbench does not read (elasticsearch): pytest-benchmark's own choice, read in its compare hook
     _edited(saved, saved.name, lambda run: _without_machine_info(run, {"kind": "cpu"}, incomplete=True))
     with monkeypatch.context() as patched:
-        patched.setattr("trainbench.plugin.session.choose_baseline", lambda *args, **options: None)
+        patched.setattr("trainbench.plugin.baseline.choose_baseline", lambda *args, **options: None)
         result = pytester.runpytest("--benchmark-compare", *gate, *quick_options)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*trainbench: --*: the run --benchmark-compare loaded: an interrupted run "

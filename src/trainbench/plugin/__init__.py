@@ -1,8 +1,9 @@
 """pytest plugin: trainbench's options, markers and fixture, and the session that owns its hooks.
 
 Glue only. The options are read once into ``trainbench.plugin.options.Options``; the session object
-(``trainbench.plugin.session``) is registered as a plugin and owns the device, runner, budgets, A/B sides, gate and
-signals; the fixture is ``trainbench.plugin.fixture``. How a case is measured and judged is the pytest-free core
+(``trainbench.plugin.session``) is registered as a plugin, its hooks handing their work to the pieces beside it (the
+device and runner, the cases kept, the saved run, signals, the gate, the summary); the fixture is
+``trainbench.plugin.fixture``. How a case is measured and judged is the pytest-free core
 (``trainbench.core.method.runner``, which asv uses too). Everything here touches trainbench cases only: its markers are
 namespaced (``trainbench_*``), and a session that runs no trainbench case imports no torch and stores its
 pytest-benchmark runs exactly as without the plugin.
@@ -14,8 +15,8 @@ import sys
 
 import pytest
 
-from trainbench.plugin.fixture import (  # noqa: F401  (the fixtures)
-    SESSION, InconclusiveTimingWarning, NoBudgetWarning, _trainbench_unbudgeted, train_bench)
+from trainbench.plugin.fixture import SESSION, _trainbench_unbudgeted, train_bench  # noqa: F401  (the fixtures)
+from trainbench.plugin.notices import InconclusiveTimingWarning, NoBudgetWarning  # noqa: F401  (-W error::...)
 from trainbench.plugin.options import Options, add_options
 from trainbench.plugin.session import TrainbenchSession
 
@@ -85,7 +86,7 @@ def recipe_params(*names):
     Use with ``@pytest.mark.parametrize("recipe", recipe_params(...))`` so that GPU-only
     recipes are collected everywhere and skipped with a reason on CPU runners.
     """
-    from trainbench.core.setups.recipes import RECIPES, USER_RECIPES, get_recipe
+    from trainbench.core.setups.recipes import RECIPES, USER_RECIPES, get_recipe  # torch: only a test module that asks loads it
 
     flat = [n for name in names for n in ([name] if isinstance(name, str) else list(name))]
     odd = [repr(n) for n in flat if not isinstance(n, str)]

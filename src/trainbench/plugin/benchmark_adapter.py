@@ -30,6 +30,8 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+from pytest_benchmark import utils as benchmark_utils  # by module: ``safe_dumps`` is looked up at each save
+
 from trainbench.core.harness.files import write_text_atomic
 
 
@@ -67,13 +69,11 @@ def save_atomically(config, report: Callable[[Path | None, str | None], None],
     storage = getattr(_session(config), "storage", None)
     if not hasattr(storage, "_next_num"):  # not its file storage (elasticsearch): left as it is
         return
-    from pytest_benchmark.utils import safe_dumps
-
     def save(output_json, save):  # FileStorage.save's naming and serialization
         path = mark = None
         try:
             with shielded():
-                text = safe_dumps(output_json, ensure_ascii=True, indent=4)
+                text = benchmark_utils.safe_dumps(output_json, ensure_ascii=True, indent=4)
                 number, mark = take_number(storage.get(""), next_number(storage))
                 path = storage.get(f"{number}_{save}.json")
                 write_text_atomic(path, text, exclusive=True)
@@ -184,8 +184,6 @@ def write_progress(config, path: Path, marks: dict) -> bool:
     bs = _session(config)
     if bs is None or not bs.benchmarks:
         return False
-    from pytest_benchmark.utils import safe_dumps
-
     infos = getattr(bs, "_trainbench_progress_infos", None)
     if infos is None:
         machine_info = bs.get_machine_info()
@@ -197,5 +195,5 @@ def write_progress(config, path: Path, marks: dict) -> bool:
                                                              commit_info=infos[1])
     config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=output_json)
     output_json.update(marks)
-    write_text_atomic(path, safe_dumps(output_json, ensure_ascii=True, indent=4))
+    write_text_atomic(path, benchmark_utils.safe_dumps(output_json, ensure_ascii=True, indent=4))
     return True

@@ -6,12 +6,20 @@ a baseline...) is a usage error before any case runs, naming the option and what
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _pytest.mark import expression as k_grammar  # pytest's own -k grammar, for --trainbench-profile-trace-cases
+
+from trainbench.core.records.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
+from trainbench.core.records.stats import least_rounds, planned_looks
+from trainbench.devices.fleet import GpuSpecError, parse_gpu
+from trainbench.devices.host import EnvError, env_switch
+from trainbench.jobs.ab import MAX_PAIRS_FACTOR
 
 BUDGETS_FILE = "budgets.toml"  # found beside a test file or in a folder above it, up to the rootdir
 
@@ -137,8 +145,6 @@ DEFAULT_REMEASURE_S = 120.0
 
 def _switch(name: str) -> bool:
     """A ``host.SWITCHES`` environment switch, read once here: a value neither on nor off stops the session."""
-    from trainbench.devices.host import EnvError, env_switch
-
     try:
         return env_switch(name)
     except EnvError as e:
@@ -222,7 +228,7 @@ class Options:
     costs: bool = False  # --trainbench-costs: where each case's wall time went, after the summary
     quick: bool = False  # --trainbench-quick: the timed rounds and the passes the budgets need, nothing else
     # pytest's cache (``config.cache``; None: -p no:cacheprovider): where GPU memory predictions are kept across
-    # sessions (``TrainbenchSession.runner``), made only once a case runs
+    # sessions (``running.Machine.runner``), made only once a case runs
     pytest_cache: object = None
     benchmark: BenchmarkOptions = BenchmarkOptions()  # pytest-benchmark's own options that trainbench reads
 
@@ -311,8 +317,6 @@ def _simulated_gpu(config, ab: bool, gated: bool):
     text = config.getoption("--trainbench-simulate-gpu")
     if text is None:
         return None
-    from trainbench.devices.fleet import GpuSpecError, parse_gpu
-
     try:
         gpu = parse_gpu(text)
     except GpuSpecError as e:
@@ -360,9 +364,6 @@ def _quick(config) -> bool:
 
 def least_ab_pairs() -> int:
     """The fewest ABBA pairs whose first look can claim anything (its pairs measured again while inconclusive)."""
-    from trainbench.core.records.stats import least_rounds
-    from trainbench.jobs.ab import MAX_PAIRS_FACTOR
-
     return least_rounds("paired", MAX_PAIRS_FACTOR)
 
 
@@ -402,8 +403,6 @@ def _ab_options(config) -> ABOptions | None:
 def _check_python(option: str, python: str) -> None:
     """An A/B side's Python is an executable file found (a path or on PATH): a file that is not (``/etc/passwd``) is
     named as that, not as missing."""
-    import os
-
     if shutil.which(python) is not None:
         return
     path = Path(python)
@@ -421,13 +420,11 @@ def _trace_request(config):
         if expression is not None:
             raise usage_error("--trainbench-profile-trace-cases needs --trainbench-profile-trace=DIR")
         return None
-    from trainbench.core.method.trace import TraceRequest
+    from trainbench.core.method.trace import TraceRequest  # torch: only in a session that asks for traces
 
     if expression is None:
         return TraceRequest(Path(folder))
     # pytest's own -k grammar (and, or, not, parentheses; case-insensitive substrings of the case id).
-    from _pytest.mark import expression as k_grammar
-
     try:
         compiled = k_grammar.Expression.compile(expression)
     except getattr(k_grammar, "ParseError", SyntaxError) as e:  # pytest < 8.3 raised its own ParseError
@@ -459,9 +456,6 @@ def discover_budgets(test_path: Path, rootpath: Path) -> Path | None:
 
 def _gate_options(config, ab: bool = False):
     """The gate's thresholds and the planted fault, checked."""
-    from trainbench.core.records.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
-    from trainbench.core.records.stats import least_rounds, planned_looks
-
     given = config.getoption("--trainbench-compare-fail")  # each time it is given: they add up
     try:
         # an empty spec is an error, never an ungated gate; a metric in two of them is refused (parse_thresholds)
@@ -490,6 +484,6 @@ def _gate_options(config, ab: bool = False):
         raise usage_error(f"--trainbench-inject-leak-mib must be a finite number of MiB >= 0, got {leak}")
     if not (slowdown or leak):
         return gate, None
-    from trainbench.core.setups.training import InjectedFault
+    from trainbench.core.setups.training import InjectedFault  # torch: only in a session that plants a fault
 
     return gate, InjectedFault(slowdown=slowdown, leak_mib=leak)

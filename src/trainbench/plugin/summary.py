@@ -1,20 +1,60 @@
-"""The terminal summary of a trainbench session: the case table, the notes that explain it, the verdict."""
+"""The terminal summary of a trainbench session: the case table, the notes that explain it, the verdict, and the
+log's last lines (the gate's decision, a run not saved)."""
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
+
+from trainbench.devices.environment import ENVIRONMENT_KEYS
+from trainbench.verdicts.present import (
+    INCONCLUSIVE, Line, Section, costs_lines, last_line, nothing_compared, summary_table, verdict_sections,
+    vs_base_lines, write_terminal)
+from trainbench.verdicts.render import NOT_PREDICTED
+
+
+def write_terminal_summary(terminalreporter, state) -> None:
+    """The A/B verdict or the summary of the cases, what a comparison that compared nothing says, and a run that
+    could not be saved."""
+    comparison = state.gate.comparison
+    nothing = comparison is not None and comparison.nothing_compared
+    if state.ab is not None and comparison is not None and not nothing:
+        write_ab(terminalreporter, comparison)
+    elif state.recorded.cases or state.recorded.failed_cases:
+        write_summary(terminalreporter, state)
+    if nothing:
+        write_nothing_compared(terminalreporter, comparison)
+    saving = state.saving
+    if saving.problem is not None:  # after the numbers it would have kept
+        terminalreporter.write_line(f"trainbench: --benchmark-save: the run was not saved in "
+                                    f"{saving.saved or 'its storage'}: {saving.problem}; its numbers are only "
+                                    "in this summary", red=True)
+
+
+def write_last_lines(reporter, state) -> None:
+    """After pytest's "N passed in T s": the gate's decision and the exit status, then whether the run was saved,
+    as the log's last lines."""
+    gate, saving = state.gate, state.saving
+    if gate.comparison is not None and gate.exit_status is not None:
+        line = last_line(gate.comparison.to_json(), gate.exit_status)
+        reporter.write_line(line, red=gate.comparison.failed, green=not gate.comparison.failed, bold=True)
+    # last: a run not saved is a failed run, whatever the gate said; one saved under a SIGTERM says so
+    status = f" (exit {gate.exit_status})" if gate.exit_status is not None else ""
+    if saving.problem is not None:
+        reporter.write_line(f"trainbench: FAILED: the run was not saved{status}", red=True, bold=True)
+    elif state.stopping.late_sigterms:
+        saved = f"; the run was saved whole in {saving.saved}" if saving.saved is not None else ""
+        reporter.write_line(f"trainbench: stopped by SIGTERM after the last case{saved}{status}", red=True, bold=True)
 
 
 def write_summary(terminalreporter, state) -> None:
     """Every measured case's row, then what the reader must know about them: failures, inconclusive timings,
     ratios timed on a busy machine or unpaired, predictions, ranks, relaunches, batch shapes that vary, traces, and
     the comparison with the baseline."""
-    from trainbench.verdicts.present import INCONCLUSIVE, Section, summary_table, vs_base_lines, write_terminal
-
     terminalreporter.write_sep("=", "trainbench summary")
-    backend = state.backend
-    terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.runner.profile.name}")
+    backend = state.machine.backend
+    terminalreporter.write_line(f"device: {backend.name} ({backend.kind}), profile {state.machine.runner.profile.name}")
     load = (state.doctor or {}).get("load_average")
     if load:
         terminalreporter.write_line(f"load average (1 min): {load['start'][0]:.2f} at start, "
@@ -22,12 +62,12 @@ def write_summary(terminalreporter, state) -> None:
     for check in (state.doctor or {}).get("checks", []):
         if check["status"] in ("warn", "FAIL"):
             terminalreporter.write_line(f"doctor {check['status']}: {check['name']}: {check['message']}", yellow=True)
-    records = [measured.record for measured in state.cases]
+    records = [measured.record for measured in state.recorded.cases]
     for line in summary_table(records):
         terminalreporter.write_line(line)
-    for failed in state.failed_cases:
+    for failed in state.recorded.failed_cases:
         terminalreporter.write_line(f"FAILED {failed['error']}", red=True)
-    for line in state.inconclusive:  # a budget's timing not judged reads as a comparison's does
+    for line in state.recorded.inconclusive:  # a budget's timing not judged reads as a comparison's does
         terminalreporter.write_line(f"{INCONCLUSIVE} {line} (measured twice; not failed: --trainbench-strict-timing "
                                     "fails it)", yellow=True)
     write_terminal(terminalreporter, [Section(lines=tuple(vs_base_lines(records)))])
@@ -44,27 +84,21 @@ def write_summary(terminalreporter, state) -> None:
             terminalreporter.write_line(f"{r.case}: {note}", yellow=True)
         if r.varying_shapes:  # its GFLOP/sample and memory are those of a fixed window of batches, not of every batch
             terminalreporter.write_line(f"{r.case}: {r.varying_shapes}")
-    for case, trace in state.traces:
+    for case, trace in state.recorded.traces:
         terminalreporter.write_line(f"profile trace {case}: " + (
             ", ".join(trace["files"]) if "files" in trace else
             f"not written: {trace['error']}" if "error" in trace else f"not taken: {trace['skipped']}"),
             yellow="error" in trace)
     if state.options.costs:
-        from trainbench.verdicts.present import costs_lines
-
         terminalreporter.write_sep("-", "trainbench costs: each case's wall seconds by phase (docs/method.md)")
         for line in costs_lines(records, time.monotonic() - state.started_s):
             terminalreporter.write_line(line)
-    if state.comparison is not None and not state.comparison.nothing_compared:
+    if state.gate.comparison is not None and not state.gate.comparison.nothing_compared:
         _write_comparison(terminalreporter, state)
 
 
-def write_ab(terminalreporter, state) -> None:
+def write_ab(terminalreporter, verdict) -> None:
     """The A/B verdict: both environments, the table, and one line per regression and numerics change."""
-    from trainbench.devices.environment import ENVIRONMENT_KEYS
-    from trainbench.verdicts.present import Line, verdict_sections, write_terminal
-
-    verdict = state.comparison
     sides = []
     for label, side in verdict.sides.items():
         ident = side["identity"]
@@ -78,8 +112,6 @@ def _prediction_lines(records) -> list[tuple[str, bool]]:
     """What the "GPU pred" column holds, how far the method's check on this run's own setups went (a case whose own
     setup was not predicted is not counted as exact), and one line per reason a prediction could not be made, with
     its cases; (line, whether it says something failed)."""
-    from trainbench.verdicts.render import NOT_PREDICTED
-
     predicted = [r for r in records if r.metrics.get("predicted_gpu_peak_mib") is not None]
     lines = []
     if predicted:
@@ -108,8 +140,6 @@ def _prediction_lines(records) -> list[tuple[str, bool]]:
 
 def _ranks_line(case: str, ranks: dict) -> str:
     """One line per distributed case: launcher, ranks, scaling, gradients, each rank's median step."""
-    import statistics
-
     medians = ", ".join(f"{statistics.median(r['round_step_times_s']) * 1e3:.1f}" for r in ranks["per_rank"])
     if "scaling_efficiency" in ranks:
         scaling = (f"scaling efficiency {ranks['scaling_efficiency']:.2f} vs {ranks['speedup_vs']} (ideal speed-up "
@@ -127,15 +157,11 @@ def _ranks_line(case: str, ranks: dict) -> str:
 
 def write_nothing_compared(terminalreporter, verdict) -> None:
     """A comparison that compared nothing: under a gate it fails (``Verdict.failed``), without one it is said."""
-    from trainbench.verdicts.present import nothing_compared, write_terminal
-
     write_terminal(terminalreporter, nothing_compared(verdict.to_json()))
 
 
 def _write_comparison(terminalreporter, state) -> None:
     """The verdict against the baseline run (``trainbench.verdicts.present``), after which run it is and why."""
-    from trainbench.verdicts.present import Line, verdict_sections, write_terminal
-
     baseline = state.baseline_used()
     chosen = () if baseline is None else (Line(f"compared with {baseline.path}: {baseline.why}"),)
-    write_terminal(terminalreporter, verdict_sections(state.comparison.to_json(), preface=chosen, every_row=True))
+    write_terminal(terminalreporter, verdict_sections(state.gate.comparison.to_json(), preface=chosen, every_row=True))
