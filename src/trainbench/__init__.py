@@ -12,6 +12,8 @@ and a session that runs no trainbench case should not pay for importing torch):
 - ``classification_loss``: the loss of ``(inputs, class labels)`` batches, for specs that want it.
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 _PUBLIC = {"TrainingSpec": "spec", "classification_loss": "spec", "Recipe": "recipes", "StepContext": "training",
@@ -21,7 +23,5 @@ __all__ = ["Recipe", "StepContext", "TrainingSpec", "classification_loss", "from
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        import importlib
-
         return getattr(importlib.import_module(f"trainbench.core.setups.{_PUBLIC[name]}"), name)
     raise AttributeError(f"module 'trainbench' has no attribute {name!r}")
