@@ -32,6 +32,7 @@ from trainbench.devices.caps import (  # noqa: F401  (re-exported: what a device
     DeviceCaps,
     PeakMemory,
     budget_section_problem,
+    comparable_device,
     compute_precision,
     cpu_model,
     gpu_name_problem,
@@ -518,16 +519,6 @@ def timer_event_disagreement(timer_s: float, event_s: float) -> str | None:
     if abs(timer_s - event_s) > 0.05 * event_s + 0.5e-3:
         return f"timer {timer_s * 1e3:.3f} ms, events {event_s * 1e3:.3f} ms"
     return None
-
-
-def comparable_device(identity: dict | None) -> tuple | None:
-    """What two runs must share to be compared: the device kind and name, and on the CPU the kernels torch
-    dispatches to (``cpu_capability``: AVX2 and AVX-512 machines run other kernels, and bf16 convolutions
-    even other operators). None for a record that has no device identity."""
-    if not isinstance(identity, dict) or "kind" not in identity:
-        return None
-    device = (identity.get("kind"), identity.get("name"))
-    return device + (identity.get("cpu_capability"),) if identity.get("kind") == "cpu" else device
 
 
 def cuda_available() -> bool:
