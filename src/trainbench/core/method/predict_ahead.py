@@ -19,12 +19,17 @@ their cases predict them when they run, as without this module.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+import torch
 
 from trainbench.core.analyses.predict import PredictionCache
+from trainbench.core.method.measure import heap_frozen
 from trainbench.core.setups.recipes import TrainConfig
 from trainbench.core.setups.spec import TrainingSpec
 
@@ -109,8 +114,6 @@ def _collect(pipes: list, keys: list[tuple], no_progress_s: float) -> tuple[dict
     """What the children send, until each is done or has sent nothing for ``no_progress_s`` (the others go on): the
     predictions by key, and the reasons of the children that could not predict. ``pipes`` keeps those left open
     (their children stalled)."""
-    from multiprocessing.connection import wait
-
     made, refused = {}, []
     heard = dict.fromkeys(pipes, time.monotonic())  # when each child last sent something
     while heard:
@@ -143,8 +146,6 @@ def _taken(taken, count: int):
 
 
 def _predict(cache: PredictionCache, setup: Setup) -> dict:
-    from trainbench.core.method.measure import heap_frozen
-
     _, config, spec = setup
     with heap_frozen():  # fake tensors' dispatch makes many objects (as in the case's own predict phase)
         return cache.predicted(config, spec)
@@ -152,8 +153,6 @@ def _predict(cache: PredictionCache, setup: Setup) -> dict:
 
 def autograd_refused() -> str | None:
     """Why autograd cannot run in this process (one forked after its parent ran a backward), or None."""
-    import torch
-
     try:
         torch.ones(1, requires_grad=True).sum().backward()
     except RuntimeError as e:
@@ -163,10 +162,6 @@ def autograd_refused() -> str | None:
 
 def _predict_taken(cache: PredictionCache, work: list[Setup], taken, sender) -> None:
     """A forked child: predict what it takes and send (index, prediction) home; (None, why) where it cannot."""
-    import signal
-
-    import torch
-
     for interrupt in (signal.SIGINT, signal.SIGTERM):  # the session's handlers are its own: a child just ends
         signal.signal(interrupt, signal.SIG_DFL)
     torch.set_num_threads(1)  # no kernel runs under fake tensors; a forked OpenMP pool must not be entered
