@@ -13,8 +13,10 @@ GPU cannot have. ``pytest --trainbench-simulate-gpu`` plans each collected case 
 from __future__ import annotations
 
 import functools
+import json
+import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from trainbench.core.records.budgets import Budgets, parse_key
@@ -30,7 +32,7 @@ from trainbench.core.method.runner import Runner
 from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.fleet import Gpu
 from trainbench.devices.simulated import SimulatedGpu, prediction_backend, simulated_runtime
-from trainbench.jobs.doctor import Check, check_cuda, compile_cases, format_checks
+from trainbench.jobs.doctor import Check, check_cuda, check_device_memory, compile_cases, doctor_record, format_checks, heaviest_cases
 from trainbench.verdicts.store import RunFileError, SavedRun
 
 GiB = 2**30
@@ -316,8 +318,6 @@ def _memory_line(night: NightPlan) -> str:
 def simulated_doctor(gpu: Gpu, arch_list: list[str] | None = None) -> list[Check]:
     """The doctor's checks of a machine with ``gpu``, as on it: its CUDA checks, and its memory against the suite's
     heaviest cases (the few the doctor predicts, not every case: ``plan_night`` does that)."""
-    from trainbench.jobs.doctor import check_device_memory, heaviest_cases
-
     checks = simulated_checks(gpu, arch_list)
     if any(check.status == "FAIL" for check in checks):
         return checks
@@ -340,9 +340,6 @@ _PLAN_ROW_TEXTS = ("skipped", "problem", "roofline", "predicted_from", "section"
 def read_plan(path: Path) -> dict:
     """The plan at ``path`` (``plan --json``), checked whole: its GPU and every row of the fields a summary or a
     comparison reads; raises ``PlanFileError`` naming the file, row and field of the first that is not."""
-    import json
-    import math
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -378,10 +375,6 @@ def planned_peak_mib(row: dict) -> float | None:
 
 def plan_record(night: NightPlan) -> dict:
     """The plan as JSON (``plan --json``; the night's summary reads it): the GPU, the checks, every case."""
-    from dataclasses import asdict
-
-    from trainbench.jobs.doctor import doctor_record
-
     gpu = night.gpu
     return {"gpu": {"name": gpu.name, "count": gpu.count, "sm": gpu.sm, "memory_bytes": gpu.memory_bytes},
             "checks": doctor_record(night.checks)["checks"], "refused": night.refused,
