@@ -74,7 +74,8 @@ def spec_reference(spec: TrainingSpec) -> str:
     A user's spec is looked up among the module-level names of the modules that define its
     functions (the test module, usually), then of every loaded module.
     """
-    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == __package__ + ".workloads":
+    builtin_module = resolve_spec.__module__  # core.setups.workloads, where the built-in specs are made
+    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == builtin_module:
         return f"builtin:{spec.name}"
     owners = [getattr(fn, "__module__", None) for fn in (spec.model, spec.loss_fn, spec.dataset, spec.batches)]
     candidates = [m for m in dict.fromkeys(owners) if m in sys.modules] + list(sys.modules)
