@@ -267,7 +267,8 @@ def test_a_paired_cases_memory_passes_run_with_its_baseline_gone(cpu, profile, q
     import gc
     import weakref
 
-    from trainbench.core.method import measure, training
+    from trainbench.core.method import measure
+    from trainbench.core.setups import training
 
     models: list[weakref.ref] = []
     built = training.TrainingSetup.__init__
