@@ -15,6 +15,8 @@ and a session that runs no trainbench case should not pay for importing torch):
   guard tolerances, requirements (``Requirements``) and baseline (``trainbench.core.setups.recipes``).
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 # name -> (module of trainbench.core.setups, its attribute)
@@ -28,8 +30,6 @@ __all__ = sorted(_PUBLIC)
 
 def __getattr__(name: str):
     if name in _PUBLIC:
-        import importlib
-
         module, attribute = _PUBLIC[name]
         return getattr(importlib.import_module(f"trainbench.core.setups.{module}"), attribute)
     raise AttributeError(f"module 'trainbench' has no attribute {name!r}")

@@ -1,5 +1,6 @@
 """What a device offers and how budgets name it, without torch: peak throughput by GPU name, the precision a step
-computes in, ``DeviceCaps`` (also rebuilt from a recorded identity), budgets-file section names, the host CPU's model.
+computes in, ``DeviceCaps`` (also rebuilt from a recorded identity), which runs compare (``comparable_device``),
+budgets-file section names, the host CPU's model.
 
 Torch-free so that reading saved runs, budgets and verdicts (``core.records.budgets``, ``verdicts.calibrate``, the fleet) never
 imports torch; the live backends are ``trainbench.devices.device``'s, which re-exports these names.
@@ -118,6 +119,16 @@ class DeviceCaps:
         if self.capability:
             keys.append(f"sm_{self.capability[0]}{self.capability[1]}")
         return keys + ["cuda"]
+
+
+def comparable_device(identity: dict | None) -> tuple | None:
+    """What two runs must share to be compared: the device kind and name, and on the CPU the kernels torch
+    dispatches to (``cpu_capability``: AVX2 and AVX-512 machines run other kernels, and bf16 convolutions
+    even other operators). None for a record that has no device identity."""
+    if not isinstance(identity, dict) or "kind" not in identity:
+        return None
+    device = (identity.get("kind"), identity.get("name"))
+    return device + (identity.get("cpu_capability"),) if identity.get("kind") == "cpu" else device
 
 
 # Budget-file sections a typo is most likely meant for ("did you mean").

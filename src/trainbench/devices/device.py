@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import platform
 import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity
 
 from trainbench.devices.caps import (  # noqa: F401  (re-exported: what a device offers, torch-free)
     BUDGET_SECTION_EXAMPLES,
@@ -29,6 +32,7 @@ from trainbench.devices.caps import (  # noqa: F401  (re-exported: what a device
     DeviceCaps,
     PeakMemory,
     budget_section_problem,
+    comparable_device,
     compute_precision,
     cpu_model,
     gpu_name_problem,
@@ -36,6 +40,7 @@ from trainbench.devices.caps import (  # noqa: F401  (re-exported: what a device
     no_peak_reason,
     peak_tflops,
 )
+from trainbench.devices.gpu_state import nvml
 from trainbench.devices.host import is_device_spec
 
 class Backend:
@@ -86,8 +91,6 @@ class Backend:
 
     def profiler_activities(self) -> list:
         """What torch.profiler records on this device."""
-        from torch.profiler import ProfilerActivity
-
         return [ProfilerActivity.CPU]
 
     @contextlib.contextmanager
@@ -173,8 +176,6 @@ class Backend:
 
     def release_memory(self) -> None:
         """Free what dropped objects still hold (cycles included) and return cached blocks to the device."""
-        import gc
-
         gc.collect()
         self.empty_cache()
 
@@ -354,8 +355,6 @@ class CudaBackend(Backend):
                           gpu_count=self.device_count(), bf16=self.supports_bf16(), pinned_among=_PINNED["among"])
 
     def profiler_activities(self) -> list:
-        from torch.profiler import ProfilerActivity
-
         return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
     @contextlib.contextmanager
@@ -474,8 +473,7 @@ def _cached_sm_clock_khz(index: int | None, read: Callable[[], float]) -> float:
 
 
 def _nvml_max_sm_clock_khz(uuid) -> float | None:
-    import pynvml  # optional: nvidia-ml-py
-
+    pynvml = nvml()
     text = str(uuid)
     pynvml.nvmlInit()
     try:
@@ -521,16 +519,6 @@ def timer_event_disagreement(timer_s: float, event_s: float) -> str | None:
     if abs(timer_s - event_s) > 0.05 * event_s + 0.5e-3:
         return f"timer {timer_s * 1e3:.3f} ms, events {event_s * 1e3:.3f} ms"
     return None
-
-
-def comparable_device(identity: dict | None) -> tuple | None:
-    """What two runs must share to be compared: the device kind and name, and on the CPU the kernels torch
-    dispatches to (``cpu_capability``: AVX2 and AVX-512 machines run other kernels, and bf16 convolutions
-    even other operators). None for a record that has no device identity."""
-    if not isinstance(identity, dict) or "kind" not in identity:
-        return None
-    device = (identity.get("kind"), identity.get("name"))
-    return device + (identity.get("cpu_capability"),) if identity.get("kind") == "cpu" else device
 
 
 def cuda_available() -> bool:
@@ -652,8 +640,6 @@ def cuda_runtime() -> dict:
 
 def host_profiler_activities() -> list:
     """Profiler activities for a profiler started outside a measured case (a debug API left on)."""
-    from torch.profiler import ProfilerActivity
-
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda_available() else [])
 
 
@@ -688,8 +674,6 @@ def get_backend(spec: str | None = None) -> Backend:
 
 def _cublas_version() -> str | None:
     """cuBLAS's version where it came as a pip wheel (torch's own dependency); None where it is the system's."""
-    from importlib import metadata
-
     for package in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"):
         try:
             return metadata.version(package)
@@ -709,8 +693,7 @@ def _nccl_version() -> str | None:
 @functools.lru_cache(maxsize=1)  # one NVML call or nvidia-smi run per process, not one per measurement
 def _nvidia_driver_version() -> str | None:
     try:
-        import pynvml  # optional
-
+        pynvml = nvml()
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else version

@@ -11,6 +11,7 @@ recorded once per saved run and answered by each A/B side.
 from __future__ import annotations
 
 import re
+from importlib.metadata import distributions
 
 ENVIRONMENT_KEYS = ("torch", "driver", "cuda", "cudnn", "cublas", "nccl")
 
@@ -23,8 +24,6 @@ def canonical_name(name: str) -> str:
 def installed_packages() -> dict[str, str]:
     """Every distribution this Python can import, canonical name -> version, sorted by name. Where a name is
     installed twice (a folder on ``PYTHONPATH`` over site-packages), the one first on ``sys.path``: the one imported."""
-    from importlib.metadata import distributions
-
     found: dict[str, str] = {}
     for dist in distributions():
         metadata = dist.metadata  # each read parses the distribution's METADATA file again: once, not three times

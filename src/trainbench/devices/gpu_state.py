@@ -180,12 +180,17 @@ def _from_nvml(nvml, own: frozenset[int]) -> list[GpuState]:
         nvml.nvmlShutdown()
 
 
+def nvml():
+    """The ``pynvml`` module; ImportError where nvidia-ml-py is not installed."""
+    import pynvml  # optional: nvidia-ml-py, imported where asked so a box without it still runs
+
+    return pynvml
+
+
 def gpu_states() -> tuple[str, list[GpuState]] | None:
     """(where the answer came from, each GPU's state), or None where neither NVML nor nvidia-smi answers."""
     try:
-        import pynvml  # optional: nvidia-ml-py
-
-        return "NVML", _from_nvml(pynvml, own_pids())
+        return "NVML", _from_nvml(nvml(), own_pids())
     except Exception:  # noqa: BLE001,S110 - not installed, no driver, or an old library: nvidia-smi is the fallback
         pass
     smi = shutil.which("nvidia-smi")

@@ -7,8 +7,12 @@ tests can hand them fake inputs. Nothing here touches a GPU or imports torch.
 from __future__ import annotations
 
 import os
+import re
+import resource
 import shutil
 import sys
+import sysconfig
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -128,8 +132,6 @@ def _device(name: str, value: str, said: str, variable: Variable) -> str:
 
 
 def _pattern(name: str, value: str, said: str, variable: Variable) -> str:
-    import re
-
     try:
         re.compile(value)
     except (re.error, OverflowError, RecursionError, ValueError) as e:
@@ -260,8 +262,6 @@ def c_compiler(environ: Mapping[str, str], cxx: bool = False) -> str | None:
 def python_header() -> str | None:
     """This Python's ``Python.h`` (the compiled kernels' launchers include it), or None where its headers are not
     installed (the python3-dev package)."""
-    import sysconfig
-
     path = Path(sysconfig.get_paths()["include"]) / "Python.h"
     return str(path) if path.is_file() else None
 
@@ -291,8 +291,6 @@ def busy_cpu_seconds(cpus: set[int], stat_text: str) -> float | None:
 
 def own_cpu_seconds() -> float:
     """CPU seconds this process and its waited-for children (loader workers, rank processes) have used."""
-    import resource
-
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
@@ -306,8 +304,6 @@ class LoadMeter:
     """
 
     def __init__(self, stat_path: str = "/proc/stat", clock=None):
-        import time
-
         self._stat_path = stat_path
         self._clock = clock or time.monotonic
         self._cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(usable_cpus()))

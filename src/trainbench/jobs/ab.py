@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainbench.core.records.metrics import METRICS, is_timed, parse_thresholds, per_round, rounds_of, timed_metrics
+from trainbench.core.records.outcome import case_id
 from trainbench.core.records.result import CaseRecord, Result, case_record
 from trainbench.core.records.stats import (
     change_interval,
@@ -88,21 +89,20 @@ class ABPlan:
 def plan_case(recipe, spec, overrides: dict, runner, rootpath: str | Path) -> ABPlan:
     """``recipe`` (a name or a Recipe) on ``spec`` (a TrainingSpec or a built-in workload's name) as both sides will
     build it on ``runner``'s device and profile. A config or spec that cannot be trained raises its own error."""
+    # Lazy, as compare_trajectories below: torch and what imports it load where a case is planned, not where the
+    # plugin's options read this module (every pytest session).
     import torch
 
     from trainbench.core.method.distributed import spec_reference
-    from trainbench.core.setups.eligibility import Context, why_not
-    from trainbench.core.records.outcome import case_id
-    from trainbench.core.setups.recipes import get_recipe
-    from trainbench.core.setups.workloads import resolve_spec
+    from trainbench.core.setups import eligibility, recipes, workloads
 
-    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
-    spec = resolve_spec(spec, runner.profile)
+    recipe = recipes.get_recipe(recipe) if isinstance(recipe, str) else recipe
+    spec = workloads.resolve_spec(spec, runner.profile)
     config = recipe.config(runner.profile, **overrides)
     loss_rtol = recipe.loss_rtol if recipe.loss_rtol is not None else AB_LOSS_RTOL
-    skipped = why_not(recipe, runner.caps, runner.profile, spec, config,
-                      Context(ab=True, fresh_process=runner.backend.fresh_process_reason,
-                              memory=runner.planner.memory_limit()))
+    skipped = eligibility.why_not(recipe, runner.caps, runner.profile, spec, config,
+                                  eligibility.Context(ab=True, fresh_process=runner.backend.fresh_process_reason,
+                                                      memory=runner.planner.memory_limit()))
     if skipped:
         return ABPlan(None, skipped, loss_rtol)
     case = ABCase(case_id(spec.name, recipe.name), recipe.name, config.record(), spec_reference(spec),
@@ -191,7 +191,7 @@ def run_case(base: Side, head: Side, case: ABCase, pairs: int, thresholds: dict[
                                                     f"measured while a timed verdict was inconclusive")
     guard = None
     if loss_rtol is not None:  # an upgrade that changes numerics beyond the recipe's tolerance is reported
-        from trainbench.core.setups.guards import compare_trajectories
+        from trainbench.core.setups.guards import compare_trajectories  # lazy: it imports torch (see plan_case)
 
         guard = compare_trajectories(head.call("losses")["losses"], base.call("losses")["losses"], loss_rtol)
     comparisons, not_measured = _compare_sides(case.case, results, paired, thresholds, alpha)

@@ -27,6 +27,10 @@ from pathlib import Path
 
 from trainbench.core.records.metrics import METRICS
 from trainbench.verdicts.bisect import BAD, GOOD, SKIP, UNDECIDED, Commit, Step
+from trainbench.verdicts.compare import CompareError, explain_runs
+from trainbench.verdicts.gate import VerdictFileError, read_verdict
+from trainbench.verdicts.present import terminal_lines, verdict_sections
+from trainbench.verdicts.store import RunFileError
 
 
 class BisectError(Exception):
@@ -183,9 +187,6 @@ class Judge:
 
     def explained(self, base: Commit, current: Commit, thresholds: dict[str, float]):
         """``current``'s run against ``base``'s by the gate's rules (``compare.explain_runs``; each run made once)."""
-        from trainbench.verdicts.compare import CompareError, explain_runs
-        from trainbench.verdicts.store import RunFileError
-
         try:
             return explain_runs(str(self.exact_run(base)), str(self.exact_run(current)), thresholds=thresholds)
         except (CompareError, RunFileError) as e:
@@ -198,8 +199,6 @@ class Judge:
         return judged(explained.verdict.to_json(), self.metrics, explained.lines())
 
     def _timed(self, commit: Commit, base: Commit) -> tuple[str, str, tuple[str, ...]]:
-        from trainbench.verdicts.present import terminal_lines, verdict_sections
-
         head_tree, base_tree = self.checkouts.of(commit.sha), self.checkouts.of(base.sha)
         head_python, base_python = self.python(commit), self.python(base)
         out = self.runs / f"{base.sha[:12]}-{commit.sha[:12]}-ab.json"
@@ -213,8 +212,6 @@ class Judge:
         done = run_pytest(head_python, head_tree, args, self.timeout_s)
         if not out.exists():
             raise Unbuildable(f"the A/B session exited {done.returncode}: {_what_stopped(done)}")
-        from trainbench.verdicts.gate import VerdictFileError, read_verdict
-
         try:
             verdict = read_verdict(json.loads(out.read_text(encoding="utf-8")), str(out))
         except (ValueError, VerdictFileError) as e:

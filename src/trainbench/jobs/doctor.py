@@ -14,9 +14,18 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+import torch
+from torch.utils._pytree import tree_flatten
+
+from trainbench.core.analyses.predict import PredictionCache
 from trainbench.core.harness.files import write_json_atomic
+from trainbench.core.setups.cases import all_cases, ladder_cases, recipe_cases
+from trainbench.core.setups.eligibility import Context, MemoryLimit, memory_needed, why_not
+from trainbench.core.setups.recipes import spec_unmet
+from trainbench.core.setups.workloads import PROFILES, resolve_spec
 from trainbench.devices import host
 from trainbench.devices.device import cpu_model, cuda_runtime, get_backend
 from trainbench.devices.gpu_state import GpuState, gpu_states, same_gpu
@@ -56,8 +65,6 @@ def _release(version: str) -> str:
 
 def torch_pkgs(torch_version: str, wheel: str) -> str:
     """The Makefile's reinstall line for this torch release built for ``wheel`` (e.g. "cu126")."""
-    from importlib import metadata
-
     packages = [f"torch=={_release(torch_version)}"]
     try:
         packages.append(f"torchvision=={_release(metadata.version('torchvision'))}")
@@ -168,8 +175,6 @@ def select_device(device_spec: str | None, runtime: dict) -> tuple[Check, bool]:
             return Check("device", "ok", f"auto: cuda:{devices[0]['index']} ({devices[0]['name']}), gpu profile"), True
         return Check("device", "ok", f"auto: cpu ({cpu_model()}), cpu profile"), False
     if spec.startswith("cuda"):  # parsed as torch.device does; the GPU itself is looked up in the runtime, not opened
-        import torch
-
         try:
             index = torch.device(spec).index or 0
         except RuntimeError as e:
@@ -206,10 +211,6 @@ HEAVIEST_CASES = ("resnet18-ladder003-4_uint8_transfer", "transformer-larger_bat
 def heaviest_cases(caps, total_bytes: int, predict) -> list[CaseMemory]:
     """The ``HEAVIEST_CASES`` on a GPU of ``caps`` with ``total_bytes`` of memory, each judged by the runner's own
     rule (``eligibility.why_not`` with its memory gate); ``predict(config, spec)``: ``predict_memory``'s answer."""
-    from trainbench.core.setups.cases import all_cases
-    from trainbench.core.setups.eligibility import Context, MemoryLimit, memory_needed, why_not
-    from trainbench.core.setups.workloads import PROFILES, resolve_spec
-
     profile, limit = PROFILES["gpu"], MemoryLimit(total_bytes, predict)
     found = []
     for case in all_cases():
@@ -256,8 +257,6 @@ def check_device_memory(device: dict, cases: list[CaseMemory]) -> list[Check]:
 
 def _sample_nbytes(sample) -> int:
     """Bytes one sample adds to a collated batch: tensors and arrays as they are, Python numbers as 8-byte tensors."""
-    from torch.utils._pytree import tree_flatten
-
     total = 0
     for leaf in tree_flatten(sample)[0]:
         if hasattr(leaf, "nbytes"):  # torch.Tensor, numpy.ndarray
@@ -274,9 +273,6 @@ def uses_loader_workers(config) -> bool:
 
 def loader_worker_cases(profile_name: str) -> list[str]:
     """The suite's cases, ladder rungs included, whose DataLoader workers use shared memory on ``profile_name``."""
-    from trainbench.core.setups.cases import all_cases
-    from trainbench.core.setups.workloads import PROFILES
-
     profile = PROFILES[profile_name]
     return [case.id for case in all_cases() if uses_loader_workers(case.recipe(None, profile).config(profile))]
 
@@ -290,11 +286,6 @@ def largest_worker_batch(profile_name: str, caps=None, rungs: bool = False) -> t
     Builds datasets and one sample each, never a model. ``caps`` (a ``DeviceCaps``) leaves out
     cases the device cannot run; without it every case counts.
     """
-    from trainbench.core.setups.cases import ladder_cases, recipe_cases
-    from trainbench.core.setups.eligibility import why_not
-    from trainbench.core.setups.recipes import spec_unmet
-    from trainbench.core.setups.workloads import PROFILES, resolve_spec
-
     profile = PROFILES[profile_name]
     samples: dict[tuple[str, str | None], int] = {}
     best: tuple[int, str, int, int] | None = None
@@ -454,9 +445,6 @@ def _clocks(gpu: GpuState) -> str:
 
 def compile_cases(profile_name: str) -> list[str]:
     """The suite's cases whose setup torch.compile builds kernels for on ``profile_name``."""
-    from trainbench.core.setups.cases import all_cases
-    from trainbench.core.setups.workloads import PROFILES
-
     profile = PROFILES[profile_name]
     return [case.id for case in all_cases() if case.recipe(None, profile).config(profile).compiles]
 
@@ -505,8 +493,6 @@ def check_cpu(model: str, usable: int, torch_threads: int, capability: str, gove
 
 
 def _profiler_running() -> bool:
-    import torch
-
     return bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
 
 
@@ -515,8 +501,6 @@ def _profiler_running() -> bool:
 def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Mapping[str, str] | None = None,
                shm_path: str = "/dev/shm", runtime: dict | None = None) -> list[Check]:
     """Every check for a run on ``device_spec`` (``runtime``: a ``cuda_runtime()`` dict, read here when None)."""
-    import torch
-
     environ = os.environ if environ is None else environ
     runtime = cuda_runtime() if runtime is None else runtime
     device_check, uses_cuda = select_device(device_spec, runtime)
@@ -548,8 +532,6 @@ def run_checks(device_spec: str = "auto", expect_cuda: bool = False, environ: Ma
 
 
 def _device_memory_checks(device_spec: str, runtime: dict) -> list[Check]:
-    from trainbench.core.analyses.predict import PredictionCache
-
     try:
         backend = get_backend(device_spec)
         caps, predict = backend.caps(), functools.partial(PredictionCache(backend), "gpu")  # one prediction per setup

@@ -194,7 +194,7 @@ def _calibrate_file(budgets_path: Path, key: str, cases: list[tuple[CaseRecord, 
     except (OSError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{budgets_path}: cannot read it ({e})") from None
     try:
-        import tomlkit
+        import tomlkit  # optional: keeps the file's comments and layout where installed
     except ImportError:  # a bare GPU box: a device's first section needs no round trip of the file
         new_text = _appended_section(budgets_path, old_text, key, cases, run_name)
         return _file_change(budgets_path, key, cases, old_text, new_text, tomllib.loads)

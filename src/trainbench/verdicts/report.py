@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from trainbench.core.harness.files import write_atomic, write_text_atomic
 from trainbench.core.records.result import CaseRecord, RecordError
+from trainbench.devices.caps import DeviceCaps
 from trainbench.verdicts.render import Column, Table, number
 from trainbench.verdicts.store import RunFileError, SavedRun
 
@@ -89,18 +90,16 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 def _not_run_reason(step, device: dict, profile_name: str | None, complete: bool = True) -> str:
     """Why a rung is absent from the run, as far as the step's requirements, the recorded device and whether the run
     finished tell: a rung of a run stopped before its end was not reached, whatever else may hold for it."""
-    from trainbench.core.setups.eligibility import Context, why_not
-    from trainbench.core.setups.workloads import PROFILES
-    from trainbench.devices.device import DeviceCaps
+    from trainbench.core.setups import eligibility, workloads  # lazy: the setups import torch, a report needs none
 
     caps = DeviceCaps.from_identity(device)
-    profile = PROFILES.get(profile_name or caps.profile_name, PROFILES[caps.profile_name])
-    device_reason = why_not(step.recipe, caps, profile, context=Context(slow_allowed=True))
+    profile = workloads.PROFILES.get(profile_name or caps.profile_name, workloads.PROFILES[caps.profile_name])
+    device_reason = eligibility.why_not(step.recipe, caps, profile, context=eligibility.Context(slow_allowed=True))
     if device_reason:
         return device_reason.removeprefix(f"{step.recipe.name}: ")
     if not complete:
         return NOT_REACHED
-    reason = why_not(step.recipe, caps, profile, context=Context(slow_allowed=False))
+    reason = eligibility.why_not(step.recipe, caps, profile, context=eligibility.Context(slow_allowed=False))
     return reason.removeprefix(f"{step.recipe.name}: ") if reason else ""
 
 
@@ -109,7 +108,7 @@ NOT_REACHED = "not reached: the run was stopped before it"
 
 def ladder_runs(run: SavedRun) -> list[LadderRun]:
     """Every ladder with at least one rung in ``run``, in ``LADDERS`` order, each with all its rungs."""
-    from trainbench.core.setups.ladders import LADDERS
+    from trainbench.core.setups.ladders import LADDERS  # lazy: it imports torch, as the recipes do
 
     measured: dict[str, dict[int, CaseRecord]] = {}
     try:
@@ -149,8 +148,6 @@ def device_slug(device: dict, max_len: int = 48) -> str:
 
 def device_caption(device: dict) -> str:
     """Device name, kind, threads or GPU details and the software versions, on one line."""
-    from trainbench.devices.device import DeviceCaps
-
     kind = device.get("kind") or "unknown"
     details = [kind]
     on_gpu = DeviceCaps.from_identity(device).cuda
@@ -264,7 +261,8 @@ _LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 1.0}
 
 def ladder_figure(lr: LadderRun, device: dict):
     """Two panels: (a) samples/s relative to rung 0, this machine vs the article; (b) samples/s and peak memory."""
-    # The object-oriented API with an Agg canvas: no pyplot, no global backend switch.
+    # The object-oriented API with an Agg canvas: no pyplot, no global backend switch. Lazy: matplotlib takes a
+    # while to import and only a report with plots needs it.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# The plugin loads this module in every pytest session: the records (result, ~50 ms of imports) load when a run is read.
+from pytest_benchmark.storage.file import FileStorage
+from pytest_benchmark.utils import get_machine_id
+
+from trainbench.devices.caps import comparable_device
+
+# The plugin loads this module in every pytest session: the records (result, its statistics and numpy, ~60 ms of
+# imports) load when a run is read (_result).
 if TYPE_CHECKING:
     from trainbench.core.records.result import CaseRecord
 
@@ -79,8 +85,6 @@ def storage_folder(storage: str) -> Path | None:
     """pytest-benchmark's folder of this machine's runs (None: not a file storage, e.g. elasticsearch)."""
     if "://" in storage and not storage.startswith("file://"):
         return None
-    from pytest_benchmark.utils import get_machine_id
-
     return Path(storage.removeprefix("file://")) / get_machine_id()
 
 
@@ -89,8 +93,6 @@ def _query(storage: Path, machine: str, pattern: str) -> list[Path]:
     whose file name matches ``pattern`` as --benchmark-compare reads it, in its order (run number, then folder)."""
     if not storage.is_dir():  # FileStorage would create it
         return []
-    from pytest_benchmark.storage.file import FileStorage
-
     found = FileStorage(storage, logger=None, default_machine_id=machine).query(pattern)
     # query() answers resolved paths, and also matches files at the top of the storage: keep the machine folders'
     # runs, named under ``storage`` as the caller named it
@@ -111,8 +113,6 @@ def latest_run(runs_dir: Path | str = DEFAULT_RUNS_DIR, device_here: Callable[[]
     (``device.comparable_device``): the newest run of that device, where one machine saved runs of several (a CPU
     run 0001 and a GPU run 0002 of one box), else an error naming the newest there is."""
     runs_dir = Path(runs_dir)
-    from pytest_benchmark.utils import get_machine_id
-
     machine = get_machine_id()
     mine = _query(runs_dir, machine, RUN_FILES)
     if mine and device_here is not None:
@@ -217,8 +217,6 @@ class SavedRun:
     @property
     def comparable(self) -> tuple | None:
         """What another run's device must equal for the two to be compared (``device.comparable_device``)."""
-        from trainbench.devices.device import comparable_device
-
         return comparable_device(self.device)
 
     @property
@@ -278,8 +276,7 @@ class SavedRun:
         """This run read whole, as a baseline or calibration reads it: its marks, the device that made it, every
         trainbench record (``cases``), each benchmark once. Raises ``RunFileError`` naming the file, the case and
         the field where any of them cannot be read; found at start-up, never after a whole run."""
-        from trainbench.core.records.result import CaseRecord, RecordError
-
+        records = _result()
         problem = self.problem or self.marks_problem or self.device_problem
         if problem:
             raise RunFileError(self.path, problem.removeprefix(f"{self.path}: "))
@@ -293,8 +290,8 @@ class SavedRun:
                 lost = has_cases and not isinstance(info, dict)
                 if lost or (isinstance(info, dict) and not (isinstance(info.get("case"), str) and info["case"])
                             and _TRAINBENCH_FIELDS & set(info)):
-                    CaseRecord.read(info, f"{self.path}: {name}")
-        except RecordError as e:
+                    records.CaseRecord.read(info, f"{self.path}: {name}")
+        except records.RecordError as e:
             raise RunFileError(self.path, str(e).removeprefix(f"{self.path}: ")) from None
         return self
 
@@ -345,12 +342,11 @@ class SavedRun:
         """Every trainbench case (``having``: whose record has that field, e.g. ``ladder``), read and checked
         (``CaseRecord.read``), in the run's order. A record that cannot be read raises ``RecordError`` naming the
         run and the case; with ``errors``, its message goes there instead and the case is left out."""
-        from trainbench.core.records.result import CaseRecord, RecordError
-
+        records = _result()
         found, seen = [], {}
         for index, (name, info) in enumerate(self._records()):
             if name in seen:  # pytest-benchmark keys a run by fullname: the later entry would silently win
-                twice = RecordError(f"{self.path}: {name}: in the run twice (its case records {seen[name]} and "
+                twice = records.RecordError(f"{self.path}: {name}: in the run twice (its case records {seen[name]} and "
                                     f"{index}); expected each benchmark once: remove one")
                 if errors is None:
                     raise twice
@@ -359,8 +355,8 @@ class SavedRun:
             if having is not None and info.get(having) is None:
                 continue
             try:
-                found.append(CaseRecord.read(info, f"{self.path}: {name}", fullname=name))
-            except RecordError as e:
+                found.append(records.CaseRecord.read(info, f"{self.path}: {name}", fullname=name))
+            except records.RecordError as e:
                 if errors is None:
                     raise
                 errors.append(str(e))
@@ -369,13 +365,18 @@ class SavedRun:
     def case(self, fullname: str) -> CaseRecord | None:
         """The benchmark named ``fullname``, read as a trainbench case (None: the run has no such benchmark); raises
         ``RecordError`` where it is not one or its record cannot be read."""
-        from trainbench.core.records.result import CaseRecord
-
         for name, bench in self._benchmarks():
             if name == fullname:
                 info = bench.get(_RECORD) if isinstance(bench, dict) else None
-                return CaseRecord.read(info if isinstance(info, dict) else {}, f"{self.path}: {name}", fullname=name)
+                return _result().CaseRecord.read(info if isinstance(info, dict) else {}, f"{self.path}: {name}", fullname=name)
         return None
+
+
+def _result():
+    """``core.records.result``, imported when a run is read."""
+    from trainbench.core.records import result  # lazy: see the note on TYPE_CHECKING above
+
+    return result
 
 
 def _identity(device: object) -> bool:

@@ -25,9 +25,18 @@ import contextlib
 import functools
 import os
 import re
+import sysconfig
+import traceback
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.profiler import profile
 
 import trainbench
 from trainbench.core.records.tables import BETWEEN_OPS, OPTIMIZER, OUTSIDE_MODULES
@@ -42,12 +51,17 @@ def tracker_warnings_silenced():
     PRE_BW/POST_BW hook" for a module made in forward (or one a model's own checkpointing dropped), gone by backward,
     once per module and step; and torch's note that a model the user compiled runs under global module hooks. The
     hooks are trainbench's, not the user's, and nothing read from them depends on those modules."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Module is None\. Skipping (PRE|POST)_BW hook")
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
         yield
+
+
+def _mod_tracker():
+    """``torch.distributed._tools.mod_tracker``, imported by the passes that follow modules through backward."""
+    from torch.distributed._tools import mod_tracker  # lazy: torch.distributed's tools take seconds to import
+
+    return mod_tracker
 
 
 @contextlib.contextmanager
@@ -63,8 +77,7 @@ def module_grad_hooks_removed():
     is left as it is.
 
     Inside, the trackers' warnings are silenced (``tracker_warnings_silenced``)."""
-    from torch.distributed._tools import mod_tracker
-
+    mod_tracker = _mod_tracker()
     register = getattr(mod_tracker, "register_multi_grad_hook", None)
     handles = []
 
@@ -104,9 +117,6 @@ class Sites:
         self._handles: list = []
 
     def __enter__(self) -> Sites:  # noqa: PYI034 (typing.Self needs Python 3.11)
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
         def before(optimizer, args, kwargs):
             self._in_optimizer += 1
 
@@ -115,11 +125,9 @@ class Sites:
 
         self._handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
         if self.backward:
-            from torch.distributed._tools.mod_tracker import ModTracker
-
             self._hooks_removed = module_grad_hooks_removed()
             self._hooks_removed.__enter__()
-            self._modules = ModTracker()
+            self._modules = _mod_tracker().ModTracker()
             self._modules.__enter__()
         else:
             def enter(module, args):
@@ -143,8 +151,6 @@ class Sites:
         self._handles, self._stack = [], []
 
     def site(self) -> str:
-        import torch
-
         if self._in_optimizer:
             return OPTIMIZER
         in_backward = torch._C._current_graph_task_id() != -1
@@ -186,9 +192,6 @@ def per_step(counts, steps: int) -> dict[str, float]:
 def profile_steps(run_step: Callable[[], None], steps: int, backend) -> dict:
     """Profile ``steps`` steps, one profiler each: per-op self time (ms) per step, calls per step, and on a device
     whose kernels the profiler sees, each kernel's time and launches. Complete tables (``compact`` trims them)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import profile
-
     per_step_ms: list[dict[str, float]] = []
     kernel_ms: list[dict[str, float]] = []
     calls: Counter = Counter()
@@ -286,8 +289,6 @@ def allocation_site(frames: list[dict]) -> str:
 def python_call_site() -> str:
     """``allocation_site`` of the Python stack where this is called: the user's line that led here (``file:line
     (function)``), else the innermost library line (an optimizer's own ``.item()``)."""
-    import traceback
-
     return allocation_site([{"filename": f.filename, "line": f.lineno, "name": f.name}
                             for f in reversed(traceback.extract_stack()[:-1])])
 
@@ -321,10 +322,6 @@ def _resolved(filename: str) -> Path:
 def _framework_roots() -> tuple[Path, ...]:
     """trainbench's and PyTorch's installed package folders (also where they run from a checkout), and this
     interpreter's standard library and package folders."""
-    import sysconfig
-
-    import torch
-
     packages = (Path(trainbench.__file__).parent, Path(torch.__file__).parent)
     paths = sysconfig.get_paths()
     library = (paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key))

@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainbench.core.records.stats import (
     ALPHA_SIDE,
     change_interval,
@@ -62,8 +64,6 @@ def lognormal_noise(rng, n: int) -> tuple:
 def noise_of_rounds(population: list[float]) -> Noise:
     """Noise drawn from ``population`` (rounds over their case's median, log scale); no shared spell: a pair's
     rounds are drawn apart, so whatever slow rounds the population holds fall on one side."""
-    import numpy as np
-
     logs = np.log(np.asarray(population, dtype=float))
 
     def draw(rng, n: int) -> tuple:
@@ -134,8 +134,6 @@ def simulate(design: str, rounds: int, trials: int, noise: Noise, noise_name: st
     """``trials`` cases of ``design`` whose truth sits exactly at the edge, each measured ``rounds`` rounds a
     look and judged at each look (``stats.look_alpha``), measured again while inconclusive up to
     ``planned_looks`` looks (the gate's baseline run stays as it was; paired designs add pairs)."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     truth = LIMIT if design.startswith("budget") else 1.0 - THRESHOLD
     scale = 1.0 if design == "budget_absolute" else 100.0  # an absolute limit is the current side's own value

@@ -27,6 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
 from trainbench.core.harness.failures import failure_line
 from trainbench.core.analyses.predict import (
     NotPredictable,
@@ -165,10 +170,6 @@ _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_st
 
 def _traffic_mode():
     """A dispatch mode counting kernel launches and the bytes their tensor inputs and outputs hold."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
     class Traffic(TorchDispatchMode):
         launches = 0
         bytes_moved = 0
@@ -188,8 +189,6 @@ def count_step(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> Ste
     """One step of ``config`` on ``spec`` (after one that creates its gradients and optimizer state) counted under
     fake tensors on ``backend``'s device; or why it cannot be. ``config`` as the memory gate predicts it
     (``predict.without_unpredictable``)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
 
     reason = unpredictable(config)
     if reason:

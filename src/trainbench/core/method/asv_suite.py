@@ -11,8 +11,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from trainbench.core.method.measure import DEFAULT_SETTINGS, with_overrides
+from trainbench.core.method.runner import Runner
+from trainbench.core.records.budgets import Budgets
 from trainbench.core.setups.cases import Case, all_cases
 from trainbench.core.setups.eligibility import Context, why_not
+from trainbench.core.setups.workloads import PROFILES
+from trainbench.devices.device import get_backend
 from trainbench.devices.host import ASV_TIMEOUT_S, env_switch, env_value
 
 # Environment knobs for asv runs (asv passes no arguments to benchmarks), read as host.ENVIRONMENT says:
@@ -56,12 +61,6 @@ def measure_all(pattern: str | None = None, budgets_path: Path | str | None = No
     ``pattern`` defaults to $TRAINBENCH_ASV_CASES; ``budgets_path`` (the suite's budgets file)
     decides, as in pytest, which cases are timed interleaved with their baseline.
     """
-    from trainbench.core.records.budgets import Budgets
-    from trainbench.core.method.measure import DEFAULT_SETTINGS, with_overrides
-    from trainbench.core.method.runner import Runner
-    from trainbench.core.setups.workloads import PROFILES
-    from trainbench.devices.device import get_backend
-
     pattern = pattern if pattern is not None else env_value(CASES_ENV)
     backend = get_backend(env_value(DEVICE_ENV))
     profile = PROFILES[backend.profile_name]

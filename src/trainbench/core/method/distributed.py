@@ -48,17 +48,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from trainbench.core.harness.costs import case_ledger, spent
 from trainbench.core.method.measure import Measurer, MeasureSettings, run_rounds
-from trainbench.core.setups.recipes import NotApplicable, TrainConfig
+from trainbench.core.setups.guards import loss_trajectory
+from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.core.records.result import RELAUNCH_NOTE, Result
 from trainbench.core.setups.spec import SpecError, TrainingSpec
-from trainbench.core.setups.training import dropout_switched_off, gradient_copy
+from trainbench.core.setups.training import TrainingSetup, dropout_switched_off, gradient_copy
 from trainbench.core.harness.watchdog import suspended, watch
-from trainbench.core.setups import workloads
 from trainbench.core.setups.workloads import PROFILES, WORKLOADS, Profile, resolve_spec
-from trainbench.devices.device import Backend
+from trainbench.devices.device import Backend, get_backend
 
 JOIN_TIMEOUT_S = 900
 
@@ -73,7 +74,8 @@ def spec_reference(spec: TrainingSpec) -> str:
     A user's spec is looked up among the module-level names of the modules that define its
     functions (the test module, usually), then of every loaded module.
     """
-    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == workloads.__name__:
+    builtin_module = resolve_spec.__module__  # core.setups.workloads, where the built-in specs are made
+    if spec.name in WORKLOADS and getattr(spec.model, "__module__", None) == builtin_module:
         return f"builtin:{spec.name}"
     owners = [getattr(fn, "__module__", None) for fn in (spec.model, spec.loss_fn, spec.dataset, spec.batches)]
     candidates = [m for m in dict.fromkeys(owners) if m in sys.modules] + list(sys.modules)
@@ -133,8 +135,6 @@ def gradient_spread(grads: dict[str, torch.Tensor]) -> float:
     Every rank all-reduces its flattened gradients once with MAX and once with MIN; equal vectors mean
     every rank holds the same gradients bit for bit, as data-parallel training requires.
     """
-    import torch.distributed as dist
-
     flat = torch.cat([g.flatten() for g in grads.values()]) if grads else torch.zeros(1)
     high, low = flat.clone(), flat.clone()
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
@@ -165,12 +165,6 @@ def run_rank(out_dir: str) -> None:
 
 
 def _run_rank(job: dict, out: Path, rank: int) -> None:
-    import torch.distributed as dist
-
-    from trainbench.core.setups.guards import loss_trajectory
-    from trainbench.core.setups.training import TrainingSetup
-    from trainbench.devices.device import get_backend
-
     sys.path[:] = job["sys_path"]  # the parent's: a spec in a test module imports as it did there
     import_spec_module(job["spec"])  # registers the user's own knobs the config may turn
     config = TrainConfig.of(**job["config"])
@@ -223,8 +217,6 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
 
 def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, settings, profile, ranks: dict):
     """The rank's measurement on its built setup (DDP ranks record their first-step gradients first)."""
-    import torch.distributed as dist
-
     if distributed:
         # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
         # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
@@ -286,8 +278,6 @@ def scale_out_job(case_id: str, nnodes: int, nproc_per_node: int, backend: Backe
                   settings: MeasureSettings) -> Path:
     """The job of a DDP or FSDP case (``<workload>-<recipe>``) over ``nnodes`` x ``nproc_per_node`` ranks, in a new
     folder that torchrun runs on every node (``python -m trainbench torchrun-job`` prints the commands)."""
-    from trainbench.core.setups.recipes import get_recipe
-
     workload, _, recipe_name = case_id.partition("-")
     if workload not in WORKLOADS:
         raise SpecError(f"{case_id!r}: no built-in workload {workload!r} (expected <workload>-<recipe>, "

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.profiler
+
 from trainbench.core.setups.recipes import TrainConfig
 from trainbench.core.setups.spec import TrainingSpec
 from trainbench.core.setups.training import TrainingSetup
@@ -61,15 +63,13 @@ def case_folder_name(case: str) -> str:
 
 def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, folder: Path, case: str) -> list[Path]:
     """Profile ``ACTIVE_STEPS`` steps of a freshly built ``config``; returns the files written."""
-    from torch.profiler import profile, schedule, tensorboard_trace_handler
-
     name = case_folder_name(case)
     out = Path(folder) / name
     out.mkdir(parents=True, exist_ok=True)
     started_ns = time.time_ns()
 
     def on_trace_ready(prof) -> None:
-        tensorboard_trace_handler(str(out), worker_name=name)(prof)
+        torch.profiler.tensorboard_trace_handler(str(out), worker_name=name)(prof)
         table = prof.key_averages().table(sort_by=backend.profiler_sort_key, row_limit=40)
         (out / "ops.txt").write_text(f"{case}: {ACTIVE_STEPS} training steps after {WARMUP_STEPS} warm-up steps, "
                                      f"{backend.name}\n{table}\n", encoding="utf-8")
@@ -77,9 +77,9 @@ def record_trace(config: TrainConfig, spec: TrainingSpec, backend: Backend, fold
     with phase("the profile trace"), TrainingSetup(config, spec, backend) as training:
         batches = training.batches()
         with backend.memory_history(out / "memory_snapshot.pickle"), \
-                profile(activities=backend.profiler_activities(), record_shapes=True, profile_memory=True,
-                        schedule=schedule(wait=0, warmup=WARMUP_STEPS, active=ACTIVE_STEPS, repeat=1),
-                        on_trace_ready=on_trace_ready) as prof:
+                torch.profiler.profile(activities=backend.profiler_activities(), record_shapes=True, profile_memory=True,
+                                       schedule=torch.profiler.schedule(wait=0, warmup=WARMUP_STEPS, active=ACTIVE_STEPS, repeat=1),
+                                       on_trace_ready=on_trace_ready) as prof:
             for _ in range(WARMUP_STEPS + ACTIVE_STEPS):
                 training.step(training.fetch(batches))
                 backend.synchronize()  # each recorded step ends with its device work

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from trainbench.core.records.tables import attribution_problem, compact
 from trainbench.core.records.metrics import METRICS, TIMED, per_round, rounds_of, timed_metrics
+from trainbench.core.records.stats import look_alpha
 
 # The note of a Result measured by a job run again after a process of it crashed below Python (distributed.py);
 # the summary shows it beside the case.
@@ -500,8 +501,6 @@ class CaseRecord:
     def look_alpha(self) -> float:
         """The error a side this record's timed verdicts may spend: its look of its planned looks
         (``stats.look_alpha``; a record saved before looks were recorded: one look of one)."""
-        from trainbench.core.records.stats import look_alpha
-
         return look_alpha(self.raw.get("looks") or 1, self.raw.get("planned_looks") or 1)
 
     @property

@@ -19,9 +19,12 @@ Deterministic signals (memory breakdown, FLOPs, bytes, ops, syncs) never come he
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import statistics
+
+import numpy as np
 
 from trainbench.core.records.metrics import is_timed
 
@@ -52,12 +55,17 @@ def median_change(current: list[float], baseline: list[float], paired: bool, rel
     return of(statistics.median(current), statistics.median(baseline))
 
 
+def _scipy_stats():
+    """``scipy.stats``, for the sign interval and the rank tests alone."""
+    from scipy import stats  # lazy: about a second to import, which reading and comparing saved runs need not pay
+
+    return stats
+
+
 @functools.lru_cache(maxsize=None)
 def _signed_rank_cdf(n: int) -> tuple[float, ...]:
     """P(W <= w), w = 0..n(n+1)/2, for the Wilcoxon signed-rank statistic of n pairs under no change: the
     generating function prod(1 + x^i) over the ranks i = 1..n, over its 2^n equally likely sign patterns."""
-    import numpy as np
-
     counts = np.ones(1, dtype=float)
     for i in range(1, n + 1):
         counts = np.concatenate([counts, np.zeros(i)]) + np.concatenate([np.zeros(i), counts])
@@ -68,8 +76,6 @@ def _signed_rank_cdf(n: int) -> tuple[float, ...]:
 def _rank_sum_cdf(n: int, m: int) -> tuple[float, ...]:
     """P(U <= u), u = 0..n*m, for the Mann-Whitney statistic of n against m values under no change (the
     Gaussian binomial coefficient's counts, built one value at a time: U(n, m) = U(n-1, m) + m or U(n, m-1))."""
-    import numpy as np
-
     # table[j]: counts of U for (i values, j values), i growing row by row
     table = [np.ones(1, dtype=float) for _ in range(m + 1)]
     for _ in range(1, n + 1):
@@ -87,8 +93,6 @@ def _rank_sum_cdf(n: int, m: int) -> tuple[float, ...]:
 def _order_rank(cdf: tuple[float, ...], alpha_side: float) -> int:
     """The 1-based rank k of the interval's lower end ([k-th smallest, k-th largest]): the largest k whose
     statistic's P(stat <= k - 1) <= ``alpha_side`` under no change (0: no interval reaches that level)."""
-    import bisect
-
     return bisect.bisect_right(cdf, alpha_side * (1 + 1e-12))
 
 
@@ -132,8 +136,6 @@ def change_interval(current: list[float], baseline: list[float] | None, paired: 
     ``relative``: the change current / baseline, computed on logarithms (a ratio's noise is symmetric there);
     else current - baseline.
     """
-    import numpy as np
-
     cur = np.asarray(current, dtype=float)
     base = None if baseline is None else np.asarray(baseline, dtype=float)
     if relative:
@@ -145,9 +147,7 @@ def change_interval(current: list[float], baseline: list[float] | None, paired: 
     if base is None:
         values = np.sort(cur)
         n = len(values)
-        from scipy import stats
-
-        k = _order_rank(tuple(stats.binom.cdf(np.arange(n + 1), n, 0.5)), alpha_side) if n else 0
+        k = _order_rank(tuple(_scipy_stats().binom.cdf(np.arange(n + 1), n, 0.5)), alpha_side) if n else 0
     elif paired:
         if len(cur) != len(base) or not len(cur):
             return None
@@ -186,8 +186,7 @@ def look_alpha(look: int, planned_looks: int) -> float:
 
 def rank_tests(current: list[float], baseline: list[float], higher_is_better: bool) -> tuple[float, float]:
     """One-sided Mann-Whitney p-values that the current rounds are worse, and better, than the baseline's."""
-    from scipy import stats
-
+    stats = _scipy_stats()
     worse_side, better_side = ("less", "greater") if higher_is_better else ("greater", "less")
     return (float(stats.mannwhitneyu(current, baseline, alternative=worse_side).pvalue),
             float(stats.mannwhitneyu(current, baseline, alternative=better_side).pvalue))
@@ -196,12 +195,10 @@ def rank_tests(current: list[float], baseline: list[float], higher_is_better: bo
 def signed_rank_tests(ratios: list[float], higher_is_better: bool) -> tuple[float, float]:
     """One-sided Wilcoxon signed-rank p-values that the pairs' ratios (current / baseline) lean worse, and better
     (the test the paired ``change_interval`` inverts; every pair unchanged: 1.0 both ways)."""
-    import numpy as np
-    from scipy import stats
-
     logs = np.log(np.asarray(ratios, dtype=float))
     if not np.any(logs):
         return 1.0, 1.0
+    stats = _scipy_stats()
     worse_side, better_side = ("less", "greater") if higher_is_better else ("greater", "less")
     return (float(stats.wilcoxon(logs, alternative=worse_side).pvalue),
             float(stats.wilcoxon(logs, alternative=better_side).pvalue))

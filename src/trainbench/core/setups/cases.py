@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from trainbench.core.setups.ladders import LADDERS
 from trainbench.core.records.outcome import case_id
-from trainbench.core.setups.recipes import Recipe, get_recipe
-from trainbench.core.setups.workloads import Profile
+from trainbench.core.setups.recipes import RECIPES, Recipe, get_recipe
+from trainbench.core.setups.workloads import WORKLOADS, Profile
 from trainbench.devices.device import DeviceCaps
 
 SUITE: dict[str, tuple[str, ...]] = {
@@ -89,9 +89,6 @@ def ladder_cases() -> list[Case]:
 
 def known_case_ids() -> set[str]:
     """Every case id knowable without running anything: the suite's and each built-in workload x recipe pair."""
-    from trainbench.core.setups.recipes import RECIPES
-    from trainbench.core.setups.workloads import WORKLOADS
-
     return {case.id for case in all_cases()} | {case_id(w, r) for w in WORKLOADS for r in RECIPES}
 
 

@@ -34,7 +34,7 @@ from trainbench.core.setups.spec import Batch, SpecError, TrainingSpec
 def lightning_optimizers(module) -> list[torch.optim.Optimizer]:
     """The optimizers ``module.configure_optimizers()`` returns, in any of the shapes Lightning accepts (schedulers
     left out)."""
-    from lightning.pytorch.core.optimizer import _configure_optimizers
+    from lightning.pytorch.core.optimizer import _configure_optimizers  # optional: only a LightningModule's spec asks
 
     optimizers, _schedulers, _monitor = _configure_optimizers(module.configure_optimizers())
     if not optimizers:

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -275,10 +278,6 @@ _CODE_FIELDS = ("model", "loss_fn", "step", "optimizer", "optimizers", "batches"
 def _trainbench_digest() -> str:
     """trainbench's version and a digest of its own source files: a prediction kept across sessions (a user's
     cache) was made by this trainbench's code, not only by a release of the same number."""
-    import hashlib
-    from importlib.metadata import PackageNotFoundError, version
-    from pathlib import Path
-
     try:
         digest = hashlib.sha256(version("pytest-trainbench").encode())
     except PackageNotFoundError:
@@ -296,8 +295,6 @@ def code_fingerprint(spec: TrainingSpec) -> str | None:
     from this spec may be shared with another process (``predict.SharedPredictions``). An edited model is a new key, so a file of
     predictions kept from before the edit is never read as this code's. None where a file cannot be read: then
     nothing is shared."""
-    import hashlib
-
     digest = hashlib.sha256(_trainbench_digest().encode())
     files = set()
     for name in _CODE_FIELDS:

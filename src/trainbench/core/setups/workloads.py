@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
@@ -65,8 +66,6 @@ class FakeCIFAR(Dataset):
         self.transform = transform
 
     def __getitem__(self, index: int):
-        from PIL import Image
-
         img = Image.fromarray(self.data[index])
         if self.transform is not None:
             img = self.transform(img)
@@ -116,10 +115,16 @@ class PILToHWCTensor:
         return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True))
 
 
+def _torchvision():
+    """torchvision, for the image workloads' models and transforms."""
+    import torchvision  # lazy: seconds to import, which a session without an image workload need not pay
+
+    return torchvision
+
+
 def image_transform(image_size: int, pixels: str | None = None):
     """The seeds' transforms: float32 normalized on the host, or uint8 (CHW or HWC) left for the device."""
-    import torchvision.transforms as T
-
+    T = _torchvision().transforms
     steps = [T.Resize(image_size)] if image_size != 32 else []
     if pixels == "uint8_hwc":
         return T.Compose(steps + [PILToHWCTensor()])
@@ -289,8 +294,7 @@ _TOKEN_VOCAB = 1000
 
 
 def _resnet18(profile: Profile) -> TrainingSpec:
-    import torchvision
-
+    torchvision = _torchvision()
     size = profile.image_size
     return TrainingSpec(
         name="resnet18",
@@ -365,8 +369,7 @@ _VIT_SIZES = {"cpu": {"image": 32, "patch": 8, "layers": 3, "heads": 4, "hidden"
 
 
 def _vit(profile: Profile) -> TrainingSpec:
-    from torchvision.models.vision_transformer import VisionTransformer
-
+    VisionTransformer = _torchvision().models.vision_transformer.VisionTransformer
     s = _VIT_SIZES[profile.name]
     return TrainingSpec(
         name="vit",
