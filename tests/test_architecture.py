@@ -778,9 +778,20 @@ def _local_imports(source: str) -> list[tuple[int, bool]]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
-                    said = lines[sub.lineno - 2:sub.end_lineno]
-                    found.append((sub.lineno, any("#" in line for line in said)))
+                    found.append((sub.lineno, _said_why(lines, sub.lineno - 1, sub.end_lineno)))
     return found
+
+
+def _said_why(lines: list[str], first: int, end: int) -> bool:
+    """Whether a comment stands on an import's lines, or above the block of imports it belongs to."""
+    if any("#" in line for line in lines[first:end]):
+        return True
+    above = first - 1
+    while above >= 0 and (lines[above].strip().startswith(("import ", "from ")) or not lines[above].strip()):
+        if "#" in lines[above]:
+            return True
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
 
 
 # An import inside a function is invisible to a reader of the module's top: the exception, for a reason said beside
@@ -802,3 +813,6 @@ def test_the_local_import_check_sees_an_import_without_a_reason():
     assert _local_imports("def f():\n    import torch  # only this path trains\n") == [(2, True)]
     assert _local_imports("def f():\n    # scipy: only the exact test needs it\n    import scipy\n") == [(3, True)]
     assert _local_imports("import torch\n\n\ndef f():\n    return torch\n") == []
+    block = "def f():\n    # torch: only this path trains\n    import torch\n\n    from torch import nn\n    return nn\n"
+    assert _local_imports(block) == [(3, True), (5, True)]  # one reason for the block
+    assert _local_imports("def f():\n    x = 1\n    import torch\n") == [(3, False)]
