@@ -188,7 +188,7 @@ def _traffic_mode():
 def count_step(config: TrainConfig, spec: TrainingSpec, backend: Backend) -> StepCounts | str:
     """One step of ``config`` on ``spec`` (after one that creates its gradients and optimizer state) counted under
     fake tensors on ``backend``'s device; or why it cannot be. ``config`` as the memory gate predicts it
-    (``predict.without_unpredictable``)."""
+    (``recipes.without_unpredictable``)."""
 
     reason = unpredictable(config)
     if reason:
