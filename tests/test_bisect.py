@@ -199,7 +199,8 @@ def _bisect(root, *args):
                           capture_output=True, text=True, timeout=900)
 
 
-def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does_not_run(layer_repo, tmp_path):
+def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does_not_run(layer_repo, tmp_path,
+                                                                                          monkeypatch, capsys):
     root, shas = layer_repo
     quick = ["--pytest-arg=--trainbench-rounds=2", "--pytest-arg=--trainbench-steps-per-round=1",
              "--pytest-arg=--trainbench-min-warmup=1", "--pytest-arg=--trainbench-no-predict"]
@@ -220,15 +221,20 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does
     assert status.stdout == "" and not (root / ".benchmarks").exists()  # the working tree untouched, nothing saved
     worktrees = subprocess.run(["git", "-C", str(root), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(worktrees.splitlines()) == 1  # the checkouts removed
+    # The searches below run nothing (they read the log and the runs above): in this process, the repository here.
+    from trainbench.cli import main
+
+    monkeypatch.chdir(root)
+    capsys.readouterr()
     # A rerun of the same search continues from its log: nothing judged again, the same answer.
-    again = _bisect(root, *args)
-    assert again.returncode == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again.stdout
-    assert not any(line.startswith("  step ") for line in again.stdout.splitlines())
+    status, again = main(["bisect", *args]), capsys.readouterr().out
+    assert status == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again
+    assert not any(line.startswith("  step ") for line in again.splitlines())
     # Searched by a metric the commits did not change (the runs read again): nothing to search, and it says so.
-    unchanged = _bisect(root, shas[0], shas[-1], "--metric=syncs_per_step", *quick)
-    assert unchanged.returncode == 1 and not any(line.startswith("  step ") for line in unchanged.stdout.splitlines())
-    assert unchanged.stdout.splitlines()[-1] == (f"trainbench bisect: FAILED to find the commit: {shas[-1][:12]} is not "
-                                                 f"worse than {shas[0][:12]} by the metric (good): nothing to search")
+    status, unchanged = main(["bisect", shas[0], shas[-1], "--metric=syncs_per_step", *quick]), capsys.readouterr().out
+    assert status == 1 and not any(line.startswith("  step ") for line in unchanged.splitlines())
+    assert unchanged.splitlines()[-1] == (f"trainbench bisect: FAILED to find the commit: {shas[-1][:12]} is not "
+                                          f"worse than {shas[0][:12]} by the metric (good): nothing to search")
 
 
 def test_bad_input_is_one_line_before_any_run(layer_repo, monkeypatch, capsys):
