@@ -2,7 +2,6 @@
 
 import importlib.util
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,9 +25,13 @@ def _asv_module():
 ASV_CLASSES = ("Speed", "Memory", "Work")
 
 
-def test_asv_and_pytest_enumerate_the_same_cases():
-    collected = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                               cwd=ROOT, capture_output=True, text=True, check=True).stdout
+def test_asv_and_pytest_enumerate_the_same_cases(pytester, monkeypatch):
+    # pytest's collection of the suite as `pytest benchmarks` in the project makes it, in this process (a fresh
+    # interpreter importing torch was most of this test's time; pytester puts sys.modules back afterwards)
+    monkeypatch.chdir(ROOT)
+    result = pytester.runpytest_inprocess("benchmarks", "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    collected = result.stdout.str()
     pytest_ids = re.findall(r"::test_(?:recipe|ladder)\[([^\]]+)\]", collected)
     assert len(pytest_ids) > 50
     module = _asv_module()
@@ -45,6 +48,13 @@ def test_the_asv_classes_share_one_measurement():
 
 
 def test_the_asv_cache_measures_selected_cases_and_skips_the_rest_with_a_reason(monkeypatch):
+    from trainbench.core.method.measure import DEFAULT_SETTINGS, MeasureSettings
+
+    # the cache measures as the suite does, in the fewest steps that take every pass (the tracks read what was
+    # measured, not how long: the CPU profile's warm-up and ten rounds of gelu_mlp's ~0.2 s step, twice for the
+    # burn-in, were most of this test's time)
+    monkeypatch.setitem(DEFAULT_SETTINGS, "cpu", MeasureSettings(min_warmup_steps=1, max_warmup_steps=2, steady_window=1,
+                                                                 rounds=2, steps_per_round=1, memory_steps=1))
     module = _asv_module()
     speed, memory, work = module.Speed(), module.Memory(), module.Work()
     monkeypatch.setenv("TRAINBENCH_ASV_CASES", "^gelu_mlp-baseline$")

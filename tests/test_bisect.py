@@ -184,6 +184,14 @@ def _planted_repo(root, change, planted_at=PLANTED_AT, broken_at=None):
     return shas
 
 
+@pytest.fixture(scope="module")
+def layer_repo(tmp_path_factory):
+    """The planted repository whose commit 5 adds a layer and whose commit 6 alone does not import: built once for
+    the tests that search it and those refused before any run (the refusals read its commits, never its tree)."""
+    root = tmp_path_factory.mktemp("layer") / "project"
+    return root, _planted_repo(root, change=(3, 0), broken_at=PLANTED_AT + 1)
+
+
 def _bisect(root, *args):
     env = {**os.environ, "TRAINBENCH_PREDICT_MEMORY": "0"}
     env.pop("PYTHONPATH", None)
@@ -191,9 +199,9 @@ def _bisect(root, *args):
                           capture_output=True, text=True, timeout=900)
 
 
-def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does_not_run(tmp_path):
-    root = tmp_path / "project"
-    shas = _planted_repo(root, change=(3, 0), broken_at=PLANTED_AT + 1)
+def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does_not_run(layer_repo, tmp_path,
+                                                                                          monkeypatch, capsys):
+    root, shas = layer_repo
     quick = ["--pytest-arg=--trainbench-rounds=2", "--pytest-arg=--trainbench-steps-per-round=1",
              "--pytest-arg=--trainbench-min-warmup=1", "--pytest-arg=--trainbench-no-predict"]
     args = [shas[0], shas[-1], *quick, "--json", str(tmp_path / "answer.json")]
@@ -213,20 +221,29 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does
     assert status.stdout == "" and not (root / ".benchmarks").exists()  # the working tree untouched, nothing saved
     worktrees = subprocess.run(["git", "-C", str(root), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(worktrees.splitlines()) == 1  # the checkouts removed
+    # The searches below run nothing (they read the log and the runs above): in this process, the repository here.
+    from trainbench.cli import main
+
+    monkeypatch.chdir(root)
+    capsys.readouterr()
     # A rerun of the same search continues from its log: nothing judged again, the same answer.
-    again = _bisect(root, *args)
-    assert again.returncode == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again.stdout
-    assert not any(line.startswith("  step ") for line in again.stdout.splitlines())
+    status, again = main(["bisect", *args]), capsys.readouterr().out
+    assert status == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again
+    assert not any(line.startswith("  step ") for line in again.splitlines())
     # Searched by a metric the commits did not change (the runs read again): nothing to search, and it says so.
-    unchanged = _bisect(root, shas[0], shas[-1], "--metric=syncs_per_step", *quick)
-    assert unchanged.returncode == 1 and not any(line.startswith("  step ") for line in unchanged.stdout.splitlines())
-    assert unchanged.stdout.splitlines()[-1] == (f"trainbench bisect: FAILED to find the commit: {shas[-1][:12]} is not "
-                                                 f"worse than {shas[0][:12]} by the metric (good): nothing to search")
+    status, unchanged = main(["bisect", shas[0], shas[-1], "--metric=syncs_per_step", *quick]), capsys.readouterr().out
+    assert status == 1 and not any(line.startswith("  step ") for line in unchanged.splitlines())
+    assert unchanged.splitlines()[-1] == (f"trainbench bisect: FAILED to find the commit: {shas[-1][:12]} is not "
+                                          f"worse than {shas[0][:12]} by the metric (good): nothing to search")
 
 
-def test_bad_input_is_one_line_before_any_run(tmp_path):
-    root = tmp_path / "project"
-    shas = _planted_repo(root, change=(3, 0))
+def test_bad_input_is_one_line_before_any_run(layer_repo, monkeypatch, capsys):
+    # In this process (the refusals come before any run; the searches above start the command as a user does): each
+    # start of python -m trainbench was most of this test's time.
+    from trainbench.cli import main
+
+    root, shas = layer_repo
+    monkeypatch.chdir(root)  # the repository here, as the command's default --repo "." reads it
     for args, expected in (((shas[-1], shas[0]), "is not an ancestor of"),
                            (("nope", shas[0]), "nope: not a commit of"),
                            ((shas[0], shas[-1], "--metric=nope"), "unknown metric 'nope'"),
@@ -234,9 +251,10 @@ def test_bad_input_is_one_line_before_any_run(tmp_path):
                            ((shas[0], shas[-1], "--pairs=3"), "--pairs=3: expected at least 7"),
                            ((shas[0], shas[-1], "--remeasure-s=-1"), "--remeasure-s=-1: expected seconds >= 0"),
                            ((shas[0], shas[-1], f"--workdir={root / 'test_speed.py'}"), "cannot write there")):
-        done = _bisect(root, *args)
-        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert expected in done.stderr and done.stdout == ""
+        status = main(["bisect", *args])
+        out, err = capsys.readouterr()
+        assert status == 2 and len(err.strip().splitlines()) == 1, err
+        assert expected in err and out == ""
 
 
 def test_the_timed_search_finds_the_commit_that_slowed_the_step_or_says_it_cannot_tell(tmp_path):
