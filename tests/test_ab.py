@@ -3,7 +3,6 @@
 import dataclasses
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from trainbench.verdicts.present import verdict_table, where_lines
 
 SETTINGS = {"min_warmup_steps": 2, "max_warmup_steps": 6, "steady_window": 2, "rounds": 3, "steps_per_round": 2,
             "memory_steps": 1}
-CASE = ABCase("mlp-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])), "builtin:mlp", "cpu",
+CASE = ABCase("mlp-baseline", "baseline", get_recipe("baseline").config(PROFILES["cpu"]).record(), "builtin:mlp", "cpu",
               SETTINGS, threads=1)
 
 
@@ -304,7 +303,7 @@ def test_a_side_that_makes_no_progress_fails_the_case_within_its_limit(tmp_path)
     from trainbench.jobs.ab import project_paths
 
     settings = {**SETTINGS, "no_progress_s": 2}
-    case = ABCase("stuck-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
+    case = ABCase("stuck-baseline", "baseline", get_recipe("baseline").config(PROFILES["cpu"]).record(),
                   spec_reference(STUCK), "cpu", settings, threads=1, paths=project_paths(Path(__file__).parents[1]))
     base, head, _ = start(sys.executable, sys.executable)
     started = time.monotonic()

@@ -6,7 +6,6 @@ trainbench's own fault injection, and the same interpreter runs both sides.
 
 import re
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +26,7 @@ SLEEP_MS = 20  # per gelu call in the head: many times the tiny step itself
 
 
 def _case(spec, settings=SETTINGS) -> ABCase:
-    return ABCase(f"{spec.name}-baseline", "baseline", asdict(get_recipe("baseline").config(PROFILES["cpu"])),
+    return ABCase(f"{spec.name}-baseline", "baseline", get_recipe("baseline").config(PROFILES["cpu"]).record(),
                   spec_reference(spec), "cpu", settings, threads=1, paths=project_paths(Path(__file__).parents[1]))
 
 
