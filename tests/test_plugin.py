@@ -366,7 +366,9 @@ def test_plain_pytest_benchmark_tests_store_and_compare_as_without_trainbench(py
 
 
 def test_a_session_without_trainbench_cases_does_not_import_torch(pytester):
-    pytester.makepyfile(test_plain='def test_x():\n    import sys\n    assert "torch" not in sys.modules\n')
+    # nor what its statistics take (numpy, scipy): a plain session of the user's project loads what it did without
+    pytester.makepyfile(test_plain='def test_x():\n    import sys\n    assert "torch" not in sys.modules\n'
+                                   '    assert "numpy" not in sys.modules and "scipy" not in sys.modules\n')
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 

@@ -470,8 +470,9 @@ def _gate_options(config, ab: bool = False):
                           f"got {alpha}")
     rounds = config.getoption("--trainbench-rounds")
     timed = sorted(metric for metric in gate or {} if is_timed(metric))
-    # never judged: it read "3 baseline and 2 current rounds" (an A/B run is judged by its pairs, not these rounds)
-    least = least_rounds("unpaired", planned_looks(1, _remeasure_s(config), gated=True))
+    # never judged: it read "3 baseline and 2 current rounds" (an A/B run is judged by its pairs, not these rounds);
+    # asked only where a timed gate is (the exact null distributions load numpy, which a plain session need not)
+    least = least_rounds("unpaired", planned_looks(1, _remeasure_s(config), gated=True)) if timed and not ab else 0
     if timed and not ab and rounds is not None and rounds < least:
         raise usage_error(f"--trainbench-rounds={rounds} with --trainbench-compare-fail on {', '.join(timed)}: a timed "
                           f"comparison's 95% interval cannot place a change with fewer than {least} rounds a side; "

@@ -24,8 +24,6 @@ import functools
 import math
 import statistics
 
-import numpy as np
-
 from trainbench.core.records.metrics import is_timed
 
 # Other processes used at least this share of our cores, on average, while a case ran: its rounds
@@ -55,6 +53,13 @@ def median_change(current: list[float], baseline: list[float], paired: bool, rel
     return of(statistics.median(current), statistics.median(baseline))
 
 
+def _numpy():
+    """numpy, for the intervals and the rank tests' null distributions."""
+    import numpy  # lazy: ~0.1 s, which the plugin's import in every pytest session of a user's project need not pay
+
+    return numpy
+
+
 def _scipy_stats():
     """``scipy.stats``, for the sign interval and the rank tests alone."""
     from scipy import stats  # lazy: about a second to import, which reading and comparing saved runs need not pay
@@ -66,6 +71,7 @@ def _scipy_stats():
 def _signed_rank_cdf(n: int) -> tuple[float, ...]:
     """P(W <= w), w = 0..n(n+1)/2, for the Wilcoxon signed-rank statistic of n pairs under no change: the
     generating function prod(1 + x^i) over the ranks i = 1..n, over its 2^n equally likely sign patterns."""
+    np = _numpy()
     counts = np.ones(1, dtype=float)
     for i in range(1, n + 1):
         counts = np.concatenate([counts, np.zeros(i)]) + np.concatenate([np.zeros(i), counts])
@@ -76,6 +82,7 @@ def _signed_rank_cdf(n: int) -> tuple[float, ...]:
 def _rank_sum_cdf(n: int, m: int) -> tuple[float, ...]:
     """P(U <= u), u = 0..n*m, for the Mann-Whitney statistic of n against m values under no change (the
     Gaussian binomial coefficient's counts, built one value at a time: U(n, m) = U(n-1, m) + m or U(n, m-1))."""
+    np = _numpy()
     # table[j]: counts of U for (i values, j values), i growing row by row
     table = [np.ones(1, dtype=float) for _ in range(m + 1)]
     for _ in range(1, n + 1):
@@ -136,6 +143,7 @@ def change_interval(current: list[float], baseline: list[float] | None, paired: 
     ``relative``: the change current / baseline, computed on logarithms (a ratio's noise is symmetric there);
     else current - baseline.
     """
+    np = _numpy()
     cur = np.asarray(current, dtype=float)
     base = None if baseline is None else np.asarray(baseline, dtype=float)
     if relative:
@@ -195,6 +203,7 @@ def rank_tests(current: list[float], baseline: list[float], higher_is_better: bo
 def signed_rank_tests(ratios: list[float], higher_is_better: bool) -> tuple[float, float]:
     """One-sided Wilcoxon signed-rank p-values that the pairs' ratios (current / baseline) lean worse, and better
     (the test the paired ``change_interval`` inverts; every pair unchanged: 1.0 both ways)."""
+    np = _numpy()
     logs = np.log(np.asarray(ratios, dtype=float))
     if not np.any(logs):
         return 1.0, 1.0
