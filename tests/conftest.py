@@ -11,6 +11,10 @@ import torch
 # operator libraries cannot be imported twice, so import what the plugin loads lazily now.
 import torch._dynamo  # torch.compile's, first imported inside an inner run, registered its caches twice after
 import torch._inductor.compile_fx
+
+# torch.compile's backends (the minifier's among them) are imported once per process, on the first compile: done in an
+# inner run, pytester drops their modules afterwards, and the next import registers "dynamo_minifier_backend" twice.
+torch._dynamo.list_backends()
 import torch.distributed._tools.mem_tracker
 import torch.utils.flop_counter
 import torchvision
