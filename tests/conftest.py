@@ -12,9 +12,6 @@ import torch
 import torch._dynamo  # torch.compile's, first imported inside an inner run, registered its caches twice after
 import torch._inductor.compile_fx
 
-# torch.compile's backends (the minifier's among them) are imported once per process, on the first compile: done in an
-# inner run, pytester drops their modules afterwards, and the next import registers "dynamo_minifier_backend" twice.
-torch._dynamo.list_backends()
 import torch.distributed._tools.mem_tracker
 import torch.utils.flop_counter
 import torchvision
@@ -23,6 +20,10 @@ import torchvision.transforms  # noqa: F401
 from trainbench.core.method.measure import MeasureSettings
 from trainbench.core.setups.workloads import PROFILES
 from trainbench.devices.device import CpuBackend
+
+# torch.compile's backends (the minifier's among them) are imported once per process, on the first compile: done in an
+# inner run, pytester drops their modules afterwards, and the next import registers "dynamo_minifier_backend" twice.
+torch._dynamo.list_backends()
 
 # pytest-benchmark asks py-cpuinfo for the machine's CPU in each session that saves or compares a run: ~0.2 s and a
 # Python process each time (cpuinfo runs CPUID in a child), ~80 times in this suite's inner sessions. The answer
