@@ -11,7 +11,6 @@ import torch
 # operator libraries cannot be imported twice, so import what the plugin loads lazily now.
 import torch._dynamo  # torch.compile's, first imported inside an inner run, registered its caches twice after
 import torch._inductor.compile_fx
-
 import torch.distributed._tools.mem_tracker
 import torch.utils.flop_counter
 import torchvision
