@@ -32,6 +32,7 @@ from trainbench.core.records.metrics import METRICS, is_timed, parse_thresholds,
 from trainbench.core.records.outcome import case_id
 from trainbench.core.records.result import CaseRecord, Result, case_record
 from trainbench.core.records.stats import (
+    MAX_PAIRS_FACTOR,
     change_interval,
     judge_change,
     level,
@@ -48,7 +49,6 @@ from trainbench.verdicts.gate import MetricComparison, Verdict, is_worse
 # What is compared pair by pair when the thresholds name no timed metric.
 DEFAULT_PAIRED = parse_thresholds("step_time_ms:5%,samples_per_s:5%", "the A/B default")
 # An inconclusive case gets more pairs, up to this many times the pairs asked for (and the time budget).
-MAX_PAIRS_FACTOR = 8
 # Untimed steps before each timed round: the side that just waited for the other starts with its caches evicted
 # and its threads asleep. Without them, in A/A runs of a 20 ms/step transformer the side running its second
 # round in a row was up to 15% faster than the other, and per-run median ratios spread 0.89-1.06.

@@ -13,10 +13,16 @@ from trainbench.core.harness.files import write_json_atomic
 from trainbench.core.records.result import CaseRecord, RecordError
 from trainbench.plugin import benchmark_adapter
 from trainbench.plugin.options import Options
-from trainbench.verdicts.compare import case_thresholds, compare_with_baseline, inconclusive_comparisons
 from trainbench.verdicts.gate import Verdict
 from trainbench.verdicts.present import last_line
 from trainbench.verdicts.store import SavedRun, packages_of
+
+
+def _compare():
+    """The comparison of runs: loaded by a session that compares (~40 ms of every other session's start)."""
+    from trainbench.verdicts import compare  # lazy: see above
+
+    return compare
 
 
 @dataclass
@@ -40,9 +46,9 @@ class Gate:
             return None
 
         def unsure(outcome) -> list[str]:
-            limits = case_thresholds(self.options.compare_fail, thresholds_of(outcome.case))
+            limits = _compare().case_thresholds(self.options.compare_fail, thresholds_of(outcome.case))
             current = CaseRecord.read(outcome.record(), outcome.case)
-            return inconclusive_comparisons(current, base, limits, self.options.compare_alpha)
+            return _compare().inconclusive_comparisons(current, base, limits, self.options.compare_alpha)
 
         return unsure
 
@@ -62,7 +68,7 @@ class Gate:
             baseline = benchmark_adapter.loaded_baseline(config)
             if baseline is None:
                 return None
-            verdict = compare_with_baseline(cases, baseline[1], baseline[0], identity(), o.compare_fail,
+            verdict = _compare().compare_with_baseline(cases, baseline[1], baseline[0], identity(), o.compare_fail,
                                             o.compare_alpha, allow_new_cases=o.allow_new_cases,
                                             allow_inconclusive=o.allow_inconclusive,
                                             packages=(packages_of(baseline[0]), packages()))

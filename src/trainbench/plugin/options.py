@@ -16,10 +16,9 @@ import pytest
 from _pytest.mark import expression as k_grammar  # pytest's own -k grammar, for --trainbench-profile-trace-cases
 
 from trainbench.core.records.metrics import ThresholdError, is_timed, parse_fraction, parse_thresholds
-from trainbench.core.records.stats import least_rounds, planned_looks
+from trainbench.core.records.stats import MAX_PAIRS_FACTOR, least_rounds, planned_looks
 from trainbench.devices.fleet import GpuSpecError, parse_gpu
 from trainbench.devices.host import EnvError, env_switch
-from trainbench.jobs.ab import MAX_PAIRS_FACTOR
 
 BUDGETS_FILE = "budgets.toml"  # found beside a test file or in a folder above it, up to the rootdir
 

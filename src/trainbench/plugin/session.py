@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainbench.jobs.ab import ABSession, SideError
+from trainbench.core.processes.ab_transport import SideError
 from trainbench.plugin import baseline, benchmark_adapter
 from trainbench.plugin.baseline import BaselineChoice
 from trainbench.plugin.gate import Gate
@@ -27,6 +27,9 @@ from trainbench.plugin.signals import Stopping
 from trainbench.plugin.startup import BudgetFiles, check_output_files, check_writable
 from trainbench.plugin.summary import write_last_lines, write_terminal_summary
 from trainbench.verdicts.store import PYTEST_BENCHMARKS_CHOICE, Baseline, SavedRun
+
+if TYPE_CHECKING:  # the A/B session's type, for the annotation: its module loads with --trainbench-ab alone
+    from trainbench.jobs.ab import ABSession
 
 if TYPE_CHECKING:
     from trainbench.plugin.running import Machine
@@ -80,6 +83,9 @@ class TrainbenchSession:
             self.budgets(self.options.budgets_override)  # a malformed file stops the session here
         ab = self.options.ab
         if ab is not None:
+            # A/B's runner and verdicts: loaded with --trainbench-ab alone (~0.1 s of every other session's start)
+            from trainbench.jobs.ab import ABSession
+
             self.ab = ABSession(ab.base_python, ab.head_python, ab.pairs, self.options.device_spec,
                                 self.options.remeasure_s, ab.base_root)
         self.choice = baseline.choose(self.options, config, self.device_here)

@@ -32,6 +32,8 @@ BUSY_SHARE = 0.25
 CONFIDENCE = 0.95
 ALPHA_SIDE = (1 - CONFIDENCE) / 2  # a verdict either way is a claim: each side may err this often
 MAX_LOOKS = 5  # a case measured five times that still cannot be judged will not be by a sixth
+# An A/B case inconclusive at its pairs takes as many again, up to this many times its pairs (its planned looks)
+MAX_PAIRS_FACTOR = 8
 
 
 def dispersion(values: list[float]) -> float | None:
