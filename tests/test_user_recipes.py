@@ -94,3 +94,37 @@ def test_a_users_recipe_cannot_take_a_built_in_name():
     with pytest.raises(ConfigError, match="is a built-in recipe"):
         new_recipe("amp_bf16", "mine", {"amp": "bf16"})
     assert "amp_bf16" in RECIPES
+
+
+def test_a_users_knob_acts_at_each_stage_it_names_in_the_stated_order(cpu, profile):
+    import contextlib
+
+    from trainbench.core.setups import recipes
+    from trainbench.core.setups.training import TrainingSetup
+    from trainbench.core.setups.workloads import resolve_spec
+
+    seen = []
+
+    @contextlib.contextmanager
+    def for_its_life(setup, value):
+        seen.append(("process", value))
+        yield "held"
+        seen.append(("closed", value))
+
+    saved = recipes.user_entries()
+    try:
+        register_knob("traced", 0, process=for_its_life,
+                      model=lambda setup, model, value: seen.append(("model", setup.entered["traced"])) or model,
+                      batch=lambda setup, batch, value: seen.append(("batch", value)) or batch,
+                      forward=lambda setup, value: seen.append(("forward", value)) or contextlib.nullcontext(),
+                      after_step=lambda setup, loss, value: seen.append(("after_step", value)))
+        with TrainingSetup(TrainConfig.of(traced=3), resolve_spec("mlp", profile), cpu) as training:
+            training.step(training.fetch(training.batches()))
+        assert seen == [("process", 3), ("model", "held"), ("batch", 3), ("forward", 3), ("after_step", 3),
+                        ("closed", 3)]
+        seen.clear()
+        with TrainingSetup(TrainConfig(), resolve_spec("mlp", profile), cpu) as training:  # at its default: no effect
+            training.step(training.fetch(training.batches()))
+        assert seen == []
+    finally:
+        recipes.restore_user_entries(saved)

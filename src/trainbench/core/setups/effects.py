@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # a hook's first argument; the setup imports this module
 DEBUG_PROFILER, DEBUG_NVTX = "profiler", "emit_nvtx"
 
 # The stages a setup applies, in this order:
-# process   (value) -> context manager, entered for the setup's life (a process-wide setting, restored at close);
+# process   (setup, value) -> context manager, entered for the setup's life (a process-wide setting, restored at close);
 #           what it yields is kept as ``setup.entered[knob]`` for the knob's later hooks
 # loader    (setup, value) -> DataLoader keyword arguments
 # model     (setup, model, value) -> model: the built model on the device, before data parallelism
@@ -53,7 +53,7 @@ class Effect:
     """What a knob does, by stage (``STAGES``); None where it does nothing at a stage. ``at_default``: the hooks run
     at the knob's default value too (a setting the setup states either way, such as cuDNN's autotuner off)."""
 
-    process: Callable[[Any], Any] | None = None
+    process: Callable[[TrainingSetup, Any], Any] | None = None
     loader: Callable[[TrainingSetup, Any], dict] | None = None
     model: Callable[[TrainingSetup, torch.nn.Module, Any], torch.nn.Module] | None = None
     parallel: Callable[[TrainingSetup, torch.nn.Module, Any], torch.nn.Module] | None = None
@@ -569,11 +569,11 @@ LOSS_HISTORY = Effect(after_step=_keep_loss)
 EVALUATION = Effect(model=_evaluation, forward=_grad_mode)
 EMPTY_CACHE = Effect(after_step=_empty_cache)
 COMPILE = Effect(model=_compile_check, compiled=_compiled)
-CUDNN_BENCHMARK = Effect(process=cudnn_benchmark_set, at_default=True)
+CUDNN_BENCHMARK = Effect(process=lambda setup, on: cudnn_benchmark_set(on), at_default=True)
 CHANNELS_LAST = Effect(model=_channels_last_model, batch=_channels_last_batch)
 CONV_BIAS = Effect(model=_conv_bias)
 FUSE_POINTWISE = Effect(model=_fused)
 SDPA = Effect(forward=lambda setup, backend: sdpa_context(backend), error=_no_kernel)
-DEBUG = Effect(process=lambda mode: _debug_api(mode), after_step=_debug_step)
-DETERMINISTIC = Effect(process=lambda on: _deterministic_algorithms(), error=_no_deterministic_kernel)
+DEBUG = Effect(process=lambda setup, mode: _debug_api(mode), after_step=_debug_step)
+DETERMINISTIC = Effect(process=lambda setup, on: _deterministic_algorithms(), error=_no_deterministic_kernel)
 DATA_PARALLEL = Effect(parallel=_data_parallel)
