@@ -417,8 +417,7 @@ class TrainingSetup:
         # Each stage's knob hooks, asked once: a step applies several stages, and the rounds time the step
         self.hooks = {stage: config.effects(stage) for stage in STAGES}
         # What each knob's process-wide setting yielded, for its later hooks (the left-on profiler to step)
-        self.entered = {name: self._closers.enter_context(hook(self, value))
-                        for name, value, hook in self.hooks["process"]}
+        self.entered = {name: self._closers.enter_context(hook(self, value)) for name, value, hook in self.hooks["process"]}
 
         self.data = self.batch_source(self)
         self.loader, self.batch_size, self.synthetic = self.data.loader, self.data.batch_size, self.data.synthetic
