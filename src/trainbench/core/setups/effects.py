@@ -13,6 +13,7 @@ import contextlib
 import difflib
 import functools
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,13 +45,11 @@ DEBUG_PROFILER, DEBUG_NVTX = "profiler", "emit_nvtx"
 # zero_grad (setup, optimizer or None, value) -> None: how gradients are cleared
 # after_step (setup, loss, value) -> None: after each step
 # error     (setup, error, value) -> an exception to raise from a step's RuntimeError instead, or None
-STAGES = ("process", "loader", "model", "parallel", "compiled", "setup", "batch", "forward", "zero_grad", "after_step",
-          "error")
 
 
 @dataclass(frozen=True)
 class Effect:
-    """What a knob does, by stage (``STAGES``); None where it does nothing at a stage. ``at_default``: the hooks run
+    """What a knob does, by stage (``STAGES``: its hook fields, in their order); None where it does nothing at a stage. ``at_default``: the hooks run
     at the knob's default value too (a setting the setup states either way, such as cuDNN's autotuner off)."""
 
     process: Callable[[TrainingSetup, Any], Any] | None = None
@@ -65,6 +64,10 @@ class Effect:
     after_step: Callable[[TrainingSetup, torch.Tensor, Any], None] | None = None
     error: Callable[[TrainingSetup, RuntimeError, Any], BaseException | None] | None = None
     at_default: bool = False
+
+
+# The stages, in the order a setup applies them: Effect's hook fields (the one list of them)
+STAGES = tuple(f.name for f in dataclasses.fields(Effect) if f.name != "at_default")
 
 
 def checkpointing_already(model: torch.nn.Module) -> str | None:

@@ -180,9 +180,9 @@ class TrainConfig:
     @classmethod
     def of(cls, **values) -> TrainConfig:
         """A config from knob values, built-in or users' (``register_knob``), by name."""
-        unknown = set(values) - set(KNOBS) - set(USER_KNOBS) - {"batch_size", "seed"}
+        unknown = set(values) - known_knobs()
         if unknown:
-            raise ConfigError(f"unknown knobs {sorted(unknown)}; known: {sorted(set(KNOBS) | set(USER_KNOBS))}")
+            raise ConfigError(f"unknown knobs {sorted(unknown)}; known: {sorted(known_knobs())}")
         own = {k: v for k, v in values.items() if k in USER_KNOBS}
         user = tuple(sorted((k, v) for k, v in own.items() if v != USER_KNOBS[k][1]))
         return cls(**{k: v for k, v in values.items() if k not in USER_KNOBS}, user_knobs=user)
