@@ -34,6 +34,19 @@ def test_every_optimization_is_a_case_somewhere():
     assert optimizations - in_suite == set()
 
 
+def test_the_suite_is_read_from_each_recipes_entry_and_a_workload_no_one_knows_is_refused(monkeypatch):
+    from trainbench.core.setups import cases
+    from trainbench.core.setups.recipes import Recipe
+
+    assert {(w, r.name) for r in RECIPES.values() for w in r.suite} == {(c.workload, c.recipe_name) for c in
+                                                                       cases.recipe_cases()}
+    monkeypatch.setitem(RECIPES, "planted", Recipe("planted", "a recipe on two workloads", suite=("gpt", "convnet")))
+    assert cases._suite()["gpt"][-1] == cases._suite()["convnet"][-1] == "planted"  # the entry alone adds its cases
+    monkeypatch.setitem(RECIPES, "planted", Recipe("planted", "a recipe on no known workload", suite=("gtp",)))
+    with pytest.raises(ValueError, match=r"recipes name workloads that are not built in: \[\('planted', 'gtp'\)\]"):
+        cases._suite()
+
+
 @pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.id)
 def test_every_case_has_a_budget_for_the_devices_it_runs_on(case):
     if _needs_gpu(case):

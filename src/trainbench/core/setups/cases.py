@@ -1,7 +1,8 @@
 """The suite: which recipe runs on which workload, and the ladder rungs.
 
 One source of truth for the pytest benchmarks (``benchmarks/test_*.py``) and any other
-runner: adding a recipe name here adds its case everywhere. A case id is
+runner: a recipe's ``suite`` entry (``recipes.RECIPES``) names the workloads it runs on, and naming one there adds
+its case everywhere. A case id is
 ``<workload>-<recipe>``, the key of its budgets in ``benchmarks/budgets.toml``.
 """
 
@@ -15,40 +16,16 @@ from trainbench.core.setups.recipes import RECIPES, Recipe, get_recipe
 from trainbench.core.setups.workloads import WORKLOADS, Profile
 from trainbench.devices.device import DeviceCaps
 
-SUITE: dict[str, tuple[str, ...]] = {
-    # The seeds' model: every optimization that applies to a CNN on images.
-    "resnet18": (
-        "baseline",
-        # data path
-        "multiprocess_loading", "pinned_memory", "uint8_transfer", "channels_last_input", "device_tensors",
-        # precision
-        "amp_bf16", "amp_fp16", "amp_fp16_no_scaler",
-        # batch and memory
-        "larger_batch", "checkpointing", "set_to_none", "param_grad_none", "loss_detach",
-        "eval_no_grad", "eval_inference_mode", "empty_cache",
-        # compute
-        "compile", "cudnn_benchmark", "channels_last", "channels_last_amp", "conv_bias_free",
-        "optimizer_foreach", "optimizer_fused", "anomaly_detection", "profiler_left_on", "emit_nvtx",
-        "deterministic", "loss_item_every_n",
-        # scale
-        "ddp", "fsdp",
-    ),
-    # A user's CNN with a bias before each BatchNorm: what removing it saves (ResNet-18 has none to remove).
-    "convnet": ("baseline", "no_conv_bias"),
-    # A second model family; also where accumulation can promise exact gradients (LayerNorm, no BatchNorm).
-    "transformer": (
-        "baseline", "amp_bf16", "amp_fp16", "larger_batch", "grad_accumulation", "checkpointing", "set_to_none",
-        "optimizer_foreach", "eval_inference_mode", "ddp_gloo", "fsdp_gloo",
-    ),
-    # The seeds' pointwise-fusion example (a hand-written GELU) inside a model.
-    "gelu_mlp": ("baseline", "fuse_pointwise_script", "fuse_pointwise_compile"),
-    # What platform teams train now: a decoder LM (AdamW, causal SDPA) and a Vision Transformer.
-    "gpt": (
-        "baseline", "amp_bf16", "compile", "optimizer_foreach", "optimizer_fused", "checkpointing",
-        "grad_accumulation", "larger_batch", "sdpa_flash", "sdpa_efficient",
-    ),
-    "vit": ("baseline", "amp_bf16", "checkpointing", "larger_batch"),
-}
+def _suite() -> dict[str, tuple[str, ...]]:
+    """Each built-in workload's recipes, in the recipe table's order: read from each recipe's ``suite`` entry."""
+    unknown = {(r.name, w) for r in RECIPES.values() for w in r.suite if w not in WORKLOADS}
+    if unknown:
+        raise ValueError(f"recipes name workloads that are not built in: {sorted(unknown)}; known: {list(WORKLOADS)}")
+    suite = {w: tuple(name for name, r in RECIPES.items() if w in r.suite) for w in WORKLOADS}
+    return {w: names for w, names in suite.items() if names}
+
+
+SUITE: dict[str, tuple[str, ...]] = _suite()
 
 
 @dataclass(frozen=True)

@@ -407,6 +407,8 @@ class Recipe:
     grad_rtol: float | None = None
     grad_measure: str = "parameter"  # what grad_rtol bounds: one of GRADIENT_MEASURES
     reference: bool = False  # a starting point other recipes are measured against, not an optimization
+    # The built-in workloads the suite measures it on, in the suite's order of workloads (``cases.SUITE`` reads them).
+    suite: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.grad_measure not in GRADIENT_MEASURES:
@@ -519,7 +521,7 @@ def compose(name: str, *recipes: Recipe, description: str | None = None, baselin
 
 
 BASELINE = Recipe("baseline", "the seeds' starting point: fp32, one process, pageable float32 copies, zero_grad() writing zeros",
-                  reference=True)
+                  reference=True, suite=("resnet18", "convnet", "transformer", "gelu_mlp", "gpt", "vit"))
 _GPU = Requirements(cuda=True)
 _TENSOR_CORES = Requirements(cuda=True, min_capability=(7, 0))
 _TWO_GPUS = Requirements(cuda=True, min_gpus=2)
@@ -538,14 +540,16 @@ RECIPES: dict[str, Recipe] = {
             "DataLoader worker processes (2 on the CPU profile, the seeds' 8 on GPU)",
             {"num_workers": ByProfile(cpu=2, gpu=8)},
             loss_rtol=1e-6,  # the sampler runs in the main process: same batches, same order
+            suite=("resnet18",),
         ),
         Recipe("pinned_memory", "page-locked host batches and non_blocking copies that overlap compute",
-               {"pin_memory": True, "non_blocking": True}, _GPU, loss_rtol=1e-6),
+               {"pin_memory": True, "non_blocking": True}, _GPU, loss_rtol=1e-6, suite=("resnet18",)),
         Recipe(
             "uint8_transfer",
             "copy uint8 pixels and normalize on the device: 4x fewer bytes to the device",
             {"uint8_transfer": True},
             loss_rtol=1e-6,  # the same normalization, on the device: bit-identical on CPU
+            suite=("resnet18",),
         ),
         Recipe(
             "channels_last_input",
@@ -553,6 +557,7 @@ RECIPES: dict[str, Recipe] = {
             {"uint8_transfer": True, "channels_last_input": True},
             baseline="uint8_transfer",
             loss_rtol=1e-3,  # convolutions on channels-last inputs sum in another order
+            suite=("resnet18",),
         ),
         Recipe("host_tensors", "synthetic batches made on the host, then copied: torch.rand(...).to(device)",
                {"synthetic": "host"}, reference=True),
@@ -562,6 +567,7 @@ RECIPES: dict[str, Recipe] = {
             "Unguarded: a device generator draws other random numbers than the host's",
             {"synthetic": "device"},
             baseline="host_tensors",
+            suite=("resnet18",),
         ),
         # -- precision ---------------------------------------------------------------
         Recipe(
@@ -572,6 +578,7 @@ RECIPES: dict[str, Recipe] = {
             # bf16 keeps 8 mantissa bits; measured 0.0063 on ResNet-18 over 4 steps. No gradient guard:
             # BatchNorm bias gradients are sums that cancel, and differ by ~40% in bf16 from step one.
             loss_rtol=0.03,
+            suite=("resnet18", "transformer", "gpt", "vit"),
         ),
         Recipe(
             "amp_fp16",
@@ -584,6 +591,7 @@ RECIPES: dict[str, Recipe] = {
             # left BatchNorm parameters' gradients up to 19% off one by one, all of them 0.2% off in direction.
             grad_rtol=0.01,
             grad_measure="direction",
+            suite=("resnet18", "transformer"),
         ),
         Recipe(
             "amp_fp16_no_scaler",
@@ -594,10 +602,11 @@ RECIPES: dict[str, Recipe] = {
             loss_rtol=0.01,
             grad_rtol=0.01,  # as amp_fp16's; the same CPU estimate: 0.23% off in direction, 26% for one parameter
             grad_measure="direction",
+            suite=("resnet18",),
         ),
         # -- batch -------------------------------------------------------------------
         Recipe("larger_batch", "4x the batch on CPU, 16x on GPU (the seeds' 512). Unguarded: another batch trains differently",
-               {"batch_multiplier": ByProfile(cpu=4, gpu=16)}),
+               {"batch_multiplier": ByProfile(cpu=4, gpu=16)}, suite=("resnet18", "transformer", "gpt", "vit")),
         Recipe(
             "grad_accumulation",
             "the larger batch as 4 accumulated micro-batches (loss / 4 each): the micro-batch's memory, "
@@ -606,6 +615,7 @@ RECIPES: dict[str, Recipe] = {
             baseline="larger_batch",
             loss_rtol=1e-5,
             grad_rtol=1e-4,  # fp32 sums in another order
+            suite=("transformer", "gpt"),
         ),
         # -- memory ------------------------------------------------------------------
         Recipe(
@@ -614,23 +624,24 @@ RECIPES: dict[str, Recipe] = {
             {"checkpointing": True},
             loss_rtol=1e-6,
             grad_rtol=1e-5,  # the recomputation repeats the same kernels
+            suite=("resnet18", "transformer", "gpt", "vit"),
         ),
         Recipe("set_to_none", "zero_grad(set_to_none=True): free gradients instead of writing zeros",
-               {"zero_grad": "set_to_none"}, loss_rtol=1e-6),
+               {"zero_grad": "set_to_none"}, loss_rtol=1e-6, suite=("resnet18", "transformer")),
         Recipe("param_grad_none", "`for p in model.parameters(): p.grad = None` instead of zero_grad()",
-               {"zero_grad": "param_none"}, loss_rtol=1e-6),
+               {"zero_grad": "param_none"}, loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("loss_leak", "`total_loss += loss` each step: every step's autograd graph stays alive (the anti-pattern)",
                {"loss_history": "tensor"}, reference=True),
         Recipe("loss_detach", "`total_loss += loss.detach()`: the running loss without the graph, and without a sync",
-               {"loss_history": "detach"}, baseline="loss_leak", loss_rtol=1e-6),
+               {"loss_history": "detach"}, baseline="loss_leak", loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("eval_autograd", "evaluation forward with autograd on: activations kept for a backward that never comes",
                {"eval_mode": "autograd"}, reference=True),
         Recipe("eval_no_grad", "evaluation under torch.no_grad()", {"eval_mode": "no_grad"},
-               baseline="eval_autograd", loss_rtol=1e-6),
+               baseline="eval_autograd", loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("eval_inference_mode", "evaluation under torch.inference_mode(): no autograd, no version counters",
-               {"eval_mode": "inference_mode"}, baseline="eval_no_grad", loss_rtol=1e-6),
+               {"eval_mode": "inference_mode"}, baseline="eval_no_grad", loss_rtol=1e-6, suite=("resnet18", "transformer")),
         Recipe("empty_cache", "the CUDA caching allocator emptied after every step: lower reserved memory, paid in cudaMalloc",
-               {"empty_cache": True}, _GPU, loss_rtol=1e-6),
+               {"empty_cache": True}, _GPU, loss_rtol=1e-6, suite=("resnet18",)),
         # -- compute -----------------------------------------------------------------
         Recipe(
             "compile",
@@ -639,51 +650,54 @@ RECIPES: dict[str, Recipe] = {
             extra_warmup_steps=10,
             slow=True,
             loss_rtol=1e-3,  # fused kernels round differently
+            suite=("resnet18", "gpt"),
         ),
         Recipe("cudnn_benchmark", "cuDNN autotuner picks the fastest convolution algorithms", {"cudnn_benchmark": True},
-               _GPU, extra_warmup_steps=5, loss_rtol=1e-3),
+               _GPU, extra_warmup_steps=5, loss_rtol=1e-3, suite=("resnet18",)),
         Recipe("channels_last", "NHWC memory format for the model and its inputs", {"channels_last": True},
-               loss_rtol=1e-3),  # NHWC kernels sum in another order: measured 2.7e-5
+               loss_rtol=1e-3, suite=("resnet18",)),  # NHWC kernels sum in another order: measured 2.7e-5
         Recipe("channels_last_amp", "channels-last model and inputs with mixed precision (bf16 on CPU, fp16 on GPU)",
-               {"channels_last": True, **_AMP, "grad_scaler": ByProfile(cpu=False, gpu=True)}, loss_rtol=0.03),
+               {"channels_last": True, **_AMP, "grad_scaler": ByProfile(cpu=False, gpu=True)}, loss_rtol=0.03, suite=("resnet18",)),
         Recipe("fuse_pointwise_script", "the GELU block under torch.jit.script: the fuser makes one CUDA kernel of it",
-               {"fuse_pointwise": "script"}, _GPU, loss_rtol=1e-5),
+               {"fuse_pointwise": "script"}, _GPU, loss_rtol=1e-5, suite=("gelu_mlp",)),
         Recipe("fuse_pointwise_compile", "the GELU block under torch.compile: one generated kernel per direction",
-               {"fuse_pointwise": "compile"}, extra_warmup_steps=2, loss_rtol=1e-5),
+               {"fuse_pointwise": "compile"}, extra_warmup_steps=2, loss_rtol=1e-5, suite=("gelu_mlp",)),
         Recipe("sdpa_math", "scaled_dot_product_attention restricted to the math kernel: the attention matrix materialized "
                "(bf16 autocast on GPU, as the fused kernels need)", {"sdpa_backend": "math", **_SDPA_AMP},
                reference=True),
         Recipe("sdpa_flash", "scaled_dot_product_attention restricted to FlashAttention (vs math): no attention matrix kept",
                {"sdpa_backend": "flash", **_SDPA_AMP}, Requirements(gpu_capability=(8, 0)), baseline="sdpa_math",
-               loss_rtol=1e-3),  # another summation order
+               loss_rtol=1e-3, suite=("gpt",)),  # another summation order
         Recipe("sdpa_efficient", "scaled_dot_product_attention restricted to the memory-efficient kernel (vs math)",
-               {"sdpa_backend": "efficient", **_SDPA_AMP}, _GPU, baseline="sdpa_math", loss_rtol=1e-3),
+               {"sdpa_backend": "efficient", **_SDPA_AMP}, _GPU, baseline="sdpa_math", loss_rtol=1e-3, suite=("gpt",)),
         # A bias before a norm that subtracts each channel's mean (BatchNorm, InstanceNorm in training; GroupNorm with
         # a channel per group) is cancelled: removing it keeps the function; the loss guard checks the training does.
         Recipe("no_conv_bias", "the biases of the model's convolutions followed by a norm that cancels them removed, vs the "
                "model as given: fewer parameters and ops, the same training (skipped where they have none)",
-               {"conv_bias": "remove"}, loss_rtol=1e-4),
+               {"conv_bias": "remove"}, loss_rtol=1e-4, suite=("convnet",)),
         Recipe("conv_bias", "a zero bias added to each bias-free convolution followed by a norm that cancels it: the "
                "seeds' redundant bias, for models built without it", {"conv_bias": "add"}, reference=True),
         Recipe("conv_bias_free", "the model's bias-free convolutions before their norms as given (torchvision's ResNet), "
                "vs conv_bias's redundant biases: the seeds' comparison, what leaving the bias out saves",
-               {}, baseline="conv_bias", loss_rtol=1e-4),
+               {}, baseline="conv_bias", loss_rtol=1e-4, suite=("resnet18",)),
         Recipe("optimizer_loop", "the optimizer updating one parameter at a time (foreach=False)",
                {"optimizer_impl": "loop"}, reference=True),
         Recipe("optimizer_foreach", "the optimizer with foreach=True: one multi-tensor kernel per update op",
-               {"optimizer_impl": "foreach"}, baseline="optimizer_loop", loss_rtol=1e-5),
+               {"optimizer_impl": "foreach"}, baseline="optimizer_loop", loss_rtol=1e-5, suite=("resnet18", "transformer", "gpt")),
         Recipe("optimizer_fused", "the optimizer with fused=True: the whole update in one kernel",
-               {"optimizer_impl": "fused"}, baseline="optimizer_loop", loss_rtol=1e-5),
+               {"optimizer_impl": "fused"}, baseline="optimizer_loop", loss_rtol=1e-5, suite=("resnet18", "gpt")),
         Recipe("anomaly_detection", "torch.autograd.detect_anomaly left on: the cost of a debug API in training",
-               {"debug": "anomaly"}, loss_rtol=1e-6),
+               {"debug": "anomaly"}, loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("profiler_left_on", "torch.profiler (shapes, memory, stacks) left on across steps: its cost",
-               {"debug": DEBUG_PROFILER}, loss_rtol=1e-6),
+               {"debug": DEBUG_PROFILER}, loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("emit_nvtx", "torch.autograd.profiler.emit_nvtx left on: NVTX ranges around every op",
-               {"debug": DEBUG_NVTX}, _GPU, loss_rtol=1e-6),
+               {"debug": DEBUG_NVTX}, _GPU, loss_rtol=1e-6, suite=("resnet18",)),
         Recipe("deterministic", "torch.use_deterministic_algorithms(True): the cost of reproducible kernels",
-               {"deterministic": True}, loss_rtol=1e-3),
+               {"deterministic": True}, loss_rtol=1e-3, suite=("resnet18",)),
         Recipe("loss_item", "`loss.item()` every step for logging: a host-device sync per step",
                {"loss_history": "item"}, reference=True),
+        Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",
+               {"loss_history": "item", "log_every": ByProfile(cpu=10, gpu=50)}, baseline="loss_item", loss_rtol=1e-6, suite=("resnet18",)),
         # -- scale -------------------------------------------------------------------
         Recipe("one_process", "the global batch of two ranks in one process (twice the spec's batch)",
                {"batch_multiplier": 2}, reference=True),
@@ -695,6 +709,7 @@ RECIPES: dict[str, Recipe] = {
             Requirements(cpu_only=True, gpu_variant="ddp"),
             baseline="one_process",
             grad_rtol=1e-4,  # the all-reduce averages two half-batch means: fp32 sums in another order
+            suite=("transformer",),
         ),
         Recipe(
             "fsdp_gloo",
@@ -704,6 +719,7 @@ RECIPES: dict[str, Recipe] = {
             Requirements(cpu_only=True, gpu_variant="fsdp"),
             baseline="ddp_gloo",
             grad_rtol=1e-4,  # the reduce-scatter sums the two half-batch gradients in another order than the all-reduce
+            suite=("transformer",),
         ),
         Recipe("data_parallel", "nn.DataParallel: one process scatters twice the spec's batch over 2 GPUs",
                {"parallel": "dp", "replicas": 2, "batch_multiplier": 2}, _TWO_GPUS, reference=True),
@@ -711,12 +727,10 @@ RECIPES: dict[str, Recipe] = {
                {"parallel": "ddp", "world_size": 2, "dist_backend": "nccl"}, _TWO_GPUS, baseline="data_parallel",
                # against the one-process equivalent (per-GPU BatchNorm statistics, as both compute them): fp32 sums
                # in another order
-               grad_rtol=1e-4),
+               grad_rtol=1e-4, suite=("resnet18",)),
         Recipe("fsdp", "FSDP2 over NCCL: one process per GPU as ddp, each GPU holding half of the parameters, gradients "
                "and optimizer state between steps", {"parallel": "fsdp", "world_size": 2, "dist_backend": "nccl"},
-               _TWO_GPUS, baseline="ddp", grad_rtol=1e-4),
-        Recipe("loss_item_every_n", "losses summed on the device, `.item()` once every 10 steps (50 on GPU)",
-               {"loss_history": "item", "log_every": ByProfile(cpu=10, gpu=50)}, baseline="loss_item", loss_rtol=1e-6),
+               _TWO_GPUS, baseline="ddp", grad_rtol=1e-4, suite=("resnet18",)),
     ]
 }
 
