@@ -27,7 +27,7 @@ BF16 = CpuBackend(torch.device("cpu")).supports_bf16()
     ("compiled_model", 1, 1, None),  # compile: the model came compiled; --trainbench-slow runs it (Inductor)
     ("activation_offload", 2, 0, None),  # a recipe of the user's own, with a knob of its own and its guard
 ])
-def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options):
+def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, library, quick_options, monkeypatch):
     if library:
         pytest.importorskip(library)  # the example skips itself without it; here it would count no passes
     for path in (EXAMPLES / example).iterdir():
@@ -36,12 +36,21 @@ def test_example_runs_and_meets_its_budgets(pytester, example, passed, skipped, 
     compiled = example == "compiled_model"
     # Inductor in a process of its own: imported first inside a worker whose earlier tests left torch's compile
     # modules half imported, it fails to register its caches ("already registered in mega-cache artifact factory")
+    # (and a crash of fake tensors entering compiled code, which could take a process down, fails this test alone)
     run = pytester.runpytest_subprocess if compiled else pytester.runpytest
+    if compiled:  # the memory prediction on: a model the user compiled must never be run on fake tensors
+        monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
     result = run(*quick_options, *(("--trainbench-slow",) if compiled else ()), "-rs", "-W",
                  "error::trainbench.plugin.NoBudgetWarning")
     result.assert_outcomes(passed=passed, skipped=skipped)
     summary = result.stdout.str().split("trainbench summary", 1)[1]
     assert " none" not in summary and "FAIL" not in summary  # every measured case had its budget, and met it
+    if compiled:
+        out = result.stdout.str()
+        assert "the spec's model came compiled (torch.compile): compiling it again changes nothing" in out
+        assert ("GPU pred n/a for compiled_classifier-baseline: the spec's model came compiled (torch.compile): compiled "
+                "code runs its own kernels, which fake tensors cannot enter") in out
+        assert "FakeTensorMode could not run" not in out
 
 
 @pytest.mark.parametrize("example", ["language_model", "contrastive", "regression", "lightning_module", "gan", "hf_causal_lm",

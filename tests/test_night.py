@@ -555,13 +555,13 @@ def test_a_cpu_night_on_a_bare_box_measures_and_brings_its_archive_home(bare_box
     out, archive = tmp_path / "night", tmp_path / "home" / "night.tar.gz"
     done = subprocess.run([bare_box, "-m", "trainbench", "night", "--device", "cpu", "--budget-s", "120",
                            "--out", str(out), "--archive", str(archive), "--pytest-arg=-k",
-                           "--pytest-arg=gelu_mlp-baseline or convnet-baseline"],
+                           "--pytest-arg=gelu_mlp-baseline"],  # the suite's cheapest case: ~3 s, convnet's ~15 s
                           cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env=dict(os.environ, TRAINBENCH_PREDICT_MEMORY="1"))  # the budgets ask for predictions
     members = _archived(archive)
     run = json.loads(members["night/run.json"])
     measured = {b["extra_info"]["case"]: b["extra_info"]["samples_per_s"] for b in run["benchmarks"]}
-    assert set(measured) == {"gelu_mlp-baseline", "convnet-baseline"} and min(measured.values()) > 0, done.stdout
+    assert set(measured) == {"gelu_mlp-baseline"} and min(measured.values()) > 0, done.stdout
     summary = members["night/summary.md"].decode()
     assert summary.startswith("# CPU night:") and "Profile: short (a budget of 120 s" in summary
     assert "| gelu_mlp-baseline | — | passed |" in summary

@@ -712,49 +712,6 @@ def test_a_missing_folder_of_an_output_file_is_made_at_start_up(pytester, quick_
     assert (pytester.path / "new" / "folder").is_dir()
 
 
-COMPILED_BY_USER = """
-import functools
-import pytest
-import torch
-from torch import nn
-from trainbench import TrainingSpec, classification_loss
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    def forward(self, x):
-        return self.body(x)
-
-
-SPEC = TrainingSpec(name="compiled_mlp", model=lambda: torch.compile(Net()), loss_fn=classification_loss,
-                    batch_size=16, optimizer=functools.partial(torch.optim.SGD, lr=0.1),
-                    batches=lambda n, gen: (torch.randn(n, 32, generator=gen), torch.randint(0, 10, (n,), generator=gen)))
-
-
-@pytest.mark.parametrize("recipe", ["baseline", "compile"])
-def test_compiled(train_bench, recipe):
-    train_bench(recipe, SPEC)
-"""
-
-
-def test_a_model_the_user_compiled_is_measured_and_never_run_on_fake_tensors(pytester, quick_options, monkeypatch):
-    """``model=lambda: torch.compile(Net())``: the memory prediction ran Inductor's code on fake tensors, which fails,
-    or takes the whole session down with a segfault; it is now not attempted, with the reason. In a subprocess, so
-    that a crash fails this test and not the test session."""
-    monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
-    pytester.makepyfile(test_compiled=COMPILED_BY_USER)
-    result = pytester.runpytest_subprocess(*quick_options, "-W", "ignore::UserWarning", "-rs", "--trainbench-slow")
-    result.assert_outcomes(passed=1, skipped=1)
-    out = result.stdout.str()
-    assert "the spec's model came compiled (torch.compile): compiling it again changes nothing" in out
-    assert ("GPU pred n/a for compiled_mlp-baseline: the spec's model came compiled (torch.compile): compiled code "
-            "runs its own kernels, which fake tensors cannot enter") in out
-    assert "FakeTensorMode could not run" not in out
-
-
 SPARSE_RECOMMENDER = """import functools
 import torch
 from torch import nn
