@@ -17,11 +17,29 @@ forks = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods()
                            reason="the predictions are made ahead only where processes fork")
 
 
+SUITE_SESSION = """
+import pytest
+from trainbench.core.setups.cases import Case
+from trainbench.plugin import case_params
+
+@pytest.mark.parametrize("case", case_params([Case("mlp", "baseline"), Case("mlp", "set_to_none")]))
+def test_case(train_bench, case):
+    train_bench.case(case)
+"""
+
+
 @forks
-def test_forked_predictions_in_a_fresh_process(pytester):
-    pytester.makepyfile(test_scenarios=(Path(__file__).parent / "predict_ahead_scenarios.py").read_text())
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-q")
-    result.assert_outcomes(passed=4)
+def test_forked_predictions_and_a_suite_session_that_predicts_ahead_in_a_fresh_process(pytester, quick_options,
+                                                                                       monkeypatch):
+    """One fresh process for both (a process start is most of either's cost): the session predicts its suite cases
+    ahead before any test runs, then the scenarios fork theirs, and the suite cases, which run backward passes,
+    come last (files in name order)."""
+    monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
+    pytester.makepyfile(test_scenarios=(Path(__file__).parent / "predict_ahead_scenarios.py").read_text(),
+                        test_suite=SUITE_SESSION)
+    result = pytester.runpytest_subprocess(*quick_options, "-p", "no:randomly")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["memory predictions: 4 setups made before the first case in * s by 2 processes"])
 
 
 def test_no_fork_where_it_is_unsafe(cpu, monkeypatch):
@@ -38,23 +56,6 @@ def test_no_fork_where_it_is_unsafe(cpu, monkeypatch):
     monkeypatch.setattr(ahead, "other_threads", lambda: 0)
     if "fork" in multiprocessing.get_all_start_methods():
         assert ahead.why_not_forked(cache, 2) is None
-
-
-@forks
-def test_a_suite_session_predicts_ahead_and_says_so(pytester, quick_options, monkeypatch):
-    monkeypatch.setenv("TRAINBENCH_PREDICT_MEMORY", "1")
-    pytester.makepyfile(test_suite="""
-        import pytest
-        from trainbench.core.setups.cases import Case
-        from trainbench.plugin import case_params
-
-        @pytest.mark.parametrize("case", case_params([Case("mlp", "baseline"), Case("mlp", "set_to_none")]))
-        def test_case(train_bench, case):
-            train_bench.case(case)
-    """)
-    result = pytester.runpytest_subprocess(*quick_options)
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["memory predictions: 4 setups made before the first case in * s by 2 processes"])
 
 
 def test_a_shared_file_takes_many_predictions_in_one_write(cpu, tmp_path, monkeypatch):
