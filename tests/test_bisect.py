@@ -148,20 +148,20 @@ def test_net(train_bench):
     train_bench("baseline", SPEC)
 """
 
-# One intra-op thread, as in make test: two A/B sides of two threads each on two shared cores time each other's
-# thread wake-ups (pairs alternating +-40% in A/A runs of a 3 ms step).
-CONFTEST = """
-import torch
+# Each commit a search judges costs a pytest run (exact) or an A/B session of three processes (timed), each ~4 s CPU
+# of imports: the histories are as short as lets each search show what its test asserts.
+# The exact search over commits 2..5 (commit 1 good): commit 3 first (the middle), which does not import and is
+# skipped, then commit 2, bad: found past the skipped one in four runs (commits 1, 5, 3, 2; the change across the
+# answer is against commit 1's run, already made).
+LAYER_COMMITS, LAYER_AT, BROKEN_AT = 5, 2, 3
+# The timed search over commits 2..3: one step, the A/B of commit 2 (slowed) against commit 1, two real regressions
+# in all (BAD against GOOD first), none an A/A that a loaded machine could leave undecided.
+SLOW_COMMITS, SLOW_AT = 3, 2
 
-torch.set_num_threads(1)
-"""
 
-PLANTED_AT = 5  # of commits 1..8: the fifth changes the model
-
-
-def _planted_repo(root, change, planted_at=PLANTED_AT, broken_at=None):
-    """Eight commits of a user project; commit ``planted_at`` makes its model ``change`` (more layers, or a slower
-    step); commit ``broken_at`` alone has a test module that does not import."""
+def _planted_repo(root, change, commits, planted_at, broken_at=None):
+    """``commits`` commits of a user project; commit ``planted_at`` makes its model ``change`` (more layers, or a
+    slower step); commit ``broken_at`` alone has a test module that does not import."""
     def git(*args):
         subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
 
@@ -169,13 +169,12 @@ def _planted_repo(root, change, planted_at=PLANTED_AT, broken_at=None):
     git("init", "-q", "-b", "main")
     git("config", "user.email", "t@example.com")
     git("config", "user.name", "t")
-    (root / "test_speed.py").write_text(TEST)
-    (root / "conftest.py").write_text(CONFTEST)
     shas = []
-    for i in range(1, 9):
+    for i in range(1, commits + 1):
         layers, slow = (2, 0) if i < planted_at else change
         (root / "model.py").write_text(MODEL.format(layers=layers, slow=slow))
-        (root / "test_speed.py").write_text(TEST + ("\nimport not_a_module\n" if i == broken_at else ""))
+        # the failing import first: the broken commit's run stops before it loads torch
+        (root / "test_speed.py").write_text(("import not_a_module\n" if i == broken_at else "") + TEST)
         (root / "notes.txt").write_text(f"commit {i}\n")
         git("add", "-A")
         git("commit", "-q", "-m", f"commit {i}")
@@ -186,14 +185,18 @@ def _planted_repo(root, change, planted_at=PLANTED_AT, broken_at=None):
 
 @pytest.fixture(scope="module")
 def layer_repo(tmp_path_factory):
-    """The planted repository whose commit 5 adds a layer and whose commit 6 alone does not import: built once for
+    """The planted repository whose commit 2 adds a layer and whose commit 3 alone does not import: built once for
     the tests that search it and those refused before any run (the refusals read its commits, never its tree)."""
     root = tmp_path_factory.mktemp("layer") / "project"
-    return root, _planted_repo(root, change=(3, 0), broken_at=PLANTED_AT + 1)
+    return root, _planted_repo(root, change=(3, 0), commits=LAYER_COMMITS, planted_at=LAYER_AT, broken_at=BROKEN_AT)
 
 
 def _bisect(root, *args):
-    env = {**os.environ, "TRAINBENCH_PREDICT_MEMORY": "0"}
+    # One intra-op thread, as in make test: two A/B sides of two threads each on two shared cores time each other's
+    # thread wake-ups (pairs alternating +-40% in A/A runs of a 3 ms step). Set for every process of the search (each
+    # side gets its session's count), not in the project's conftest: importing torch there, the broken commit's run
+    # would load it before its test module fails.
+    env = {**os.environ, "TRAINBENCH_PREDICT_MEMORY": "0", "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)
     return subprocess.run([sys.executable, "-m", "trainbench", "bisect", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -209,13 +212,13 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     answer = json.loads((tmp_path / "answer.json").read_text())
-    assert answer["first_bad"]["sha"] == shas[PLANTED_AT - 1] and "commit 5" in answer["first_bad"]["subject"]
-    assert len(answer["steps"]) <= math.ceil(math.log2(7)) + 1
+    assert answer["first_bad"]["sha"] == shas[LAYER_AT - 1] and f"commit {LAYER_AT}" in answer["first_bad"]["subject"]
+    assert len(answer["steps"]) <= math.ceil(math.log2(len(shas) - 1)) + 1
     assert "param_mib" in answer["metrics"]  # found from GOOD and BAD: the metrics worse at BAD
-    assert any(line.startswith(f"first bad commit: {shas[PLANTED_AT - 1][:12]} commit 5") for line in lines)
+    assert any(line.startswith(f"first bad commit: {shas[LAYER_AT - 1][:12]} commit {LAYER_AT}") for line in lines)
     assert any("param_mib" in line and "->" in line for line in lines)  # the change at each step and across it
     skipped = [line for line in lines if line.startswith("  step ") and line.endswith(" s)") and ": skip (" in line]
-    assert len(skipped) == 1 and f"{shas[PLANTED_AT][:12]} commit 6: pytest exited 2: " in skipped[0]  # as git bisect skip
+    assert len(skipped) == 1 and f"{shas[BROKEN_AT - 1][:12]} commit {BROKEN_AT}: pytest exited 2: " in skipped[0]  # as git bisect skip
     assert lines[-1].startswith("trainbench bisect: found in ")
     status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
     assert status.stdout == "" and not (root / ".benchmarks").exists()  # the working tree untouched, nothing saved
@@ -228,7 +231,7 @@ def test_the_exact_search_finds_the_commit_that_added_a_layer_past_one_that_does
     capsys.readouterr()
     # A rerun of the same search continues from its log: nothing judged again, the same answer.
     status, again = main(["bisect", *args]), capsys.readouterr().out
-    assert status == 0 and f"first bad commit: {shas[PLANTED_AT - 1][:12]}" in again
+    assert status == 0 and f"first bad commit: {shas[LAYER_AT - 1][:12]}" in again
     assert not any(line.startswith("  step ") for line in again.splitlines())
     # Searched by a metric the commits did not change (the runs read again): nothing to search, and it says so.
     status, unchanged = main(["bisect", shas[0], shas[-1], "--metric=syncs_per_step", *quick]), capsys.readouterr().out
@@ -261,22 +264,22 @@ def test_the_timed_search_finds_the_commit_that_slowed_the_step_or_says_it_canno
     # Timing on a shared machine may not settle: an answer must be the planted commit, or none with the planted one
     # still open; never another commit.
     root = tmp_path / "project"
-    shas = _planted_repo(root, change=(2, 2))
+    shas = _planted_repo(root, change=(2, 2), commits=SLOW_COMMITS, planted_at=SLOW_AT)
     done = _bisect(root, shas[0], shas[-1], "--metric=step_time_ms", "--threshold=10%", "--remeasure-s=20",
                    "--pytest-arg=--trainbench-min-warmup=1", "--pytest-arg=--trainbench-steps-per-round=5",
                    "--json", str(tmp_path / "answer.json"))
     answer = json.loads((tmp_path / "answer.json").read_text()) if (tmp_path / "answer.json").exists() else None
     assert done.returncode in (0, 1), done.stdout + done.stderr
     if done.returncode == 0:
-        assert answer["first_bad"]["sha"] == shas[PLANTED_AT - 1], done.stdout
-        assert len(answer["steps"]) <= math.ceil(math.log2(7)) + 1
+        assert answer["first_bad"]["sha"] == shas[SLOW_AT - 1], done.stdout
+        assert len(answer["steps"]) <= math.ceil(math.log2(len(shas) - 1)) + 1
         assert "paired A/B" in done.stdout.splitlines()[0]
         assert "REGRESSION net-baseline step_time_ms" in done.stdout  # the A/B across it, explained
         # its cause: the slowed forward's extra matrix products (exact; the op times' rows depend on the machine's noise)
         assert "FLOPs by op: aten.mm" in done.stdout
     else:
         assert done.stdout.splitlines()[-1].startswith("trainbench bisect: FAILED to find the commit: ")
-        assert answer is None or shas[PLANTED_AT - 1] in answer["open"]
+        assert answer is None or shas[SLOW_AT - 1] in answer["open"]
 
 
 def test_a_commit_whose_environment_does_not_build_is_skipped_with_its_reason(tmp_path):
