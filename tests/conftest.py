@@ -57,6 +57,8 @@ def _inner_sessions_are_not_xdist_workers(monkeypatch):
     it and pytest-benchmark there would disable itself as if it were a worker."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
+    # No inner session runs a hypothesis test, and its plugin costs ~0.1 s of each one's start (hundreds of them).
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
 
 
 @pytest.fixture
