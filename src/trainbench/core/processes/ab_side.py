@@ -1,23 +1,33 @@
 """The measuring half of an A/B side (``trainbench.core.processes.ab_worker``): the device, the case's training and
-its measurement, answering the commands the worker reads. It imports torch; the worker imports it only once its
-standard output is the protocol's alone, and inside a command, so a side whose torch cannot load answers why."""
+its measurement, answering the commands the worker reads. The worker imports it only once its standard output is the
+protocol's alone, and it loads torch inside a command, so a side whose torch cannot load answers why: torch and the
+device for ``hello``, the method (torch._dynamo among it: half a side's start-up) at the first ``build``, so that a
+side's identity does not wait for what only a case needs."""
 
 from __future__ import annotations
 
+import gc
 import sys
-
-import torch
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import trainbench
-from trainbench.core.method.distributed import load_spec
-from trainbench.core.method.measure import Measurer, MeasureSettings
-from trainbench.core.setups.guards import loss_trajectory
-from trainbench.core.setups.recipes import TrainConfig
-from trainbench.core.setups.training import InjectedFault, TrainingSetup
-from trainbench.core.setups.workloads import PROFILES
-from trainbench.devices.device import get_backend
-from trainbench.devices.environment import installed_packages
-from trainbench.devices.host import env_value
+
+
+@contextmanager
+def _loading() -> Iterator[None]:
+    """Modules that live as long as the side (torch, the method: ~300k objects) load with the collector paused and are
+    frozen after (``gc.freeze``): collections while they load walk them again and again (a sixth of a side's start-up),
+    and every later one, inside the timed rounds too, would walk them all. Only where something loaded: what a case
+    leaves behind is collected as ever, never frozen."""
+    modules = len(sys.modules)
+    gc.disable()
+    try:
+        yield
+    finally:
+        if len(sys.modules) > modules:
+            gc.freeze()
+        gc.enable()
 
 
 class Worker:
@@ -29,23 +39,32 @@ class Worker:
         self.no_progress_s: float | None = None  # the case's progress limit: a command making none fails
 
     def hello(self) -> dict:
-        self.backend = get_backend(env_value("TRAINBENCH_AB_DEVICE"))
+        with _loading():
+            # torch and the device, what hello answers with; the method loads with the first case (build)
+            from trainbench.devices import device, environment, host
+        self.backend = device.get_backend(host.env_value("TRAINBENCH_AB_DEVICE"))
         # the side's installed packages: the verdict names those that differ between the sides
         return {"protocol": self.protocol, "trainbench": trainbench.__version__, "python": sys.executable,
-                "identity": self.backend.identity(), "packages": installed_packages()}
+                "identity": self.backend.identity(), "packages": environment.installed_packages()}
 
     def build(self, config: dict, recipe: str, extra_warmup_steps: int, spec: str, profile: str, settings: dict,
               case: str, threads: int | None = None, paths: list[str] | None = None, slowdown: float = 0.0) -> dict:
+        with _loading():
+            # the method, at the first case: hello answers without it
+            import torch
+
+            from trainbench.core.method import distributed, measure
+            from trainbench.core.setups import recipes, training, workloads
         if threads:
             torch.set_num_threads(threads)
         self.no_progress_s = settings.get("no_progress_s")
         sys.path[:0] = [p for p in paths or () if p not in sys.path]  # a spec in the project's test modules
-        self.spec = load_spec(spec, PROFILES[profile])
-        self.config = TrainConfig.of(**config)
-        fault = InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
-        self.training = TrainingSetup(self.config, self.spec, self.backend, fault)
-        self.measurement = Measurer(self.training, case, recipe, MeasureSettings(**settings), extra_warmup_steps,
-                                    profile)
+        self.spec = distributed.load_spec(spec, workloads.PROFILES[profile])
+        self.config = recipes.TrainConfig.of(**config)
+        fault = training.InjectedFault(slowdown=slowdown) if slowdown else None  # a planted regression, for tests
+        self.training = training.TrainingSetup(self.config, self.spec, self.backend, fault)
+        self.measurement = measure.Measurer(self.training, case, recipe, measure.MeasureSettings(**settings),
+                                            extra_warmup_steps, profile)
         self.measurement.warm_up()
         return {"warmup_steps": self.measurement.result.warmup_steps}
 
@@ -75,4 +94,6 @@ class Worker:
         return {"result": result.to_dict()}
 
     def losses(self) -> dict:
+        from trainbench.core.setups.guards import loss_trajectory  # loaded with the method, by build
+
         return {"losses": loss_trajectory(self.config, self.spec, self.backend)}

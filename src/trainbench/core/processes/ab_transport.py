@@ -41,6 +41,9 @@ class Side:
     def __init__(self, label: str, python: str, env: dict[str, str] | None = None, limit_s: float | None = None):
         self.label, self.python = label, python
         self.limit_s = limit_s  # the no-progress limit (None or 0: wait for ever)
+        self.greeted = False  # asked for hello
+        self.announced: dict | None = None  # the protocol and trainbench version it said first to hello
+        self.hello: dict | None = None  # its whole answer to hello
         # The worker's stderr, kept while the side lives (its tail explains a worker that ended).
         self.log = tempfile.NamedTemporaryFile(prefix=f"trainbench-ab-{label}-", suffix=".log", delete=False)  # noqa: SIM115
         try:
@@ -61,8 +64,9 @@ class Side:
             pass
         self.lines.put("")
 
-    def _answer(self, command: str) -> str:
-        """The worker's next answer line, skipping its progress lines; a side silent past the deadline is killed."""
+    def _answer(self, command: str, announcement: bool = False) -> str:
+        """The worker's next answer line, skipping its progress lines (``announcement``: but for one that says the
+        worker's protocol); a side silent past the deadline is killed."""
         wait = self.limit_s * SILENCE_FACTOR if self.limit_s else None
         while True:
             try:
@@ -83,16 +87,22 @@ class Side:
                 raise SideError(f"{self.label} side ({self.python}): answered {command!r} with {line.strip()[:80]!r}, "
                                 "not a line of trainbench's A/B protocol (does a wrapper script print on stdout?); "
                                 "the side was stopped") from None
-            if not answer.get("progress"):
+            if not answer.get("progress") or (announcement and "protocol" in answer):
                 return line
 
     def call(self, command: str, **arguments) -> dict:
+        self._send(command, **arguments)
+        return self._receive(command)
+
+    def _send(self, command: str, **arguments) -> None:
         try:
             self.process.stdin.write(json.dumps({"command": command, **arguments}) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the worker ended: its stdout says so
-        line = self._answer(command)
+
+    def _receive(self, command: str, announcement: bool = False) -> dict:
+        line = self._answer(command, announcement)
         if not line:
             raise _WorkerEnded(f"{self.label} side ({self.python}): the worker ended during {command!r}:\n"
                                f"{self._log_tail()}")
@@ -105,22 +115,47 @@ class Side:
         self.log.flush()
         return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-30:])
 
+    def greet(self) -> None:
+        """Ask for ``hello`` (once): the worker starts loading what it answers with while the other side is asked."""
+        if not self.greeted:
+            self.greeted = True
+            self._send("hello")
+
+    def announce(self) -> dict:
+        """The protocol and trainbench version the side said first to ``hello``, checked: this trainbench's protocol. A
+        worker says them before it loads torch, so a side refused for them is stopped at once; one that does not
+        (an older trainbench) has answered hello whole. Anything else raises ``SideError`` in one line naming the
+        side's Python and what is wrong (no trainbench there, another protocol)."""
+        self.greet()
+        if self.announced is None:
+            first = self._handshaking(announcement=True)
+            self.announced = {"protocol": first.get("protocol"), "trainbench": first.get("trainbench")}
+            if not first.get("progress"):
+                self.hello = first
+            if self.announced["protocol"] != PROTOCOL:
+                raise SideError(f"{self.label} side ({self.python}): its trainbench ({self.announced['trainbench']}) "
+                                f"speaks A/B protocol {self.announced['protocol']}, this one ({trainbench.__version__}) "
+                                f"speaks {PROTOCOL}; install the same trainbench in both environments")
+        return self.announced
+
     def handshake(self) -> dict:
-        """The side's ``hello``, checked: a worker of this trainbench's protocol answered it. Anything else raises
-        ``SideError`` in one line naming the side's Python and what is wrong (no trainbench there, another protocol)."""
+        """The side's whole ``hello`` (its identity and packages), from a worker of this trainbench's protocol
+        (``announce``); a failure is one line, as there."""
+        self.announce()
+        if self.hello is None:
+            self.hello = self._handshaking()
+        return self.hello
+
+    def _handshaking(self, announcement: bool = False) -> dict:
+        """The side's next line to ``hello``; a worker that ended, an error, silence or a line of no protocol raise
+        ``SideError`` in one line."""
         try:
-            hello = self.call("hello")
+            return self._receive("hello", announcement)
         except _WorkerEnded:
             raise SideError(self._why_it_ended()) from None
         except SideError as e:  # an error answered (its traceback's last line), silence, a line of no protocol
             first, *rest = str(e).splitlines()
             raise SideError(f"{first} {rest[-1].strip()}" if rest else first) from None
-        protocol, version = hello.get("protocol"), hello.get("trainbench")
-        if protocol != PROTOCOL:
-            raise SideError(f"{self.label} side ({self.python}): its trainbench ({version}) speaks A/B protocol "
-                            f"{protocol}, this one ({trainbench.__version__}) speaks {PROTOCOL}; install the same "
-                            "trainbench in both environments")
-        return hello
 
     def _why_it_ended(self) -> str:
         """Why a worker ended before answering ``hello``, in one line: the last line it wrote on stderr."""
@@ -164,16 +199,19 @@ class Side:
 def start(base_python: str, head_python: str, base_env: dict | None = None, head_env: dict | None = None,
           limit_s: float | None = None) -> tuple[Side, Side, dict]:
     """Both sides started and checked: this trainbench's protocol and the same trainbench version on both
-    (``Side.handshake``; a failure is one line). Returns their identities. Each answer is waited for
-    ``SILENCE_FACTOR`` times ``limit_s`` (the no-progress limit) at most."""
+    (``Side.announce``; a failure is one line), before either loads torch for its identity. Returns their
+    identities. Each answer is waited for ``SILENCE_FACTOR`` times ``limit_s`` (the no-progress limit) at most."""
     sides = (Side("base", base_python, base_env, limit_s), Side("head", head_python, head_env, limit_s))
     try:
-        hello = {side.label: side.handshake() for side in sides}
-        versions = {label: (h["protocol"], h["trainbench"]) for label, h in hello.items()}
+        for side in sides:
+            side.greet()
+        announced = {side.label: side.announce() for side in sides}
+        versions = {label: (a["protocol"], a["trainbench"]) for label, a in announced.items()}
         if versions["base"] != versions["head"]:
             raise SideError(f"trainbench differs between the sides: base {base_python} has {versions['base'][1]} "
                             f"(protocol {versions['base'][0]}), head {head_python} has {versions['head'][1]} "
                             f"(protocol {versions['head'][0]}); install the same trainbench in both")
+        hello = {side.label: side.handshake() for side in sides}
     except BaseException:
         for side in sides:
             side.close(force=True)  # a side that failed its handshake is not waited for

@@ -2,11 +2,14 @@
 
 It reads one JSON command per line on stdin and answers one JSON line on stdout; everything
 else the process prints (torch's warnings, a user's print) goes to stderr, so the protocol
-stays clean. Commands: ``hello``, ``build`` (the case, then its warm-up), ``round`` (one timed
-round), ``profile`` (a profiled step, after the rounds: where the step's time goes), ``finish`` (the
-memory and work passes: the Result), ``losses`` (the loss guard's trajectory), ``close``. An error
-answers ``{"error": traceback}`` and the worker goes on. While a command makes progress, ``{"progress": true}``
-lines come before its answer (the runner waits only as long as a side is silent).
+stays clean. Commands: ``hello`` (torch's and the device's identity, and the installed packages),
+``build`` (the case, then its warm-up), ``round`` (one timed round), ``profile`` (a profiled step,
+after the rounds: where the step's time goes), ``finish`` (the memory and work passes: the Result),
+``losses`` (the loss guard's trajectory), ``close``. An error answers ``{"error": traceback}`` and
+the worker goes on. While a command makes progress, ``{"progress": true}`` lines come before its
+answer (the runner waits only as long as a side is silent); the first line to ``hello`` is one that
+also says the worker's protocol and trainbench version, before anything heavy loads, so that a side
+the runner refuses for them is stopped at once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import threading
 import traceback
 from contextlib import contextmanager
 
+import trainbench
 from trainbench.core.harness.child_exit import exit_without_teardown
 from trainbench.core.harness.watchdog import watch
 
@@ -67,6 +71,8 @@ def main() -> None:
         command = request.pop("command")
         if command == "close":
             break
+        if command == "hello":  # who answers, before torch loads; a progress line to a runner that does not ask
+            protocol.write(json.dumps({"progress": True, "protocol": PROTOCOL, "trainbench": trainbench.__version__}) + "\n")
         try:
             worker = worker or _worker()
             limit = request.get("settings", {}).get("no_progress_s") if command == "build" else worker.no_progress_s
