@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import rank_faults
 import torch
 
 from trainbench.core.method.distributed import ProcessFailed, measure_ddp
@@ -14,50 +15,15 @@ from trainbench.core.setups.spec import SpecError
 from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 
-def _model_that_fails():
-    raise RuntimeError("no model in this process")
-
-
-# Rank processes are fresh interpreters: they import the spec from the module-level name it is bound to.
-BROKEN = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="broken", model=_model_that_fails)
-
-
-# Where a test plants its fault in the model, its ranks make their batches on the device: no loader, so no
-# torchvision import (1.6 s a rank, most of it torch._dynamo) before the model is built.
+# The faulty jobs' spec: rank_faults plants its fault (by TRAINBENCH_TEST_FAULT) as a rank imports it, before the
+# process group and the training modules. Its ranks make their batches on the device: no loader either.
 DDP_ON_SYNTHETIC_BATCHES = TrainConfig(parallel="ddp", world_size=2, synthetic="device")
 
 
-def test_a_failing_rank_reports_its_traceback(cpu, profile, quick):
-    config = DDP_ON_SYNTHETIC_BATCHES
-    with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*no model in this process"):
-        measure_ddp(config, BROKEN, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
-
-
-def _model_that_aborts(first_only: bool):
-    """A native crash (no Python traceback, as a C++ abort in a collective leaves): the rank that claims the marker
-    file first aborts; with ``first_only``, a relaunched job finds the file and trains, in ranks whose native
-    teardown would abort them once their work is done (as a static destructor finding a thread still joinable
-    does): abort() registered the way C++ registers static destructors."""
-    import ctypes
-    import os
-
-    marker = os.environ["TRAINBENCH_TEST_ABORT_MARKER"]
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-        claimed = True
-    except FileExistsError:
-        claimed = False
-    if claimed or not first_only:
-        os.abort()
-    libc = ctypes.CDLL(None)
-    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
-    return resolve_spec("mlp", PROFILES["cpu"]).model()
-
-
-ABORTS_ONCE = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_once",
-                                  model=lambda: _model_that_aborts(first_only=True))
-ABORTS_ALWAYS = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_always",
-                                    model=lambda: _model_that_aborts(first_only=False))
+def test_a_failing_rank_reports_its_traceback(cpu, profile, quick, monkeypatch):
+    monkeypatch.setenv(rank_faults.FAULT, "raise")
+    with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*a fault planted in this process"):
+        measure_ddp(DDP_ON_SYNTHETIC_BATCHES, rank_faults.MLP, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
 
 
 # The relaunch tests run their ranks without the work passes (work=False: no profiler): gloo ranks stopping the
@@ -69,23 +35,23 @@ def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_no
                                                                                      monkeypatch):
     # The relaunched ranks finish, then leave without the native teardown that would abort them: a second crash
     # would be a second note, or (the one relaunch spent) the case's failure.
-    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
-    result, _ = measure_ddp(DDP_ON_SYNTHETIC_BATCHES, ABORTS_ONCE, cpu, profile,
+    monkeypatch.setenv(rank_faults.FAULT, f"abort_once:{tmp_path / 'crashed'}")
+    result, _ = measure_ddp(DDP_ON_SYNTHETIC_BATCHES, rank_faults.MLP, cpu, profile,
                             dataclasses.replace(quick, work=False), "x-ddp_gloo", "ddp_gloo")
     assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds  # measured whole by the relaunch
     [note] = [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]
     assert "Fatal Python error: Aborted" in note and "local rank" in note
 
 
-def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, tmp_path, monkeypatch):
+def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, monkeypatch):
     # The one relaunch spent, a second crash fails the case. Both launch paths take that rule (``_launch``); the
     # one-process job (no torchrun) shows it at a third of a DDP job's start-up. The crash-once test above has
     # torchrun's ranks crash, relaunch and recover.
     from trainbench.core.method.distributed import measure_in_fresh_process
 
-    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
+    monkeypatch.setenv(rank_faults.FAULT, "abort")
     with pytest.raises(ProcessFailed) as failed:
-        measure_in_fresh_process(TrainConfig(synthetic="device"), ABORTS_ALWAYS, cpu, profile, quick, "x-fresh",
+        measure_in_fresh_process(TrainConfig(synthetic="device"), rank_faults.MLP, cpu, profile, quick, "x-fresh",
                                  "baseline")
     message = str(failed.value)
     assert "x-fresh: the fresh process failed" in message
