@@ -208,14 +208,30 @@ def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
     assert "trains in one process; torchrun runs DDP and FSDP cases" in capsys.readouterr().err
 
 
-def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):
+@pytest.fixture(scope="module")
+def _ddp_then_fsdp_measured():
+    return {}
+
+
+@pytest.fixture
+def ddp_then_fsdp(cpu, profile, mlp, quick, _ddp_then_fsdp_measured):
+    """mlp-ddp_gloo (a ratio budget: its one-process baseline is measured too), then mlp-fsdp_gloo in the same Runner,
+    against that DDP measurement as a session's later case has it: one DDP job for the module, not one a test. Both
+    read their batches from the loader (a rank's share of the dataset)."""
     from trainbench.core.records.budgets import Budgets
     from trainbench.core.method.runner import Runner
 
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
-    outcome = Runner(cpu, profile, quick).run("ddp_gloo", mlp, budgets=Budgets.load(path))
-    assert outcome.failures == ()
+    measured = _ddp_then_fsdp_measured
+    if not measured:
+        runner = Runner(cpu, profile, quick)
+        ddp = runner.run("ddp_gloo", mlp, budgets=Budgets.from_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n'))
+        measured.update(runner=runner, ddp=ddp, fsdp=runner.run("fsdp_gloo", mlp))
+    return measured
+
+
+def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(ddp_then_fsdp, quick):
+    outcome = ddp_then_fsdp["ddp"]
+    assert outcome.failures == () and [c.bound.key for c in outcome.bound_checks] == ["min_speedup"]
     result = outcome.result
     assert result.world_size == 2 and result.batch_size == 16
     assert result.samples_per_s == pytest.approx(32 / result.step_time_s)  # both ranks' samples per median step
@@ -232,6 +248,30 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     assert ranks["ideal_speedup"] == 1.0 and ranks["speedup_vs"] == "one_process"
     # one_process trains the global batch: not the one-rank reference the scaling efficiency divides by
     assert "scaling_efficiency" not in ranks
+
+
+def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(ddp_then_fsdp, cpu):
+    from dataclasses import replace
+
+    from trainbench.core.records.budgets import Budgets
+
+    outcome = ddp_then_fsdp["fsdp"]
+    assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
+    # the session's DDP measurement (its very rounds), not a second DDP job
+    assert outcome.baseline.round_step_times_s == ddp_then_fsdp["ddp"].result.round_step_times_s
+    assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
+    fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
+    for part in ("params", "grads", "optimizer_state"):
+        assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
+    # Ratio budgets on them, judged as the Runner judges a case's budget (a ratio budget of its own would have the
+    # Runner measure DDP again, right after the case: the fresh baseline a timed ratio needs).
+    budgets = Budgets.from_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
+                                'max_optimizer_state_mib_ratio = 0.55\n')
+    judged = ddp_then_fsdp["runner"].judge.check_budget(replace(outcome, budget=budgets.for_case(cpu.caps(), outcome.case)))
+    assert judged.failures == () and len(judged.bound_checks) == 3 and all(c.ok for c in judged.bound_checks)
+    assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
+    ranks = outcome.record()["ranks"]
+    assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
 def _batchnorm_mlp():
@@ -318,27 +358,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.core.records.budgets import Budgets
-    from trainbench.core.method.runner import Runner
-
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
-                    'max_optimizer_state_mib_ratio = 0.55\n')
-    # Batches made on the device (a rank's own slice): the tensors are the model's, whatever feeds it, and no rank
-    # builds a loader (the loader's DDP is the test above's).
-    outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path),
-                                              overrides={"synthetic": "device"})
-    assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
-    assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
-    fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
-    for part in ("params", "grads", "optimizer_state"):
-        assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
-    assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
-    ranks = outcome.record()["ranks"]
-    assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
 SESSION_WITH_A_STUCK_DDP_CASE = STUCK_SPEC + '''
