@@ -208,24 +208,37 @@ def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
     assert "trains in one process; torchrun runs DDP and FSDP cases" in capsys.readouterr().err
 
 
+def _batchnorm_mlp():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64, bias=False),
+                               torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+# BatchNorm after a bias-free layer (as in ResNet): imported by name in the rank processes.
+BATCHNORM_MLP = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="batchnorm_mlp", model=_batchnorm_mlp)
+
+
 @pytest.fixture(scope="module")
 def _ddp_then_fsdp_measured():
     return {}
 
 
 @pytest.fixture
-def ddp_then_fsdp(cpu, profile, mlp, quick, _ddp_then_fsdp_measured):
-    """mlp-ddp_gloo (a ratio budget: its one-process baseline is measured too), then mlp-fsdp_gloo in the same Runner,
-    against that DDP measurement as a session's later case has it: one DDP job for the module, not one a test. Both
-    read their batches from the loader (a rank's share of the dataset)."""
+def ddp_then_fsdp(cpu, profile, quick, _ddp_then_fsdp_measured):
+    """batchnorm_mlp-ddp_gloo (a ratio budget: its one-process baseline is measured too), then batchnorm_mlp-fsdp_gloo
+    in the same Runner, against that DDP measurement as a session's later case has it: one DDP job for the module's
+    DDP, BatchNorm and FSDP tests, not one a test. Each rank makes its slice of the global batch on the device (how the
+    GPU profile judges DDP); "ddp_grads" are the first-step gradients its rank 0 recorded for the guard."""
     from trainbench.core.records.budgets import Budgets
     from trainbench.core.method.runner import Runner
 
     measured = _ddp_then_fsdp_measured
     if not measured:
-        runner = Runner(cpu, profile, quick)
-        ddp = runner.run("ddp_gloo", mlp, budgets=Budgets.from_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n'))
-        measured.update(runner=runner, ddp=ddp, fsdp=runner.run("fsdp_gloo", mlp))
+        runner, on_device = Runner(cpu, profile, quick), {"synthetic": "device"}
+        budgets = Budgets.from_text('[cpu."batchnorm_mlp-ddp_gloo"]\nmin_speedup = 0.001\n')
+        ddp = runner.run("ddp_gloo", BATCHNORM_MLP, budgets=budgets, overrides=on_device)
+        ddp_grads = runner.executor.measurement.ddp_grads  # the FSDP case records its own in their place
+        measured.update(runner=runner, ddp=ddp, ddp_grads=ddp_grads,
+                        fsdp=runner.run("fsdp_gloo", BATCHNORM_MLP, overrides=on_device))
     return measured
 
 
@@ -237,7 +250,8 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(ddp
     assert result.samples_per_s == pytest.approx(32 / result.step_time_s)  # both ranks' samples per median step
     assert result.warmup_steps == quick.min_warmup_steps and any("fixed warm-up" in n for n in result.notes)
     assert result.syncs_per_step == 0 and result.flops_per_step > 0
-    # The guard: the all-reduced gradients of the two half batches (from the loader) are the one-process gradients.
+    # The guard: the all-reduced gradients of the two ranks' slices are those of one process that splits the global
+    # batch as they do (the BatchNorm test below compares them itself).
     assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
     ranks = outcome.record()["ranks"]
     assert ranks["launcher"] == "torchrun (torch.distributed.run)" and ranks["dist_backend"] == "gloo"
@@ -248,6 +262,25 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(ddp
     assert ranks["ideal_speedup"] == 1.0 and ranks["speedup_vs"] == "one_process"
     # one_process trains the global batch: not the one-rank reference the scaling efficiency divides by
     assert "scaling_efficiency" not in ranks
+
+
+def test_batchnorm_ranks_on_synthetic_batches_match_one_process_that_splits_the_batch_as_they_do(ddp_then_fsdp, cpu,
+                                                                                                  profile, quick):
+    """Each rank makes its slice of the global batch on the device (how the GPU profile judges DDP), and its
+    BatchNorm normalizes its own samples: the guard's one-process reference must split the batch as they do."""
+    recipe = get_recipe("ddp_gloo")
+    result, grads = ddp_then_fsdp["ddp"].result, ddp_then_fsdp["ddp_grads"]
+    assert result.world_size == 2 and result.batch_size == 16
+    assert result.samples_per_s == pytest.approx(32 / result.step_time_s)
+    assert result.warmup_steps == quick.min_warmup_steps and "fixed warm-up" in result.notes[0]
+    assert result.syncs_per_step == 0 and result.flops_per_step > 0
+    one_process = get_recipe("one_process").config(profile, synthetic="device")
+    per_rank = first_step_gradients(one_process.one_process_equivalent(2), BATCHNORM_MLP, cpu, micro_batches_are_shards=True)
+    verdict = compare_gradients(grads, per_rank, recipe.grad_rtol)
+    assert verdict.ok, verdict.message
+    # The fault the reference avoids: one pass over the global batch normalizes over both ranks' samples.
+    whole_batch = first_step_gradients(one_process, BATCHNORM_MLP, cpu)
+    assert not compare_gradients(grads, whole_batch, recipe.grad_rtol).ok
 
 
 def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(ddp_then_fsdp, cpu):
@@ -265,42 +298,13 @@ def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_d
         assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
     # Ratio budgets on them, judged as the Runner judges a case's budget (a ratio budget of its own would have the
     # Runner measure DDP again, right after the case: the fresh baseline a timed ratio needs).
-    budgets = Budgets.from_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
+    budgets = Budgets.from_text('[cpu."batchnorm_mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
                                 'max_optimizer_state_mib_ratio = 0.55\n')
     judged = ddp_then_fsdp["runner"].judge.check_budget(replace(outcome, budget=budgets.for_case(cpu.caps(), outcome.case)))
     assert judged.failures == () and len(judged.bound_checks) == 3 and all(c.ok for c in judged.bound_checks)
     assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
     ranks = outcome.record()["ranks"]
     assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
-
-
-def _batchnorm_mlp():
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64, bias=False),
-                               torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-
-
-# BatchNorm after a bias-free layer (as in ResNet): imported by name in the rank processes.
-BATCHNORM_MLP = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="batchnorm_mlp", model=_batchnorm_mlp)
-
-
-def test_batchnorm_ranks_on_synthetic_batches_match_one_process_that_splits_the_batch_as_they_do(cpu, profile, quick):
-    """Each rank makes its slice of the global batch on the device (how the GPU profile judges DDP), and its
-    BatchNorm normalizes its own samples: the guard's one-process reference must split the batch as they do."""
-    recipe = get_recipe("ddp_gloo")
-    config = recipe.config(profile, synthetic="device")
-    result, grads = measure_ddp(config, BATCHNORM_MLP, cpu, profile, quick, "batchnorm_mlp-ddp_gloo", recipe.name,
-                                want_grads=True)
-    assert result.world_size == 2 and result.batch_size == 16
-    assert result.samples_per_s == pytest.approx(32 / result.step_time_s)
-    assert result.warmup_steps == quick.min_warmup_steps and "fixed warm-up" in result.notes[0]
-    assert result.syncs_per_step == 0 and result.flops_per_step > 0
-    one_process = get_recipe("one_process").config(profile, synthetic="device")
-    per_rank = first_step_gradients(one_process.one_process_equivalent(2), BATCHNORM_MLP, cpu, micro_batches_are_shards=True)
-    verdict = compare_gradients(grads, per_rank, recipe.grad_rtol)
-    assert verdict.ok, verdict.message
-    # The fault the reference avoids: one pass over the global batch normalizes over both ranks' samples.
-    whole_batch = first_step_gradients(one_process, BATCHNORM_MLP, cpu)
-    assert not compare_gradients(grads, whole_batch, recipe.grad_rtol).ok
 
 
 # A spec whose data never arrives, for scripts run in their own processes (they import it by name).
