@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import rank_faults
 import torch
 
 from trainbench.core.method.distributed import ProcessFailed, measure_ddp
@@ -14,50 +15,15 @@ from trainbench.core.setups.spec import SpecError
 from trainbench.core.setups.workloads import PROFILES, resolve_spec
 
 
-def _model_that_fails():
-    raise RuntimeError("no model in this process")
-
-
-# Rank processes are fresh interpreters: they import the spec from the module-level name it is bound to.
-BROKEN = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="broken", model=_model_that_fails)
-
-
-# Where a test plants its fault in the model, its ranks make their batches on the device: no loader, so no
-# torchvision import (1.6 s a rank, most of it torch._dynamo) before the model is built.
+# The faulty jobs' spec: rank_faults plants its fault (by TRAINBENCH_TEST_FAULT) as a rank imports it, before the
+# process group and the training modules. Its ranks make their batches on the device: no loader either.
 DDP_ON_SYNTHETIC_BATCHES = TrainConfig(parallel="ddp", world_size=2, synthetic="device")
 
 
-def test_a_failing_rank_reports_its_traceback(cpu, profile, quick):
-    config = DDP_ON_SYNTHETIC_BATCHES
-    with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*no model in this process"):
-        measure_ddp(config, BROKEN, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
-
-
-def _model_that_aborts(first_only: bool):
-    """A native crash (no Python traceback, as a C++ abort in a collective leaves): the rank that claims the marker
-    file first aborts; with ``first_only``, a relaunched job finds the file and trains, in ranks whose native
-    teardown would abort them once their work is done (as a static destructor finding a thread still joinable
-    does): abort() registered the way C++ registers static destructors."""
-    import ctypes
-    import os
-
-    marker = os.environ["TRAINBENCH_TEST_ABORT_MARKER"]
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-        claimed = True
-    except FileExistsError:
-        claimed = False
-    if claimed or not first_only:
-        os.abort()
-    libc = ctypes.CDLL(None)
-    libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None)
-    return resolve_spec("mlp", PROFILES["cpu"]).model()
-
-
-ABORTS_ONCE = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_once",
-                                  model=lambda: _model_that_aborts(first_only=True))
-ABORTS_ALWAYS = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="aborts_always",
-                                    model=lambda: _model_that_aborts(first_only=False))
+def test_a_failing_rank_reports_its_traceback(cpu, profile, quick, monkeypatch):
+    monkeypatch.setenv(rank_faults.FAULT, "raise")
+    with pytest.raises(RuntimeError, match="(?s)x-ddp_gloo: a DDP rank failed.*a fault planted in this process"):
+        measure_ddp(DDP_ON_SYNTHETIC_BATCHES, rank_faults.MLP, cpu, profile, quick, "x-ddp_gloo", "ddp_gloo")
 
 
 # The relaunch tests run their ranks without the work passes (work=False: no profiler): gloo ranks stopping the
@@ -69,23 +35,23 @@ def test_a_rank_that_crashes_below_python_once_is_relaunched_and_the_crash_is_no
                                                                                      monkeypatch):
     # The relaunched ranks finish, then leave without the native teardown that would abort them: a second crash
     # would be a second note, or (the one relaunch spent) the case's failure.
-    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
-    result, _ = measure_ddp(DDP_ON_SYNTHETIC_BATCHES, ABORTS_ONCE, cpu, profile,
+    monkeypatch.setenv(rank_faults.FAULT, f"abort_once:{tmp_path / 'crashed'}")
+    result, _ = measure_ddp(DDP_ON_SYNTHETIC_BATCHES, rank_faults.MLP, cpu, profile,
                             dataclasses.replace(quick, work=False), "x-ddp_gloo", "ddp_gloo")
     assert result.ranks["world_size"] == 2 and result.rounds == quick.rounds  # measured whole by the relaunch
     [note] = [n for n in result.notes if n.startswith(RELAUNCH_NOTE)]
     assert "Fatal Python error: Aborted" in note and "local rank" in note
 
 
-def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, tmp_path, monkeypatch):
+def test_a_job_that_crashes_below_python_twice_fails_with_both_crashes(cpu, profile, quick, monkeypatch):
     # The one relaunch spent, a second crash fails the case. Both launch paths take that rule (``_launch``); the
     # one-process job (no torchrun) shows it at a third of a DDP job's start-up. The crash-once test above has
     # torchrun's ranks crash, relaunch and recover.
     from trainbench.core.method.distributed import measure_in_fresh_process
 
-    monkeypatch.setenv("TRAINBENCH_TEST_ABORT_MARKER", str(tmp_path / "crashed"))
+    monkeypatch.setenv(rank_faults.FAULT, "abort")
     with pytest.raises(ProcessFailed) as failed:
-        measure_in_fresh_process(TrainConfig(synthetic="device"), ABORTS_ALWAYS, cpu, profile, quick, "x-fresh",
+        measure_in_fresh_process(TrainConfig(synthetic="device"), rank_faults.MLP, cpu, profile, quick, "x-fresh",
                                  "baseline")
     message = str(failed.value)
     assert "x-fresh: the fresh process failed" in message
@@ -242,20 +208,50 @@ def test_a_torchrun_job_of_a_one_process_case_is_refused(capsys):
     assert "trains in one process; torchrun runs DDP and FSDP cases" in capsys.readouterr().err
 
 
-def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu, profile, mlp, quick, tmp_path):
+def _batchnorm_mlp():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64, bias=False),
+                               torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+
+# BatchNorm after a bias-free layer (as in ResNet): imported by name in the rank processes.
+BATCHNORM_MLP = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="batchnorm_mlp", model=_batchnorm_mlp)
+
+
+@pytest.fixture(scope="module")
+def _ddp_then_fsdp_measured():
+    return {}
+
+
+@pytest.fixture
+def ddp_then_fsdp(cpu, profile, quick, _ddp_then_fsdp_measured):
+    """batchnorm_mlp-ddp_gloo (a ratio budget: its one-process baseline is measured too), then batchnorm_mlp-fsdp_gloo
+    in the same Runner, against that DDP measurement as a session's later case has it: one DDP job for the module's
+    DDP, BatchNorm and FSDP tests, not one a test. Each rank makes its slice of the global batch on the device (how the
+    GPU profile judges DDP); "ddp_grads" are the first-step gradients its rank 0 recorded for the guard."""
     from trainbench.core.records.budgets import Budgets
     from trainbench.core.method.runner import Runner
 
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-ddp_gloo"]\nmin_speedup = 0.001\n')  # a ratio budget: the baseline is measured too
-    outcome = Runner(cpu, profile, quick).run("ddp_gloo", mlp, budgets=Budgets.load(path))
-    assert outcome.failures == ()
+    measured = _ddp_then_fsdp_measured
+    if not measured:
+        runner, on_device = Runner(cpu, profile, quick), {"synthetic": "device"}
+        budgets = Budgets.from_text('[cpu."batchnorm_mlp-ddp_gloo"]\nmin_speedup = 0.001\n')
+        ddp = runner.run("ddp_gloo", BATCHNORM_MLP, budgets=budgets, overrides=on_device)
+        ddp_grads = runner.executor.measurement.ddp_grads  # the FSDP case records its own in their place
+        measured.update(runner=runner, ddp=ddp, ddp_grads=ddp_grads,
+                        fsdp=runner.run("fsdp_gloo", BATCHNORM_MLP, overrides=on_device))
+    return measured
+
+
+def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(ddp_then_fsdp, quick):
+    outcome = ddp_then_fsdp["ddp"]
+    assert outcome.failures == () and [c.bound.key for c in outcome.bound_checks] == ["min_speedup"]
     result = outcome.result
     assert result.world_size == 2 and result.batch_size == 16
     assert result.samples_per_s == pytest.approx(32 / result.step_time_s)  # both ranks' samples per median step
     assert result.warmup_steps == quick.min_warmup_steps and any("fixed warm-up" in n for n in result.notes)
     assert result.syncs_per_step == 0 and result.flops_per_step > 0
-    # The guard: the all-reduced gradients of the two half batches (from the loader) are the one-process gradients.
+    # The guard: the all-reduced gradients of the two ranks' slices are those of one process that splits the global
+    # batch as they do (the BatchNorm test below compares them itself).
     assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
     ranks = outcome.record()["ranks"]
     assert ranks["launcher"] == "torchrun (torch.distributed.run)" and ranks["dist_backend"] == "gloo"
@@ -268,22 +264,12 @@ def test_ranks_run_under_torchrun_and_report_their_rounds_memory_and_scaling(cpu
     assert "scaling_efficiency" not in ranks
 
 
-def _batchnorm_mlp():
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 64, bias=False),
-                               torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-
-
-# BatchNorm after a bias-free layer (as in ResNet): imported by name in the rank processes.
-BATCHNORM_MLP = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="batchnorm_mlp", model=_batchnorm_mlp)
-
-
-def test_batchnorm_ranks_on_synthetic_batches_match_one_process_that_splits_the_batch_as_they_do(cpu, profile, quick):
+def test_batchnorm_ranks_on_synthetic_batches_match_one_process_that_splits_the_batch_as_they_do(ddp_then_fsdp, cpu,
+                                                                                                  profile, quick):
     """Each rank makes its slice of the global batch on the device (how the GPU profile judges DDP), and its
     BatchNorm normalizes its own samples: the guard's one-process reference must split the batch as they do."""
     recipe = get_recipe("ddp_gloo")
-    config = recipe.config(profile, synthetic="device")
-    result, grads = measure_ddp(config, BATCHNORM_MLP, cpu, profile, quick, "batchnorm_mlp-ddp_gloo", recipe.name,
-                                want_grads=True)
+    result, grads = ddp_then_fsdp["ddp"].result, ddp_then_fsdp["ddp_grads"]
     assert result.world_size == 2 and result.batch_size == 16
     assert result.samples_per_s == pytest.approx(32 / result.step_time_s)
     assert result.warmup_steps == quick.min_warmup_steps and "fixed warm-up" in result.notes[0]
@@ -295,6 +281,30 @@ def test_batchnorm_ranks_on_synthetic_batches_match_one_process_that_splits_the_
     # The fault the reference avoids: one pass over the global batch normalizes over both ranks' samples.
     whole_batch = first_step_gradients(one_process, BATCHNORM_MLP, cpu)
     assert not compare_gradients(grads, whole_batch, recipe.grad_rtol).ok
+
+
+def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(ddp_then_fsdp, cpu):
+    from dataclasses import replace
+
+    from trainbench.core.records.budgets import Budgets
+
+    outcome = ddp_then_fsdp["fsdp"]
+    assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
+    # the session's DDP measurement (its very rounds), not a second DDP job
+    assert outcome.baseline.round_step_times_s == ddp_then_fsdp["ddp"].result.round_step_times_s
+    assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
+    fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
+    for part in ("params", "grads", "optimizer_state"):
+        assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
+    # Ratio budgets on them, judged as the Runner judges a case's budget (a ratio budget of its own would have the
+    # Runner measure DDP again, right after the case: the fresh baseline a timed ratio needs).
+    budgets = Budgets.from_text('[cpu."batchnorm_mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
+                                'max_optimizer_state_mib_ratio = 0.55\n')
+    judged = ddp_then_fsdp["runner"].judge.check_budget(replace(outcome, budget=budgets.for_case(cpu.caps(), outcome.case)))
+    assert judged.failures == () and len(judged.bound_checks) == 3 and all(c.ok for c in judged.bound_checks)
+    assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
+    ranks = outcome.record()["ranks"]
+    assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
 # A spec whose data never arrives, for scripts run in their own processes (they import it by name).
@@ -352,27 +362,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def test_fsdp2_ranks_hold_half_the_parameters_gradients_and_optimizer_state_of_ddp(cpu, profile, mlp, quick, tmp_path):
-    from trainbench.core.records.budgets import Budgets
-    from trainbench.core.method.runner import Runner
-
-    path = tmp_path / "budgets.toml"
-    path.write_text('[cpu."mlp-fsdp_gloo"]\nmax_param_mib_ratio = 0.55\nmax_grad_mib_ratio = 0.55\n'
-                    'max_optimizer_state_mib_ratio = 0.55\n')
-    # Batches made on the device (a rank's own slice): the tensors are the model's, whatever feeds it, and no rank
-    # builds a loader (the loader's DDP is the test above's).
-    outcome = Runner(cpu, profile, quick).run("fsdp_gloo", mlp, budgets=Budgets.load(path),
-                                              overrides={"synthetic": "device"})
-    assert outcome.failures == () and outcome.baseline_recipe.name == "ddp_gloo"
-    assert [v.kind for v in outcome.guard_checks] == ["gradients"] and outcome.guard_checks[0].ok
-    fsdp, ddp = outcome.result.memory_breakdown_bytes, outcome.baseline.memory_breakdown_bytes
-    for part in ("params", "grads", "optimizer_state"):
-        assert fsdp[part] * 2 == ddp[part]  # the MLP's tensors split evenly over 2 ranks
-    assert outcome.result.flops_per_step == outcome.baseline.flops_per_step
-    ranks = outcome.record()["ranks"]
-    assert ranks["speedup_vs"] == "ddp_gloo" and "scaling_efficiency" not in ranks  # its baseline is DDP, not one process
 
 
 SESSION_WITH_A_STUCK_DDP_CASE = STUCK_SPEC + '''

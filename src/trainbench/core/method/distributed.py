@@ -51,12 +51,10 @@ import torch
 import torch.distributed as dist
 
 from trainbench.core.harness.costs import case_ledger, spent
-from trainbench.core.method.measure import Measurer, MeasureSettings, run_rounds
-from trainbench.core.setups.guards import loss_trajectory
+from trainbench.core.method.settings import MeasureSettings
 from trainbench.core.setups.recipes import NotApplicable, TrainConfig, get_recipe
 from trainbench.core.records.result import RELAUNCH_NOTE, Result
 from trainbench.core.setups.spec import SpecError, TrainingSpec
-from trainbench.core.setups.training import TrainingSetup, dropout_switched_off, gradient_copy
 from trainbench.core.harness.watchdog import suspended, watch
 from trainbench.core.setups.workloads import PROFILES, WORKLOADS, Profile, resolve_spec
 from trainbench.devices.device import Backend, get_backend
@@ -121,6 +119,8 @@ def barrier_rounds(barrier):
 
 def full_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's whole gradient on this rank (an FSDP shard is gathered: a collective, every rank calls it)."""
+    from trainbench.core.setups.training import gradient_copy  # loaded by now: see _run_rank
+
     grads = {}
     for name, p in model.named_parameters():
         if p.grad is not None:
@@ -186,6 +186,11 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
     profile = PROFILES[job["profile"]]
     spec = load_spec(job["spec"], profile)
     settings = MeasureSettings(**job["settings"])
+    # The training modules (torch._dynamo with them: about a second of CPU) load once the rank has its spec and its
+    # peers: a rank whose spec's module fails to import, or whose peer died before they met, ends without them.
+    from trainbench.core.setups.guards import loss_trajectory
+    from trainbench.core.setups.training import TrainingSetup
+
     ranks: dict = {}
     with case_ledger() as ledger, watch(settings.no_progress_s):
         with spent("setup"):
@@ -217,6 +222,10 @@ def _run_rank(job: dict, out: Path, rank: int) -> None:
 
 def _measure_rank(job: dict, out: Path, rank: int, training, distributed: bool, settings, profile, ranks: dict):
     """The rank's measurement on its built setup (DDP ranks record their first-step gradients first)."""
+    # loaded by now: see _run_rank
+    from trainbench.core.method.measure import Measurer, run_rounds
+    from trainbench.core.setups.training import dropout_switched_off
+
     if distributed:
         # First-step gradients from the seeded weights, after the all-reduce (DDP: identical on every rank) or the
         # reduce-scatter (FSDP: each rank its shard, gathered whole here), rank 0's the guard's input.
