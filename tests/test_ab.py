@@ -94,6 +94,42 @@ def _scripted(base_times, head_times, pairs, threshold=0.05, remeasure_s=0.0):
     return outcome, _by_metric(outcome)["step_time_ms"]
 
 
+def _planted_loss(model, batch):
+    raise RuntimeError("a loss planted to fail")
+
+
+# A spec whose warm-up fails: a side finds it by this module-level name, as it finds a user's.
+FAILS_IN_WARM_UP = dataclasses.replace(resolve_spec("mlp", PROFILES["cpu"]), name="fails_in_warm_up",
+                                       loss_fn=_planted_loss)
+
+
+def test_a_side_closes_a_case_that_failed_before_its_finish_when_it_builds_the_next(monkeypatch):
+    """A case whose build or rounds failed never reaches ``finish``: its setup stays open (its loader's worker
+    processes, its device memory, its global flags) until the side's next ``build`` closes it, before the next case
+    is made."""
+    import multiprocessing
+
+    from trainbench.core.processes.ab_side import Worker
+
+    monkeypatch.setenv("TRAINBENCH_AB_DEVICE", "cpu")
+    worker = Worker(PROTOCOL)
+    worker.hello()
+    loading = get_recipe("multiprocess_loading").config(PROFILES["cpu"]).record()  # 2 DataLoader workers
+    build = dict(extra_warmup_steps=0, profile="cpu", settings=SETTINGS, threads=1)
+    before = set(multiprocessing.active_children())
+    try:
+        with pytest.raises(RuntimeError, match="a loss planted to fail"):
+            worker.build(loading, "multiprocess_loading", spec=f"{__name__}:FAILS_IN_WARM_UP",
+                         case="fails_in_warm_up-multiprocess_loading", **build)
+        assert len(set(multiprocessing.active_children()) - before) == 2  # the failed case's loader, still running
+        worker.build(CASE.config, "baseline", spec="builtin:mlp", case="mlp-baseline", **build)
+        assert set(multiprocessing.active_children()) - before == set()  # closed before the next case was made
+        assert worker.finish()["result"]["case"] == "mlp-baseline"
+    finally:
+        if worker.training is not None:
+            worker.training.close()
+
+
 def test_a_small_median_change_whose_interval_reaches_the_threshold_is_not_unchanged():
     # The run that read "+2.1% [-0.0%..+10.1%] unchanged" at a 5% gate: ~10% planted in the head, a busy runner.
     ratios = [1.0, 1.0, 1.0, 1.01, 1.02, 1.02, 1.03, 1.05, 1.08, 1.1, 1.1, 1.1]

@@ -55,6 +55,7 @@ class Worker:
 
             from trainbench.core.method import distributed, measure
             from trainbench.core.setups import recipes, training, workloads
+        self._close_case()
         if threads:
             torch.set_num_threads(threads)
         self.no_progress_s = settings.get("no_progress_s")
@@ -89,9 +90,16 @@ class Worker:
     def finish(self) -> dict:
         self.measurement.measure_after_timing()
         result = self.measurement.finish()
-        self.training.close()
-        self.training = self.measurement = None
+        self._close_case()
         return {"result": result.to_dict()}
+
+    def _close_case(self) -> None:
+        """Close the side's case, if one is open: the next ``build`` closes one whose build, rounds or passes failed
+        before ``finish``, which would otherwise keep its global flags (anomaly mode, cuDNN autotuning ...), its
+        loader's workers and its device memory through the next case."""
+        if self.training is not None:
+            self.training.close()
+        self.training = self.measurement = None
 
     def losses(self) -> dict:
         from trainbench.core.setups.guards import loss_trajectory  # loaded with the method, by build
