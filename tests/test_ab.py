@@ -126,8 +126,7 @@ def test_a_side_closes_a_case_that_failed_before_its_finish_when_it_builds_the_n
         assert set(multiprocessing.active_children()) - before == set()  # closed before the next case was made
         assert worker.finish()["result"]["case"] == "mlp-baseline"
     finally:
-        if worker.training is not None:
-            worker.training.close()
+        worker.close_case()
 
 
 def test_a_small_median_change_whose_interval_reaches_the_threshold_is_not_unchanged():

@@ -55,7 +55,7 @@ class Worker:
 
             from trainbench.core.method import distributed, measure
             from trainbench.core.setups import recipes, training, workloads
-        self._close_case()
+        self.close_case()
         if threads:
             torch.set_num_threads(threads)
         self.no_progress_s = settings.get("no_progress_s")
@@ -90,13 +90,13 @@ class Worker:
     def finish(self) -> dict:
         self.measurement.measure_after_timing()
         result = self.measurement.finish()
-        self._close_case()
+        self.close_case()
         return {"result": result.to_dict()}
 
-    def _close_case(self) -> None:
-        """Close the side's case, if one is open: the next ``build`` closes one whose build, rounds or passes failed
-        before ``finish``, which would otherwise keep its global flags (anomaly mode, cuDNN autotuning ...), its
-        loader's workers and its device memory through the next case."""
+    def close_case(self) -> None:
+        """Close the side's case, if one is open: the next ``build`` (or the worker's end) closes one whose build,
+        rounds or passes failed before ``finish``, which would otherwise keep its global flags (anomaly mode, cuDNN
+        autotuning ...), its loader's workers and its device memory through the next case."""
         if self.training is not None:
             self.training.close()
         self.training = self.measurement = None

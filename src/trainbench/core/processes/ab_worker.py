@@ -81,8 +81,8 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - any failure of the side is reported to the runner, which names the side
             answer = {"error": traceback.format_exc()}
         protocol.write(json.dumps(answer) + "\n")
-    if worker is not None and worker.training is not None:  # closed before its finish: its loader's workers end with it
-        worker.training.close()
+    if worker is not None:  # a case closed before its finish: its loader's workers end with it
+        worker.close_case()
     protocol.close()
     exit_without_teardown(0)
 
