@@ -1,43 +1,52 @@
-import copy
-import functools
 import gc
 import os
 
 import pytest
-import pytest_benchmark.plugin
-import torch
-
-# pytester's in-process runs restore sys.modules afterwards; torch modules that register
-# operator libraries cannot be imported twice, so import what the plugin loads lazily now.
-import torch._dynamo  # torch.compile's, first imported inside an inner run, registered its caches twice after
-import torch._inductor.compile_fx
-import torch.distributed._tools.mem_tracker
-import torch.utils.flop_counter
-import torchvision
-import torchvision.transforms  # noqa: F401
-
-from trainbench.core.method.measure import MeasureSettings
-from trainbench.core.setups.workloads import PROFILES
-from trainbench.devices.device import CpuBackend
-
-# torch.compile's backends (the minifier's among them) are imported once per process, on the first compile: done in an
-# inner run, pytester drops their modules afterwards, and the next import registers "dynamo_minifier_backend" twice.
-torch._dynamo.list_backends()
-
-# pytest-benchmark asks py-cpuinfo for the machine's CPU in each session that saves or compares a run: ~0.2 s and a
-# Python process each time (cpuinfo runs CPUID in a child), ~80 times in this suite's inner sessions. The answer
-# cannot change within a test process: asked once, each session gets its own copy.
-_cpu_info = functools.lru_cache(maxsize=1)(pytest_benchmark.plugin.get_cpu_info)
-pytest_benchmark.plugin.get_cpu_info = lambda: copy.deepcopy(_cpu_info())
 
 # The plugin's inner sessions skip the FakeTensorMode memory prediction (seconds per case); the tests
 # of the prediction turn it on themselves.
 os.environ.setdefault("TRAINBENCH_PREDICT_MEMORY", "0")
 
-# Keep the CPU tests on the two cores the CI runner has, and deterministic. Under xdist (make test: two workers)
-# each worker takes one: two OpenMP threads per worker on two cores stall each parallel region on the other
-# worker's threads.
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+
+def _load_what_the_tests_share():
+    """Torch and what the tests' inner sessions would otherwise import again, in a process that runs tests."""
+    import copy
+    import functools
+
+    import pytest_benchmark.plugin
+    import torch
+
+    # pytester's in-process runs restore sys.modules afterwards; torch modules that register
+    # operator libraries cannot be imported twice, so import what the plugin loads lazily now.
+    import torch._dynamo  # torch.compile's, first imported inside an inner run, registered its caches twice after
+    import torch._inductor.compile_fx
+    import torch.distributed._tools.mem_tracker
+    import torch.utils.flop_counter
+    import torchvision
+    import torchvision.transforms  # noqa: F401
+
+    # torch.compile's backends (the minifier's among them) are imported once per process, on the first compile: done
+    # in an inner run, pytester drops their modules afterwards, and the next import registers
+    # "dynamo_minifier_backend" twice.
+    torch._dynamo.list_backends()
+
+    # pytest-benchmark asks py-cpuinfo for the machine's CPU in each session that saves or compares a run: ~0.2 s and
+    # a Python process each time (cpuinfo runs CPUID in a child), ~80 times in this suite's inner sessions. The answer
+    # cannot change within a test process: asked once, each session gets its own copy.
+    cpu_info = functools.lru_cache(maxsize=1)(pytest_benchmark.plugin.get_cpu_info)
+    pytest_benchmark.plugin.get_cpu_info = lambda: copy.deepcopy(cpu_info())
+
+    # Keep the CPU tests on the two cores the CI runner has, and deterministic. Under xdist (make test: two workers)
+    # each worker takes one: two OpenMP threads per worker on two cores stall each parallel region on the other
+    # worker's threads.
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+
+
+def pytest_configure(config):
+    # make test's xdist controller runs no test: torch (~3 s of CPU) would only delay the start of its workers.
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    _load_what_the_tests_share()
 
 
 @pytest.fixture(autouse=True)
@@ -63,11 +72,17 @@ def _inner_sessions_are_not_xdist_workers(monkeypatch):
 
 @pytest.fixture
 def cpu():
+    import torch
+
+    from trainbench.devices.device import CpuBackend
+
     return CpuBackend(torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
 def profile():
+    from trainbench.core.setups.workloads import PROFILES
+
     return PROFILES["cpu"]
 
 
@@ -75,6 +90,8 @@ def profile():
 def quick():
     """Just enough measurement to exercise every path (frozen: a module's shared measurement may use it too), without
     the attribution pass (its profiled steps and tables are most of a small case's passes): ``attributed`` has it."""
+    from trainbench.core.method.measure import MeasureSettings
+
     return MeasureSettings(min_warmup_steps=1, max_warmup_steps=4, steady_window=1, rounds=3, steps_per_round=2,
                            memory_steps=1, attribution=False)
 
@@ -102,6 +119,8 @@ def one_thread():
     """One intra-op thread for the test (and the A/B sides it starts, which take the caller's thread count): with
     two OpenMP threads on a loaded 2-core machine (a parallel test run, a CPU hog), a parallel region waits for its
     descheduled second thread for a scheduler slice, stalling a step of a few ms by tens of ms and flipping pairs."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -117,6 +136,9 @@ def machine_load(monkeypatch):
 @pytest.fixture
 def device_of_memory():
     """``device_of_memory(total_bytes)``: the CPU backend, reporting a device memory of ``total_bytes``."""
+    import torch
+
+    from trainbench.devices.device import CpuBackend
 
     class DeviceOfMemory(CpuBackend):
         def __init__(self, total_bytes):

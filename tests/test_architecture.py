@@ -13,6 +13,27 @@ MODULES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffi
            for path in PACKAGE.rglob("*.py")}
 
 
+def for_each_module(names):
+    """A rule on every module ``names`` lists, as one test: it checks each of them and fails naming every module that
+    breaks the rule, with that module's own message (one test, not one per module: ~120 modules times 16 rules)."""
+    names = list(names)
+
+    def rule(check):
+        def test():
+            broken = []
+            for name in names:
+                try:
+                    check(name)
+                except AssertionError as e:
+                    broken.append(f"{name}: {e}")
+            assert not broken, f"{len(broken)} module(s) break the rule:\n" + "\n".join(broken)
+
+        test.__name__, test.__qualname__, test.__doc__ = check.__name__, check.__qualname__, check.__doc__
+        return test
+
+    return rule
+
+
 # The layers, lowest first: a module imports its own layer and those below it, never one above. The device backends
 # know no training; the core measures without pytest; verdicts read what was measured; jobs run several runs,
 # processes or sessions (A/B, bisect, the night, the doctor); the pytest glue and the command line are the two
@@ -66,7 +87,7 @@ def _module_named(parts: list[str]) -> str:
 
 
 # devices.caps is the device module's torch-free half (what a device offers, rebuilt from a recorded identity)
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"devices.device", "devices.caps"}))
+@for_each_module(sorted(set(MODULES) - {"devices.device", "devices.caps"}))
 def test_only_the_device_module_knows_cuda(name):
     source = MODULES[name].read_text()
     assert "torch.cuda" not in source
@@ -226,14 +247,14 @@ PYTEST_BENCHMARK_PRIVATES = (r"_benchmarksession", r"\._mode\b", r"\._timer\b", 
                              r"\.location\b", r"\.get_machine_info\(", r"\.save_data\b")
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"plugin.benchmark_adapter"}))
+@for_each_module(sorted(set(MODULES) - {"plugin.benchmark_adapter"}))
 def test_pytest_benchmark_privates_only_in_the_adapter(name):
     source = MODULES[name].read_text()
     used = [p for p in PYTEST_BENCHMARK_PRIVATES if re.search(p, source)]
     assert not used, f"{name}.py uses pytest-benchmark internals {used}: go through benchmark_adapter.py"
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.store"}))
+@for_each_module(sorted(set(MODULES) - {"verdicts.store"}))
 def test_only_the_store_reads_saved_runs(name):
     # Saved runs are found and read by store.py alone: one matcher of run names, one check of a run's shape,
     # one choice of the baseline.
@@ -252,7 +273,7 @@ def _saved_run_reads(source: str) -> list[str]:
     return [pattern for pattern in SAVED_RUN_CONTENTS if re.search(pattern, source)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.store"}))
+@for_each_module(sorted(set(MODULES) - {"verdicts.store"}))
 def test_only_the_store_reads_what_a_saved_run_holds(name):
     found = _saved_run_reads(MODULES[name].read_text())
     assert not found, f"{name}.py reads a saved run's contents ({found}): ask store.SavedRun"
@@ -407,7 +428,7 @@ def _knob_branches(source: str) -> list[tuple[int, str]]:
 KNOB_ENTRIES = {"core.setups.recipes", "core.setups.effects"}
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - KNOB_ENTRIES))
+@for_each_module(sorted(set(MODULES) - KNOB_ENTRIES))
 def test_no_module_branches_on_a_knob_outside_its_entry(name):
     assert not _knob_branches(MODULES[name].read_text()), \
         f"{name}.py branches on a knob: give the knob's entry an effect (effects.py) or ask TrainConfig"
@@ -439,7 +460,7 @@ def _verdict_words(source: str) -> list[tuple[int, str]]:
             for word in words if re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", node.value)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"verdicts.present"}))
+@for_each_module(sorted(set(MODULES) - {"verdicts.present"}))
 def test_only_the_presenter_says_a_verdicts_outcomes(name):
     said = _verdict_words(MODULES[name].read_text())
     assert not said, f"{name}.py says verdict outcomes itself (ask trainbench.verdicts.present): {said}"
@@ -462,7 +483,7 @@ SKIP_REASONS = ("slow case:", "needs a CUDA device; this run uses", "needs compu
                 "a ladder rung is compared through", "a profiler of its own", "for the allocator and workspaces")
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.setups.eligibility", "devices.device"}))
+@for_each_module(sorted(set(MODULES) - {"core.setups.eligibility", "devices.device"}))
 def test_only_eligibility_says_whether_a_case_can_run_here(name):
     # device.py measures the facts; eligibility.why_not is the one place that compares them and says why not
     source = MODULES[name].read_text()
@@ -475,7 +496,7 @@ def test_only_eligibility_says_whether_a_case_can_run_here(name):
     assert not written, f"{name}.py writes skip reasons of its own (ask eligibility.why_not): {written}"
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+@for_each_module(sorted(MODULES))
 def test_every_module_is_read_in_units_of_at_most_60_lines(name):
     long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(MODULES[name].read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
@@ -555,7 +576,7 @@ def _statistics_of_its_own(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats"}))
+@for_each_module(sorted(set(MODULES) - {"core.records.stats"}))
 def test_only_the_stats_module_computes_intervals_medians_and_tests(name):
     found = _statistics_of_its_own(MODULES[name].read_text())
     assert not found, f"{name}.py computes statistics of its own (ask trainbench.core.records.stats): {found}"
@@ -611,7 +632,7 @@ def _changed_in_place(source: str, values: tuple[str, ...] = ("outcome",)) -> li
     return found
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+@for_each_module(sorted(MODULES))
 def test_outcomes_are_values_no_step_changes_in_place(name):
     source = MODULES[name].read_text()
     if name in VALUE_MODULES:
@@ -655,7 +676,7 @@ def _judges_bounds(source: str) -> bool:
                for node in ast.walk(ast.parse(source)))
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats", "core.method.judge", "core.analyses.error_rates"}))
+@for_each_module(sorted(set(MODULES) - {"core.records.stats", "core.method.judge", "core.analyses.error_rates"}))
 def test_only_the_judge_decides_a_timed_bound(name):
     # One rule says whether rounds keep or miss a timed budget (stats.judge_bound), and only the judge asks it: every
     # reader of a timed verdict (the summary, the gate, a stop of the rounds one day) takes the judge's. The one
@@ -678,7 +699,7 @@ def _tracker_without_hook_removal(source: str) -> bool:
     return bool(MODULE_TRACKERS.search(source)) and "module_grad_hooks_removed(" not in source
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+@for_each_module(sorted(MODULES))
 def test_every_module_tracker_runs_with_its_backward_hooks_removed(name):
     assert not _tracker_without_hook_removal(MODULES[name].read_text()), (
         f"{name}.py makes a MemTracker/ModTracker without attribution.module_grad_hooks_removed(): each step it tracks "
@@ -701,7 +722,7 @@ def _judgements_without_look_share(source: str) -> list[int]:
             in {"judge_change", "judge_bound"} and not any(k.arg == "alpha_side" for k in node.keywords)]
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.records.stats"}))
+@for_each_module(sorted(set(MODULES) - {"core.records.stats"}))
 def test_every_timed_judgement_spends_only_its_looks_share_of_the_error(name):
     lines = _judgements_without_look_share(MODULES[name].read_text())
     assert not lines, f"{name}.py judges a timed verdict without alpha_side= (its look's share) at lines {lines}"
@@ -721,7 +742,7 @@ def _forks(source: str) -> bool:
     return bool(FORKS.search(source))
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"core.method.predict_ahead"}))
+@for_each_module(sorted(set(MODULES) - {"core.method.predict_ahead"}))
 def test_only_the_predictions_made_ahead_fork_the_session(name):
     assert not _forks(MODULES[name].read_text()), f"{name}.py forks the session (only core.method.predict_ahead may)"
 
@@ -742,7 +763,7 @@ def _reads_benchmark_options(source: str) -> bool:
     return bool(BENCHMARK_OPTION.search(source))
 
 
-@pytest.mark.parametrize("name", sorted(set(MODULES) - {"plugin.options", "plugin.benchmark_adapter"}))
+@for_each_module(sorted(set(MODULES) - {"plugin.options", "plugin.benchmark_adapter"}))
 def test_pytest_benchmarks_options_are_read_once_into_the_options(name):
     assert not _reads_benchmark_options(MODULES[name].read_text()), (
         f"{name}.py reads a pytest-benchmark option itself (read Options.benchmark)")
@@ -760,7 +781,7 @@ def _classes_over(source: str, limit: int) -> list[tuple[str, int]]:
 
 
 # A class holds one responsibility; past 250 lines it holds several (split it by what its state is for).
-@pytest.mark.parametrize("name", sorted(MODULES))
+@for_each_module(sorted(MODULES))
 def test_no_class_is_over_250_lines(name):
     assert not _classes_over(MODULES[name].read_text(), 250), f"{name}.py: a class over 250 lines"
 
