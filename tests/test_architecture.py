@@ -2,11 +2,14 @@
 run files, pytest-benchmark's privates in one adapter, one answer to whether a case can run here, short runner units."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
 import pytest
 
+# Every rule reads every module's syntax tree: each source parsed once (the trees are only read).
+_parse = functools.lru_cache(maxsize=None)(ast.parse)
 PACKAGE = Path(__file__).parents[1] / "src" / "trainbench"
 # Every module by its dotted name under the package ("store", "cli.report"; a subpackage by its own name, "cli").
 MODULES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__"): path
@@ -61,7 +64,7 @@ def _trainbench_imports(path: Path, at_run_time: bool = False) -> set[str]:
     those imported for annotations only, under ``if TYPE_CHECKING:``)."""
     package = list(path.relative_to(PACKAGE).parts[:-1])  # where ``from .`` starts: "cli" in cli/report.py
     found = set()
-    tree = ast.parse(path.read_text())
+    tree = _parse(path.read_text())
     annotations_only = _type_checking_only(tree) if at_run_time else set()
     for node in ast.walk(tree):
         if id(node) in annotations_only:
@@ -173,7 +176,7 @@ def test_the_core_does_not_import_pytest():
 
 def _imported_names(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -209,7 +212,7 @@ def test_main_is_a_thin_entry_point_and_each_cli_module_is_one_subcommand():
 
 def _subcommand_shape(source: str) -> list[str]:
     """What a subcommand module lacks or has too many of: its names, add_arguments, run, one add_parser (the table's)."""
-    tree = ast.parse(source)
+    tree = _parse(source)
     assigned = {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
                 if isinstance(target, ast.Name)}
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
@@ -323,7 +326,7 @@ def _metric_name_collections(source: str) -> list[tuple[int, list[str]]]:
         return isinstance(node, ast.Constant) or isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant)
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             listed = metric_names(node.elts)
         elif isinstance(node, ast.Dict) and all(constant(v) for v in node.values):
@@ -368,7 +371,7 @@ def _knob_name_collections(source: str) -> list[tuple[int, list[str]]]:
         return isinstance(node, (ast.Constant, ast.Attribute)) or isinstance(node, ast.UnaryOp) and constant(node.operand)
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             listed = knob_names([getattr(e, "value", None) for e in node.elts])
         elif isinstance(node, ast.Dict) and all(constant(v) for v in node.values):
@@ -413,7 +416,7 @@ def _knob_branches(source: str) -> list[tuple[int, str]]:
 
     knobs = {f.name for f in dataclasses.fields(TrainConfig)} - {"seed", "batch_size", "user_knobs"}
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else \
             node.ifs if isinstance(node, ast.comprehension) else []
         for test in tests:
@@ -452,7 +455,7 @@ def _verdict_words(source: str) -> list[tuple[int, str]]:
     from trainbench.verdicts.present import FINDING, STATUS
 
     words = {*STATUS.values(), *(word for pair in FINDING.values() for word in pair)} - SHARED_WORDS
-    tree = ast.parse(source)
+    tree = _parse(source)
     docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
                   and isinstance(node.value, ast.Constant)}
     return [(node.lineno, word) for node in ast.walk(tree)
@@ -487,7 +490,7 @@ SKIP_REASONS = ("slow case:", "needs a CUDA device; this run uses", "needs compu
 def test_only_eligibility_says_whether_a_case_can_run_here(name):
     # device.py measures the facts; eligibility.why_not is the one place that compares them and says why not
     source = MODULES[name].read_text()
-    compared = [f"line {node.lineno}: .{operand.attr}" for node in ast.walk(ast.parse(source))
+    compared = [f"line {node.lineno}: .{operand.attr}" for node in ast.walk(_parse(source))
                 if isinstance(node, ast.Compare)
                 for operand in (node.left, *node.comparators)
                 if isinstance(operand, ast.Attribute) and operand.attr in DEVICE_FACTS]
@@ -498,7 +501,7 @@ def test_only_eligibility_says_whether_a_case_can_run_here(name):
 
 @for_each_module(sorted(MODULES))
 def test_every_module_is_read_in_units_of_at_most_60_lines(name):
-    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(MODULES[name].read_text()))
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(_parse(MODULES[name].read_text()))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
     assert not long, f"{name}.py: split {long}"
 
@@ -538,14 +541,14 @@ def test_trainbench_variables_are_read_only_through_the_environment_table():
     for name, path in MODULES.items():
         source = path.read_text()
         if name != "devices.host":
-            assert not _environment_reads(ast.parse(source)), f"{name}.py reads a TRAINBENCH_ variable itself: ask host.env_value"
+            assert not _environment_reads(_parse(source)), f"{name}.py reads a TRAINBENCH_ variable itself: ask host.env_value"
         unlisted = set(re.findall(r"""["'](TRAINBENCH_[A-Z0-9_]+)["']""", source)) - set(ENVIRONMENT)
         assert not unlisted, f"{name}.py names {sorted(unlisted)}: list each in host.ENVIRONMENT"
     # the rule sees each way of reading one
     for read in ('os.environ.get("TRAINBENCH_X")', 'os.environ["TRAINBENCH_X"]', 'os.getenv("TRAINBENCH_X", "1")',
                  'ENV = "TRAINBENCH_X"\nos.environ.get(ENV)', 'class A:\n    ENV = "TRAINBENCH_X"\nos.environ.get(A.ENV)'):
-        assert _environment_reads(ast.parse(read)) == ["TRAINBENCH_X"], read
-    assert not _environment_reads(ast.parse('env = {**os.environ, "TRAINBENCH_X": "1"}\nos.environ.get("HOME")'))
+        assert _environment_reads(_parse(read)) == ["TRAINBENCH_X"], read
+    assert not _environment_reads(_parse('env = {**os.environ, "TRAINBENCH_X": "1"}\nos.environ.get("HOME")'))
 
 
 # Reading rounds statistically (an interval, a median change, a test, resampling) is trainbench.core.records.stats's: a second
@@ -560,7 +563,7 @@ def _statistics_of_its_own(source: str) -> list[str]:
     taken, or a function defined whose name says it computes a median or an interval. ``statistics.median`` is
     Python's own and fine anywhere."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(name.split(".")[0] == "scipy" for name in names) and getattr(node, "level", 0) == 0:
@@ -610,7 +613,7 @@ def _changed_in_place(source: str, values: tuple[str, ...] = ("outcome",)) -> li
         return isinstance(node, ast.Name) and node.id in values
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, ast.ClassDef):
             for d in node.decorator_list:
                 call = d if isinstance(d, ast.Call) else None
@@ -673,7 +676,7 @@ def _judges_bounds(source: str) -> bool:
     return any(isinstance(node, ast.Name) and node.id == "judge_bound"
                or isinstance(node, ast.Attribute) and node.attr == "judge_bound"
                or isinstance(node, ast.ImportFrom) and any(a.name == "judge_bound" for a in node.names)
-               for node in ast.walk(ast.parse(source)))
+               for node in ast.walk(_parse(source)))
 
 
 @for_each_module(sorted(set(MODULES) - {"core.records.stats", "core.method.judge", "core.analyses.error_rates"}))
@@ -717,7 +720,7 @@ def test_the_tracker_check_sees_a_tracker_left_with_its_hooks():
 # the error its look may spend (stats.look_alpha), or the looks would claim more often than one look (issue: a
 # re-measured case judged at the full 2.5% each time).
 def _judgements_without_look_share(source: str) -> list[int]:
-    return [node.lineno for node in ast.walk(ast.parse(source))
+    return [node.lineno for node in ast.walk(_parse(source))
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
             in {"judge_change", "judge_bound"} and not any(k.arg == "alpha_side" for k in node.keywords)]
 
@@ -776,7 +779,7 @@ def test_the_benchmark_option_check_sees_what_it_forbids():
 
 
 def _classes_over(source: str, limit: int) -> list[tuple[str, int]]:
-    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(_parse(source))
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > limit]
 
 
@@ -795,7 +798,7 @@ def _local_imports(source: str) -> list[tuple[int, bool]]:
     """(line, whether a comment says why) for each import inside a function: on its lines or the line above."""
     lines = source.splitlines()
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parse(source)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for sub in ast.walk(node):
                 if isinstance(sub, (ast.Import, ast.ImportFrom)):
