@@ -407,7 +407,8 @@ class Recipe:
     grad_rtol: float | None = None
     grad_measure: str = "parameter"  # what grad_rtol bounds: one of GRADIENT_MEASURES
     reference: bool = False  # a starting point other recipes are measured against, not an optimization
-    # The built-in workloads the suite measures it on, in the suite's order of workloads (``cases.SUITE`` reads them).
+    # The built-in workloads the suite measures it on, in any order (``cases.SUITE`` reads them: workloads in their
+    # table's order, each one's recipes in this table's).
     suite: tuple[str, ...] = ()
 
     def __post_init__(self):
